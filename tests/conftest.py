@@ -1,0 +1,38 @@
+"End-to-end tests share one HF reference model and one tokenizer (the embedded SmolLM2, de-quantized once and cached)."
+import os, pytest, torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+@pytest.fixture(scope="session")
+def model_dir():
+    from minivllm.config import resolve_model
+    return resolve_model(None)
+
+
+@pytest.fixture(scope="session")
+def tokenizer(model_dir):
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(model_dir)
+
+
+@pytest.fixture(scope="session")
+def hf_model(model_dir):
+    from transformers import AutoModelForCausalLM
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="session")
+def hf_greedy(hf_model):
+    "Greedy continuation by HF transformers' own `generate`, one prompt at a time (memoised)."
+    cache = {}
+    def run(prompt_ids, max_new_tokens):
+        key = (tuple(prompt_ids), max_new_tokens)
+        if key not in cache:
+            with torch.no_grad():
+                out = hf_model.generate(torch.tensor([prompt_ids]), attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
+                                        max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=2)
+            cache[key] = out[0, len(prompt_ids):].tolist()
+        return cache[key]
+    return run
