@@ -6,7 +6,7 @@ __version__ = "0.1.0"
 # %% auto #0
 __all__ = []
 
-# %% ../nbs/90_public_api.ipynb #51f9c8d0
+# %% ../nbs/90_public_api.ipynb #3e6e6474
 from .config import (SamplingParams, EngineArgs, TextPrompt, TokensPrompt, PromptType, RequestOutput,
                              CompletionOutput, RequestOutputKind)
 from .engine import LLMEngine
