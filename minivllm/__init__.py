@@ -6,8 +6,9 @@ __version__ = "0.1.0"
 # %% auto #0
 __all__ = []
 
-# %% ../nbs/90_public_api.ipynb #3e6e6474
+# %% ../nbs/90_public_api.ipynb #7398815d
 from .config import (SamplingParams, EngineArgs, TextPrompt, TokensPrompt, PromptType, RequestOutput,
                              CompletionOutput, RequestOutputKind)
 from .engine import LLMEngine
 from .llm import LLM
+from .async_engine import AsyncLLMEngine, AsyncEngineArgs
