@@ -2,7 +2,12 @@
 import os, pytest, torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# Each pytest-xdist worker gets its share of the cores: torch's default (one thread per core in every worker)
+# oversubscribes the machine, and on 2 cores with 2 workers that made the engine 5-20x slower.
+_workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+_threads = max(1, (os.cpu_count() or 1) // _workers)
+torch.set_num_threads(_threads)
+os.environ.setdefault("OMP_NUM_THREADS", str(_threads))   # and the same for the processes tests start (nbdev_test, servers)
 
 
 @pytest.fixture(scope="session")
