@@ -2,9 +2,8 @@
 then every `SamplingParams` knob on the real model (SmolLM2-135M) through the public API, compared with HF transformers.
 
 The real-model tests share one `LLM` and run their requests in as few `generate` calls as possible (one batch for all
-the knobs that work today). Tests marked `xfail(reason="engine plumbing pending")` need the engine to carry what the
-sampler computes (logprobs into `CompletionOutput`, prompt logprobs from the model runner, bad-word tokenization in the
-processor, `LLM.beam_search`)."""
+the knobs). The last tests check what the engine carries from the sampler: logprobs into `CompletionOutput`, prompt
+logprobs from the model runner, bad-word tokenization in the processor, and `LLM.beam_search`."""
 import math, random
 import pytest, torch
 from minivllm import LLM, SamplingParams, TokensPrompt
@@ -13,7 +12,6 @@ from minivllm.sampler import (Sampler, SamplingMetadata, BeamSearchParams, beam_
                               prompt_logprobs_from_logits, tokenize_bad_words, get_beam_search_score, apply_top_k_top_p,
                               apply_min_p)
 
-PLUMBING = pytest.mark.xfail(reason="engine plumbing pending", strict=False)
 EOS = 2
 
 
@@ -262,7 +260,6 @@ def logprob_runs(llm, prompts):
     return llm.generate([TokensPrompt(prompt_token_ids=prompts["france"])] * 3, ps, use_tqdm=False)
 
 
-@PLUMBING
 def test_greedy_logprobs_match_hf(logprob_runs, prompts, hf_model, tokenizer):
     "Each step's dict: the chosen token (rank 1) and the top 5, logprobs within 2e-4 of HF's log_softmax; cumulative_logprob the sum."
     o = logprob_runs[0].outputs[0]
@@ -279,7 +276,6 @@ def test_greedy_logprobs_match_hf(logprob_runs, prompts, hf_model, tokenizer):
     assert abs(o.cumulative_logprob - sum(d[t].logprob for t, d in zip(o.token_ids, o.logprobs))) < 1e-4
 
 
-@PLUMBING
 def test_prompt_logprobs_match_hf(logprob_runs, prompts, hf_model):
     "prompt_logprobs: None for the first token, then the prompt token (with its rank) and the top 3, within 2e-4 of HF."
     pl = logprob_runs[1].prompt_logprobs
@@ -293,7 +289,6 @@ def test_prompt_logprobs_match_hf(logprob_runs, prompts, hf_model):
         for t, lp in d.items(): assert abs(lp.logprob - ref[i - 1, t].item()) < 2e-4
 
 
-@PLUMBING
 def test_sampled_logprobs_are_raw_and_include_the_chosen_token(logprob_runs, prompts, hf_model):
     "At temperature 1.5 the reported logprobs are still those of the raw model, and the sampled token is always there with its rank."
     o = logprob_runs[2].outputs[0]
@@ -305,7 +300,6 @@ def test_sampled_logprobs_are_raw_and_include_the_chosen_token(logprob_runs, pro
         assert len(d) in (2, 3)
 
 
-@PLUMBING
 def test_bad_words(llm, runs, prompts, tokenizer):
     got = llm.generate([TokensPrompt(prompt_token_ids=prompts["france"])], SamplingParams(temperature=0, max_tokens=6, bad_words=["Paris"]),
                        use_tqdm=False)[0].outputs[0]
@@ -314,7 +308,6 @@ def test_bad_words(llm, runs, prompts, tokenizer):
     assert not any(t in paris for t in got.token_ids) and "Paris" not in got.text   # ...not with bad_words
 
 
-@PLUMBING
 def test_beam_search_matches_a_reference_on_hf(llm, prompts, hf_model):
     "LLM.beam_search returns the beams that the same algorithm finds with HF's logprobs (tokens equal, cumulative logprobs within 1e-3)."
     params = BeamSearchParams(beam_width=3, max_tokens=4)
@@ -329,3 +322,24 @@ def test_beam_search_matches_a_reference_on_hf(llm, prompts, hf_model):
     for g, w in zip(got, want): assert abs(g.cum_logprob - w.cum_logprob) < 1e-3
     scores = [get_beam_search_score(b.tokens, b.cum_logprob, EOS) for b in got]
     assert scores == sorted(scores, reverse=True)
+
+
+def test_text_knobs_and_logprobs_of_children(llm, runs, prompts, tokenizer):
+    "detokenize=False: no text (nor decoded_token) but the same tokens; skip_special_tokens=False shows EOS's text; n=2 children each get logprobs."
+    ps = [SamplingParams(temperature=0, max_tokens=8, detokenize=False, logprobs=1),
+          SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, skip_special_tokens=False),
+          SamplingParams(n=2, temperature=1.0, seed=3, max_tokens=5, logprobs=2)]
+    quiet, special, kids = llm.generate([TokensPrompt(prompt_token_ids=prompts["france"]), TokensPrompt(prompt_token_ids=prompts["yes_no"]),
+                                         TokensPrompt(prompt_token_ids=prompts["story"])], ps, use_tqdm=False)
+    q = quiet.outputs[0]
+    assert q.text == "" and q.token_ids == runs["greedy_france"].token_ids
+    assert all(d[t].decoded_token is None and d[t].rank == 1 for t, d in zip(q.token_ids, q.logprobs))
+    s, plain = special.outputs[0], runs["ignore_eos"]
+    assert s.token_ids == plain.token_ids and EOS in s.token_ids[:-1]
+    assert tokenizer.decode([EOS]) in s.text and tokenizer.decode([EOS]) not in plain.text
+    assert s.text == tokenizer.decode(s.token_ids, skip_special_tokens=False)
+    assert s.cumulative_logprob is None and s.logprobs is None
+    assert len(kids.outputs) == 2 and kids.outputs[0].token_ids != kids.outputs[1].token_ids
+    for c in kids.outputs:
+        assert len(c.logprobs) == len(c.token_ids) and all(t in d and len(d) in (2, 3) for t, d in zip(c.token_ids, c.logprobs))
+        assert abs(c.cumulative_logprob - sum(d[t].logprob for t, d in zip(c.token_ids, c.logprobs))) < 1e-4

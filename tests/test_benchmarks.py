@@ -1,0 +1,96 @@
+"""`minivllm bench serve` against a real `minivllm serve` process, and `minivllm bench throughput|latency` on a tiny
+checkpoint: the commands run, count exactly the tokens asked for, agree with the server's own counters, and save JSON."""
+import json, os, re, socket, subprocess, time
+import httpx, pytest
+
+pytestmark = pytest.mark.xdist_group("bench")
+KEY = "bench-key"
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0)); return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server():
+    port = free_port()
+    cmd = ["minivllm", "serve", "--port", str(port), "--api-key", KEY, "--served-model-name", "smol", "--max-model-len", "256"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        if proc.poll() is not None: raise RuntimeError("server exited:\n" + proc.stdout.read())
+        try:
+            if httpx.get(base + "/health", timeout=2).status_code == 200: break
+        except httpx.HTTPError: time.sleep(0.3)
+    else:
+        proc.kill(); raise RuntimeError("server did not start")
+    yield base
+    proc.terminate()
+    try: proc.wait(timeout=30)
+    except subprocess.TimeoutExpired: proc.kill()
+
+
+def generated_tokens(base) -> float:
+    m = re.search(r"^minivllm_generation_tokens_total ([0-9.e+]+)$", httpx.get(base + "/metrics").text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def test_bench_serve(server, tmp_path, capsys):
+    from minivllm.cli import main
+    from minivllm.benchmarks import make_workload, poisson_arrivals
+    before = generated_tokens(server)
+    out = tmp_path / "serve.json"
+    args = ["bench", "serve", "--base-url", server, "--api-key", KEY, "--num-prompts", "6", "--request-rate", "20",
+            "--prompt-len", "8", "48", "--output-len", "4", "12", "--vocab-size", "49152", "--seed", "1", "--json", str(out)]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "time to first token (ms)" in printed and "p99" in printed
+    doc = json.loads(out.read_text())
+    wl = make_workload(6, 1, (8, 48), (4, 12), 49152)
+    s = doc["summary"]
+    assert (doc["kind"], doc["model"], s["completed"], s["failed"]) == ("serve", "smol", 6, 0)
+    assert [r["output_tokens"] for r in doc["results"]] == wl.output_lens           # ignore_eos: exactly what was asked
+    assert [r["prompt_len"] for r in doc["results"]] == list(map(len, wl.prompts))
+    assert generated_tokens(server) - before == wl.num_output_tokens                 # the server counted the same
+    for k in ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms"):
+        assert 0 < s[k]["p50"] <= s[k]["p90"] <= s[k]["p99"], (k, s[k])
+    assert s["ttft_ms"]["p50"] <= s["e2el_ms"]["p50"] and s["output_throughput"] > 0 and doc["machine"]["date"]
+    assert all(r["send_time"] >= a - 1e-3 for r, a in zip(doc["results"], poisson_arrivals(6, 20.0, 1)))
+
+
+def test_bench_serve_reports_failures_and_too_long_prompts(server, capsys):
+    from minivllm.cli import main
+    # a wrong key: /v1/models answers 401 before anything is sent
+    assert main(["bench", "serve", "--base-url", server, "--api-key", "wrong", "--num-prompts", "2"]) != 0
+    # requests that do not fit max_model_len=256: a clear error, nothing sent
+    assert main(["bench", "serve", "--base-url", server, "--api-key", KEY, "--num-prompts", "4", "--prompt-len", "200", "250",
+                 "--output-len", "100", "100"]) == 2
+    assert "max_model_len=256" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    from minivllm.model import make_tiny_checkpoint
+    from minivllm.config import resolve_model
+    d = tmp_path_factory.mktemp("tiny")
+    make_tiny_checkpoint(d, "llama", tokenizer_from=resolve_model(None))
+    return str(d)
+
+
+def test_bench_throughput_and_latency_commands(tiny_dir, tmp_path):
+    from minivllm.cli import main
+    t, l = tmp_path / "t.json", tmp_path / "l.json"
+    assert main(["bench", "throughput", "--model", tiny_dir, "--max-model-len", "128", "--num-prompts", "5", "--prompt-len", "4", "30",
+                 "--output-len", "2", "9", "--hf-batch-size", "2", "4", "--json", str(t)]) == 0
+    doc = json.loads(t.read_text())
+    assert sorted(doc["summary"]) == ["hf-generate b2", "hf-generate b4", "hf-generate_batch", "minivllm"]
+    assert len({r["output_tokens"] for r in doc["results"]}) == 1 and all(r["seconds"] > 0 for r in doc["results"])
+    assert all("ratio" in v for k, v in doc["summary"].items() if k != "minivllm")
+    assert main(["bench", "latency", "--model", tiny_dir, "--max-model-len", "128", "--prompt-len", "16", "--output-len", "4",
+                 "--concurrency", "1", "3", "--systems", "minivllm", "hf-generate", "--json", str(l)]) == 0
+    lat = json.loads(l.read_text())["results"]
+    assert [(r["system"], r["concurrency"], len(r["ttft"])) for r in lat] == [("minivllm", 1, 1), ("hf-generate", 1, 1),
+                                                                              ("minivllm", 3, 3), ("hf-generate", 3, 3)]
+    assert all(0 < x for r in lat for x in r["ttft"] + r["tpot"])
