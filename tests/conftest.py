@@ -1,5 +1,6 @@
 "End-to-end tests share one HF reference model and one tokenizer (the embedded SmolLM2, de-quantized once and cached)."
-import os, pytest, torch
+import contextlib, os, socket, subprocess, time
+import pytest, torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # Each pytest-xdist worker gets its share of the cores: torch's default (one thread per core in every worker)
@@ -41,3 +42,30 @@ def hf_greedy(hf_model):
             cache[key] = out[0, len(prompt_ids):].tolist()
         return cache[key]
     return run
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0)); return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def running_server(*args: str, startup_timeout: float = 300):
+    "A real `minivllm serve ARGS` process on a free loopback port: yields its base URL, stops it afterwards."
+    import httpx
+    port = free_port()
+    proc = subprocess.Popen(["minivllm", "serve", "--port", str(port), *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    base, deadline = f"http://127.0.0.1:{port}", time.time() + startup_timeout
+    try:
+        while True:
+            if proc.poll() is not None: raise RuntimeError("server exited:\n" + proc.stdout.read())
+            if time.time() > deadline: raise RuntimeError("server did not start")
+            try:
+                if httpx.get(base + "/health", timeout=2).status_code == 200: break
+            except httpx.HTTPError: time.sleep(0.3)
+        yield base
+    finally:
+        proc.terminate()
+        try: proc.wait(timeout=30)
+        except subprocess.TimeoutExpired: proc.kill()

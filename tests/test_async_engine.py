@@ -14,13 +14,6 @@ WORDS = ("the quick brown fox jumps over a lazy dog while seven tired engineers 
          "block by block and wonder why paged attention works so well on such a small model").split()
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    "Two pytest workers share 2 cores: with 2 intra-op threads each, an overloaded CPU makes torch ~5x slower."
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

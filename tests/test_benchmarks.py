@@ -2,34 +2,15 @@
 checkpoint: the commands run, count exactly the tokens asked for, agree with the server's own counters, and save JSON."""
 import json, os, re, socket, subprocess, time
 import httpx, pytest
+from conftest import running_server
 
 pytestmark = pytest.mark.xdist_group("bench")
 KEY = "bench-key"
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0)); return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server():
-    port = free_port()
-    cmd = ["minivllm", "serve", "--port", str(port), "--api-key", KEY, "--served-model-name", "smol", "--max-model-len", "256"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ, HF_HUB_OFFLINE="1"))
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 300
-    while time.time() < deadline:
-        if proc.poll() is not None: raise RuntimeError("server exited:\n" + proc.stdout.read())
-        try:
-            if httpx.get(base + "/health", timeout=2).status_code == 200: break
-        except httpx.HTTPError: time.sleep(0.3)
-    else:
-        proc.kill(); raise RuntimeError("server did not start")
-    yield base
-    proc.terminate()
-    try: proc.wait(timeout=30)
-    except subprocess.TimeoutExpired: proc.kill()
+    with running_server("--api-key", KEY, "--served-model-name", "smol", "--max-model-len", "256") as base: yield base
 
 
 def generated_tokens(base) -> float:

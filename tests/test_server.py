@@ -2,6 +2,7 @@
 streamed and not, n=2, stop, logprobs, usage, errors; then a bounded load test with clients that disconnect midway."""
 import asyncio, json, os, re, socket, subprocess, sys, time
 import httpx, pytest
+from conftest import running_server
 import openai
 
 pytestmark = pytest.mark.xdist_group("server")   # one worker runs the whole module against one server
@@ -10,29 +11,9 @@ KEY = "test-key"
 NAME = "smol"
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0)); return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server():
-    port = free_port()
-    cmd = ["minivllm", "serve", "--port", str(port), "--api-key", KEY, "--served-model-name", NAME, "--max-model-len", "512"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ, HF_HUB_OFFLINE="1"))
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 300
-    while time.time() < deadline:
-        if proc.poll() is not None: raise RuntimeError("server exited:\n" + proc.stdout.read())
-        try:
-            if httpx.get(base + "/health", timeout=2).status_code == 200: break
-        except httpx.HTTPError: time.sleep(0.5)
-    else:
-        proc.kill(); raise RuntimeError("server did not start")
-    yield base
-    proc.terminate()
-    try: proc.wait(timeout=30)
-    except subprocess.TimeoutExpired: proc.kill()
+    with running_server("--api-key", KEY, "--served-model-name", NAME, "--max-model-len", "512") as base: yield base
 
 
 @pytest.fixture(scope="module")

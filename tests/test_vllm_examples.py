@@ -241,13 +241,6 @@ if __name__ == "__main__":
         print("\\n🛑 Interrupted by user")
 '''
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    "Two pytest workers share 2 cores: with 2 intra-op threads each, an overloaded CPU makes torch ~5x slower."
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 # the only edits: the imports, and the model name (None: minivllm's embedded model)
