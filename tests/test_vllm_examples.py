@@ -301,9 +301,6 @@ def test_basic_example(monkeypatch, tokenizer):
     assert all(len(tokenizer(o, add_special_tokens=False).input_ids) <= 17 for o in outs)   # vLLM's default max_tokens=16
 
 
-HAS_CLI_API = all(hasattr(EngineArgs, a) for a in ("add_cli_args", "from_cli_args")) and hasattr(cli, "FlexibleArgumentParser")
-
-
 @pytest.fixture(scope="module")
 def engine_example():
     "Run llm_engine_example.py once (on first use, inside a test); its finished RequestOutputs by request id."
@@ -318,8 +315,6 @@ def engine_example():
     return get
 
 
-@pytest.mark.xfail(not HAS_CLI_API, strict=True, raises=(AttributeError, ImportError),
-                   reason="EngineArgs.add_cli_args / from_cli_args and cli.FlexibleArgumentParser are not in minivllm yet")
 def test_llm_engine_example(engine_example, tokenizer, hf_greedy):
     outs = engine_example()
     assert sorted(outs) == ["0", "1", "2"] and all(o.finished for o in outs.values())
@@ -336,8 +331,6 @@ def test_llm_engine_example(engine_example, tokenizer, hf_greedy):
         for c in o.outputs: assert c.finish_reason in ("length", "stop")
 
 
-@pytest.mark.xfail(not HAS_CLI_API, strict=True, raises=(AttributeError, ImportError),
-                   reason="EngineArgs.add_cli_args / from_cli_args and cli.FlexibleArgumentParser are not in minivllm yet")
 def test_llm_engine_example_logprobs(engine_example, hf_model):
     "Request 0 asks for logprobs=1 and prompt_logprobs=1: the values are HF's log-softmax at the same positions."
     o = engine_example()["0"]
@@ -354,8 +347,6 @@ def test_llm_engine_example_logprobs(engine_example, hf_model):
         assert t in d and abs(d[t].logprob - lp[k, t].item()) < 1e-3
 
 
-@pytest.mark.xfail(not HAS_CLI_API, strict=True, raises=(AttributeError, ImportError),
-                   reason="EngineArgs.add_cli_args / from_cli_args and cli.FlexibleArgumentParser are not in minivllm yet")
 def test_flexible_argument_parser_and_cli_args():
     "What the example relies on: `--max_model_len` = `--max-model-len`; from_cli_args(add_cli_args(...)) round-trips."
     p = EngineArgs.add_cli_args(cli.FlexibleArgumentParser(description="x"))
