@@ -26,7 +26,8 @@ requirements = shlex.split(cfg.get('requirements', ''))
 if cfg.get('pip_requirements'): requirements += shlex.split(cfg.get('pip_requirements', ''))
 min_python = cfg['min_python']
 lic = licenses.get(cfg['license'].lower(), (cfg['license'], None))
-dev_requirements = (cfg.get('dev_requirements') or '').split()
+viz_requirements = (cfg.get('viz_requirements') or '').split()   # the course's pictures: minivllm.viz
+dev_requirements = (cfg.get('dev_requirements') or '').split() + viz_requirements
 
 package_data = dict()
 pkg_data = cfg.get('package_data', None)
@@ -47,7 +48,7 @@ setuptools.setup(
     packages = setuptools.find_packages(),
     include_package_data = True,
     install_requires = requirements,
-    extras_require={ 'dev': dev_requirements, 'serve': ['fastapi', 'uvicorn', 'openai', 'prometheus-client'] },
+    extras_require={ 'viz': viz_requirements, 'dev': dev_requirements, 'serve': ['fastapi', 'uvicorn', 'openai', 'prometheus-client'] },
     dependency_links = cfg.get('dep_links','').split(),
     python_requires  = '>=' + cfg['min_python'],
     long_description = open('README.md', encoding='utf-8').read(),

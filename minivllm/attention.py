@@ -12,9 +12,8 @@ import torch.nn.functional as F
 # %% auto #0
 __all__ = ['DECODE_GROUP_COST', 'MAX_GATHER_BYTES', 'LOG2E', 'AttentionMetadata', 'build_metadata', 'write_kv_cache',
            'simple_paged_attention', 'reference_attention', 'make_paged_case', 'group_decodes', 'torch_paged_attention',
-           'plot_block_walk', 'triton_write_kv_cache', 'online_softmax', 'paged_decode_attention',
-           'paged_prefill_attention', 'triton_paged_attention', 'plot_online_softmax', 'plot_program_tiles',
-           'device_copy_bandwidth', 'bench_decode_kernel', 'bench_prefill_kernel']
+           'triton_write_kv_cache', 'online_softmax', 'paged_decode_attention', 'paged_prefill_attention',
+           'triton_paged_attention']
 
 # %% ../nbs/04_paged_attention.ipynb #69264453
 @dataclass
@@ -144,9 +143,10 @@ def group_decodes(seq_lens: list[int], block_size: int, group_cost: int = 256, m
                   for g in groups for a in range(0, len(g), max(1, max_keys // (-(-seq_lens[g[-1]] // block_size) * block_size)))]
     return groups
 
-# %% ../nbs/04_paged_attention.ipynb #4f8f7a20
+# %% ../nbs/04_paged_attention.ipynb #ff444e1c
 @dataclass
 class _DecodeGroup:
+    "Decodes of similar length attended together: one gather of their blocks and one SDPA call."
     rows: slice | torch.Tensor     # the group's decode rows in the batch
     blocks: torch.Tensor           # [n * nb] int64: the block ids to gather, request by request
     n: int                         # requests in the group
@@ -156,12 +156,14 @@ class _DecodeGroup:
 
 @dataclass
 class _Prefill:
+    "One prefill chunk: its query rows, context length, and (with cached context) its blocks and mask."
     start: int; end: int; L: int   # query rows [start, end) and context length
     blocks: torch.Tensor | None    # [nb] block ids when some context is already cached, else None
     mask: torch.Tensor | None      # [q, L] shifted causal mask (with cached context)
 
 @dataclass
 class _TorchPlan:
+    "The torch backend's plan of one step: decode groups, prefill chunks, and the workspace they need."
     key: tuple
     groups: list[_DecodeGroup]
     prefills: list[_Prefill]
@@ -180,6 +182,7 @@ def _workspace(numel: int, like: torch.Tensor) -> torch.Tensor:
         buf = bufs[key] = torch.empty(max(numel, 0 if buf is None else buf.numel() * 5 // 4), dtype=like.dtype, device=like.device)
     return buf[:numel]
 
+# %% ../nbs/04_paged_attention.ipynb #83d1aadf
 DECODE_GROUP_COST = 256      # keys: the padding worth one more group of calls (measured on a 2-core x86 CPU)
 MAX_GATHER_BYTES = 256 << 20 # a group's gathered keys + values stay below this
 
@@ -243,29 +246,8 @@ def torch_paged_attention(q, k, v, kv_cache, md: AttentionMetadata, scale: float
         out[p.start:p.end] = o.flatten(0, 1).transpose(0, 1)
     return out
 
-# %% ../nbs/04_paged_attention.ipynb #b4f6e8e8
-def plot_block_walk(block_table: list[int], seq_len: int, block_size: int, num_blocks: int, ax=None):
-    "Draw how a query walks its block table: logical blocks (top) mapped to physical blocks (bottom)."
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Rectangle
-    if ax is None: _, ax = plt.subplots(figsize=(11, 3.2))
-    n_log = len(block_table)
-    for j, pb in enumerate(block_table):
-        used = min(block_size, seq_len - j * block_size)
-        ax.add_patch(Rectangle((j * 1.5, 2), 1.2, 0.8, fc=plt.cm.Blues(0.3 + 0.5 * used / block_size), ec="0.3"))
-        ax.text(j * 1.5 + 0.6, 2.4, f"logical {j}\ntokens {j * block_size}-{j * block_size + used - 1}", ha="center", va="center", fontsize=8)
-        ax.annotate("", xy=(pb * 0.75 + 0.3, 0.8), xytext=(j * 1.5 + 0.6, 2), arrowprops=dict(arrowstyle="-|>", color="C1"))
-    for b in range(num_blocks):
-        mine = b in block_table
-        ax.add_patch(Rectangle((b * 0.75, 0), 0.6, 0.8, fc="C1" if mine else "0.92", ec="0.4"))
-        ax.text(b * 0.75 + 0.3, 0.4, str(b), ha="center", va="center", fontsize=7)
-    ax.text(-0.3, 2.4, "block table", ha="right", va="center"); ax.text(-0.3, 0.4, "KV cache", ha="right", va="center")
-    ax.set_xlim(-2.5, max(num_blocks * 0.75, n_log * 1.5) + 0.2); ax.set_ylim(-0.3, 3.1); ax.axis("off")
-    ax.set_title(f"a query with {seq_len} tokens of context reads {n_log} blocks of {block_size} through its block table")
-    return ax
-
 # %% ../nbs/04_paged_attention.ipynb #726c03ab
-import functools, time
+import functools
 try:
     import triton
     import triton.language as tl
@@ -292,15 +274,18 @@ _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _MAX_HEAD_DIM = 256
 
 def _need(cond, msg, exc=ValueError):
+    "Raise `exc(msg)` unless `cond`."
     if not cond: raise exc(msg)
 
 def _check_device(t: torch.Tensor):
+    "Refuse to launch where no kernel can run: no Triton, or a CPU tensor without the interpreter."
     if not HAS_TRITON: raise RuntimeError("Triton is not installed: use torch_paged_attention.")
     if t.device.type == "cpu" and not _interpreting():
         raise RuntimeError("The Triton kernels need a GPU, or TRITON_INTERPRET=1 set before minivllm.attention is "
                            "imported (CPU interpreter); otherwise use torch_paged_attention.")
 
 def _check_cache(kv_cache):
+    "kv_cache: a `[2, blocks, block_size, kv_heads, head_dim]` float tensor, contiguous in head_dim, where a kernel can run."
     _need(isinstance(kv_cache, torch.Tensor), f"kv_cache must be a torch.Tensor, got {type(kv_cache).__name__}", TypeError)
     _need(kv_cache.dim() == 5 and kv_cache.shape[0] == 2,
           f"kv_cache must be [2, num_blocks, block_size, num_kv_heads, head_dim], got shape {tuple(kv_cache.shape)}")
@@ -391,6 +376,7 @@ def _write_kv_kernel(k_ptr, v_ptr, kc_ptr, vc_ptr, slot_ptr,
 
 # %% ../nbs/04_paged_attention.ipynb #21d88913
 def _launch_write(k, v, kv_cache, slot_mapping):
+    "Launch the write kernel, one program per token (no checks: the callers made them)."
     _, _, bs, hkv, d = kv_cache.shape
     if k.shape[0] == 0: return
     kc, vc = kv_cache[0], kv_cache[1]
@@ -487,11 +473,13 @@ def _decode_reduce_kernel(po_ptr, m_ptr, l_ptr, o_ptr, num_splits, stride_pt, st
     out = tl.sum(acc * w[:, None], 0) / tl.sum(l * w, 0)
     tl.store(o_ptr + seq.to(tl.int64) * stride_ot + h * stride_oh + d, out.to(o_ptr.dtype.element_ty), mask=dmask)
 
-# %% ../nbs/04_paged_attention.ipynb #d2737918
+# %% ../nbs/04_paged_attention.ipynb #31bf1b9b
 LOG2E = 1.4426950408889634
 
 @functools.lru_cache
-def _num_sms(device) -> int: return torch.cuda.get_device_properties(device).multi_processor_count
+def _num_sms(device) -> int:
+    "Number of streaming multiprocessors of a CUDA device (cached)."
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 def _split_len(max_len, num_splits, block_n) -> int:
     "Tokens per slice: the longest context cut into `num_splits`, rounded up to whole tiles."
@@ -499,6 +487,7 @@ def _split_len(max_len, num_splits, block_n) -> int:
     return -(-per_split // block_n) * block_n
 
 def _pick_num_splits(num_decodes, num_kv_heads, max_len, block_n, device) -> int:
+    "Splits per decode context: about two programs per multiprocessor on a GPU, slices of at least 256 tokens; 1 on a CPU."
     if device.type != "cuda": return 1
     programs = num_decodes * num_kv_heads
     target = -(-2 * _num_sms(device) // programs)            # splits for ~2 programs per multiprocessor
@@ -510,7 +499,9 @@ def _decode_config(num_decodes, num_kv_heads, max_len, device, num_splits=None, 
     if num_splits is None: num_splits = _pick_num_splits(num_decodes, num_kv_heads, max_len, block_n, device)
     return num_splits, block_n
 
+# %% ../nbs/04_paged_attention.ipynb #30de5741
 def _launch_decode(q, kv_cache, md, plan, scale, out, num_splits=None, block_n=None, num_warps=4):
+    "Launch the decode kernel (and the reduce kernel when the contexts are split) for the first `md.num_decodes` rows of `out`."
     nd = md.num_decodes
     _, _, bs, hkv, d = kv_cache.shape
     h = q.shape[1]; group = h // hkv
@@ -537,6 +528,7 @@ def _launch_decode(q, kv_cache, md, plan, scale, out, num_splits=None, block_n=N
                                    BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=triton.next_power_of_2(d))
     return out
 
+# %% ../nbs/04_paged_attention.ipynb #fc996693
 def _check_attention(q, kv_cache, md, k=None, v=None):
     "Validate everything a launch relies on; return (q, k, v, plan)."
     _check_cache(kv_cache)
@@ -617,6 +609,7 @@ def _prefill_config(group, head_dim, interp, block_m=None, block_n=None, dtype=t
     return block_m, block_m // group, block_n or bn, warps, stages
 
 def _launch_prefill(q, kv_cache, md, plan, scale, out, block_m=None, block_n=None):
+    "Launch the prefill kernel over the chunks `md.num_decodes:`, one program per (chunk, query tile, KV head)."
     _, _, bs, hkv, d = kv_cache.shape
     group = q.shape[1] // hkv
     interp = _interpreting()
@@ -648,119 +641,3 @@ def triton_paged_attention(q, k, v, kv_cache, md: AttentionMetadata, scale: floa
     if md.num_decodes: _launch_decode(q, kv_cache, md, plan, scale, out)
     if plan.num_prefills: _launch_prefill(q, kv_cache, md, plan, scale, out)
     return out
-
-# %% ../nbs/04_paged_attention.ipynb #a8b17939
-def plot_online_softmax(s: torch.Tensor, block_n: int, ax=None):
-    "Scores `s` [N] of one query row, and the running max and sum of the online softmax after each tile of `block_n`."
-    import matplotlib.pyplot as plt
-    if ax is None: _, ax = plt.subplots(figsize=(11, 3.6))
-    _, trace = online_softmax(s, torch.zeros(len(s), 1), block_n)
-    ends = [min(n0 + block_n, len(s)) for n0 in range(0, len(s), block_n)]
-    ax.plot(range(len(s)), s.float(), ".", color="0.5", label="scores $s_j$")
-    ax.step([0] + ends, [trace[0][0]] + [m for m, _ in trace], where="pre", color="C3", label="running max $m$")
-    for e in ends[:-1]: ax.axvline(e - 0.5, color="0.85", lw=0.8, zorder=0)
-    ax.set_xlabel("key position"); ax.set_ylabel("score")
-    ax2 = ax.twinx()
-    ax2.plot([e - 1 for e in ends], [l for _, l in trace], "o-", color="C0", label="running sum $l$")
-    ax2.set_ylabel("running sum", color="C0")
-    ax.legend(handles=ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0], loc="lower right", fontsize=8)
-    ax.set_title(f"online softmax over tiles of {block_n} keys: whenever the running max grows, the sum so far is scaled by exp(m_old - m_new)", fontsize=10)
-    return ax
-
-# %% ../nbs/04_paged_attention.ipynb #339305f7
-def plot_program_tiles(md: AttentionMetadata, block_size: int, block_n: int, block_q: int, split_len: int):
-    "For each request of `md`, which program instance computes each (query, key) score, as the kernels walk them."
-    import matplotlib.pyplot as plt, numpy as np
-    qsl, lens = md.query_start_loc_cpu, md.seq_lens_cpu
-    qlens = [qsl[i + 1] - qsl[i] for i in range(md.num_seqs)]
-    fig, axs = plt.subplots(md.num_seqs, 1, figsize=(11, 1.2 + 0.22 * sum(max(q, 3) for q in qlens)),
-                            gridspec_kw=dict(height_ratios=[max(q, 3) for q in qlens]), squeeze=False)
-    width, prog = max(lens), 0
-    colors = plt.matplotlib.colors.ListedColormap([plt.cm.tab10(i) for i in (0, 1, 2, 3, 4, 5, 6, 8, 9)])  # no grey
-    for i, ax in enumerate(axs[:, 0]):
-        L, ql = lens[i], qlens[i]
-        ctx = L - ql
-        grid = np.full((ql, width), np.nan); wasted = np.zeros((ql, width))
-        if i < md.num_decodes:     # program (i, kv head, split): slices of split_len
-            for t in range(L): grid[0, t] = prog + t // split_len
-            n = -(-L // split_len); prog += n; kind = f"decode of {L} tokens, {n} slice{'s' * (n > 1)} of up to {split_len}"
-        else:                      # program (i, q tile, kv head): rows of block_q tokens, keys up to kv_end
-            for tile in range(-(-ql // block_q)):
-                kv_end = min(L, ctx + (tile + 1) * block_q)
-                for j in range(tile * block_q, min(ql, (tile + 1) * block_q)):
-                    grid[j, :ctx + j + 1] = prog + tile
-                    wasted[j, ctx + j + 1:kv_end] = 1
-            prog += -(-ql // block_q); kind = f"prefill chunk of {ql} after {ctx} cached, tiles of {block_q} queries"
-        ax.imshow(np.where(wasted > 0, 1.0, np.nan), cmap="Greys", vmin=0, vmax=4, aspect="auto", interpolation="nearest")
-        ax.imshow(grid % 9, cmap=colors, vmin=0, vmax=9, aspect="auto", interpolation="nearest")
-        for x in range(block_size, width, block_size): ax.axvline(x - 0.5, color="k", lw=0.4, alpha=0.4)
-        for x in range(block_n, width, block_n): ax.axvline(x - 0.5, color="k", lw=1.2, ls="--")
-        ax.axvline(L - 0.5, color="C3", lw=1)
-        ax.set_yticks([]); ax.set_ylabel(f"req {i}", rotation=0, ha="right", va="center")
-        ax.set_title(f"request {i}: {kind}", fontsize=9, loc="left")
-    axs[-1, 0].set_xlabel(f"key position (pages of {block_size}: thin lines; key tiles of {block_n}: dashed; end of context: red)")
-    fig.tight_layout()
-    return fig
-
-# %% ../nbs/04_paged_attention.ipynb #81215828
-def _time_ms(fn, device, reps: int = 3) -> float:
-    "Median milliseconds of `fn()`."
-    if torch.device(device).type == "cuda": return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter(); fn(); ts.append((time.perf_counter() - t0) * 1e3)
-    return sorted(ts)[len(ts) // 2]
-
-def device_copy_bandwidth(nbytes: int = 1 << 30, device="cuda") -> float:
-    "GB/s of a device-to-device copy of `nbytes` (bytes read + bytes written, per second)."
-    src = torch.empty(nbytes // 2, dtype=torch.float16, device=device); dst = torch.empty_like(src)
-    return 2 * nbytes / _time_ms(lambda: dst.copy_(src), device) / 1e6
-
-def _bench_case(batch, context_len, query_len, num_heads, num_kv_heads, head_dim, block_size, dtype, device, seed=0):
-    "A paged cache holding `batch` requests of `context_len + query_len` tokens in shuffled blocks, and their queries."
-    torch.manual_seed(seed)
-    L = context_len + query_len
-    nblk = -(-L // block_size)
-    kv_cache = torch.randn(2, batch * nblk, block_size, num_kv_heads, head_dim, dtype=dtype, device=device)
-    tables = torch.randperm(batch * nblk).view(batch, nblk)
-    md = build_metadata([L] * batch, [query_len] * batch, tables.tolist(), block_size, device=device)
-    q = torch.randn(batch * query_len, num_heads, head_dim, dtype=dtype, device=device)
-    gather = lambda c: c[tables.to(device)].flatten(1, 2)[:, :L].permute(0, 2, 1, 3).contiguous()   # [B, Hkv, L, D]
-    return q, kv_cache, md, gather(kv_cache[0]), gather(kv_cache[1])
-
-def bench_decode_kernel(batch=32, context_len=4096, num_heads=32, num_kv_heads=8, head_dim=128, block_size=16,
-                        dtype=torch.float16, num_splits=None, device="cuda", copy_bw=None) -> dict:
-    "Time the decode kernel on `batch` requests of `context_len` tokens: KV-read bandwidth vs a device copy and vs SDPA."
-    q, kv_cache, md, kc, vc = _bench_case(batch, context_len - 1, 1, num_heads, num_kv_heads, head_dim, block_size, dtype, device)
-    scale, group = head_dim ** -0.5, num_heads // num_kv_heads
-    out = paged_decode_attention(q, kv_cache, md, scale, num_splits=num_splits)   # checks, compiles, warms up
-    plan = md._plan
-    splits, _ = _decode_config(batch, num_kv_heads, context_len, q.device, num_splits, dtype=dtype)
-    ms = _time_ms(lambda: _launch_decode(q, kv_cache, md, plan, scale, out, num_splits), device)
-    qg = q.view(batch, num_kv_heads, group, head_dim)                              # a group's query heads as rows
-    sdpa = lambda: F.scaled_dot_product_attention(qg, kc, vc, scale=scale)
-    err = (sdpa().reshape(batch, num_heads, head_dim).float() - out.float()).abs().max().item()
-    sdpa_ms = _time_ms(sdpa, device)
-    kv_bytes = 2 * batch * context_len * num_kv_heads * head_dim * kv_cache.element_size()
-    copy_bw = copy_bw or device_copy_bandwidth(device=device, **({} if torch.device(device).type == "cuda" else dict(nbytes=1 << 20)))
-    return dict(batch=batch, context_len=context_len, dtype=str(dtype)[6:], block_size=block_size, num_splits=splits,
-                kernel_ms=ms, kernel_GBps=kv_bytes / ms / 1e6, sdpa_ms=sdpa_ms, sdpa_GBps=kv_bytes / sdpa_ms / 1e6,
-                copy_GBps=copy_bw, frac_of_copy=kv_bytes / ms / 1e6 / copy_bw, max_abs_diff=err)
-
-def bench_prefill_kernel(batch=4, query_len=2048, context_len=0, num_heads=32, num_kv_heads=8, head_dim=128, block_size=16,
-                         dtype=torch.float16, block_m=None, block_n=None, device="cuda") -> dict:
-    "Time the prefill kernel on `batch` chunks of `query_len` tokens after `context_len` cached ones: TFLOP/s vs SDPA."
-    q, kv_cache, md, kc, vc = _bench_case(batch, context_len, query_len, num_heads, num_kv_heads, head_dim, block_size, dtype, device)
-    scale, group = head_dim ** -0.5, num_heads // num_kv_heads
-    out = paged_prefill_attention(q, kv_cache, md, scale, block_m=block_m, block_n=block_n)
-    plan = md._plan
-    ms = _time_ms(lambda: _launch_prefill(q, kv_cache, md, plan, scale, out, block_m, block_n), device)
-    qs = q.view(batch, query_len, num_heads, head_dim).transpose(1, 2)
-    ke, ve = kc.repeat_interleave(group, 1), vc.repeat_interleave(group, 1)
-    mask = None if context_len == 0 else _causal_mask(query_len, context_len + query_len, q.device)
-    sdpa = lambda: F.scaled_dot_product_attention(qs, ke, ve, attn_mask=mask, is_causal=mask is None, scale=scale)
-    err = (sdpa().transpose(1, 2).reshape(out.shape).float() - out.float()).abs().max().item()
-    sdpa_ms = _time_ms(sdpa, device)
-    flops = 4 * batch * num_heads * head_dim * (query_len * context_len + query_len * (query_len + 1) / 2)
-    return dict(batch=batch, query_len=query_len, context_len=context_len, dtype=str(dtype)[6:], block_size=block_size,
-                kernel_ms=ms, kernel_TFLOPs=flops / ms / 1e9, sdpa_ms=sdpa_ms, sdpa_TFLOPs=flops / sdpa_ms / 1e9, max_abs_diff=err)

@@ -5,11 +5,12 @@
 # %% ../nbs/02_block_manager.ipynb #d31c3e90
 from __future__ import annotations
 from collections import Counter
+from fastcore.basics import patch
 from .request import Request
 
 # %% auto #0
 __all__ = ['KVBlock', 'FreeBlockQueue', 'hash_block_tokens', 'hash_request_blocks', 'BlockPool', 'cdiv', 'sibling_group',
-           'KVCacheManager', 'check_invariants', 'block_owners', 'plot_block_grid', 'BlockGridViewer']
+           'KVCacheManager', 'check_invariants']
 
 # %% ../nbs/02_block_manager.ipynb #3b9aff45
 class KVBlock:
@@ -90,6 +91,7 @@ class BlockPool:
         b.block_hash = None
 
     def get_new_blocks(self, n: int) -> list[KVBlock]:
+        "Pop `n` blocks from the head of the free queue (evicting their cached contents), each with `ref_cnt = 1`."
         if n > self.get_num_free_blocks(): raise ValueError(f"cannot get {n} free blocks from the pool")
         out = []
         for _ in range(n):
@@ -101,6 +103,7 @@ class BlockPool:
         return out
 
     def touch(self, blocks: list[KVBlock]):
+        "A request starts using cached `blocks`: pull the free ones out of the queue, count one more user each."
         for b in blocks:
             if b.ref_cnt == 0: self.free_block_queue.remove(b)
             b.ref_cnt += 1
@@ -128,16 +131,16 @@ class BlockPool:
         self.cached_block_hash_to_block.clear()
         return True
 
-# %% ../nbs/02_block_manager.ipynb #f3e43f37
-def cdiv(a: int, b: int) -> int: return -(-a // b)
+# %% ../nbs/02_block_manager.ipynb #f53dc423
+def cdiv(a: int, b: int) -> int:
+    "Ceiling division: the number of blocks of `b` slots that `a` tokens need."
+    return -(-a // b)
 
 def sibling_group(request: Request) -> str | None:
-    "The user request that `request` is one of the `n` samples of, if any (the engine names them `'{i}_{parent}'`)."
-    parent = getattr(request, "parent_request_id", None)
-    if parent is not None: return parent
-    head, sep, tail = request.request_id.partition("_")
-    return tail if sep and tail and head.isdigit() else None
+    "The user request that `request` is one of the `n` samples of (its `parent_request_id`), or None."
+    return request.parent_request_id
 
+# %% ../nbs/02_block_manager.ipynb #b9e8206d
 class KVCacheManager:
     "Per-request block tables over a `BlockPool`, with automatic prefix caching and sharing among sibling samples."
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True):
@@ -179,47 +182,57 @@ class KVCacheManager:
             hits.append(b)
         return hits, len(hits) * self.block_size
 
-    def num_blocks_needed(self, request: Request, num_new_tokens: int, new_computed_blocks: list[KVBlock] = ()) -> int:
-        "How many blocks `allocate_slots` would take from the free queue (cached free blocks it reuses included)."
-        have = len(self.req_to_blocks.get(request.request_id, ())) + len(new_computed_blocks)
-        num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
-        fresh = max(cdiv(num_computed + num_new_tokens, self.block_size) - have, 0)
-        return fresh + sum(b.ref_cnt == 0 for b in new_computed_blocks)
+# %% ../nbs/02_block_manager.ipynb #e79b4d4f
+@patch
+def num_blocks_needed(self: KVCacheManager, request: Request, num_new_tokens: int, new_computed_blocks: list[KVBlock] = ()) -> int:
+    "How many blocks `allocate_slots` would take from the free queue (cached free blocks it reuses included)."
+    have = len(self.req_to_blocks.get(request.request_id, ())) + len(new_computed_blocks)
+    num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
+    fresh = max(cdiv(num_computed + num_new_tokens, self.block_size) - have, 0)
+    return fresh + sum(b.ref_cnt == 0 for b in new_computed_blocks)
 
-    def allocate_slots(self, request: Request, num_new_tokens: int,
-                       new_computed_blocks: list[KVBlock] = ()) -> list[KVBlock] | None:
-        "Blocks for the request's next `num_new_tokens` tokens, or None (and no change) if the pool is too small."
-        rid = request.request_id
-        if self.num_blocks_needed(request, num_new_tokens, new_computed_blocks) > self.block_pool.get_num_free_blocks():
-            return None
-        if rid not in self.req_to_blocks and self._can_share(request):   # an admission: count the prefix lookup
-            self.prefix_cache_queries += request.num_tokens
-            self.prefix_cache_hits += len(new_computed_blocks) * self.block_size
-        req_blocks = self.req_to_blocks.setdefault(rid, [])
-        num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
-        self.block_pool.touch(new_computed_blocks)
-        req_blocks.extend(new_computed_blocks)
-        new_blocks = self.block_pool.get_new_blocks(max(cdiv(num_computed + num_new_tokens, self.block_size) - len(req_blocks), 0))
-        req_blocks.extend(new_blocks)
-        self.req_num_slots[rid] = num_computed + num_new_tokens
-        if self._can_share(request):
-            num_full = (num_computed + num_new_tokens) // self.block_size
-            num_cached = self.num_cached_block.get(rid, 0)
-            if num_full > num_cached:
-                self.block_pool.cache_full_blocks(req_blocks, self._block_hashes(request), num_cached, num_full)
-                self.num_cached_block[rid] = num_full
-        return new_blocks
+@patch
+def allocate_slots(self: KVCacheManager, request: Request, num_new_tokens: int,
+                   new_computed_blocks: list[KVBlock] = ()) -> list[KVBlock] | None:
+    "Blocks for the request's next `num_new_tokens` tokens, or None (and no change) if the pool is too small."
+    rid = request.request_id
+    if self.num_blocks_needed(request, num_new_tokens, new_computed_blocks) > self.block_pool.get_num_free_blocks():
+        return None
+    if rid not in self.req_to_blocks and self._can_share(request):   # an admission: count the prefix lookup
+        self.prefix_cache_queries += request.num_tokens
+        self.prefix_cache_hits += len(new_computed_blocks) * self.block_size
+    req_blocks = self.req_to_blocks.setdefault(rid, [])
+    num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
+    self.block_pool.touch(new_computed_blocks)
+    req_blocks.extend(new_computed_blocks)
+    new_blocks = self.block_pool.get_new_blocks(max(cdiv(num_computed + num_new_tokens, self.block_size) - len(req_blocks), 0))
+    req_blocks.extend(new_blocks)
+    self.req_num_slots[rid] = num_computed + num_new_tokens
+    if self._can_share(request):
+        num_full = (num_computed + num_new_tokens) // self.block_size
+        num_cached = self.num_cached_block.get(rid, 0)
+        if num_full > num_cached:
+            self.block_pool.cache_full_blocks(req_blocks, self._block_hashes(request), num_cached, num_full)
+            self.num_cached_block[rid] = num_full
+    return new_blocks
 
-    def free(self, request: Request):
-        "Release all the request's blocks (tail first)."
-        blocks = self.req_to_blocks.pop(request.request_id, [])
-        self.block_pool.free_blocks(reversed(blocks))
-        for d in (self.num_cached_block, self.req_to_block_hashes, self.req_num_slots): d.pop(request.request_id, None)
+# %% ../nbs/02_block_manager.ipynb #37a7dbe5
+@patch
+def free(self: KVCacheManager, request: Request):
+    "Release all the request's blocks (tail first)."
+    blocks = self.req_to_blocks.pop(request.request_id, [])
+    self.block_pool.free_blocks(reversed(blocks))
+    for d in (self.num_cached_block, self.req_to_block_hashes, self.req_num_slots): d.pop(request.request_id, None)
 
-    def get_block_ids(self, request_id: str) -> list[int]:
-        return [b.block_id for b in self.req_to_blocks.get(request_id, [])]
+@patch
+def get_block_ids(self: KVCacheManager, request_id: str) -> list[int]:
+    "The request's block table: its physical block ids, in order."
+    return [b.block_id for b in self.req_to_blocks.get(request_id, [])]
 
-    def reset_prefix_cache(self) -> bool: return self.block_pool.reset_prefix_cache()
+@patch
+def reset_prefix_cache(self: KVCacheManager) -> bool:
+    "Forget the cached blocks (False, and nothing forgotten, while some request holds a block)."
+    return self.block_pool.reset_prefix_cache()
 
 # %% ../nbs/02_block_manager.ipynb #cac8f5d6
 def check_invariants(manager: KVCacheManager) -> dict[str, int]:
@@ -244,76 +257,3 @@ def check_invariants(manager: KVCacheManager) -> dict[str, int]:
     empty = sum(b.ref_cnt == 0 and b.block_hash is None for b in pool.blocks)
     assert used == len(owners) and used + cached + empty == pool.num_blocks and cached + empty == len(queue)
     return dict(used=used, cached_free=cached, free=empty)
-
-# %% ../nbs/02_block_manager.ipynb #beb4665c
-def block_owners(manager: KVCacheManager) -> dict[int, list[str]]:
-    "Physical block id -> ids of the requests whose block tables hold it."
-    owners: dict[int, list[str]] = {}
-    for rid, blocks in manager.req_to_blocks.items():
-        for b in blocks: owners.setdefault(b.block_id, []).append(rid)
-    return owners
-
-def plot_block_grid(manager: KVCacheManager, ax=None, ncols: int = 16, title: str | None = None, colors=None, legend=True):
-    "Draw the KV blocks of `manager`: owner colour (pale: unfilled slots), shared (hatched, ref count), cached-free and free blocks."
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Rectangle
-    owners, n, bs = block_owners(manager), manager.num_blocks, manager.block_size
-    fill = {}   # block id -> slots holding tokens
-    for rid, blocks in manager.req_to_blocks.items():
-        slots = manager.req_num_slots.get(rid, len(blocks) * bs)
-        for j, b in enumerate(blocks): fill[b.block_id] = max(fill.get(b.block_id, 0), min(bs, slots - j * bs))
-    nrows = cdiv(n, ncols)
-    if ax is None: _, ax = plt.subplots(figsize=(min(ncols, 16) * 0.6 + 2.5, nrows * 0.6 + 1.2))
-    rids = sorted({r for os_ in owners.values() for r in os_})
-    colors = colors or {r: plt.cm.tab20(i % 20) for i, r in enumerate(rids)}
-    for blk in manager.block_pool.blocks:
-        i = blk.block_id
-        x, y = i % ncols, nrows - 1 - i // ncols
-        os_ = owners.get(i, [])
-        if os_:
-            f = fill.get(i, bs) / bs
-            ax.add_patch(Rectangle((x, y), 0.92, 0.92, fc=colors[os_[0]], alpha=0.3, ec="none"))
-            ax.add_patch(Rectangle((x, y), 0.92 * f, 0.92, fc=colors[os_[0]], ec="none", hatch="//" if blk.ref_cnt > 1 else None))
-            ax.add_patch(Rectangle((x, y), 0.92, 0.92, fc="none", ec="0.3"))
-        else: ax.add_patch(Rectangle((x, y), 0.92, 0.92, fc="0.8" if blk.block_hash is not None else "white", ec="0.4"))
-        if blk.ref_cnt > 1: ax.text(x + 0.46, y + 0.46, str(blk.ref_cnt), ha="center", va="center", fontsize=9, weight="bold",
-                                    bbox=dict(boxstyle="circle,pad=0.1", fc="white", ec="none", alpha=0.8))
-    if legend:
-        shown = [r for r in colors if r in rids]
-        handles = [Rectangle((0, 0), 1, 1, fc=colors[r]) for r in shown] + [
-            Rectangle((0, 0), 1, 1, fc="0.8", ec="0.4"), Rectangle((0, 0), 1, 1, fc="white", ec="0.4")]
-        ax.legend(handles, shown + ["free, cached", "free"], loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
-    ax.set_xlim(0, ncols); ax.set_ylim(0, nrows); ax.set_aspect("equal"); ax.axis("off")
-    pool = manager.block_pool
-    ax.set_title(title or f"{n} KV blocks: {n - pool.get_num_free_blocks()} used, "
-                          f"{sum(b.ref_cnt == 0 for b in pool.cached_block_hash_to_block.values())} free but cached", fontsize=10)
-    return ax
-
-# %% ../nbs/02_block_manager.ipynb #cdc3cdd2
-class BlockGridViewer:
-    "ipywidgets view of block-manager snapshots (a list, or a dict step -> `KVCacheManager`): a step slider over the grid."
-    def __init__(self, snaps, trace=None, colors=None, ncols: int = 16):
-        import ipywidgets as W
-        self.snaps = dict(enumerate(snaps)) if isinstance(snaps, (list, tuple)) else dict(snaps)
-        self.trace, self.colors, self.ncols = trace, colors, ncols
-        steps = sorted(self.snaps)
-        self.slider = W.SelectionSlider(options=steps, value=steps[0], description="step", continuous_update=False)
-        self.out = W.Output()
-        self.slider.observe(lambda ch: self.draw(), names="value")
-        self.widget = W.VBox([self.slider, self.out])
-        self.draw()
-
-    def draw(self):
-        import matplotlib.pyplot as plt
-        s = self.slider.value
-        m = self.snaps[s]
-        with self.out:
-            self.out.clear_output(wait=True)
-            fig, ax = plt.subplots(figsize=(11, 0.6 * cdiv(m.num_blocks, self.ncols) + 1.2))
-            sched = "" if self.trace is None else "; ran " + ", ".join(f"{q.req_id}×{q.num_tokens}" for q in self.trace[s].seqs)
-            plot_block_grid(m, ax, self.ncols, colors=self.colors, title=f"after step {s}: usage {m.usage:.0%}{sched}"[:120])
-            plt.show()
-
-    def _ipython_display_(self):
-        from IPython.display import display
-        display(self.widget)

@@ -4,18 +4,19 @@
 
 # %% ../nbs/00_config.ipynb #1a74f44f
 from __future__ import annotations
-import dataclasses, enum, hashlib, importlib.util, os, shutil, time
+import argparse, dataclasses, enum, hashlib, importlib.util, math, os, shutil, sys, time, typing, warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict, Union
 
 import torch
+from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['EMBEDDED_GGUF', 'PromptType', 'embedded_gguf_path', 'cache_dir', 'convert_gguf', 'resolve_model', 'RequestOutputKind',
-           'SamplingParams', 'TextPrompt', 'TokensPrompt', 'CompletionOutput', 'RequestMetrics', 'RequestOutput',
-           'ModelConfig', 'CacheConfig', 'SchedulerConfig', 'ParallelConfig', 'DeviceConfig', 'EngineConfig',
-           'EngineArgs', 'engine_args_from_kwargs']
+           'SamplingParams', 'tokenize_bad_words', 'TextPrompt', 'TokensPrompt', 'CompletionOutput', 'RequestMetrics',
+           'RequestOutput', 'ModelConfig', 'CacheConfig', 'SchedulerConfig', 'ParallelConfig', 'DeviceConfig',
+           'EngineConfig', 'EngineArgs', 'FlexibleArgumentParser', 'engine_args_from_kwargs']
 
 # %% ../nbs/00_config.ipynb #6f90803b
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -74,10 +75,7 @@ class RequestOutputKind(enum.Enum):
     DELTA = 1
     FINAL_ONLY = 2
 
-# %% ../nbs/00_config.ipynb #519bfddf
-import math, warnings
-
-# %% ../nbs/00_config.ipynb #22f3a74c
+# %% ../nbs/00_config.ipynb #639cab65
 _SAMPLING_EPS = 1e-5
 _MAX_TEMP = 1e-2            # vLLM raises smaller positive temperatures to this (below it softmax overflows)
 _DEFAULT_MAX_LOGPROBS = 20  # vLLM's default `max_logprobs`
@@ -86,6 +84,7 @@ _DEFAULT_MAX_LOGPROBS = 20  # vLLM's default `max_logprobs`
 _UNIMPLEMENTED_SAMPLING = dict(logits_processors=None, truncate_prompt_tokens=None,
                                structured_outputs=None, guided_decoding=None, extra_args=None)
 
+# %% ../nbs/00_config.ipynb #1dba46e3
 @dataclass
 class SamplingParams:
     "Sampling parameters of one request, with vLLM's names, defaults and validation."
@@ -122,6 +121,7 @@ class SamplingParams:
     _bad_words_token_ids: list[list[int]] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self):
+        "Normalise the convenience forms (a single stop string, `seed=-1`, `logprobs=True`, ...), then validate."
         if 0 < self.temperature < _MAX_TEMP:
             warnings.warn(f"temperature {self.temperature} is less than {_MAX_TEMP}, which may cause numerical errors "
                           f"nan or inf in tensors. We have maxed it out to {_MAX_TEMP}.")
@@ -134,99 +134,130 @@ class SamplingParams:
         self.bad_words = list(dict.fromkeys(self.bad_words or []))
         if self.logprobs is True: self.logprobs = 1
         if self.prompt_logprobs is True: self.prompt_logprobs = 1
-        if self.logit_bias is not None: self.logit_bias = self._int_keys(self.logit_bias)
+        if self.logit_bias is not None: self.logit_bias = _int_keys(self.logit_bias)
         if self.allowed_token_ids is not None: self.allowed_token_ids = list(self.allowed_token_ids)
         self._verify()
         if self.temperature < _SAMPLING_EPS:  # greedy: the other knobs have no effect, as in vLLM
             self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
             if self.n > 1: raise ValueError(f"n must be 1 when using greedy sampling, got {self.n}.")
 
-    @staticmethod
-    def _int_keys(bias: dict) -> dict[int, float]:
-        bad = []
-        for k in bias:
-            try: int(k)
-            except (TypeError, ValueError): bad.append(k)
-        if bad: raise ValueError(f"logit_bias contains key(s) that cannot be converted to integer token IDs: {bad!r}")
-        return {int(k): v for k, v in bias.items()}
+# %% ../nbs/00_config.ipynb #8b11063b
+def _int_keys(bias: dict) -> dict[int, float]:
+    "`logit_bias` with integer token ids as keys (JSON bodies send them as strings)."
+    bad = []
+    for k in bias:
+        try: int(k)
+        except (TypeError, ValueError): bad.append(k)
+    if bad: raise ValueError(f"logit_bias contains key(s) that cannot be converted to integer token IDs: {bad!r}")
+    return {int(k): v for k, v in bias.items()}
 
-    def _verify(self):
-        def bad(msg): raise ValueError(msg)
-        def is_int(v): return isinstance(v, int) and not isinstance(v, bool)
-        if not is_int(self.n): bad(f"n must be an int, but is of type {type(self.n)}")
-        if self.n < 1: bad(f"n must be at least 1, got {self.n}.")
-        if not -2.0 <= self.presence_penalty <= 2.0: bad(f"presence_penalty must be in [-2, 2], got {self.presence_penalty}.")
-        if not -2.0 <= self.frequency_penalty <= 2.0: bad(f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}.")
-        if not math.isfinite(self.repetition_penalty): bad(f"repetition_penalty must be a finite number, got {self.repetition_penalty}.")
-        if self.repetition_penalty <= 0.0: bad(f"repetition_penalty must be greater than zero, got {self.repetition_penalty}.")
-        if not math.isfinite(self.temperature): bad(f"temperature must be a finite number, got {self.temperature}.")
-        if self.temperature < 0.0: bad(f"temperature must be non-negative, got {self.temperature}.")
-        if not 0.0 < self.top_p <= 1.0: bad(f"top_p must be in (0, 1], got {self.top_p}.")
-        if not is_int(self.top_k): bad(f"top_k must be an integer, got {type(self.top_k).__name__}")
-        if self.top_k < -1: bad(f"top_k must be 0 (disable), or at least 1, got {self.top_k}.")
-        if not 0.0 <= self.min_p <= 1.0: bad(f"min_p must be in [0, 1], got {self.min_p}.")
-        if self.seed is not None and not is_int(self.seed): bad(f"seed must be an integer, got {self.seed!r}.")
-        if self.max_tokens is not None and (not is_int(self.max_tokens) or self.max_tokens < 1):
-            bad(f"max_tokens must be at least 1, got {self.max_tokens}.")
-        if not is_int(self.min_tokens) or self.min_tokens < 0:
-            bad(f"min_tokens must be greater than or equal to 0, got {self.min_tokens}.")
-        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-            bad(f"min_tokens must be less than or equal to max_tokens={self.max_tokens}, got {self.min_tokens}.")
-        for name in ("logprobs", "prompt_logprobs"):
-            v = getattr(self, name)
-            if v is not None and (not is_int(v) or (v != -1 and v < 0)): bad(f"{name} must be non-negative or -1, got {v}.")
-        if any(not is_int(t) or t < 0 for t in self.stop_token_ids):
-            bad(f"stop_token_ids must contain only non-negative integers, got {self.stop_token_ids}.")
-        if any(not isinstance(s, str) for s in self.stop): bad(f"stop must be strings, got {self.stop}.")
-        if any(not s for s in self.stop): bad("stop cannot contain an empty string.")
-        if self.stop and not self.detokenize:
-            bad("stop strings are only supported when detokenize is True. Set detokenize=True to use stop.")
-        if any(not isinstance(w, str) or not w for w in self.bad_words):
-            bad(f"bad_words cannot contain an empty string. Got bad_words={self.bad_words}")
-        if self.allowed_token_ids is not None:
-            if not self.allowed_token_ids: bad("allowed_token_ids is not None and empty!")
-            if any(not is_int(t) or t < 0 for t in self.allowed_token_ids):
-                bad("allowed_token_ids contains out-of-vocab token id!")
-        if self.logit_bias is not None:
-            if any(t < 0 for t in self.logit_bias):
-                bad(f"token_id(s) {[t for t in self.logit_bias if t < 0]} in logit_bias contain out-of-vocab token ids.")
-            if any(not isinstance(v, (int, float)) or not math.isfinite(v) for v in self.logit_bias.values()):
-                bad(f"logit_bias values must be finite numbers, got {list(self.logit_bias.values())}.")
-        if not isinstance(self.output_kind, RequestOutputKind):
-            bad(f"output_kind must be a RequestOutputKind, got {self.output_kind!r}.")
-        for name, off in _UNIMPLEMENTED_SAMPLING.items():
-            if getattr(self, name) != off:
-                raise NotImplementedError(f"SamplingParams.{name} is not implemented in minivllm (got {getattr(self, name)!r}).")
+# %% ../nbs/00_config.ipynb #e44b48bd
+@patch
+def _verify(self: SamplingParams):
+    "The checks that need nothing but the parameters themselves (vLLM's `_verify_args`)."
+    def bad(msg): raise ValueError(msg)
+    def is_int(v): return isinstance(v, int) and not isinstance(v, bool)
+    if not is_int(self.n): bad(f"n must be an int, but is of type {type(self.n)}")
+    if self.n < 1: bad(f"n must be at least 1, got {self.n}.")
+    if not -2.0 <= self.presence_penalty <= 2.0: bad(f"presence_penalty must be in [-2, 2], got {self.presence_penalty}.")
+    if not -2.0 <= self.frequency_penalty <= 2.0: bad(f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}.")
+    if not math.isfinite(self.repetition_penalty): bad(f"repetition_penalty must be a finite number, got {self.repetition_penalty}.")
+    if self.repetition_penalty <= 0.0: bad(f"repetition_penalty must be greater than zero, got {self.repetition_penalty}.")
+    if not math.isfinite(self.temperature): bad(f"temperature must be a finite number, got {self.temperature}.")
+    if self.temperature < 0.0: bad(f"temperature must be non-negative, got {self.temperature}.")
+    if not 0.0 < self.top_p <= 1.0: bad(f"top_p must be in (0, 1], got {self.top_p}.")
+    if not is_int(self.top_k): bad(f"top_k must be an integer, got {type(self.top_k).__name__}")
+    if self.top_k < -1: bad(f"top_k must be 0 (disable), or at least 1, got {self.top_k}.")
+    if not 0.0 <= self.min_p <= 1.0: bad(f"min_p must be in [0, 1], got {self.min_p}.")
+    if self.seed is not None and not is_int(self.seed): bad(f"seed must be an integer, got {self.seed!r}.")
+    if self.max_tokens is not None and (not is_int(self.max_tokens) or self.max_tokens < 1):
+        bad(f"max_tokens must be at least 1, got {self.max_tokens}.")
+    if not is_int(self.min_tokens) or self.min_tokens < 0:
+        bad(f"min_tokens must be greater than or equal to 0, got {self.min_tokens}.")
+    if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+        bad(f"min_tokens must be less than or equal to max_tokens={self.max_tokens}, got {self.min_tokens}.")
+    for name in ("logprobs", "prompt_logprobs"):
+        v = getattr(self, name)
+        if v is not None and (not is_int(v) or (v != -1 and v < 0)): bad(f"{name} must be non-negative or -1, got {v}.")
+    if any(not is_int(t) or t < 0 for t in self.stop_token_ids):
+        bad(f"stop_token_ids must contain only non-negative integers, got {self.stop_token_ids}.")
+    if any(not isinstance(s, str) for s in self.stop): bad(f"stop must be strings, got {self.stop}.")
+    if any(not s for s in self.stop): bad("stop cannot contain an empty string.")
+    if self.stop and not self.detokenize:
+        bad("stop strings are only supported when detokenize is True. Set detokenize=True to use stop.")
+    if any(not isinstance(w, str) or not w for w in self.bad_words):
+        bad(f"bad_words cannot contain an empty string. Got bad_words={self.bad_words}")
+    if self.allowed_token_ids is not None:
+        if not self.allowed_token_ids: bad("allowed_token_ids is not None and empty!")
+        if any(not is_int(t) or t < 0 for t in self.allowed_token_ids):
+            bad("allowed_token_ids contains out-of-vocab token id!")
+    if self.logit_bias is not None:
+        if any(t < 0 for t in self.logit_bias):
+            bad(f"token_id(s) {[t for t in self.logit_bias if t < 0]} in logit_bias contain out-of-vocab token ids.")
+        if any(not isinstance(v, (int, float)) or not math.isfinite(v) for v in self.logit_bias.values()):
+            bad(f"logit_bias values must be finite numbers, got {list(self.logit_bias.values())}.")
+    if not isinstance(self.output_kind, RequestOutputKind):
+        bad(f"output_kind must be a RequestOutputKind, got {self.output_kind!r}.")
+    for name, off in _UNIMPLEMENTED_SAMPLING.items():
+        if getattr(self, name) != off:
+            raise NotImplementedError(f"SamplingParams.{name} is not implemented in minivllm (got {getattr(self, name)!r}).")
 
-    def verify(self, model_config, max_logprobs: int | None = None):
-        "The checks that need the model (vLLM's `SamplingParams.verify`): token ids in the vocabulary, `logprobs` ≤ `max_logprobs`."
-        V = model_config.get_vocab_size()
-        max_lp = max_logprobs if max_logprobs is not None else getattr(model_config, "max_logprobs", _DEFAULT_MAX_LOGPROBS)
-        if max_lp == -1: max_lp = V
-        for name, what in (("logprobs", "sample"), ("prompt_logprobs", "prompt")):
-            n = getattr(self, name)
-            if n == -1: n = V
-            if n and n > max_lp:
-                raise ValueError(f"Requested {what} logprobs of {n}, which is greater than max allowed: {max_lp}")
-        for name, ids in (("logit_bias", list(self.logit_bias or [])), ("stop_token_ids", self.stop_token_ids)):
-            out = [t for t in ids if not 0 <= t < V]
-            if out: raise ValueError(f"token_id(s) {out} in {name} contain out-of-vocab token ids. Vocabulary size: {V}")
-        if self.allowed_token_ids is not None and not all(0 <= t < V for t in self.allowed_token_ids):
-            raise ValueError("allowed_token_ids contains out-of-vocab token id!")
+# %% ../nbs/00_config.ipynb #eeb31568
+@patch(as_prop=True)
+def greedy(self: SamplingParams) -> bool:
+    "Greedy sampling (temperature 0): always the most likely token."
+    return self.temperature < _SAMPLING_EPS
 
-    def update_from_tokenizer(self, tokenizer):
-        "Tokenize `bad_words` (vLLM's method): sets `bad_words_token_ids`, read by the sampler."
-        if not self.bad_words: return
-        from minivllm.sampler import tokenize_bad_words
-        self._bad_words_token_ids = tokenize_bad_words(self.bad_words, tokenizer)
+@patch
+def clone(self: SamplingParams) -> SamplingParams:
+    "A copy (the engine gives each of a request's `n` samples its own)."
+    return dataclasses.replace(self)
 
-    @property
-    def bad_words_token_ids(self) -> list[list[int]] | None: return self._bad_words_token_ids
+# %% ../nbs/00_config.ipynb #106bc8d1
+@patch
+def verify(self: SamplingParams, model_config, max_logprobs: int | None = None):
+    "The checks that need the model (vLLM's `SamplingParams.verify`): token ids in the vocabulary, `logprobs` ≤ `max_logprobs`."
+    V = model_config.get_vocab_size()
+    max_lp = max_logprobs if max_logprobs is not None else getattr(model_config, "max_logprobs", _DEFAULT_MAX_LOGPROBS)
+    if max_lp == -1: max_lp = V
+    for name, what in (("logprobs", "sample"), ("prompt_logprobs", "prompt")):
+        n = getattr(self, name)
+        if n == -1: n = V
+        if n and n > max_lp:
+            raise ValueError(f"Requested {what} logprobs of {n}, which is greater than max allowed: {max_lp}")
+    for name, ids in (("logit_bias", list(self.logit_bias or [])), ("stop_token_ids", self.stop_token_ids)):
+        out = [t for t in ids if not 0 <= t < V]
+        if out: raise ValueError(f"token_id(s) {out} in {name} contain out-of-vocab token ids. Vocabulary size: {V}")
+    if self.allowed_token_ids is not None and not all(0 <= t < V for t in self.allowed_token_ids):
+        raise ValueError("allowed_token_ids contains out-of-vocab token id!")
 
-    @property
-    def greedy(self) -> bool: return self.temperature < _SAMPLING_EPS
+# %% ../nbs/00_config.ipynb #1511d9f2
+def tokenize_bad_words(bad_words: list[str], tokenizer) -> list[list[int]]:
+    "Token-id sequences of `bad_words`, each with and without a leading space (vLLM's `update_from_tokenizer`)."
+    out: list[list[int]] = []
+    for word in bad_words:
+        for add_prefix_space in (False, True):
+            ids = tokenizer.encode(text=(" " if add_prefix_space else "") + word.lstrip(), add_special_tokens=False)
+            if not ids:
+                if not add_prefix_space: raise ValueError("bad_words entries must tokenize to at least one token.")
+                continue
+            if not add_prefix_space or (ids[0] != out[-1][0] and len(ids) == len(out[-1])): out.append(ids)
+    top = len(tokenizer) - 1
+    bad = [t for ids in out for t in ids if not 0 <= t <= top]
+    if bad: raise ValueError(f"The model vocabulary size is {top + 1}, but the following tokens were specified as bad: {bad}. "
+                             f"All token id values should be integers satisfying: 0 <= token_id <= {top}.")
+    return out
 
-    def clone(self) -> "SamplingParams": return dataclasses.replace(self)
+@patch
+def update_from_tokenizer(self: SamplingParams, tokenizer):
+    "Tokenize `bad_words` (vLLM's method): sets `bad_words_token_ids`, read by the sampler."
+    if not self.bad_words: return
+    self._bad_words_token_ids = tokenize_bad_words(self.bad_words, tokenizer)
+
+@patch(as_prop=True)
+def bad_words_token_ids(self: SamplingParams) -> list[list[int]] | None:
+    "The token ids of each bad word, once `update_from_tokenizer` ran (else None)."
+    return self._bad_words_token_ids
 
 # %% ../nbs/00_config.ipynb #33a82bb2
 class TextPrompt(TypedDict, total=False):
@@ -316,10 +347,12 @@ class SchedulerConfig:
 
 @dataclass
 class ParallelConfig:
+    "How many processes the model is split over (tensor parallelism, lesson 07)."
     tensor_parallel_size: int = 1
 
 @dataclass
 class DeviceConfig:
+    "Where the model runs."
     device: torch.device
 
 @dataclass
@@ -331,7 +364,7 @@ class EngineConfig:
     parallel_config: ParallelConfig
     device_config: DeviceConfig
 
-# %% ../nbs/00_config.ipynb #c159bc88
+# %% ../nbs/00_config.ipynb #69219570
 _CPU_KV_CACHE_BYTES = 1 << 30
 _BACKENDS = ("torch", "triton")
 
@@ -358,63 +391,93 @@ class EngineArgs:
     attention_backend: str | None = None
     disable_log_stats: bool = True
 
-    @staticmethod
-    def add_cli_args(parser):
-        "vLLM's way to get every field as a command-line flag (the command line notebook writes the flags)."
-        from minivllm.cli import add_engine_args
-        return add_engine_args(parser)
+# %% ../nbs/00_config.ipynb #c722ddd8
+@patch
+def _check(self: EngineArgs, device: torch.device) -> str:
+    "Check the arguments that need no model; return the attention backend."
+    def bad(msg): raise ValueError(msg)
+    if not isinstance(self.tensor_parallel_size, int) or self.tensor_parallel_size < 1:
+        bad(f"tensor_parallel_size must be a positive integer, got {self.tensor_parallel_size!r}.")
+    if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128): bad(f"block_size must be a power of 2 up to 128, got {self.block_size}.")
+    if not 0 < self.gpu_memory_utilization <= 1: bad(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}.")
+    if self.max_num_seqs < 1: bad(f"max_num_seqs must be at least 1, got {self.max_num_seqs}.")
+    if self.scheduling_policy not in ("fcfs", "priority"):
+        bad(f"scheduling_policy must be 'fcfs' or 'priority', got {self.scheduling_policy!r}.")
+    if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes <= 0:
+        bad(f"kv_cache_memory_bytes must be positive, got {self.kv_cache_memory_bytes}.")
+    if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 1:
+        bad(f"num_gpu_blocks_override must be at least 1, got {self.num_gpu_blocks_override}.")
+    backend = self.attention_backend or ("triton" if device.type == "cuda" else "torch")
+    if backend not in _BACKENDS: bad(f"attention_backend must be one of {_BACKENDS}, got {backend!r}.")
+    return backend
 
-    @classmethod
-    def from_cli_args(cls, args) -> "EngineArgs":
-        "The `EngineArgs` of parsed command-line flags."
-        return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
+# %% ../nbs/00_config.ipynb #72f37a84
+@patch
+def create_engine_config(self: EngineArgs) -> EngineConfig:
+    "Check the arguments against the machine and the model's `config.json`; group them into one config per engine part."
+    from transformers import AutoConfig
+    def bad(msg): raise ValueError(msg)
+    device = torch.device("cuda" if self.device == "auto" and torch.cuda.is_available() else
+                          "cpu" if self.device == "auto" else self.device)
+    backend = self._check(device)
+    path = resolve_model(self.model)
+    hf_config = AutoConfig.from_pretrained(path)
+    if self.dtype == "auto":
+        dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+    elif self.dtype in _DTYPES: dtype = _DTYPES[self.dtype]
+    else: bad(f"dtype must be one of 'auto', {', '.join(map(repr, _DTYPES))}; got {self.dtype!r}.")
+    limit = getattr(hf_config, "max_position_embeddings", None) or 2048
+    max_model_len = self.max_model_len or limit
+    if max_model_len > limit: bad(f"max_model_len={max_model_len} is larger than the model's maximum length {limit}.")
+    tp, kv = self.tensor_parallel_size, hf_config.num_key_value_heads
+    if tp > kv:   # tensor parallelism gives each rank whole KV heads (see the tensor-parallel notebook)
+        bad(f"tensor_parallel_size={tp} cannot split the model's {kv} KV heads: each rank needs at least one whole "
+            f"KV head (with its group of query heads), so tensor_parallel_size must be between 1 and {kv}.")
+    mnbt = self.max_num_batched_tokens or (2048 if self.enable_chunked_prefill else max(max_model_len, 2048))
+    if not self.enable_chunked_prefill and mnbt < max_model_len:
+        bad(f"max_num_batched_tokens ({mnbt}) must be at least max_model_len ({max_model_len}) when chunked prefill "
+            "is off; lower max_model_len or enable chunked prefill.")
+    if device.type == "cuda" and not self.enforce_eager:   # said out loud rather than ignored
+        warnings.warn("CUDA graphs are not implemented in minivllm yet: decode steps run eagerly "
+                      "(pass enforce_eager=True to silence this).", stacklevel=2)
+    kv_bytes = self.kv_cache_memory_bytes or (_CPU_KV_CACHE_BYTES if device.type == "cpu" else None)
+    return EngineConfig(
+        ModelConfig(str(path), str(self.tokenizer or path), dtype, self.seed, max_model_len, hf_config, backend),
+        CacheConfig(self.block_size, self.gpu_memory_utilization, kv_bytes, self.num_gpu_blocks_override,
+                    self.enable_prefix_caching),
+        SchedulerConfig(self.max_num_seqs, mnbt, max_model_len, self.enable_chunked_prefill, self.scheduling_policy),
+        ParallelConfig(self.tensor_parallel_size), DeviceConfig(device))
 
-    def create_engine_config(self) -> EngineConfig:
-        from transformers import AutoConfig
-        def bad(msg): raise ValueError(msg)
-        device = torch.device("cuda" if self.device == "auto" and torch.cuda.is_available() else
-                              "cpu" if self.device == "auto" else self.device)
-        if not isinstance(self.tensor_parallel_size, int) or self.tensor_parallel_size < 1:
-            bad(f"tensor_parallel_size must be a positive integer, got {self.tensor_parallel_size!r}.")
-        if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128): bad(f"block_size must be a power of 2 up to 128, got {self.block_size}.")
-        if not 0 < self.gpu_memory_utilization <= 1: bad(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}.")
-        if self.max_num_seqs < 1: bad(f"max_num_seqs must be at least 1, got {self.max_num_seqs}.")
-        if self.scheduling_policy not in ("fcfs", "priority"):
-            bad(f"scheduling_policy must be 'fcfs' or 'priority', got {self.scheduling_policy!r}.")
-        if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes <= 0:
-            bad(f"kv_cache_memory_bytes must be positive, got {self.kv_cache_memory_bytes}.")
-        if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 1:
-            bad(f"num_gpu_blocks_override must be at least 1, got {self.num_gpu_blocks_override}.")
-        backend = self.attention_backend or ("triton" if device.type == "cuda" else "torch")
-        if backend not in _BACKENDS: bad(f"attention_backend must be one of {_BACKENDS}, got {backend!r}.")
+# %% ../nbs/00_config.ipynb #679235d2
+class FlexibleArgumentParser(argparse.ArgumentParser):
+    "vLLM's parser: also takes `--max_model_len` for `--max-model-len` (scripts written for vLLM use both)."
+    def parse_known_args(self, args=None, namespace=None):
+        "Parse like `argparse`, after turning `--a_b` (and `--a_b=v`) into `--a-b`."
+        args = sys.argv[1:] if args is None else list(args)
+        def dashes(a):
+            if not a.startswith("--") or a == "--": return a
+            k, eq, v = a.partition("=")
+            return k.replace("_", "-") + eq + v
+        return super().parse_known_args([dashes(a) for a in args], namespace)
 
-        path = resolve_model(self.model)
-        hf_config = AutoConfig.from_pretrained(path)
-        if self.dtype == "auto":
-            dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
-        elif self.dtype in _DTYPES: dtype = _DTYPES[self.dtype]
-        else: bad(f"dtype must be one of 'auto', {', '.join(map(repr, _DTYPES))}; got {self.dtype!r}.")
-        limit = getattr(hf_config, "max_position_embeddings", None) or 2048
-        max_model_len = self.max_model_len or limit
-        if max_model_len > limit: bad(f"max_model_len={max_model_len} is larger than the model's maximum length {limit}.")
-        tp, kv = self.tensor_parallel_size, hf_config.num_key_value_heads
-        if tp > kv:   # tensor parallelism gives each rank whole KV heads (see the tensor-parallel notebook)
-            bad(f"tensor_parallel_size={tp} cannot split the model's {kv} KV heads: each rank needs at least one whole "
-                f"KV head (with its group of query heads), so tensor_parallel_size must be between 1 and {kv}.")
-        mnbt = self.max_num_batched_tokens or (2048 if self.enable_chunked_prefill else max(max_model_len, 2048))
-        if not self.enable_chunked_prefill and mnbt < max_model_len:
-            bad(f"max_num_batched_tokens ({mnbt}) must be at least max_model_len ({max_model_len}) when chunked prefill "
-                "is off; lower max_model_len or enable chunked prefill.")
-        if device.type == "cuda" and not self.enforce_eager:   # said out loud rather than ignored
-            warnings.warn("CUDA graphs are not implemented in minivllm yet: decode steps run eagerly "
-                          "(pass enforce_eager=True to silence this).", stacklevel=2)
-        kv_bytes = self.kv_cache_memory_bytes or (_CPU_KV_CACHE_BYTES if device.type == "cpu" else None)
-        return EngineConfig(
-            ModelConfig(str(path), str(self.tokenizer or path), dtype, self.seed, max_model_len, hf_config, backend),
-            CacheConfig(self.block_size, self.gpu_memory_utilization, kv_bytes, self.num_gpu_blocks_override,
-                        self.enable_prefix_caching),
-            SchedulerConfig(self.max_num_seqs, mnbt, max_model_len, self.enable_chunked_prefill, self.scheduling_policy),
-            ParallelConfig(self.tensor_parallel_size), DeviceConfig(device))
+@patch(cls_method=True)
+def add_cli_args(cls: EngineArgs, parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    "Add one `--flag` per `EngineArgs` field (booleans as `--x/--no-x`) to `parser` and return it (vLLM's method)."
+    g = parser.add_argument_group("engine arguments (EngineArgs)")
+    hints = typing.get_type_hints(EngineArgs)
+    for f in dataclasses.fields(EngineArgs):
+        flag, hint = "--" + f.name.replace("_", "-"), str(hints[f.name])
+        if f.type in (bool, "bool") or hint == "<class 'bool'>":
+            g.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
+        else:
+            typ = int if "int" in hint else float if "float" in hint else str
+            g.add_argument(flag, type=typ, default=f.default, help=f"default: {f.default}")
+    return parser
+
+@patch(cls_method=True)
+def from_cli_args(cls: EngineArgs, args: argparse.Namespace) -> EngineArgs:
+    "The `EngineArgs` of parsed command-line flags (vLLM's method)."
+    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
 
 # %% ../nbs/00_config.ipynb #e64260e7
 _VLLM_ONLY_ARGS = {"quantization", "enable_lora", "max_loras", "speculative_config", "pipeline_parallel_size",

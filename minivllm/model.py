@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 from torch import nn
 import torch.nn.functional as F
+from fastcore.basics import patch
 from .config import EngineConfig
 from .attention import AttentionMetadata, build_metadata, torch_paged_attention
 from .scheduler import SchedulerOutput
@@ -20,10 +21,12 @@ __all__ = ['SUPPORTED_MODEL_TYPES', 'RMSNorm', 'Linear', 'rope_inv_freq', 'Rotar
 
 # %% ../nbs/05_model.ipynb #8283517b
 class RMSNorm(nn.Module):
+    "Root-mean-square normalisation with a learned scale, computed in float32."
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.weight, self.eps = nn.Parameter(torch.ones(dim)), eps
     def forward(self, x):
+        "Normalise the last dimension of `x`."
         dt = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -48,8 +51,11 @@ class Linear(nn.Linear):
                 self.packed = p
             except RuntimeError: pass
         return self.packed is not None
-    def unpack(self): self.packed = None
+    def unpack(self):
+        "Drop the packed copy (back to `F.linear`)."
+        self.packed = None
     def forward(self, x):
+        "`x @ W.T + b`, with the packed weight when there is one."
         if self.packed is not None and x.dtype == self.weight.dtype and x.device.type == "cpu":
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
@@ -100,7 +106,7 @@ class RotaryEmbedding(nn.Module):
         cos, sin = self.cos_sin(positions, q.dtype)
         return self.rotate(q, cos, sin), self.rotate(k, cos, sin)
 
-# %% ../nbs/05_model.ipynb #9daf13f1
+# %% ../nbs/05_model.ipynb #c95a6800
 def get_attention_fn(name: str):
     "The attention backend: `torch` (reference, CPU) or `triton` (the kernels of the attention notebook)."
     if name == "torch": return torch_paged_attention
@@ -110,6 +116,7 @@ def get_attention_fn(name: str):
     raise ValueError(f"unknown attention backend {name!r}")
 
 class Attention(nn.Module):
+    "Fused q/k/v projection, rotary embedding (and Qwen3's q/k norms), paged attention through `attn_fn`, output projection."
     def __init__(self, config, attn_fn):
         super().__init__()
         c = config
@@ -125,6 +132,7 @@ class Attention(nn.Module):
         self.scale, self.attn_fn = self.head_dim ** -0.5, attn_fn
 
     def forward(self, x, kv_cache, md: AttentionMetadata, rope: tuple[torch.Tensor, torch.Tensor]):
+        "Attention output `[T, hidden]` of the flat tokens `x`; writes their keys and values into `kv_cache`."
         T, H, Hkv, D = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         qkv = self.qkv_proj(x)
         v = qkv[:, self.q_size + self.kv_size:].view(T, Hkv, D)
@@ -136,7 +144,9 @@ class Attention(nn.Module):
         o = self.attn_fn(q, k, v, kv_cache, md, self.scale)
         return self.o_proj(o.reshape(T, self.q_size))
 
+# %% ../nbs/05_model.ipynb #7df27b30
 class MLP(nn.Module):
+    "SwiGLU feed-forward: `down(silu(gate(x)) * up(x))`, gate and up fused into one matmul."
     def __init__(self, config):
         super().__init__()
         if config.hidden_act != "silu": raise NotImplementedError(f"hidden_act={config.hidden_act!r} is not implemented.")
@@ -144,10 +154,12 @@ class MLP(nn.Module):
         self.gate_up_proj = Linear(config.hidden_size, 2 * self.inter, bias=getattr(config, "mlp_bias", False))
         self.down_proj = Linear(self.inter, config.hidden_size, bias=getattr(config, "mlp_bias", False))
     def forward(self, x):
+        "The MLP of each token."
         gate, up = self.gate_up_proj(x).split(self.inter, -1)
         return self.down_proj(F.silu(gate) * up)
 
 class DecoderLayer(nn.Module):
+    "One pre-norm transformer block: `x + attn(norm(x))`, then `x + mlp(norm(x))`."
     def __init__(self, config, attn_fn):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -155,10 +167,11 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
     def forward(self, x, kv_cache, md, rope):
+        "One layer over the flat batch."
         x = x + self.self_attn(self.input_layernorm(x), kv_cache, md, rope)
         return x + self.mlp(self.post_attention_layernorm(x))
 
-# %% ../nbs/05_model.ipynb #9b2cab6b
+# %% ../nbs/05_model.ipynb #ec48cb78
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 class LlamaForCausalLM(nn.Module):
@@ -179,12 +192,15 @@ class LlamaForCausalLM(nn.Module):
         self.rotary = RotaryEmbedding(config, max_pos or config.max_position_embeddings)
 
     def forward(self, input_ids, positions, kv_caches: list[torch.Tensor], md: AttentionMetadata):
+        "Hidden states `[T, hidden]` of the flat batch; every layer writes its K/V to its cache."
         x = self.embed_tokens(input_ids)
         rope = self.rotary.cos_sin(positions, x.dtype)
         for layer, cache in zip(self.layers, kv_caches): x = layer(x, cache, md, rope)
         return self.norm(x)
 
-    def compute_logits(self, hidden): return self.lm_head(hidden).float()
+    def compute_logits(self, hidden):
+        "Logits (float32) of the given hidden rows only."
+        return self.lm_head(hidden).float()
 
     def pack_weights(self, enable: bool = True) -> int:
         "Prepack (or with `enable=False` drop the packed copies of) every linear layer's weight; returns how many are packed."
@@ -193,34 +209,36 @@ class LlamaForCausalLM(nn.Module):
             if isinstance(m, Linear): n += m.pack() if enable else (m.unpack() or 0)
         return n
 
-    def load_weights(self, weights):
-        "Load `(name, tensor)` pairs with HF names (`model.layers.0.self_attn.q_proj.weight`, …) into the fused layout."
-        params = dict(self.named_parameters())
-        fused = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
-                 "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
-        loaded = set()
-        for name, w in weights:
-            name = name.removeprefix("model.")
-            if "rotary_emb" in name: continue
-            if name == "lm_head.weight" and self.config.tie_word_embeddings: name = "embed_tokens.weight"  # tied: one tensor
-            parts = name.split(".")
-            hit = next(((i, fused[p]) for i, p in enumerate(parts) if p in fused), None)
-            if hit:
-                i, (target, shard) = hit
-                pname = ".".join(parts[:i] + [target] + parts[i + 1:])
-                p = params[pname]
-                sizes = ([self.layers[0].self_attn.q_size] + [self.layers[0].self_attn.kv_size] * 2) if target == "qkv_proj" else [p.shape[0] // 2] * 2
-                start = sum(sizes[:shard])
-                p.data[start:start + sizes[shard]].copy_(w)
-                loaded.add((pname, shard))
-            else:
-                if name not in params: raise KeyError(f"unexpected weight {name!r} in checkpoint")
-                params[name].data.copy_(w)
-                loaded.add((name, 0))
-        done = {n for n, _ in loaded}
-        missing = [n for n in params if n not in done]
-        if missing: raise KeyError(f"checkpoint is missing weights: {missing[:5]}{'…' if len(missing) > 5 else ''}")
-        if any(isinstance(m, Linear) and m.packed is not None for m in self.modules()): self.pack_weights()   # stale copies
+# %% ../nbs/05_model.ipynb #625f3e18
+@patch
+def load_weights(self: LlamaForCausalLM, weights):
+    "Load `(name, tensor)` pairs with HF names (`model.layers.0.self_attn.q_proj.weight`, …) into the fused layout."
+    params = dict(self.named_parameters())
+    fused = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
+             "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+    loaded = set()
+    for name, w in weights:
+        name = name.removeprefix("model.")
+        if "rotary_emb" in name: continue
+        if name == "lm_head.weight" and self.config.tie_word_embeddings: name = "embed_tokens.weight"  # tied: one tensor
+        parts = name.split(".")
+        hit = next(((i, fused[p]) for i, p in enumerate(parts) if p in fused), None)
+        if hit:
+            i, (target, shard) = hit
+            pname = ".".join(parts[:i] + [target] + parts[i + 1:])
+            p = params[pname]
+            sizes = ([self.layers[0].self_attn.q_size] + [self.layers[0].self_attn.kv_size] * 2) if target == "qkv_proj" else [p.shape[0] // 2] * 2
+            start = sum(sizes[:shard])
+            p.data[start:start + sizes[shard]].copy_(w)
+            loaded.add((pname, shard))
+        else:
+            if name not in params: raise KeyError(f"unexpected weight {name!r} in checkpoint")
+            params[name].data.copy_(w)
+            loaded.add((name, 0))
+    done = {n for n, _ in loaded}
+    missing = [n for n in params if n not in done]
+    if missing: raise KeyError(f"checkpoint is missing weights: {missing[:5]}{'…' if len(missing) > 5 else ''}")
+    if any(isinstance(m, Linear) and m.packed is not None for m in self.modules()): self.pack_weights()   # stale copies
 
 # %% ../nbs/05_model.ipynb #cf20b8cd
 def iter_checkpoint_weights(path: str | os.PathLike):
@@ -256,7 +274,7 @@ def make_tiny_checkpoint(path, model_type="llama", seed=0, tokenizer_from=None, 
     if tokenizer_from is not None: AutoTokenizer.from_pretrained(tokenizer_from).save_pretrained(path)
     return hf
 
-# %% ../nbs/05_model.ipynb #4ac74305
+# %% ../nbs/05_model.ipynb #9a2a2fc8
 def _clock(device) -> float:
     "`time.perf_counter()`, after waiting for the device's queued work."
     if torch.device(device).type == "cuda": torch.cuda.synchronize(device)
@@ -265,11 +283,12 @@ def _clock(device) -> float:
 class ModelRunnerOutput:
     """The logits of the rows that sample (`req_ids[i]` ↔ `logits[i]`) and, for the requests that asked for prompt
     logprobs, `prompt_logits[req_id] = (first position, logits [m, vocab])`: the model's prediction after each prompt
-    position of this step's chunk that has a next prompt token. Unpacks as `req_ids, logits` (the first engine's shape)."""
+    position of this step's chunk that has a next prompt token."""
     def __init__(self, req_ids: list[str], logits: torch.Tensor, prompt_logits: dict | None = None):
         self.req_ids, self.logits, self.prompt_logits = req_ids, logits, prompt_logits or {}
-    def __iter__(self): return iter((self.req_ids, self.logits))
+    def __repr__(self): return f"ModelRunnerOutput(req_ids={self.req_ids}, logits={tuple(self.logits.shape)}, prompt_logits={list(self.prompt_logits)})"
 
+# %% ../nbs/05_model.ipynb #56500c62
 class ModelRunner:
     "Owns the model and its paged KV cache; turns a `SchedulerOutput` into logits."
     def __init__(self, config: EngineConfig, device: torch.device | None = None):
@@ -279,7 +298,7 @@ class ModelRunner:
         torch.manual_seed(mc.seed)
         self.model = self.load_model()
         if self.device.type == "cpu": self.model.pack_weights()   # oneDNN-prepacked linear weights (see `Linear`)
-        self.num_blocks = self.agree_num_blocks(self.determine_num_blocks())
+        self.num_blocks = self.agree_num_blocks(self.determine_num_blocks())   # (determine_num_blocks: below)
         cc.num_gpu_blocks = self.num_blocks
         self.kv_caches = [torch.zeros(self.kv_cache_shape(), dtype=self.dtype, device=self.device)
                           for _ in range(mc.get_num_layers())]
@@ -287,79 +306,95 @@ class ModelRunner:
 
     # Three steps of building a runner that the tensor-parallel worker (a later notebook) overrides for its shard:
     def load_model(self) -> LlamaForCausalLM:
+        "The model of the config, with its weights, on this runner's device."
         mc = self.config.model_config
         return load_model(mc.model, mc.hf_config, mc.dtype, self.device, mc.attention_backend, mc.max_model_len)
-    def agree_num_blocks(self, n: int) -> int: return n   # one process: nobody to agree with
+    def agree_num_blocks(self, n: int) -> int:
+        "The number of KV blocks all processes can afford (one process: nobody to agree with)."
+        return n
     def kv_cache_shape(self) -> tuple[int, ...]:
+        "Shape of one layer's cache: `[2, num_blocks, block_size, kv_heads, head_dim]`."
         mc = self.config.model_config
         return (2, self.num_blocks, self.block_size, mc.get_num_kv_heads(), mc.get_head_size())
 
     @property
     def block_bytes(self) -> int:
+        "Bytes of one KV block over all layers (keys and values)."
         mc = self.config.model_config
         return 2 * mc.get_num_layers() * self.block_size * mc.get_num_kv_heads() * mc.get_head_size() * self.dtype.itemsize
 
-    def determine_num_blocks(self) -> int:
-        cc = self.config.cache_config
-        if cc.num_gpu_blocks_override: return cc.num_gpu_blocks_override
-        if cc.kv_cache_memory_bytes: return max(cc.kv_cache_memory_bytes // self.block_bytes, 1)
-        return self.profile_num_blocks()
+# %% ../nbs/05_model.ipynb #94e8101f
+@patch
+def determine_num_blocks(self: ModelRunner) -> int:
+    "KV blocks: `num_gpu_blocks_override`, else what `kv_cache_memory_bytes` holds, else what profiling leaves free."
+    cc = self.config.cache_config
+    if cc.num_gpu_blocks_override: return cc.num_gpu_blocks_override
+    if cc.kv_cache_memory_bytes: return max(cc.kv_cache_memory_bytes // self.block_bytes, 1)
+    return self.profile_num_blocks()
 
-    @torch.inference_mode()
-    def profile_num_blocks(self) -> int:
-        "GPU: run a full-budget forward pass, then give the KV cache what `gpu_memory_utilization` leaves."
-        from minivllm.scheduler import ScheduledSeq
-        mc, n = self.config.model_config, self.config.scheduler_config.max_num_batched_tokens
-        nb = -(-n // self.block_size)
-        caches = [torch.zeros(2, nb, self.block_size, mc.get_num_kv_heads(), mc.get_head_size(), dtype=self.dtype,
-                              device=self.device) for _ in range(mc.get_num_layers())]
-        torch.cuda.reset_peak_memory_stats(self.device)
-        ids, pos, md, _ = self.prepare_inputs(SchedulerOutput([ScheduledSeq("profile", [0] * n, 0, list(range(nb)), True, True)]))
-        self.model.compute_logits(self.model(ids, pos, caches, md)[-1:])
-        torch.cuda.synchronize(self.device)
-        peak = torch.cuda.max_memory_allocated(self.device) - sum(c.numel() * c.element_size() for c in caches)
-        del caches
-        free, total = torch.cuda.mem_get_info(self.device)
-        other = total - free - torch.cuda.memory_reserved(self.device)   # other processes, CUDA context
-        budget = total * self.config.cache_config.gpu_memory_utilization - peak - other
-        if budget < self.block_bytes: raise ValueError("no memory left for the KV cache: raise gpu_memory_utilization or use a smaller model")
-        return int(budget // self.block_bytes)
+@patch
+@torch.inference_mode()
+def profile_num_blocks(self: ModelRunner) -> int:
+    "GPU: run a full-budget forward pass, then give the KV cache what `gpu_memory_utilization` leaves."
+    from minivllm.scheduler import ScheduledSeq
+    mc, n = self.config.model_config, self.config.scheduler_config.max_num_batched_tokens
+    nb = -(-n // self.block_size)
+    caches = [torch.zeros(2, nb, self.block_size, mc.get_num_kv_heads(), mc.get_head_size(), dtype=self.dtype,
+                          device=self.device) for _ in range(mc.get_num_layers())]
+    torch.cuda.reset_peak_memory_stats(self.device)
+    ids, pos, md, _ = self.prepare_inputs(SchedulerOutput([ScheduledSeq("profile", [0] * n, 0, list(range(nb)), True, True)]))
+    self.model.compute_logits(self.model(ids, pos, caches, md)[-1:])
+    torch.cuda.synchronize(self.device)
+    peak = torch.cuda.max_memory_allocated(self.device) - sum(c.numel() * c.element_size() for c in caches)
+    del caches
+    free, total = torch.cuda.mem_get_info(self.device)
+    other = total - free - torch.cuda.memory_reserved(self.device)   # other processes, CUDA context
+    budget = total * self.config.cache_config.gpu_memory_utilization - peak - other
+    if budget < self.block_bytes: raise ValueError("no memory left for the KV cache: raise gpu_memory_utilization or use a smaller model")
+    return int(budget // self.block_bytes)
 
-    def prepare_inputs(self, out: SchedulerOutput):
-        "Flatten a step: (input_ids, positions, metadata, ordered seqs): decodes first, by context length, then prefills."
-        decodes = sorted((s for s in out.seqs if s.num_tokens == 1), key=lambda s: s.start_pos)
-        seqs = decodes + [s for s in out.seqs if s.num_tokens != 1]
-        ids, pos = [], []
-        for s in seqs:
-            ids += s.token_ids
-            if s.num_tokens == 1: pos.append(s.start_pos)
-            else: pos += range(s.start_pos, s.start_pos + s.num_tokens)
-        md = build_metadata([s.start_pos + s.num_tokens for s in seqs], [s.num_tokens for s in seqs],
-                            [s.block_ids for s in seqs], self.block_size, self.device)
-        return (torch.tensor(ids, dtype=torch.int64, device=self.device), torch.tensor(pos, dtype=torch.int64, device=self.device),
-                md, seqs)
+# %% ../nbs/05_model.ipynb #5548a920
+@patch
+def prepare_inputs(self: ModelRunner, scheduler_output: SchedulerOutput):
+    "Flatten a step: (input_ids, positions, metadata, ordered seqs): decodes first, by context length, then prefills."
+    decodes = sorted((s for s in scheduler_output.seqs if s.num_tokens == 1), key=lambda s: s.start_pos)
+    seqs = decodes + [s for s in scheduler_output.seqs if s.num_tokens != 1]
+    ids, pos = [], []
+    for s in seqs:
+        ids += s.token_ids
+        if s.num_tokens == 1: pos.append(s.start_pos)
+        else: pos += range(s.start_pos, s.start_pos + s.num_tokens)
+    md = build_metadata([s.start_pos + s.num_tokens for s in seqs], [s.num_tokens for s in seqs],
+                        [s.block_ids for s in seqs], self.block_size, self.device)
+    return (torch.tensor(ids, dtype=torch.int64, device=self.device), torch.tensor(pos, dtype=torch.int64, device=self.device),
+            md, seqs)
 
-    @torch.inference_mode()
-    def execute_model(self, out: SchedulerOutput, prompt_logprobs_reqs: dict[str, int] | None = None) -> ModelRunnerOutput:
-        """Run one step; return the ids of the requests that sample and their logits `[n, vocab]` (float32), and the
-        prompt-position logits of the requests in `prompt_logprobs_reqs` (request id → number of prompt tokens)."""
-        tm = self.timings
-        if tm is not None: t0 = _clock(self.device)
-        input_ids, positions, md, seqs = self.prepare_inputs(out)
-        if tm is not None: t1 = _clock(self.device)
-        hidden = self.model(input_ids, positions, self.kv_caches, md)
-        if tm is not None: t2 = _clock(self.device)
-        rows = [int(md.query_start_loc_cpu[i + 1]) - 1 for i, s in enumerate(seqs) if s.sample]
-        spans = []   # (req id, first position, first row, number of rows) of the prompt positions asked for
-        for i, s in enumerate(seqs):
-            if prompt_logprobs_reqs and s.req_id in prompt_logprobs_reqs:
-                m = min(s.num_tokens, prompt_logprobs_reqs[s.req_id] - 1 - s.start_pos)   # positions with a next prompt token
-                if m > 0: spans.append((s.req_id, s.start_pos, int(md.query_start_loc_cpu[i]), m))
-        extra = [r for _, _, r0, m in spans for r in range(r0, r0 + m)]
-        logits = self.model.compute_logits(hidden[rows + extra])   # one LM-head call for both kinds of rows
-        prompt_logits, j = {}, len(rows)
-        for rid, p0, _, m in spans: prompt_logits[rid], j = (p0, logits[j:j + m]), j + m
-        if tm is not None:
-            t3 = _clock(self.device)
-            for k, dt in (("prepare", t1 - t0), ("forward", t2 - t1), ("logits", t3 - t2)): tm[k] = tm.get(k, 0.0) + dt
-        return ModelRunnerOutput([s.req_id for s in seqs if s.sample], logits[:len(rows)], prompt_logits)
+# %% ../nbs/05_model.ipynb #71e18409
+@patch
+@torch.inference_mode()
+def execute_model(self: ModelRunner, scheduler_output: SchedulerOutput, *,
+                  prompt_logprobs_reqs: dict[str, int] | None = None) -> ModelRunnerOutput:
+    """Run one step: the ids of the requests that sample and their logits `[n, vocab]` (float32), and the
+    prompt-position logits of the requests in `prompt_logprobs_reqs` (request id → number of prompt tokens;
+    `None` or empty: no request wants them). The engine core always calls it the same way:
+    `execute_model(scheduler_output, prompt_logprobs_reqs=...)`."""
+    tm = self.timings
+    if tm is not None: t0 = _clock(self.device)
+    input_ids, positions, md, seqs = self.prepare_inputs(scheduler_output)
+    if tm is not None: t1 = _clock(self.device)
+    hidden = self.model(input_ids, positions, self.kv_caches, md)
+    if tm is not None: t2 = _clock(self.device)
+    rows = [int(md.query_start_loc_cpu[i + 1]) - 1 for i, s in enumerate(seqs) if s.sample]
+    spans = []   # (req id, first position, first row, number of rows) of the prompt positions asked for
+    for i, s in enumerate(seqs):
+        if prompt_logprobs_reqs and s.req_id in prompt_logprobs_reqs:
+            m = min(s.num_tokens, prompt_logprobs_reqs[s.req_id] - 1 - s.start_pos)   # positions with a next prompt token
+            if m > 0: spans.append((s.req_id, s.start_pos, int(md.query_start_loc_cpu[i]), m))
+    extra = [r for _, _, r0, m in spans for r in range(r0, r0 + m)]
+    logits = self.model.compute_logits(hidden[rows + extra])   # one LM-head call for both kinds of rows
+    prompt_logits, j = {}, len(rows)
+    for rid, p0, _, m in spans: prompt_logits[rid], j = (p0, logits[j:j + m]), j + m
+    if tm is not None:
+        t3 = _clock(self.device)
+        for k, dt in (("prepare", t1 - t0), ("forward", t2 - t1), ("logits", t3 - t2)): tm[k] = tm.get(k, 0.0) + dt
+    return ModelRunnerOutput([s.req_id for s in seqs if s.sample], logits[:len(rows)], prompt_logits)

@@ -9,7 +9,7 @@ import torch
 from .config import SamplingParams
 
 # %% auto #0
-__all__ = ['S', 'ALLOWED_TRANSITIONS', 'RequestStatus', 'Request', 'check_stop', 'plot_request_states']
+__all__ = ['ALLOWED_TRANSITIONS', 'RequestStatus', 'Request', 'check_stop']
 
 # %% ../nbs/01_request.ipynb #bb8478ab
 class RequestStatus(enum.IntEnum):
@@ -30,11 +30,11 @@ class RequestStatus(enum.IntEnum):
         return {RequestStatus.FINISHED_STOPPED: "stop", RequestStatus.FINISHED_LENGTH_CAPPED: "length",
                 RequestStatus.FINISHED_ABORTED: "abort"}.get(self)
 
-S = RequestStatus
 ALLOWED_TRANSITIONS = {
-    S.WAITING: {S.RUNNING, S.FINISHED_ABORTED},
-    S.RUNNING: {S.PREEMPTED, S.FINISHED_STOPPED, S.FINISHED_LENGTH_CAPPED, S.FINISHED_ABORTED},
-    S.PREEMPTED: {S.RUNNING, S.FINISHED_ABORTED},
+    RequestStatus.WAITING: {RequestStatus.RUNNING, RequestStatus.FINISHED_ABORTED},
+    RequestStatus.RUNNING: {RequestStatus.PREEMPTED, RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED,
+                            RequestStatus.FINISHED_ABORTED},
+    RequestStatus.PREEMPTED: {RequestStatus.RUNNING, RequestStatus.FINISHED_ABORTED},
 }
 
 # %% ../nbs/01_request.ipynb #d1a92364
@@ -42,8 +42,9 @@ class Request:
     "One sequence: its prompt, its generated tokens, how many of them are in the KV cache, and its status."
     def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
                  eos_token_id: int | None = None, arrival_time: float | None = None, priority: int = 0,
-                 prompt: str | None = None):
+                 prompt: str | None = None, parent_request_id: str | None = None):
         self.request_id, self.prompt, self.sampling_params = request_id, prompt, sampling_params
+        self.parent_request_id = parent_request_id   # the user request this is one sample of (`n > 1`), else None
         self.prompt_token_ids = list(prompt_token_ids)
         self.eos_token_id, self.priority = eos_token_id, priority
         self.arrival_time = time.time() if arrival_time is None else arrival_time
@@ -66,6 +67,7 @@ class Request:
     def is_finished(self) -> bool: return self.status.is_finished
 
     def append_output_token_ids(self, token_ids: int | list[int]):
+        "Append generated token(s)."
         if isinstance(token_ids, int): token_ids = [token_ids]
         self.output_token_ids.extend(token_ids)
         self.all_token_ids.extend(token_ids)
@@ -87,33 +89,12 @@ def check_stop(request: Request, max_model_len: int) -> bool:
     last = request.output_token_ids[-1]
     if n_out >= sp.min_tokens:
         if not sp.ignore_eos and last == request.eos_token_id:
-            request.set_status(S.FINISHED_STOPPED)
+            request.set_status(RequestStatus.FINISHED_STOPPED)
             return True
         if last in sp.stop_token_ids:
-            request.set_status(S.FINISHED_STOPPED); request.stop_reason = last
+            request.set_status(RequestStatus.FINISHED_STOPPED); request.stop_reason = last
             return True
     if request.num_tokens >= max_model_len or (sp.max_tokens is not None and n_out >= sp.max_tokens):
-        request.set_status(S.FINISHED_LENGTH_CAPPED)
+        request.set_status(RequestStatus.FINISHED_LENGTH_CAPPED)
         return True
     return False
-
-# %% ../nbs/01_request.ipynb #5d0a2ebc
-def plot_request_states(ax=None):
-    "Draw the request state machine from `ALLOWED_TRANSITIONS`."
-    import matplotlib.pyplot as plt
-    if ax is None: _, ax = plt.subplots(figsize=(9, 4.2))
-    pos = {S.WAITING: (0, 1), S.RUNNING: (3, 1), S.PREEMPTED: (1.5, 2.2), S.FINISHED_STOPPED: (6, 2),
-           S.FINISHED_LENGTH_CAPPED: (6, 1), S.FINISHED_ABORTED: (6, 0)}
-    labels = {S.RUNNING: "RUNNING → prefill chunks, decode", S.PREEMPTED: "PREEMPTED (blocks freed,\nrecompute later)"}
-    for a, targets in ALLOWED_TRANSITIONS.items():
-        for b in targets:
-            rad = 0.25 if (a, b) in {(S.RUNNING, S.PREEMPTED), (S.WAITING, S.FINISHED_ABORTED)} else 0.0
-            ax.annotate("", xy=pos[b], xytext=pos[a], arrowprops=dict(arrowstyle="-|>", lw=1.3, color="0.35",
-                        shrinkA=28, shrinkB=28, connectionstyle=f"arc3,rad={rad}"))
-    for s, (x, y) in pos.items():
-        color = "#f4cccc" if s.is_finished else {S.WAITING: "#fff2cc", S.RUNNING: "#d9ead3", S.PREEMPTED: "#fce5cd"}[s]
-        ax.text(x, y, labels.get(s, s.name), ha="center", va="center", fontsize=9,
-                bbox=dict(boxstyle="round,pad=0.5", fc=color, ec="0.3"))
-    ax.set_xlim(-1, 7.2); ax.set_ylim(-0.6, 2.8); ax.axis("off")
-    ax.set_title("A request's life: every arrow is an entry of ALLOWED_TRANSITIONS")
-    return ax

@@ -6,34 +6,18 @@
 from __future__ import annotations
 import itertools, weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Mapping, NamedTuple
 import torch
+from fastcore.basics import patch
 from .request import Request
 
 # %% auto #0
-__all__ = ['tokenize_bad_words', 'bad_word_bans', 'Penalties', 'SamplingMetadata', 'apply_allowed_token_ids', 'apply_banned',
-           'apply_logit_bias', 'apply_penalties', 'apply_temperature', 'apply_min_p', 'apply_top_k_top_p', 'Logprob',
-           'LogprobsLists', 'LogprobsTensors', 'logprobs_dict', 'decode_logprobs', 'compute_logprobs',
-           'gather_logprobs', 'prompt_logprobs_from_logits', 'random_sample', 'SamplerOutput', 'Sampler',
+__all__ = ['bad_word_bans', 'Penalties', 'SamplingMetadata', 'apply_allowed_token_ids', 'apply_banned', 'apply_logit_bias',
+           'apply_penalties', 'apply_temperature', 'apply_min_p', 'apply_top_k_top_p', 'Logprob', 'LogprobsLists',
+           'LogprobsTensors', 'logprobs_dict', 'decode_logprobs', 'compute_logprobs', 'gather_logprobs',
+           'prompt_logprobs_from_logits', 'PromptLogprobsCollector', 'random_sample', 'SamplerOutput', 'Sampler',
            'BeamSearchParams', 'BeamSearchSequence', 'BeamSearchOutput', 'get_beam_search_score', 'beam_search_step',
-           'beam_search', 'sampling_stages', 'plot_sampling_transforms']
-
-# %% ../nbs/06_sampler.ipynb #2f1c8094
-def tokenize_bad_words(bad_words: list[str], tokenizer) -> list[list[int]]:
-    "Token-id sequences of `bad_words`, each with and without a leading space (vLLM's `update_from_tokenizer`)."
-    out: list[list[int]] = []
-    for word in bad_words:
-        for add_prefix_space in (False, True):
-            ids = tokenizer.encode(text=(" " if add_prefix_space else "") + word.lstrip(), add_special_tokens=False)
-            if not ids:
-                if not add_prefix_space: raise ValueError("bad_words entries must tokenize to at least one token.")
-                continue
-            if not add_prefix_space or (ids[0] != out[-1][0] and len(ids) == len(out[-1])): out.append(ids)
-    top = len(tokenizer) - 1
-    bad = [t for ids in out for t in ids if not 0 <= t <= top]
-    if bad: raise ValueError(f"The model vocabulary size is {top + 1}, but the following tokens were specified as bad: {bad}. "
-                             f"All token id values should be integers satisfying: 0 <= token_id <= {top}.")
-    return out
+           'beam_search', 'sampling_stages']
 
 # %% ../nbs/06_sampler.ipynb #355ee833
 def bad_word_bans(bad_words_token_ids: list[list[int]], output_token_ids: list[int]) -> list[int]:
@@ -80,47 +64,50 @@ class SamplingMetadata:
     top_k_only_rows: torch.Tensor | None = None  # rows with top-k and no top-p
     logprobs_rows: torch.Tensor | None = None    # rows that asked for logprobs
 
-    @classmethod
-    def from_requests(cls, requests: list[Request], device="cpu") -> "SamplingMetadata":
-        temps, top_k, top_p, min_p, gens, max_lp, lp_rows = [], [], [], [], {}, None, []
-        al_rows, al_local, al_ids, ban_rows, ban_ids, lb_rows, lb_ids, lb_vals, pen = [], [], [], [], [], [], [], [], []
-        for i, r in enumerate(requests):
-            sp, out = r.sampling_params, r.output_token_ids
-            temps.append(sp.temperature); top_k.append(max(sp.top_k, 0)); top_p.append(sp.top_p); min_p.append(sp.min_p)
-            if r.generator is not None and not sp.greedy: gens[i] = r.generator
-            if sp.logprobs is not None:
-                max_lp = -1 if -1 in (sp.logprobs, max_lp) else max(sp.logprobs, max_lp or 0)
-                lp_rows.append(i)
-            if sp.allowed_token_ids is not None:
-                al_local += [len(al_rows)] * len(sp.allowed_token_ids); al_rows.append(i); al_ids += sp.allowed_token_ids
-            if len(out) < sp.min_tokens:   # vLLM blocks EOS here even with ignore_eos
-                stops = sp.stop_token_ids + ([r.eos_token_id] if r.eos_token_id is not None else [])
-                ban_rows += [i] * len(stops); ban_ids += stops
-            if sp.bad_words:
-                if sp.bad_words_token_ids is None:
-                    raise RuntimeError(f"request {r.request_id!r}: bad_words were not tokenized; the engine must call "
-                                       "SamplingParams.update_from_tokenizer(tokenizer) when it adds the request.")
-                bans = bad_word_bans(sp.bad_words_token_ids, out)
-                ban_rows += [i] * len(bans); ban_ids += bans
-            if sp.logit_bias:
-                lb_rows += [i] * len(sp.logit_bias); lb_ids += sp.logit_bias.keys(); lb_vals += sp.logit_bias.values()
-            if sp.repetition_penalty != 1.0 or sp.frequency_penalty != 0.0 or sp.presence_penalty != 0.0: pen.append(i)
-        t = lambda x, dt=torch.int64: torch.tensor(x, dtype=dt, device=device)
-        opt = lambda vals, off, dt: None if all(v == off for v in vals) else t(vals, dt)
-        where = lambda cond: (lambda rows: t(rows) if rows else None)([i for i, c in enumerate(cond) if c])
-        greedy = [v < _EPS for v in temps]
-        return cls(temperature=t(temps, torch.float32), all_greedy=all(greedy), all_random=not any(greedy),
-                   top_k=opt(top_k, 0, torch.int64), top_p=opt(top_p, 1.0, torch.float32),
-                   min_p=opt(min_p, 0.0, torch.float32), generators=gens, max_num_logprobs=max_lp,
-                   allowed=(t(al_rows), t(al_local), t(al_ids)) if al_rows else None,
-                   banned=(t(ban_rows), t(ban_ids)) if ban_rows else None,
-                   logit_bias=(t(lb_rows), t(lb_ids), t(lb_vals, torch.float32)) if lb_rows else None,
-                   penalties=_penalties([requests[i] for i in pen], pen, device) if pen else None,
-                   random_rows=where([not g for g in greedy]), min_p_rows=where([v > 0 for v in min_p]),
-                   top_p_rows=where([v < 1.0 for v in top_p]),
-                   top_k_only_rows=where([k > 0 and p >= 1.0 for k, p in zip(top_k, top_p)]),
-                   logprobs_rows=t(lp_rows) if lp_rows else None)
+# %% ../nbs/06_sampler.ipynb #0d7e2d88
+@patch(cls_method=True)
+def from_requests(cls: SamplingMetadata, requests: list[Request], device="cpu") -> SamplingMetadata:
+    "The batch's parameters, one pass over `requests` (row i = `requests[i]`), then one tensor per field."
+    temps, top_k, top_p, min_p, gens, max_lp, lp_rows = [], [], [], [], {}, None, []
+    al_rows, al_local, al_ids, ban_rows, ban_ids, lb_rows, lb_ids, lb_vals, pen = [], [], [], [], [], [], [], [], []
+    for i, r in enumerate(requests):
+        sp, out = r.sampling_params, r.output_token_ids
+        temps.append(sp.temperature); top_k.append(max(sp.top_k, 0)); top_p.append(sp.top_p); min_p.append(sp.min_p)
+        if r.generator is not None and not sp.greedy: gens[i] = r.generator
+        if sp.logprobs is not None:
+            max_lp = -1 if -1 in (sp.logprobs, max_lp) else max(sp.logprobs, max_lp or 0)
+            lp_rows.append(i)
+        if sp.allowed_token_ids is not None:
+            al_local += [len(al_rows)] * len(sp.allowed_token_ids); al_rows.append(i); al_ids += sp.allowed_token_ids
+        if len(out) < sp.min_tokens:   # vLLM blocks EOS here even with ignore_eos
+            stops = sp.stop_token_ids + ([r.eos_token_id] if r.eos_token_id is not None else [])
+            ban_rows += [i] * len(stops); ban_ids += stops
+        if sp.bad_words:
+            if sp.bad_words_token_ids is None:
+                raise RuntimeError(f"request {r.request_id!r}: bad_words were not tokenized; the engine must call "
+                                   "SamplingParams.update_from_tokenizer(tokenizer) when it adds the request.")
+            bans = bad_word_bans(sp.bad_words_token_ids, out)
+            ban_rows += [i] * len(bans); ban_ids += bans
+        if sp.logit_bias:
+            lb_rows += [i] * len(sp.logit_bias); lb_ids += sp.logit_bias.keys(); lb_vals += sp.logit_bias.values()
+        if sp.repetition_penalty != 1.0 or sp.frequency_penalty != 0.0 or sp.presence_penalty != 0.0: pen.append(i)
+    t = lambda x, dt=torch.int64: torch.tensor(x, dtype=dt, device=device)
+    opt = lambda vals, off, dt: None if all(v == off for v in vals) else t(vals, dt)
+    where = lambda cond: (lambda rows: t(rows) if rows else None)([i for i, c in enumerate(cond) if c])
+    greedy = [v < _EPS for v in temps]
+    return cls(temperature=t(temps, torch.float32), all_greedy=all(greedy), all_random=not any(greedy),
+               top_k=opt(top_k, 0, torch.int64), top_p=opt(top_p, 1.0, torch.float32),
+               min_p=opt(min_p, 0.0, torch.float32), generators=gens, max_num_logprobs=max_lp,
+               allowed=(t(al_rows), t(al_local), t(al_ids)) if al_rows else None,
+               banned=(t(ban_rows), t(ban_ids)) if ban_rows else None,
+               logit_bias=(t(lb_rows), t(lb_ids), t(lb_vals, torch.float32)) if lb_rows else None,
+               penalties=_penalties([requests[i] for i in pen], pen, device) if pen else None,
+               random_rows=where([not g for g in greedy]), min_p_rows=where([v > 0 for v in min_p]),
+               top_p_rows=where([v < 1.0 for v in top_p]),
+               top_k_only_rows=where([k > 0 and p >= 1.0 for k, p in zip(top_k, top_p)]),
+               logprobs_rows=t(lp_rows) if lp_rows else None)
 
+# %% ../nbs/06_sampler.ipynb #e7e0331f
 _PROMPT_IDS: "weakref.WeakKeyDictionary[Request, torch.Tensor]" = weakref.WeakKeyDictionary()
 
 def _prompt_ids(r: Request) -> torch.Tensor:
@@ -161,6 +148,7 @@ def apply_banned(logits: torch.Tensor, banned) -> torch.Tensor:
     return logits
 
 def apply_logit_bias(logits: torch.Tensor, logit_bias) -> torch.Tensor:
+    "Add each `(row, token)` pair's bias."
     if logit_bias is not None:
         rows, ids, vals = logit_bias
         logits[rows, ids] += vals
@@ -225,6 +213,7 @@ class Logprob:
     decoded_token: str | None = None
 
 class LogprobsLists(NamedTuple):
+    "`LogprobsTensors` as Python lists."
     logprob_token_ids: list[list[int]]
     logprobs: list[list[float]]
     sampled_token_ranks: list[int]
@@ -259,7 +248,9 @@ def decode_logprobs(logprobs: list[dict[int, Logprob] | None], tokenizer) -> lis
     for (t, lp), s in zip(todo, tokenizer.batch_decode([[t] for t, _ in todo])): lp.decoded_token = s
     return logprobs
 
-def compute_logprobs(logits: torch.Tensor) -> torch.Tensor: return logits.log_softmax(-1, dtype=torch.float32)
+def compute_logprobs(logits: torch.Tensor) -> torch.Tensor:
+    "Log-softmax in float32."
+    return logits.log_softmax(-1, dtype=torch.float32)
 
 def gather_logprobs(logprobs: torch.Tensor, num_logprobs: int, token_ids: torch.Tensor) -> LogprobsTensors:
     "The logprob and rank of `token_ids` (one per row) and the top `num_logprobs` (-1: all) of each row."
@@ -275,6 +266,50 @@ def prompt_logprobs_from_logits(logits: torch.Tensor, next_token_ids: torch.Tens
     actually followed, `next_token_ids[i]`, with the top `k` (-1: all). vLLM's `prompt_logprobs` list is `None` for
     the first prompt token, then `to_dicts(k)` of these rows."""
     return gather_logprobs(compute_logprobs(logits), k, torch.as_tensor(next_token_ids, device=logits.device))
+
+# %% ../nbs/06_sampler.ipynb #0df23cf9
+class PromptLogprobsCollector:
+    """Prompt logprobs of the requests that asked for them, gathered over the steps that compute their prompts and
+    handed out once per request, when its prompt is done."""
+    def __init__(self): self.parts: dict[str, list[tuple[int, LogprobsTensors]]] = {}   # request id -> (first position, rows)
+
+    def wanted(self, scheduler_output, requests: Mapping[str, Request]) -> dict[str, int]:
+        "Request id → prompt length, for the scheduled requests whose prompt logprobs are not done (for the model runner)."
+        want = {}
+        for s in scheduler_output.seqs:
+            r = requests[s.req_id]
+            if r.sampling_params.prompt_logprobs is not None and r.num_output_tokens == 0:
+                want[s.req_id] = r.num_prompt_tokens
+                if s.start_pos == 0: self.parts[s.req_id] = []   # a (re)start from the first token
+        return want
+
+    def collect(self, scheduler_output, requests: Mapping[str, Request],
+                prompt_logits: dict[str, tuple[int, torch.Tensor]]) -> dict[str, list]:
+        "Add this step's rows (`request id -> (first position, logits)`); return the lists of the prompts finished now."
+        if prompt_logits: self._add(requests, prompt_logits)
+        done = {}
+        for s in scheduler_output.seqs:
+            if s.sample and s.req_id in self.parts:   # the step that reaches the end of the prompt
+                r, parts = requests[s.req_id], self.parts.pop(s.req_id)
+                lists = [d for _, lt in sorted(parts, key=lambda x: x[0]) for d in lt.to_dicts(r.sampling_params.prompt_logprobs)]
+                assert len(lists) == r.num_prompt_tokens - 1, (len(lists), r.num_prompt_tokens)
+                done[s.req_id] = [None] + lists
+        return done
+
+    def _add(self, requests, prompt_logits):
+        "All requests' rows in one batched computation, then split back per request."
+        reqs = [requests[r] for r in prompt_logits]
+        ks = [r.sampling_params.prompt_logprobs for r in reqs]
+        nxt = [t for r, (p0, l) in zip(reqs, prompt_logits.values()) for t in r.prompt_token_ids[p0 + 1:p0 + 1 + l.shape[0]]]
+        lt = prompt_logprobs_from_logits(torch.cat([l for _, l in prompt_logits.values()]), torch.tensor(nxt, dtype=torch.int64),
+                                         -1 if -1 in ks else max(ks))
+        lt, j = LogprobsTensors(*(x.cpu() for x in lt)), 0
+        for rid, (p0, l) in prompt_logits.items():
+            self.parts[rid].append((p0, LogprobsTensors(*(x[j:j + l.shape[0]] for x in lt)))); j += l.shape[0]
+
+    def discard(self, request_id: str):
+        "Forget a request's rows (it ended, or was aborted, before its prompt was done)."
+        self.parts.pop(request_id, None)
 
 # %% ../nbs/06_sampler.ipynb #77fce381
 def _exp_noise(shape, device, generator=None) -> torch.Tensor:
@@ -301,11 +336,13 @@ class SamplerOutput:
     logprobs_tensors: LogprobsTensors | None     # [B, k+1] (rows that did not ask hold zeros); None when no row asked
     def tolist(self) -> list[int]: return self.sampled_token_ids.tolist()   # what the first engine's code expects
 
+# %% ../nbs/06_sampler.ipynb #66288eb3
 class Sampler:
     "Batched sampling with every `SamplingParams` knob, in vLLM's order; logprobs of the raw logits."
     def __call__(self, logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput: return self.forward(logits, md)
 
     def forward(self, logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
+        "One token per row of `logits` (and the logprobs of the rows that asked), following each row's parameters in `md`."
         assert logits.shape[0] == md.temperature.shape[0], (logits.shape, md.temperature.shape)
         raw = None if md.logprobs_rows is None else compute_logprobs(logits[md.logprobs_rows])
         if md.all_greedy and md.allowed is None and md.banned is None and md.logit_bias is None and md.penalties is None:
@@ -320,6 +357,7 @@ class Sampler:
         return SamplerOutput(sampled, None if raw is None else self.logprobs(raw, sampled, md))
 
     def sample(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+        "Greedy rows: the argmax; the others: temperature, min-p, top-k, top-p (each on its rows only), then a draw."
         greedy = None if md.all_random else logits.argmax(-1)
         if md.all_greedy: return greedy
         logits = apply_temperature(logits, md.temperature, md.all_random)
@@ -377,6 +415,7 @@ def get_beam_search_score(tokens: list[int], cumulative_logprob: float, eos_toke
     seq_len = len(tokens) - (1 if tokens[-1] == eos_token_id else 0)
     return cumulative_logprob / (seq_len ** length_penalty)
 
+# %% ../nbs/06_sampler.ipynb #912c9ff5
 def beam_search_step(beams: list[BeamSearchSequence], next_logprobs: list[dict[int, Logprob] | None], beam_width: int,
                      eos_token_id: int | None, ignore_eos: bool = False, length_penalty: float = 1.0
                      ) -> tuple[list[BeamSearchSequence], list[BeamSearchSequence]]:
@@ -441,22 +480,3 @@ def sampling_stages(logits: torch.Tensor, params, output_token_ids=(), prompt_to
                         (f"top-p {params.top_p}", md.top_p is not None, lambda l: apply_top_k_top_p(l, None, md.top_p))]:
         if on: l = f(l); stages.append((name, l[0].clone()))
     return stages
-
-def plot_sampling_transforms(logits: torch.Tensor, params=None, output_token_ids=(0, 0, 1), axs=None):
-    "Bar charts of one distribution after each step of the sampler; grey: tokens already generated."
-    import matplotlib.pyplot as plt
-    if params is None:
-        from minivllm.config import SamplingParams
-        params = SamplingParams(temperature=0.8, top_k=8, top_p=0.9, min_p=0.05, repetition_penalty=1.3,
-                                frequency_penalty=0.3, presence_penalty=0.2)
-    stages = sampling_stages(logits, params, output_token_ids)
-    if axs is None: _, axs = plt.subplots(1, len(stages), figsize=(2.9 * len(stages), 2.8), sharey=True)
-    seen = set(output_token_ids)
-    for ax, (name, l) in zip(axs, stages):
-        pr = l.softmax(-1)
-        colors = ["0.85" if v == 0 else ("C1" if i in seen else "C0") for i, v in enumerate(pr.tolist())]
-        ax.bar(range(len(pr)), pr, color=colors)
-        ax.set_title(name.replace(", ", "\n", 1) if len(name) > 24 else name, fontsize=8); ax.set_xticks([])
-        ax.set_xlabel(f"{int((pr > 0).sum())} tokens left", fontsize=8)
-    axs[0].set_ylabel("probability")
-    return axs

@@ -8,13 +8,13 @@ import heapq, itertools
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
+from fastcore.basics import patch
 from .config import SchedulerConfig
 from .request import Request, RequestStatus, check_stop
 from .block_manager import KVCacheManager
 
 # %% auto #0
-__all__ = ['ScheduledSeq', 'SchedulerOutput', 'WaitingQueue', 'Scheduler', 'simulate', 'make_scheduler', 'plot_batch_composition',
-           'TraceViewer']
+__all__ = ['ScheduledSeq', 'SchedulerOutput', 'WaitingQueue', 'Scheduler', 'make_scheduler', 'simulate']
 
 # %% ../nbs/03_scheduler.ipynb #cdbe7ba4
 @dataclass
@@ -87,137 +87,180 @@ class WaitingQueue:
     def __len__(self): return len(self._q)
     def __iter__(self): return iter([e[1] for e in sorted(self._q, key=lambda e: e[0])] if self.policy == "priority" else self._q)
 
-# %% ../nbs/03_scheduler.ipynb #d964ecbd
+# %% ../nbs/03_scheduler.ipynb #6f88eb7a
 class Scheduler:
     "Continuous batching under a token budget, with chunked prefill, prefix caching and preemption by recompute."
     def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager):
-        self.config, self.kv = config, kv_cache_manager
+        self.config, self.kv_cache_manager = config, kv_cache_manager
         self.policy = config.policy
         self.waiting = WaitingQueue(self.policy)
-        self.running: list[Request] = []
-        self.requests: dict[str, Request] = {}
-        self.finished_req_ids: list[str] = []
+        self.running: list[Request] = []           # in preemption order: the last one is preempted first
+        self.requests: dict[str, Request] = {}     # every unfinished request, by id
+        self.finished_req_ids: list[str] = []      # finished since the last `schedule()`
         self.num_preemptions = 0
 
     def add_request(self, request: Request):
+        "A new request joins the waiting queue."
         self.requests[request.request_id] = request
         self.waiting.add(request)
 
-    def has_unfinished_requests(self) -> bool: return len(self.waiting) + len(self.running) > 0
-    def get_num_unfinished_requests(self) -> int: return len(self.waiting) + len(self.running)
+    def has_unfinished_requests(self) -> bool:
+        "Is anyone waiting or running?"
+        return len(self.waiting) + len(self.running) > 0
 
-    @staticmethod
-    def _urgency(r: Request): return (r.priority, r.arrival_time)
+    def get_num_unfinished_requests(self) -> int:
+        "How many requests are waiting or running."
+        return len(self.waiting) + len(self.running)
 
-    def _preempt(self, r: Request):
-        self.kv.free(r)
-        r.set_status(RequestStatus.PREEMPTED)
-        r.num_computed_tokens = 0
-        r.num_preemptions += 1
-        self.num_preemptions += 1
-        self.waiting.add_preempted(r)
+def make_scheduler(num_blocks=64, block_size=4, max_num_seqs=8, max_num_batched_tokens=32, chunked=True,
+                   policy="fcfs", max_model_len=256, caching=True) -> Scheduler:
+    "A scheduler over a fresh `KVCacheManager`, for experiments and tests."
+    cfg = SchedulerConfig(max_num_seqs, max_num_batched_tokens, max_model_len, chunked, policy)
+    return Scheduler(cfg, KVCacheManager(num_blocks, block_size, caching))
 
-    def _admit(self, r: Request):
-        r.set_status(RequestStatus.RUNNING)
-        if self.policy == "priority":   # keep the running list in preemption order
-            key = self._urgency(r)
-            i = next((i for i, x in enumerate(self.running) if self._urgency(x) > key), len(self.running))
-            self.running.insert(i, r)
-        else: self.running.append(r)
+# %% ../nbs/03_scheduler.ipynb #96056272
+def _urgency(r: Request):
+    "Sort key of the priority policy: lower priority values first, then earlier arrivals."
+    return (r.priority, r.arrival_time)
 
-    def _seq(self, r: Request, n: int, new: bool = False, num_cached: int = 0) -> ScheduledSeq:
-        c = r.num_computed_tokens
-        return ScheduledSeq(r.request_id, r.all_token_ids[c:c + n], c, self.kv.get_block_ids(r.request_id),
-                            sample=c + n == r.num_tokens, is_prefill=c < r.num_prompt_tokens or n > 1,
-                            new=new, num_cached_tokens=num_cached)
+@patch
+def _preempt(self: Scheduler, r: Request):
+    "Free all of `r`'s blocks and send it back to the waiting queue, to be recomputed from its tokens."
+    self.kv_cache_manager.free(r)
+    r.set_status(RequestStatus.PREEMPTED)
+    r.num_computed_tokens = 0
+    r.num_preemptions += 1
+    self.num_preemptions += 1
+    self.waiting.add_preempted(r)
 
-    def _fits(self, r: Request) -> bool:
-        "Would waiting request `r` be admitted this step, after the running requests took their tokens and blocks?"
-        cfg = self.config
-        if len(self.running) >= cfg.max_num_seqs: return False
-        budget, need = cfg.max_num_batched_tokens, 0
-        for x in self.running:
-            if budget <= 0: break
-            n = min(x.num_tokens - x.num_computed_tokens, budget)
-            need += self.kv.num_blocks_needed(x, n); budget -= n
-        hits, num_cached = self.kv.get_computed_blocks(r)
-        n = r.num_tokens - num_cached
-        if budget <= 0 or (not cfg.enable_chunked_prefill and n > budget): return False
-        return need + self.kv.num_blocks_needed(r, min(n, budget), hits) <= self.kv.block_pool.get_num_free_blocks()
+@patch
+def _admit(self: Scheduler, r: Request):
+    "Move `r` to the running list, keeping the list in preemption order under `priority`."
+    r.set_status(RequestStatus.RUNNING)
+    if self.policy == "priority":
+        key = _urgency(r)
+        i = next((i for i, x in enumerate(self.running) if _urgency(x) > key), len(self.running))
+        self.running.insert(i, r)
+    else: self.running.append(r)
 
-    def _preempt_for_priority(self) -> list[str]:
-        "`priority` only: preempt strictly less urgent running requests while the most urgent waiting one does not fit."
-        out = []
-        if self.policy != "priority" or not len(self.waiting): return out
-        head = self.waiting.peek()
-        while self.running and self._urgency(self.running[-1]) > self._urgency(head) and not self._fits(head):
+@patch
+def _seq(self: Scheduler, r: Request, n: int, new: bool = False, num_cached: int = 0) -> ScheduledSeq:
+    "`r`'s share of this step: its next `n` tokens from `num_computed_tokens` on, with its block table."
+    c = r.num_computed_tokens
+    return ScheduledSeq(r.request_id, r.all_token_ids[c:c + n], c, self.kv_cache_manager.get_block_ids(r.request_id),
+                        sample=c + n == r.num_tokens, is_prefill=c < r.num_prompt_tokens or n > 1,
+                        new=new, num_cached_tokens=num_cached)
+
+# %% ../nbs/03_scheduler.ipynb #e5680c81
+@patch
+def _fits(self: Scheduler, r: Request) -> bool:
+    "Would waiting request `r` be admitted this step, after the running requests took their tokens and blocks?"
+    cfg, kv = self.config, self.kv_cache_manager
+    if len(self.running) >= cfg.max_num_seqs: return False
+    budget, need = cfg.max_num_batched_tokens, 0
+    for x in self.running:
+        if budget <= 0: break
+        n = min(x.num_tokens - x.num_computed_tokens, budget)
+        need += kv.num_blocks_needed(x, n); budget -= n
+    hits, num_cached = kv.get_computed_blocks(r)
+    n = r.num_tokens - num_cached
+    if budget <= 0 or (not cfg.enable_chunked_prefill and n > budget): return False
+    return need + kv.num_blocks_needed(r, min(n, budget), hits) <= kv.block_pool.get_num_free_blocks()
+
+@patch
+def _preempt_for_priority(self: Scheduler) -> list[str]:
+    "`priority` only: preempt strictly less urgent running requests while the most urgent waiting one does not fit."
+    out = []
+    if self.policy != "priority" or not len(self.waiting): return out
+    head = self.waiting.peek()
+    while self.running and _urgency(self.running[-1]) > _urgency(head) and not self._fits(head):
+        victim = self.running.pop()
+        self._preempt(victim); out.append(victim.request_id)
+    return out
+
+# %% ../nbs/03_scheduler.ipynb #2876ea34
+@patch
+def schedule(self: Scheduler) -> SchedulerOutput:
+    """Decide one step: which requests compute how many tokens.
+
+    There is no "prefill phase" and no "decode phase". Each request has `num_computed_tokens` and `num_tokens`
+    (prompt + output so far); each step the scheduler assigns tokens to requests so that `num_computed_tokens`
+    catches up with `num_tokens`. A whole prompt, a chunk of one (chunked prefill), one token (a decode), prompt
+    and output again (a recompute after preemption) are all the same move; a prefix-cache hit counts as computed.
+
+    Invariants of the result: at most `max_num_batched_tokens` tokens and at most `max_num_seqs` requests (running
+    list included); each scheduled chunk is exactly the request's next tokens, with KV blocks allocated for them;
+    running requests are served before waiting ones; waiting ones are admitted in policy order and stop at the
+    first that does not fit (nobody overtakes), and none is admitted in a step where a running one lost its blocks;
+    a preempted request holds no block and restarts from 0, and is not re-admitted in the same step; without
+    chunked prefill a prompt is never split."""
+    budget, cfg, kv = self.config.max_num_batched_tokens, self.config, self.kv_cache_manager
+    seqs = []
+    preempted = self._preempt_for_priority()
+    # 1. running requests: decodes and unfinished prefill chunks
+    blocks_short, i = False, 0
+    while i < len(self.running) and budget > 0:
+        r = self.running[i]
+        n = min(r.num_tokens - r.num_computed_tokens, budget)
+        while kv.allocate_slots(r, n) is None:
             victim = self.running.pop()
-            self._preempt(victim); out.append(victim.request_id)
-        return out
+            self._preempt(victim); preempted.append(victim.request_id); blocks_short = True
+            if victim is r: break
+        if r.status != RequestStatus.RUNNING: break
+        seqs.append(self._seq(r, n)); budget -= n; i += 1
+    # 2. waiting requests, unless running ones just ran out of blocks; never re-admit this step's victims
+    while not blocks_short and len(self.waiting) and budget > 0 and len(self.running) < cfg.max_num_seqs:
+        r = self.waiting.peek()
+        if r.request_id in preempted: break
+        hits, num_cached = kv.get_computed_blocks(r)
+        n = r.num_tokens - num_cached
+        if not cfg.enable_chunked_prefill and n > budget: break
+        n = min(n, budget)
+        if kv.allocate_slots(r, n, hits) is None: break
+        self.waiting.pop()
+        r.num_computed_tokens = num_cached
+        if r.num_cached_tokens < 0: r.num_cached_tokens = num_cached
+        self._admit(r)
+        seqs.append(self._seq(r, n, new=True, num_cached=num_cached)); budget -= n
+    finished, self.finished_req_ids = self.finished_req_ids, []
+    return SchedulerOutput(seqs, preempted, finished, len(self.waiting), cfg.max_num_batched_tokens, kv.usage)
 
-    def schedule(self) -> SchedulerOutput:
-        budget, cfg = self.config.max_num_batched_tokens, self.config
-        seqs = []
-        preempted = self._preempt_for_priority()
-        # 1. running requests: decodes and unfinished prefill chunks
-        blocks_short, i = False, 0
-        while i < len(self.running) and budget > 0:
-            r = self.running[i]
-            n = min(r.num_tokens - r.num_computed_tokens, budget)
-            while self.kv.allocate_slots(r, n) is None:
-                victim = self.running.pop()
-                self._preempt(victim); preempted.append(victim.request_id); blocks_short = True
-                if victim is r: break
-            if r.status != RequestStatus.RUNNING: break
-            seqs.append(self._seq(r, n)); budget -= n; i += 1
-        # 2. waiting requests, unless running ones just ran out of blocks; never re-admit this step's victims
-        while not blocks_short and len(self.waiting) and budget > 0 and len(self.running) < cfg.max_num_seqs:
-            r = self.waiting.peek()
-            if r.request_id in preempted: break
-            hits, num_cached = self.kv.get_computed_blocks(r)
-            n = r.num_tokens - num_cached
-            if not cfg.enable_chunked_prefill and n > budget: break
-            n = min(n, budget)
-            if self.kv.allocate_slots(r, n, hits) is None: break
-            self.waiting.pop()
-            r.num_computed_tokens = num_cached
-            if r.num_cached_tokens < 0: r.num_cached_tokens = num_cached
-            self._admit(r)
-            seqs.append(self._seq(r, n, new=True, num_cached=num_cached)); budget -= n
-        finished, self.finished_req_ids = self.finished_req_ids, []
-        return SchedulerOutput(seqs, preempted, finished, len(self.waiting), cfg.max_num_batched_tokens, self.kv.usage)
+# %% ../nbs/03_scheduler.ipynb #fd19a2f3
+@patch
+def update_from_output(self: Scheduler, out: SchedulerOutput, sampled: dict[str, int]) -> list[Request]:
+    "Advance the scheduled requests by the step's results; return the requests that got a new token."
+    updated = []
+    for s in out.seqs:
+        r = self.requests.get(s.req_id)
+        if r is None or r.is_finished(): continue
+        r.num_computed_tokens += s.num_tokens
+        if not s.sample: continue
+        r.append_output_token_ids(sampled[s.req_id])
+        if check_stop(r, self.config.max_model_len):
+            self._finish(r); out.finished_after_step.append(r.request_id)
+        updated.append(r)
+    return updated
 
-    def update_from_output(self, out: SchedulerOutput, sampled: dict[str, int]) -> list[Request]:
-        "Advance the scheduled requests by the step's results; return the requests that got a new token."
-        updated = []
-        for s in out.seqs:
-            r = self.requests.get(s.req_id)
-            if r is None or r.is_finished(): continue
-            r.num_computed_tokens += s.num_tokens
-            if not s.sample: continue
-            r.append_output_token_ids(sampled[s.req_id])
-            if check_stop(r, self.config.max_model_len):
-                self._finish(r); out.finished_after_step.append(r.request_id)
-            updated.append(r)
-        return updated
+@patch
+def _finish(self: Scheduler, r: Request):
+    "Forget a finished request: off the running list, blocks freed, reported in the next step's `finished_req_ids`."
+    if r in self.running: self.running.remove(r)
+    self.kv_cache_manager.free(r)
+    self.requests.pop(r.request_id, None)
+    self.finished_req_ids.append(r.request_id)
 
-    def _finish(self, r: Request):
-        if r in self.running: self.running.remove(r)
-        self.kv.free(r)
-        self.requests.pop(r.request_id, None)
-        self.finished_req_ids.append(r.request_id)
-
-    def finish_requests(self, req_ids, status: RequestStatus) -> list[Request]:
-        "End requests from outside (abort, stop string); unknown or finished ids are ignored."
-        done = []
-        for rid in ([req_ids] if isinstance(req_ids, str) else req_ids):
-            r = self.requests.get(rid)
-            if r is None or r.is_finished(): continue
-            if r.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED): self.waiting.remove(r)
-            r.set_status(status)
-            self._finish(r)
-            done.append(r)
-        return done
+@patch
+def finish_requests(self: Scheduler, req_ids, status: RequestStatus) -> list[Request]:
+    "End requests from outside (abort, stop string); unknown or finished ids are ignored."
+    done = []
+    for rid in ([req_ids] if isinstance(req_ids, str) else req_ids):
+        r = self.requests.get(rid)
+        if r is None or r.is_finished(): continue
+        if r.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED): self.waiting.remove(r)
+        r.set_status(status)
+        self._finish(r)
+        done.append(r)
+    return done
 
 # %% ../nbs/03_scheduler.ipynb #3bb3f803
 def simulate(scheduler: Scheduler, requests: list[Request], arrivals: dict[int, list[Request]] | None = None,
@@ -235,70 +278,3 @@ def simulate(scheduler: Scheduler, requests: list[Request], arrivals: dict[int, 
         scheduler.update_from_output(out, {s.req_id: pick(scheduler.requests[s.req_id]) for s in out.seqs if s.sample})
         trace.append(out)
     return trace
-
-def make_scheduler(num_blocks=64, block_size=4, max_num_seqs=8, max_num_batched_tokens=32, chunked=True,
-                   policy="fcfs", max_model_len=256, caching=True) -> Scheduler:
-    "A scheduler over a fresh `KVCacheManager`, for experiments and tests."
-    cfg = SchedulerConfig(max_num_seqs, max_num_batched_tokens, max_model_len, chunked, policy)
-    return Scheduler(cfg, KVCacheManager(num_blocks, block_size, caching))
-
-# %% ../nbs/03_scheduler.ipynb #aeffeb45
-def plot_batch_composition(trace: list[SchedulerOutput], ax=None, budget: int | None = None, colors=None, title=None,
-                           highlight: int | None = None, legend: bool = True, show_kv: bool = False):
-    "Stacked bars per step: prefill-chunk tokens (solid) and decode tokens (hatched) per request; preemptions marked; optionally KV usage."
-    import matplotlib.pyplot as plt
-    rids = list(dict.fromkeys([s.req_id for o in trace for s in o.seqs] + [r for o in trace for r in o.preempted_req_ids]))
-    colors = dict(colors or {})
-    for i, r in enumerate(rids): colors.setdefault(r, plt.cm.tab20(i % 20))
-    budget = budget if budget is not None else max((o.token_budget for o in trace), default=0)
-    if ax is None: _, ax = plt.subplots(figsize=(12, 3.8))
-    for step, o in enumerate(trace):
-        bottom = 0
-        for s in o.seqs:
-            ax.bar(step, s.num_tokens, bottom=bottom, color=colors[s.req_id], width=0.85,
-                   hatch=None if s.is_prefill else "///", edgecolor="white", linewidth=0.3)
-            bottom += s.num_tokens
-        for k, v in enumerate(o.preempted_req_ids):
-            ax.plot(step, -0.04 * (budget or 10) * (k + 1), marker="v", mfc=colors[v], mec="red", mew=1.2, ms=7, ls="")
-    if budget: ax.axhline(budget, color="0.3", ls="--", lw=1); ax.text(len(trace) - 0.5, budget, " budget", va="bottom", ha="right", fontsize=8)
-    if highlight is not None: ax.axvspan(highlight - 0.5, highlight + 0.5, color="gold", alpha=0.35, zorder=0)
-    if show_kv:
-        ax2 = ax.twinx()
-        ax2.plot(range(len(trace)), [o.kv_usage * 100 for o in trace], color="0.35", lw=1.2, ls=":")
-        ax2.set_ylim(0, 105); ax2.set_ylabel("KV usage % (dotted)", color="0.35", fontsize=8)
-    ax.set_xlabel("engine step"); ax.set_ylabel("tokens computed")
-    if legend:
-        handles = [plt.Rectangle((0, 0), 1, 1, color=colors[r]) for r in rids]
-        handles += [plt.Rectangle((0, 0), 1, 1, fc="white", ec="0.3", hatch="///"),
-                    plt.Line2D([], [], marker="v", mfc="white", mec="red", ls="")]
-        ax.legend(handles, rids + ["decode (hatched)", "preempted"], fontsize=7, ncol=1 + len(rids) // 12,
-                  loc="upper left", bbox_to_anchor=(1.01, 1))
-    ax.set_title(title or "batch composition per step")
-    return ax
-
-# %% ../nbs/03_scheduler.ipynb #cfc0d351
-class TraceViewer:
-    "ipywidgets view of a trace of `SchedulerOutput`s: a step slider, the batch composition, and the step's summary."
-    def __init__(self, trace: list[SchedulerOutput], colors=None, budget: int | None = None):
-        import ipywidgets as W
-        self.trace, self.colors, self.budget = trace, colors, budget
-        self.slider = W.IntSlider(0, 0, max(len(trace) - 1, 0), description="step", continuous_update=False)
-        self.plot, self.text = W.Output(), W.HTML()
-        self.slider.observe(lambda ch: self.draw(), names="value")
-        self.widget = W.VBox([self.slider, self.plot, self.text])
-        self.draw()
-
-    def draw(self):
-        import html
-        import matplotlib.pyplot as plt
-        s = self.slider.value
-        with self.plot:
-            self.plot.clear_output(wait=True)
-            fig, ax = plt.subplots(figsize=(12, 3.5))
-            plot_batch_composition(self.trace, ax, self.budget, self.colors, highlight=s, title=f"step {s}")
-            plt.tight_layout(); plt.show()
-        self.text.value = f"<pre>{html.escape(self.trace[s].summary())}</pre>" if self.trace else ""
-
-    def _ipython_display_(self):
-        from IPython.display import display
-        display(self.widget)

@@ -74,7 +74,8 @@ class Driver:
         prompt = prompt + [rng.randrange(self.vocab) for _ in range(rng.randint(1, max(1, self.max_len // 2 - len(prompt))))]
         self.nid += 1
         n = rng.randint(2, 4) if fork else 1
-        kids = [Request(f"{i}_g{self.nid}" if fork else f"r{self.nid}", prompt, SamplingParams()) for i in range(n)]
+        kids = [Request(f"{i}_g{self.nid}" if fork else f"r{self.nid}", prompt, SamplingParams(),
+                        parent_request_id=f"g{self.nid}" if fork else None) for i in range(n)]
         self.waiting.extend(kids)
         self.stats["forks" if fork else "requests"] += 1
         return kids
@@ -218,12 +219,13 @@ def test_hypothesis_operations_keep_invariants(data, config):
 def test_fork_without_caching_shares_only_among_siblings():
     m = KVCacheManager(num_blocks=16, block_size=4, enable_caching=False)
     prompt = list(range(10))
-    kids = [Request(f"{i}_x", prompt, SamplingParams()) for i in range(3)]
+    kids = [Request(f"{i}_x", prompt, SamplingParams(), parent_request_id="x") for i in range(3)]
     for k in kids:
         hits, cached = m.get_computed_blocks(k)
         assert m.allocate_slots(k, k.num_tokens - cached, hits) is not None
         k.num_computed_tokens = k.num_tokens
     assert [m.get_computed_blocks(k)[1] for k in [Request("stranger", prompt, SamplingParams())]] == [0]
+    assert m.get_computed_blocks(Request("3_x", prompt, SamplingParams()))[1] == 0   # an id like a child's is no sibling
     tables = [m.get_block_ids(k.request_id) for k in kids]
     assert len({tuple(t[:2]) for t in tables}) == 1 and len({t[2] for t in tables}) == 3
     assert m.block_pool.get_num_free_blocks() == 16 - (2 + 3)
@@ -318,3 +320,32 @@ def test_n4_stores_the_prompt_blocks_once(caching, engine_on, engine_off, tokeni
     alone = run(engine_off, [("alone", ids, SamplingParams(temperature=0, max_tokens=6))])["alone"].outputs[0].token_ids
     assert all(o.token_ids == alone for o in outs)                  # sharing changed nothing: each is the greedy answer
     assert pool.get_num_free_blocks() == pool.num_blocks
+
+
+@pytest.mark.parametrize("first", ["foo", "3_foo"])
+def test_user_id_like_a_child_id(first, engine_off, tokenizer):
+    """A user's request "3_foo" next to "foo" with n=4, same prompt, caching off, in either order: the engine keeps
+    them apart (no id clash in the core, siblings by `parent_request_id` only), the outputs are right, no block is
+    shared between "3_foo" and the children, and every block is free at the end."""
+    engine, kv = engine_off, engine_off.kv_cache_manager
+    ids = tokenizer("A lighthouse keeper's diary, day one: " + "the sea was calm, " * 10).input_ids[:40]   # 2 full blocks + 8
+    params = {"foo": SamplingParams(n=4, temperature=1.0, top_k=1, max_tokens=6), "3_foo": SamplingParams(temperature=0, max_tokens=6)}
+    for rid in (["foo", "3_foo"] if first == "foo" else ["3_foo", "foo"]):
+        engine.add_request(rid, TokensPrompt(prompt_token_ids=ids), params[rid])
+    kids, (mine,) = engine.children["foo"], engine.children["3_foo"]
+    assert len(set(kids) | {mine}) == 5
+    engine.step()                                                   # all five admitted together
+    reqs = engine.scheduler.requests
+    assert all(reqs[k].parent_request_id == "foo" for k in kids) and reqs[mine].parent_request_id is None
+    tables = [kv.get_block_ids(k) for k in kids]
+    assert len({tuple(t[:2]) for t in tables}) == 1 and all(kv.block_pool.blocks[b].ref_cnt == 4 for b in tables[0][:2])
+    assert not {b for t in tables for b in t} & set(kv.get_block_ids(mine))   # the look-alike shares nothing
+    done = {}
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            if o.finished: done[o.request_id] = o
+    alone = run(engine_off, [("alone", ids, SamplingParams(temperature=0, max_tokens=6))])["alone"].outputs[0].token_ids
+    assert sorted(done) == ["3_foo", "foo"]
+    assert [o.index for o in done["foo"].outputs] == [0, 1, 2, 3] and all(o.token_ids == alone for o in done["foo"].outputs)
+    assert len(done["3_foo"].outputs) == 1 and done["3_foo"].outputs[0].token_ids == alone
+    assert kv.block_pool.get_num_free_blocks() == kv.num_blocks and not kv.req_to_blocks

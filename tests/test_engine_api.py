@@ -266,15 +266,16 @@ def test_priority_and_arrival_time(small):
     tok = small.get_tokenizer()
     # three different 50-token prompts (the same prompt would be a prefix-cache hit and start all three at once)
     prompt = lambda w: TokensPrompt(prompt_token_ids=tok(f"{w} " * 50).input_ids[:50])
-    small.engine_core.trace = []
+    trace = []
+    small.step_observers.append(watch := lambda info: trace.append(info.scheduler_output))
     now = time.time()
     final, _ = run(small, [("late", prompt("cat"), greedy(max_tokens=2), dict(priority=1, arrival_time=now)),
                            ("urgent", prompt("dog"), greedy(max_tokens=2), dict(priority=0, arrival_time=now + 1)),
                            ("early", prompt("fox"), greedy(max_tokens=2), dict(priority=1, arrival_time=now - 5))])
     first = {}
-    for step, out in enumerate(small.engine_core.trace):
+    for step, out in enumerate(trace):
         for s in out.seqs: first.setdefault(s.req_id, step)
-    small.engine_core.trace = None
+    small.step_observers.remove(watch)
     assert first["urgent"] <= first["early"] < first["late"]
     assert final["early"].metrics.arrival_time == now - 5
     assert_idle(small)
@@ -288,7 +289,8 @@ def test_stats_agree_with_independent_counts(small, caplog):
     small.stat_logger.interval = 1e9               # no automatic log line in the middle of our interval
     before = small.do_log_stats()                  # starts a new interval
     t0 = time.time()
-    small.engine_core.trace = []
+    trace = []
+    small.step_observers.append(watch := lambda info: trace.append(info.scheduler_output))
     prompts = [f"Story number {i}: once upon a time, in a land far away, there lived" for i in range(5)]
     params = [greedy(max_tokens=40, ignore_eos=True), greedy(max_tokens=30, ignore_eos=True), greedy(max_tokens=6, stop=[" "]),
               SamplingParams(n=2, temperature=0.8, seed=3, max_tokens=24, ignore_eos=True), greedy(max_tokens=35, ignore_eos=True)]
@@ -313,12 +315,11 @@ def test_stats_agree_with_independent_counts(small, caplog):
         live = {c for rid in added if rid not in finished_ids for c in ([rid] if params[int(rid)].n == 1 else [f"{j}_{rid}" for j in range(2)])}
         used = {b for c in live for b in kv.get_block_ids(c)}
         usage_checks.append((st.kv_cache_usage, len(used) / kv.num_blocks))
-        trace = small.engine_core.trace
         if not any(o.preempted_req_ids for o in trace):          # before any preemption, running = scheduled so far, not finished
             scheduled = {s.req_id for o in trace for s in o.seqs}
             live_unfinished = {c for c in live if small.scheduler.requests.get(c) is not None}
             rw_checks.append(((st.num_running_reqs, st.num_waiting_reqs), (len(scheduled & live_unfinished), len(live_unfinished - scheduled))))
-    trace, small.engine_core.trace = small.engine_core.trace, None
+    small.step_observers.remove(watch)
     t1 = time.time()
     with caplog.at_level(logging.INFO, logger="minivllm"):
         st = small.do_log_stats()
@@ -370,3 +371,29 @@ def test_stats_are_logged_at_the_interval_only_with_log_stats(engine, small, cap
         small.stat_logger.interval = engine.stat_logger.interval = 10.0
     assert (small.log_stats, engine.log_stats) == (True, False)
     assert n_small >= 3 and n_engine == 0
+
+
+# ---------------------------------------------------------------- the step hook
+
+def test_step_observers_last_step_and_phase_seconds(engine):
+    """Every step is published once, in order, to each observer (after the outputs are processed, KV as after the
+    step); `last_step` is the latest; the sampled tokens are the outputs' tokens; the stats sum the phase seconds."""
+    before = engine.get_stats().phase_seconds
+    seen, kv_free = [], []
+    def watch(info):
+        seen.append(info); kv_free.append(engine.kv_cache_manager.block_pool.get_num_free_blocks())
+    engine.step_observers.append(watch)
+    try:
+        final, all_outs = run(engine, [("h1", PARIS, greedy(max_tokens=5)), ("h2", "Hello", greedy(max_tokens=3, n=1))])
+    finally: engine.step_observers.remove(watch)
+    assert engine.last_step is seen[-1] and [i.step for i in seen] == list(range(seen[0].step, seen[0].step + len(seen)))
+    for rid in ("h1", "h2"):
+        assert [t for i in seen for t in i.sampled.get(rid, [])] == final[rid].outputs[0].token_ids
+    assert kv_free[-1] == engine.kv_cache_manager.num_blocks           # the last observer call saw the blocks freed
+    phases = ["schedule", "prepare", "forward", "logits", "sampling", "update", "outputs"]
+    assert all(list(i.timings) == phases and min(i.timings.values()) >= 0 for i in seen)
+    after = engine.get_stats().phase_seconds
+    for k in phases:
+        assert after[k] - before.get(k, 0.0) == pytest.approx(sum(i.timings[k] for i in seen), rel=1e-6, abs=1e-9)
+    assert after["forward"] > before.get("forward", 0.0)
+    assert_idle(engine)

@@ -15,3 +15,50 @@ def test_notebook(nb):
     if os.environ.get("MINIVLLM_NB_FLAGS"): cmd += ["--flags", os.environ["MINIVLLM_NB_FLAGS"]]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=1500)
     assert r.returncode == 0, f"{nb} failed:\n{r.stdout[-6000:]}\n{r.stderr[-6000:]}"
+
+
+# The saved-notebook checker run by .ci/test (.ci/check_notebooks.py): shown to fail on each defect it is for.
+import importlib.util, json as _json
+_spec = importlib.util.spec_from_file_location("check_notebooks", ROOT / ".ci" / "check_notebooks.py")
+check_notebooks = importlib.util.module_from_spec(_spec); _spec.loader.exec_module(check_notebooks)
+
+
+def _nb(tmp_path, cells, name="05_lesson.ipynb"):
+    def cell(src, outputs=None):
+        if src.startswith("md:"): return {"cell_type": "markdown", "metadata": {}, "source": src[3:]}
+        return {"cell_type": "code", "metadata": {}, "source": src, "outputs": outputs or [], "execution_count": None}
+    p = tmp_path / name
+    p.write_text(_json.dumps({"cells": [cell(*c) if isinstance(c, tuple) else cell(c) for c in cells], "metadata": {},
+                              "nbformat": 4, "nbformat_minor": 5}))
+    return p
+
+
+PNG = {"output_type": "display_data", "data": {"image/png": "iVBOR", "text/plain": "<Figure>"}, "metadata": {}}
+VIEWER = {"output_type": "display_data", "data": {"text/html": '<div class="step-viewer">', "text/plain": "StepViewer"}, "metadata": {}}
+TEXT = lambda t: {"output_type": "stream", "name": "stdout", "text": t}
+
+
+def test_checker_accepts_a_good_lesson(tmp_path):
+    p = _nb(tmp_path, ["#| export\ndef f(): pass", ("x = 1\nx", [TEXT("1")]), "md:## Picture",
+                       ("plot_block_grid(kv);", [PNG]), ("StepViewer(recs)", [VIEWER])])
+    assert check_notebooks.check(p) == []
+
+
+@pytest.mark.parametrize("cells,expected", [
+    (["x = 1", "plot_step(recs, 0)"], "saved with no outputs at all"),
+    ([("x", [TEXT("1")]), "plt.plot([1, 2]);", ("StepViewer(r)", [VIEWER])], "draws but has no stored picture"),
+    ([("1/0", [{"output_type": "error", "ename": "ZeroDivisionError", "evalue": "", "traceback": []}]), ("StepViewer(r)", [VIEWER])], "error output"),
+    ([("load()", [TEXT("Loading weights: 100%|██████████| 272/272 [00:00<00:00, 13522.96it/s]")]), ("StepViewer(r)", [VIEWER])], "progress bar"),
+    ([("serve()", [TEXT("INFO:     Started server process [1234]\n")]), ("StepViewer(r)", [VIEWER])], "log line"),
+    ([("StepViewer(r)", [VIEWER]), ("x", [TEXT("1")]), ("y", [TEXT("2")]), ("z", [TEXT("3")])], "does not end with a picture"),
+    ([("x", [TEXT("1")]), ("plot_block_grid(kv);", [PNG])], "no step widget"),
+])
+def test_checker_fails_on_each_defect(tmp_path, cells, expected):
+    problems = check_notebooks.check(_nb(tmp_path, cells))
+    assert any(expected in p for p in problems), problems
+
+
+def test_checker_ignores_definitions_and_skipped_cells(tmp_path):
+    "Defining a drawing function draws nothing; a `#| gpu` cell that nbdev_test skips may stay unrun."
+    p = _nb(tmp_path, [("def show(): plt.plot([1])", []), ("#| gpu\nplot_bandwidth()", []), ("StepViewer(r)", [VIEWER])])
+    assert check_notebooks.check(p) == []

@@ -8,8 +8,9 @@ import math, random
 import pytest, torch
 from minivllm import LLM, SamplingParams, TokensPrompt
 from minivllm.request import Request
+from minivllm.config import tokenize_bad_words
 from minivllm.sampler import (Sampler, SamplingMetadata, BeamSearchParams, beam_search, gather_logprobs, compute_logprobs,
-                              prompt_logprobs_from_logits, tokenize_bad_words, get_beam_search_score, apply_top_k_top_p,
+                              prompt_logprobs_from_logits, get_beam_search_score, apply_top_k_top_p,
                               apply_min_p)
 
 EOS = 2

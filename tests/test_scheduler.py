@@ -50,7 +50,7 @@ def random_run(seed):
             assert q.sample == (q.start_pos + q.num_tokens == r.num_tokens)
             assert len(q.block_ids) * bs >= q.start_pos + q.num_tokens
             if not chunked and q.is_prefill: assert q.sample, "a prompt was split with chunked prefill off"
-        check_invariants(s.kv)
+        check_invariants(s.kv_cache_manager)
         new = [q.req_id for q in out.seqs if q.new]
         assert new == waiting_before[-1][:len(new)], "admission skipped a request ahead in the queue"
         if policy == "priority":
@@ -61,7 +61,7 @@ def random_run(seed):
     trace = simulate(sched, first, arrivals, on_step=on_step)
     for r in everyone:
         assert r.is_finished() and r.num_output_tokens == r.sampling_params.max_tokens, r
-    assert sched.kv.block_pool.get_num_free_blocks() == nb
+    assert sched.kv_cache_manager.block_pool.get_num_free_blocks() == nb
     return sched, everyone, trace
 
 
@@ -81,29 +81,29 @@ def test_preemption_frees_exactly_the_victims_blocks():
         rng = random.Random(seed)
         sched = make_scheduler(num_blocks=rng.randint(10, 16), block_size=4, max_num_seqs=rng.randint(2, 6), max_num_batched_tokens=16,
                                policy=rng.choice(["fcfs", "priority"]), caching=rng.random() < 0.5, max_model_len=40)
-        freed, real_free = [], sched.kv.free
+        freed, real_free = [], sched.kv_cache_manager.free
         def spy(r):
-            held, before = sched.kv.get_block_ids(r.request_id), [b.ref_cnt for b in sched.kv.block_pool.blocks]
+            held, before = sched.kv_cache_manager.get_block_ids(r.request_id), [b.ref_cnt for b in sched.kv_cache_manager.block_pool.blocks]
             real_free(r)
-            after = [b.ref_cnt for b in sched.kv.block_pool.blocks]
+            after = [b.ref_cnt for b in sched.kv_cache_manager.block_pool.blocks]
             assert [i for i in range(len(before)) if before[i] != after[i]] == sorted(held)    # exactly its blocks...
             assert all(before[i] - after[i] == 1 for i in held)                              # ...one reference each
             freed.append((r.request_id, held))
-        sched.kv.free = spy
+        sched.kv_cache_manager.free = spy
         rs = [Request(f"x{i}", [rng.randrange(4) for _ in range(rng.randint(2, 16))], SamplingParams(max_tokens=rng.randint(4, 20), ignore_eos=True),
                       priority=rng.randint(0, 2) if sched.policy == "priority" else 0, arrival_time=float(i)) for i in range(8)]
         pending = {3 * i: [r] for i, r in enumerate(rs)}
         step = 0
         while step <= max(pending) or sched.has_unfinished_requests():
             for r in pending.get(step, []): sched.add_request(r)
-            tables = {rid: sched.kv.get_block_ids(rid) for rid in sched.kv.req_to_blocks}
+            tables = {rid: sched.kv_cache_manager.get_block_ids(rid) for rid in sched.kv_cache_manager.req_to_blocks}
             freed.clear()
             out = sched.schedule()
             assert [rid for rid, _ in freed] == out.preempted_req_ids
             for rid, ids in freed:
-                assert ids == tables[rid] and sched.kv.get_block_ids(rid) == []
+                assert ids == tables[rid] and sched.kv_cache_manager.get_block_ids(rid) == []
             for rid, ids in tables.items():
-                if rid not in out.preempted_req_ids: assert sched.kv.get_block_ids(rid)[:len(ids)] == ids
+                if rid not in out.preempted_req_ids: assert sched.kv_cache_manager.get_block_ids(rid)[:len(ids)] == ids
             total += len(out.preempted_req_ids)
             sched.update_from_output(out, {s.req_id: 1 for s in out.seqs if s.sample})
             step += 1
@@ -203,14 +203,16 @@ def baseline():
 
 def run(engine, requests, arrivals=None):
     "requests: (id, token ids, params, priority); arrivals: {step: [...]}. Returns ({id: token ids}, trace)."
-    engine.engine_core.trace, done, step, arrivals = [], {}, 0, arrivals or {}
+    trace, done, step, arrivals = [], {}, 0, arrivals or {}
+    watch = lambda info: trace.append(info.scheduler_output)      # a step observer: every step's scheduler decision
+    engine.step_observers.append(watch)
     for rid, ids, sp, prio in requests: engine.add_request(rid, TokensPrompt(prompt_token_ids=ids), sp, priority=prio)
     while engine.has_unfinished_requests() or step <= max(arrivals, default=-1):
         for rid, ids, sp, prio in arrivals.get(step, []): engine.add_request(rid, TokensPrompt(prompt_token_ids=ids), sp, priority=prio)
         for o in engine.step():
             if o.finished: done[o.request_id] = o.outputs[0].token_ids
         step += 1
-    trace, engine.engine_core.trace = engine.engine_core.trace, None
+    engine.step_observers.remove(watch)
     return done, trace
 
 

@@ -4,7 +4,7 @@ worker is a clear error in rank 0; a rank started by hand (the multi-machine rec
 import gc, os, signal, socket, subprocess, sys, tempfile, textwrap, time
 import psutil, pytest, torch
 from minivllm.config import EngineArgs, SamplingParams, TokensPrompt, resolve_model
-from minivllm.engine import LLMEngine
+from minivllm.llm_engine import LLMEngine
 
 pytestmark = pytest.mark.xdist_group("tp")   # one xdist worker: these tests start processes of their own
 
@@ -152,7 +152,7 @@ def test_workers_die_with_their_parent(tiny):
     code = textwrap.dedent(f"""
         import os, signal
         from minivllm.config import EngineArgs
-        from minivllm.engine import LLMEngine
+        from minivllm.llm_engine import LLMEngine
         engine = LLMEngine.from_engine_args(EngineArgs(tensor_parallel_size=2, **{args!r}))
         print(*engine.engine_core.model_runner.worker_pids, flush=True)
         os.kill(os.getpid(), signal.SIGKILL)

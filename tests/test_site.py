@@ -1,0 +1,195 @@
+"""The course as a reader sees it, in a real browser (Debian's Chromium driven by Playwright):
+
+- the docs site: every page opens, no internal link is broken, no anchor is missing, every image loads, nothing is
+  fetched from outside the machine, and every step widget plays without a kernel (moving its slider or pressing
+  play changes the picture) — the lessons of the block manager, the scheduler and the engine must have one;
+- JupyterLab: one lesson opened in a real JupyterLab, run top to bottom, and its step widget's slider moved.
+
+The site is built by `.ci/docs` (about 15 s). Chromium comes from Debian (`apt-get install chromium`, done by `.ci/run`).
+"""
+import contextlib, functools, http.server, os, re, shutil, socket, subprocess, threading, time
+from html.parser import HTMLParser
+from pathlib import Path
+from urllib.parse import urlparse, unquote
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SITE = ROOT / "_site"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+pytestmark = [pytest.mark.xdist_group("browser"),
+              pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium; .ci/run installs it)")]
+MUST_HAVE_VIEWERS = ["block_manager", "scheduler", "llm_engine"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0)); return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def site():
+    "Build the site, serve it on a loopback port; yields the base URL."
+    r = subprocess.run(["bash", ".ci/docs"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *a): pass
+    handler = functools.partial(Quiet, directory=str(SITE))
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])
+        yield b
+        b.close()
+
+
+class _Links(HTMLParser):
+    def __init__(self):
+        super().__init__(); self.ids, self.hrefs, self.srcs = set(), [], []
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if a.get("id"): self.ids.add(a["id"])
+        if tag == "a" and a.get("href"): self.hrefs.append(a["href"])
+        if tag == "img" and a.get("src"): self.srcs.append(a["src"])
+
+
+@functools.lru_cache(maxsize=None)
+def parse(page: str) -> _Links:
+    p = _Links(); p.feed((SITE / page).read_text(encoding="utf-8")); return p
+
+
+def pages() -> list[str]:
+    return sorted(p.name for p in SITE.glob("*.html"))
+
+
+def test_links_anchors_images(site):
+    "Every internal link reaches a page that exists and, with a #fragment, an element with that id."
+    bad = []
+    for page in pages():
+        for href in parse(page).hrefs:
+            u = urlparse(href)
+            if u.scheme or href.startswith("//") or href.startswith("mailto:"): continue   # external: not followed
+            target = page if not u.path else os.path.normpath(os.path.join(os.path.dirname(page), unquote(u.path)))
+            if target.endswith("/"): target += "index.html"
+            if not (SITE / target).exists(): bad.append(f"{page}: {href} (no file {target})"); continue
+            if u.fragment and target.endswith(".html") and unquote(u.fragment) not in parse(target).ids:
+                bad.append(f"{page}: {href} (no anchor #{u.fragment} in {target})")
+        for src in parse(page).srcs:
+            if src.startswith("data:") or urlparse(src).scheme: continue
+            if not (SITE / os.path.normpath(os.path.join(os.path.dirname(page), unquote(urlparse(src).path)))).exists():
+                bad.append(f"{page}: image {src} missing")
+    assert not bad, "\n".join(bad)
+
+
+def test_pages_in_browser(site, browser):
+    "Each page loads in Chromium with no failed request, no request off this machine, and every image decoded."
+    problems = []
+    for page in pages():
+        ctx = browser.new_context()
+        outside, failed = [], []
+        ctx.route(re.compile(r"^(?!http://127\.0\.0\.1)(?!data:)(?!blob:)(?!about:).*"),
+                  lambda route: (outside.append(route.request.url), route.abort()))
+        pg = ctx.new_page()
+        pg.on("requestfailed", lambda r: failed.append(r.url))
+        pg.on("pageerror", lambda e: problems.append(f"{page}: script error {e}"))
+        pg.goto(f"{site}/{page}", wait_until="load")
+        broken = pg.evaluate("[...document.images].filter(i => i.complete && i.naturalWidth === 0).map(i => i.src.slice(0, 80))")
+        problems += [f"{page}: image did not load: {s}" for s in broken]
+        problems += [f"{page}: fetched from outside the machine: {u}" for u in outside]
+        problems += [f"{page}: request failed: {u}" for u in failed if u not in outside]
+        ctx.close()
+    assert not problems, "\n".join(problems)
+
+
+def test_step_widgets_play_without_kernel(site, browser):
+    "Every step widget on the site changes its picture when its slider moves and when play is pressed."
+    pg = browser.new_page()
+    seen = {}
+    for page in pages():
+        pg.goto(f"{site}/{page}", wait_until="load")
+        n = pg.locator(".step-viewer").count()
+        seen[page[:-5]] = n
+        for k in range(n):
+            v = pg.locator(".step-viewer").nth(k)
+            img, slider = v.locator("img.sv-frame"), v.locator("input.sv-slider")
+            nmax = int(slider.get_attribute("max"))
+            if nmax == 0: continue
+            before = img.get_attribute("src")
+            slider.evaluate("(s) => { s.value = 0; s.dispatchEvent(new Event('input')); }")
+            at0 = img.get_attribute("src")
+            assert at0 != before, f"{page}: viewer {k}: moving the slider did not change the picture"
+            v.locator(".sv-next").click()
+            assert img.get_attribute("src") != at0, f"{page}: viewer {k}: the next button did not change the picture"
+            slider.evaluate("(s) => { s.value = 0; s.dispatchEvent(new Event('input')); }")
+            v.locator(".sv-play").click()
+            pg.wait_for_timeout(1600)
+            assert slider.evaluate("(s) => +s.value") > 0, f"{page}: viewer {k}: play did not advance"
+            v.locator(".sv-play").click()   # pause again (or no-op once it reached the end)
+    missing = [p for p in MUST_HAVE_VIEWERS if not seen.get(p)]
+    assert not missing, f"no step widget on: {missing} (seen: {seen})"
+    pg.close()
+
+
+@contextlib.contextmanager
+def jupyter_lab(port: int, root: Path):
+    env = dict(os.environ, JUPYTER_CONFIG_DIR=str(root / ".jupyter"), HF_HUB_OFFLINE="1")
+    cmd = ["jupyter", "lab", "--no-browser", "--allow-root", f"--port={port}", "--ip=127.0.0.1",
+           "--IdentityProvider.token=", "--ServerApp.password=", "--ServerApp.disable_check_xsrf=True",
+           f"--ServerApp.root_dir={root}", "--LabApp.news_url=None", "--LabServerApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    import httpx
+    deadline = time.time() + 120
+    try:
+        while True:
+            assert proc.poll() is None, "jupyter lab exited: " + proc.stderr.read()[-3000:]
+            assert time.time() < deadline, "jupyter lab did not start"
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/api/status", timeout=2).status_code == 200: break
+            except httpx.HTTPError: time.sleep(0.5)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        try: proc.wait(timeout=20)
+        except subprocess.TimeoutExpired: proc.kill()
+
+
+LAB_LESSON = "nbs/90_viz.ipynb"
+
+
+def test_lesson_in_jupyterlab(browser, tmp_path):
+    "Open a lesson in a real JupyterLab, run all its cells, then move its step widget's slider: the frame changes."
+    copy = tmp_path / Path(LAB_LESSON).name      # run a copy in a scratch folder: the saved lesson stays as it is
+    shutil.copy(ROOT / LAB_LESSON, copy)
+    with jupyter_lab(free_port(), tmp_path) as base:
+        pg = browser.new_page(viewport={"width": 1400, "height": 1000})
+        try:
+            pg.goto(f"{base}/lab/tree/{copy.name}?reset", wait_until="load")
+            pg.wait_for_selector(".jp-Notebook", timeout=60_000)
+            pg.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
+            # Kernel > Restart Kernel and Run All Cells, through the menu as a reader would
+            pg.get_by_role("menuitem", name="Kernel", exact=True).click()
+            pg.get_by_text("Restart Kernel and Run All Cells…", exact=True).click()
+            pg.locator(".jp-Dialog .jp-mod-accept").click()
+            pg.locator(".widget-slider").last.wait_for(timeout=180_000)
+            img = pg.locator("img.widget-image").last
+            img.wait_for(timeout=60_000)
+            pg.wait_for_function("() => [...document.querySelectorAll('img.widget-image')].every(i => i.src)", timeout=30_000)
+            before = img.get_attribute("src")
+            pg.locator(".widget-slider .noUi-handle").last.focus()
+            pg.keyboard.press("Home")        # noUiSlider: to the first frame
+            pg.wait_for_function("(b) => { const i = [...document.querySelectorAll('img.widget-image')].pop(); return i && i.src !== b; }",
+                                 arg=before, timeout=30_000)
+            tracebacks = pg.locator(".jp-OutputArea-output:has-text('Traceback')").count()
+            assert tracebacks == 0, "the lesson raised in JupyterLab"
+        except Exception:
+            shot = ROOT / ".pytest_cache" / "jupyterlab-failure.png"
+            shot.parent.mkdir(exist_ok=True); pg.screenshot(path=str(shot))
+            print(f"screenshot of the failure: {shot}")
+            raise
+        finally: pg.close()
