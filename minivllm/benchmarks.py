@@ -206,6 +206,7 @@ def summarize(results: list[BenchResult], base: str = "minivllm", key=lambda r: 
     return out
 
 def print_summary(summary: dict, unit: str = "tokens/s", base: str = "minivllm"):
+    "Print a `summarize` result: each system's median and runs, and `base`'s ratio to it."
     for s, v in summary.items():
         rt = f"   {base} / this = {v['ratio']:.2f}x" if "ratio" in v else ""
         print(f"{s:>20}: {v['median']:8.1f} {unit} (runs: {', '.join(f'{x:.1f}' for x in v['runs'])}){rt}")
