@@ -49,27 +49,49 @@ class LLMEngine:
 
 # %% ../nbs/12_llm_engine.ipynb #f253a122
 @patch
-def get_vllm_config(self: LLMEngine) -> EngineConfig: return self.vllm_config
+def get_vllm_config(self: LLMEngine) -> EngineConfig:
+    "All the engine's configs in one `EngineConfig`."
+    return self.vllm_config
 @patch
-def get_model_config(self: LLMEngine): return self.vllm_config.model_config
+def get_model_config(self: LLMEngine):
+    "The model's config: weights, dtype, `max_model_len`."
+    return self.vllm_config.model_config
 @patch
-def get_scheduler_config(self: LLMEngine): return self.vllm_config.scheduler_config
+def get_scheduler_config(self: LLMEngine):
+    "The scheduler's config: token budget, `max_num_seqs`, chunked prefill, policy."
+    return self.vllm_config.scheduler_config
 @patch
-def get_cache_config(self: LLMEngine): return self.vllm_config.cache_config
+def get_cache_config(self: LLMEngine):
+    "The KV cache's config: block size, number of blocks, prefix caching."
+    return self.vllm_config.cache_config
 @patch
-def get_parallel_config(self: LLMEngine): return self.vllm_config.parallel_config
+def get_parallel_config(self: LLMEngine):
+    "The parallel config (`tensor_parallel_size`)."
+    return self.vllm_config.parallel_config
 @patch
-def get_device_config(self: LLMEngine): return self.vllm_config.device_config
+def get_device_config(self: LLMEngine):
+    "The device the model runs on."
+    return self.vllm_config.device_config
 @patch
-def get_lora_config(self: LLMEngine) -> None: return None           # LoRA is not implemented: vLLM returns None when it is off
+def get_lora_config(self: LLMEngine) -> None:
+    "None: LoRA is not implemented (vLLM returns None when it is off)."
+    return None
 @patch
-def get_speculative_config(self: LLMEngine) -> None: return None    # no speculative decoding either
+def get_speculative_config(self: LLMEngine) -> None:
+    "None: speculative decoding is not implemented (vLLM returns None when it is off)."
+    return None
 @patch
-def get_tokenizer(self: LLMEngine): return self.tokenizer
+def get_tokenizer(self: LLMEngine):
+    "The Hugging Face tokenizer the engine uses."
+    return self.tokenizer
 @patch(as_prop=True)
-def scheduler(self: LLMEngine) -> Scheduler: return self.engine_core.scheduler
+def scheduler(self: LLMEngine) -> Scheduler:
+    "The engine core's `Scheduler`."
+    return self.engine_core.scheduler
 @patch(as_prop=True)
-def kv_cache_manager(self: LLMEngine) -> KVCacheManager: return self.engine_core.kv_cache_manager
+def kv_cache_manager(self: LLMEngine) -> KVCacheManager:
+    "The engine core's `KVCacheManager` (the block pool and block tables)."
+    return self.engine_core.kv_cache_manager
 
 # %% ../nbs/12_llm_engine.ipynb #dd9aa71f
 @patch

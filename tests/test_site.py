@@ -159,7 +159,7 @@ def jupyter_lab(port: int, root: Path):
         except subprocess.TimeoutExpired: proc.kill()
 
 
-LAB_LESSON = "nbs/90_viz.ipynb"
+LAB_LESSON = "nbs/02_block_manager.ipynb"   # a lesson: blocks handed out, shared and evicted, fed by the scheduler
 
 
 def test_lesson_in_jupyterlab(browser, tmp_path):
