@@ -172,10 +172,18 @@ def test_lesson_in_jupyterlab(browser, tmp_path):
             pg.goto(f"{base}/lab/tree/{copy.name}?reset", wait_until="load")
             pg.wait_for_selector(".jp-Notebook", timeout=60_000)
             pg.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=60_000)
-            # Kernel > Restart Kernel and Run All Cells, through the menu as a reader would
-            pg.get_by_role("menuitem", name="Kernel", exact=True).click()
-            pg.get_by_text("Restart Kernel and Run All Cells…", exact=True).click()
-            pg.locator(".jp-Dialog .jp-mod-accept").click()
+            pg.locator(".jp-Cell").first.click()      # focus the notebook, as a reader clicking into it
+            # Kernel > Restart Kernel and Run All Cells, through the menu as a reader would (once more if nothing started)
+            for attempt in range(3):
+                pg.get_by_role("menuitem", name="Kernel", exact=True).click()
+                pg.get_by_text("Restart Kernel and Run All Cells…", exact=True).click()
+                pg.locator(".jp-Dialog .jp-mod-accept").click()
+                try:
+                    pg.wait_for_function("() => [...document.querySelectorAll('.jp-InputArea-prompt')].some(p => /\\[(\\*|\\d+)\\]/.test(p.textContent))",
+                                         timeout=30_000)
+                    break
+                except Exception:
+                    if attempt == 2: raise
             pg.locator(".widget-slider").last.wait_for(timeout=180_000)
             img = pg.locator("img.widget-image").last
             img.wait_for(timeout=60_000)
