@@ -202,6 +202,10 @@ def base_app(engine, served_model_name: str = "minivllm", api_key: str | None = 
     @app.exception_handler(APIError)
     async def _api_error(request, e: APIError): return _error(app, e)
 
+    from starlette.exceptions import HTTPException
+    @app.exception_handler(HTTPException)   # e.g. a body that is not UTF-8: still OpenAI's (documented) error JSON
+    async def _http_error(request, e: HTTPException): return _error(app, APIError(str(e.detail), e.status_code))
+
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request, e: RequestValidationError):
         msg, param = _validation_message(e.errors())
