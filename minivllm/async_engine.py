@@ -84,9 +84,14 @@ class AsyncLLMEngine:
         self.step_times: deque = deque(maxlen=100_000)   # (start, end, number of outputs) of each step, perf_counter seconds
 
     @classmethod
-    def from_engine_args(cls, engine_args: EngineArgs, start_engine_loop: bool = True) -> "AsyncLLMEngine":
-        "Build the engine (load the model, allocate the KV cache); its thread starts with the first request."
-        return cls(LLMEngine.from_engine_args(engine_args), start_engine_loop)
+    def from_engine_args(cls, engine_args: EngineArgs, start_engine_loop: bool = True, usage_context=None,
+                         stat_loggers=None, **kwargs) -> "AsyncLLMEngine":
+        """Build the engine (load the model, allocate the KV cache); its thread starts with the first request.
+        (`usage_context` is vLLM's telemetry label; vLLM v1's other options are refused by `LLMEngine.from_engine_args`.)"""
+        return cls(LLMEngine.from_engine_args(engine_args, usage_context, stat_loggers, **kwargs), start_engine_loop)
+
+    async def __aenter__(self) -> "AsyncLLMEngine": return self
+    async def __aexit__(self, *exc) -> None: self.shutdown()
 
     @classmethod
     def from_vllm_config(cls, vllm_config: EngineConfig, start_engine_loop: bool = True, log_stats: bool = False) -> "AsyncLLMEngine":

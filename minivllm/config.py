@@ -4,7 +4,7 @@
 
 # %% ../nbs/00_config.ipynb #1a74f44f
 from __future__ import annotations
-import argparse, dataclasses, enum, hashlib, importlib.util, math, os, shutil, sys, time, typing, warnings
+import argparse, dataclasses, enum, hashlib, importlib.util, json, math, os, re, shutil, sys, time, typing, warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict, Union
@@ -13,10 +13,11 @@ import torch
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['EMBEDDED_GGUF', 'PromptType', 'embedded_gguf_path', 'cache_dir', 'convert_gguf', 'resolve_model', 'RequestOutputKind',
-           'SamplingParams', 'tokenize_bad_words', 'TextPrompt', 'TokensPrompt', 'CompletionOutput', 'RequestMetrics',
-           'RequestOutput', 'ModelConfig', 'CacheConfig', 'SchedulerConfig', 'ParallelConfig', 'DeviceConfig',
-           'EngineConfig', 'EngineArgs', 'FlexibleArgumentParser', 'engine_args_from_kwargs']
+__all__ = ['EMBEDDED_GGUF', 'PromptType', 'embedded_gguf_path', 'cache_dir', 'convert_gguf', 'hub_snapshot', 'resolve_model',
+           'RequestOutputKind', 'SamplingParams', 'tokenize_bad_words', 'TextPrompt', 'TokensPrompt',
+           'CompletionOutput', 'RequestMetrics', 'RequestOutput', 'ModelConfig', 'CacheConfig', 'SchedulerConfig',
+           'ParallelConfig', 'DeviceConfig', 'EngineConfig', 'EngineArgs', 'check_vllm_args', 'FlexibleArgumentParser',
+           'engine_args_from_kwargs']
 
 # %% ../nbs/00_config.ipynb #6f90803b
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -59,14 +60,38 @@ def convert_gguf(gguf: str | os.PathLike) -> Path:
     return out
 
 # %% ../nbs/00_config.ipynb #f264f9a6
-def resolve_model(model: str | os.PathLike | None) -> Path:
-    "A local HF checkpoint directory for `model`: None (the embedded model), a GGUF file, or a checkpoint directory."
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
+_HUB_FILES = ["*.json", "*.safetensors", "*.jinja", "*.txt", "*.model", "tokenizer*"]
+
+def _hub_offline() -> bool:
+    "Whether `HF_HUB_OFFLINE` is set now (huggingface_hub itself reads it once, when imported)."
+    return os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
+
+def hub_snapshot(repo_id: str, revision: str | None = None, token: bool | str | None = None,
+                 cache_dir: str | os.PathLike | None = None) -> Path:
+    """The local snapshot directory of hub model `repo_id` at `revision`: `snapshot_download` of its config, tokenizer
+    and safetensors files into the HF cache, or (offline) what the cache already holds, as vLLM finds it."""
+    from huggingface_hub import snapshot_download
+    try:
+        return Path(snapshot_download(repo_id, revision=revision, token=token, cache_dir=cache_dir,
+                                      allow_patterns=_HUB_FILES, local_files_only=_hub_offline()))
+    except Exception as e:
+        raise ValueError(f"model={repo_id!r} is not a local checkpoint and the model hub could not provide it "
+                         f"({type(e).__name__}: {e})") from e
+
+def resolve_model(model: str | os.PathLike | None, revision: str | None = None, hf_token: bool | str | None = None,
+                  download_dir: str | None = None) -> Path:
+    "A local HF checkpoint directory for `model`: None (the embedded model), a GGUF file, a checkpoint directory, or a hub id."
     if model is None: return convert_gguf(embedded_gguf_path())
     p = Path(model).expanduser()
     if p.is_file() and p.suffix == ".gguf": return convert_gguf(p)
     if p.is_dir() and (p / "config.json").exists(): return p
-    raise ValueError(f"model={str(model)!r} is neither a local checkpoint directory (with config.json) nor a .gguf "
-                     "file. minivllm loads no weights from a model hub: download them first.")
+    if p.exists() or not _HUB_ID.fullmatch(str(model)):
+        raise ValueError(f"model={str(model)!r} is neither a local checkpoint directory (with config.json), a .gguf "
+                         "file nor a model hub id.")
+    d = hub_snapshot(str(model), revision, hf_token, download_dir)
+    if not (d / "config.json").exists(): raise ValueError(f"the model hub snapshot of {model!r} has no config.json ({d}).")
+    return d
 
 # %% ../nbs/00_config.ipynb #eda4d398
 class RequestOutputKind(enum.Enum):
@@ -82,7 +107,8 @@ _DEFAULT_MAX_LOGPROBS = 20  # vLLM's default `max_logprobs`
 
 # Fields minivllm does not implement, with the value that means "off".
 _UNIMPLEMENTED_SAMPLING = dict(logits_processors=None, truncate_prompt_tokens=None,
-                               structured_outputs=None, guided_decoding=None, extra_args=None)
+                               structured_outputs=None, guided_decoding=None)
+# (`extra_args` is passed through untouched, as vLLM does: a dict for custom logits processors, read by nobody here)
 
 # %% ../nbs/00_config.ipynb #1dba46e3
 @dataclass
@@ -318,6 +344,11 @@ class ModelConfig:
     max_model_len: int
     hf_config: Any
     attention_backend: str
+    max_logprobs: int = 20                     # the most logprobs a request may ask for
+    generation_config: str = "auto"            # where default sampling comes from: "auto" (the checkpoint), "vllm", a directory
+    override_generation_config: dict | None = None
+    revision: str | None = None
+    pooler_config: Any = None                  # {"pooling_type": "LAST" | "MEAN" | "CLS", "normalize": bool} for LLM.embed
 
     def get_vocab_size(self) -> int: return self.hf_config.vocab_size
     def get_num_layers(self) -> int: return self.hf_config.num_hidden_layers
@@ -364,6 +395,22 @@ class EngineConfig:
     parallel_config: ParallelConfig
     device_config: DeviceConfig
 
+# %% ../nbs/00_config.ipynb #d0f0e915
+_GEN_CONFIG_KEYS = {"repetition_penalty": "repetition_penalty", "temperature": "temperature", "top_k": "top_k",
+                    "top_p": "top_p", "min_p": "min_p", "max_new_tokens": "max_tokens"}
+
+@patch
+def get_diff_sampling_param(self: ModelConfig) -> dict:
+    "The sampling defaults of the model's generation config (vLLM's method), under `SamplingParams`' names."
+    diff = {}
+    if self.generation_config not in ("vllm", None):
+        from transformers import GenerationConfig
+        src = self.model if self.generation_config == "auto" else self.generation_config
+        try: diff = GenerationConfig.from_pretrained(src).to_diff_dict()
+        except OSError: diff = {}   # no generation_config.json: nothing to take
+    diff = {**diff, **(self.override_generation_config or {})}
+    return {_GEN_CONFIG_KEYS[k]: v for k, v in diff.items() if k in _GEN_CONFIG_KEYS and v is not None}
+
 # %% ../nbs/00_config.ipynb #69219570
 _CPU_KV_CACHE_BYTES = 1 << 30
 _BACKENDS = ("torch", "triton")
@@ -390,6 +437,14 @@ class EngineArgs:
     device: str = "auto"
     attention_backend: str | None = None
     disable_log_stats: bool = True
+    max_logprobs: int = 20
+    revision: str | None = None
+    tokenizer_revision: str | None = None
+    hf_token: bool | str | None = None
+    download_dir: str | None = None
+    generation_config: str = "auto"
+    override_generation_config: dict | None = None
+    pooler_config: dict | None = None
 
 # %% ../nbs/00_config.ipynb #c722ddd8
 @patch
@@ -420,7 +475,12 @@ def create_engine_config(self: EngineArgs) -> EngineConfig:
     device = torch.device("cuda" if self.device == "auto" and torch.cuda.is_available() else
                           "cpu" if self.device == "auto" else self.device)
     backend = self._check(device)
-    path = resolve_model(self.model)
+    path = resolve_model(self.model, self.revision, self.hf_token, self.download_dir)
+    tokenizer = self.tokenizer
+    if tokenizer is not None and not Path(tokenizer).expanduser().exists():   # a hub id
+        tokenizer = hub_snapshot(tokenizer, self.tokenizer_revision or self.revision, self.hf_token, self.download_dir)
+    if self.generation_config not in ("auto", "vllm") and not Path(self.generation_config).is_dir():
+        bad(f"generation_config must be 'auto', 'vllm' or a directory, got {self.generation_config!r}.")
     hf_config = AutoConfig.from_pretrained(path)
     if self.dtype == "auto":
         dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
@@ -442,11 +502,85 @@ def create_engine_config(self: EngineArgs) -> EngineConfig:
                       "(pass enforce_eager=True to silence this).", stacklevel=2)
     kv_bytes = self.kv_cache_memory_bytes or (_CPU_KV_CACHE_BYTES if device.type == "cpu" else None)
     return EngineConfig(
-        ModelConfig(str(path), str(self.tokenizer or path), dtype, self.seed, max_model_len, hf_config, backend),
+        ModelConfig(str(path), str(tokenizer or path), dtype, self.seed, max_model_len, hf_config, backend, self.max_logprobs,
+                    self.generation_config, self.override_generation_config, self.revision, self.pooler_config),
         CacheConfig(self.block_size, self.gpu_memory_utilization, kv_bytes, self.num_gpu_blocks_override,
                     self.enable_prefix_caching),
         SchedulerConfig(self.max_num_seqs, mnbt, max_model_len, self.enable_chunked_prefill, self.scheduling_policy),
         ParallelConfig(self.tensor_parallel_size), DeviceConfig(device))
+
+# %% ../nbs/00_config.ipynb #a4582189
+_ANY, _ANY_BOOL = "any value", "any bool"   # the knob tunes a feature minivllm lacks: no value changes anything
+
+_VLLM_ARGS: dict = dict(
+    # model and tokenizer
+    served_model_name=_ANY, hf_config_path=(None,), runner=("auto", "generate", "pooling"), convert=("auto", "none", "embed"),
+    task=(None, "auto", "generate", "embed", "embedding"), skip_tokenizer_init=(False,), enable_prompt_embeds=(False,),
+    tokenizer_mode=("auto", "hf"), trust_remote_code=_ANY_BOOL, code_revision=_ANY, config_format=("auto", "hf"),
+    rope_scaling=(None, {}), rope_theta=(None,), hf_overrides=(None, {}), quantization=(None,), model_impl=("auto", "vllm"),
+    override_attention_dtype=(None,), logits_processors=(None, []), logits_processor_pattern=_ANY, io_processor_plugin=(None,),
+    logprobs_mode=("raw_logprobs",), override_pooler_config=(None,), enable_sleep_mode=(False,),
+    disable_sliding_window=_ANY_BOOL, disable_cascade_attn=_ANY_BOOL,
+    # loading
+    load_format=("auto", "safetensors"), safetensors_load_strategy=_ANY, model_loader_extra_config=(None, {}),
+    ignore_patterns=_ANY, use_tqdm_on_load=_ANY_BOOL, pt_load_map_location=_ANY,
+    # KV cache
+    kv_cache_dtype=("auto",), swap_space=_ANY, cpu_offload_gb=(0,), prefix_caching_hash_algo=_ANY, calculate_kv_scales=(False,),
+    mamba_cache_dtype=_ANY, mamba_ssm_cache_dtype=_ANY, mamba_block_size=_ANY, kv_sharing_fast_prefill=(False,),
+    # compilation and CUDA graphs
+    compilation_config=(None, {}, 0), cuda_graph_sizes=_ANY, cudagraph_capture_sizes=_ANY, max_cudagraph_capture_size=_ANY,
+    # parallelism beyond tensor parallelism
+    distributed_executor_backend=(None, "mp", "uni"), pipeline_parallel_size=(1,), decode_context_parallel_size=(1,),
+    data_parallel_size=(1,), data_parallel_rank=(None, 0), data_parallel_start_rank=(None, 0), data_parallel_size_local=(None, 1),
+    data_parallel_address=_ANY, data_parallel_rpc_port=_ANY, data_parallel_hybrid_lb=(False,), data_parallel_backend=_ANY,
+    enable_expert_parallel=(False,), all2all_backend=_ANY, enable_dbo=(False,), dbo_decode_token_threshold=_ANY,
+    dbo_prefill_token_threshold=_ANY, disable_nccl_for_dp_synchronization=_ANY_BOOL, eplb_config=_ANY, enable_eplb=(False,),
+    expert_placement_strategy=_ANY, _api_process_count=(1,), _api_process_rank=(0,), num_redundant_experts=_ANY,
+    eplb_window_size=_ANY, eplb_step_interval=_ANY, eplb_log_balancedness=_ANY_BOOL, max_parallel_loading_workers=_ANY,
+    disable_custom_all_reduce=_ANY_BOOL, ray_workers_use_nsight=_ANY_BOOL, worker_cls=("auto",), worker_extension_cls=("",),
+    # scheduling
+    max_num_partial_prefills=(1,), max_long_partial_prefills=(1,), long_prefill_token_threshold=(0,), num_lookahead_slots=(0,),
+    disable_chunked_mm_input=_ANY_BOOL, disable_hybrid_kv_cache_manager=_ANY_BOOL, async_scheduling=(False,),
+    scheduler_cls=(None, "vllm.v1.core.sched.scheduler.Scheduler"), external_parameters=(None,),
+    # multimodal inputs (minivllm serves text-only models: none of these changes anything)
+    allowed_local_media_path=_ANY, allowed_media_domains=_ANY, limit_mm_per_prompt=_ANY, enable_mm_embeds=_ANY_BOOL,
+    interleave_mm_strings=_ANY_BOOL, media_io_kwargs=_ANY, mm_processor_kwargs=_ANY, disable_mm_preprocessor_cache=_ANY_BOOL,
+    mm_processor_cache_gb=_ANY, mm_processor_cache_type=_ANY, mm_shm_cache_max_object_size_mb=_ANY, mm_encoder_tp_mode=_ANY,
+    mm_encoder_attn_backend=_ANY, skip_mm_profiling=_ANY_BOOL, video_pruning_rate=_ANY, enable_multimodal_encoder_data_parallel=_ANY_BOOL,
+    # LoRA (off: its sizes change nothing)
+    enable_lora=(False,), max_loras=_ANY, max_lora_rank=_ANY, default_mm_loras=_ANY, fully_sharded_loras=_ANY_BOOL,
+    max_cpu_loras=_ANY, lora_dtype=_ANY, lora_extra_vocab_size=_ANY,
+    # structured outputs, speculative decoding, disaggregation, observability
+    structured_outputs_config=(None, {}), reasoning_parser=(None, ""), guided_decoding_backend=_ANY,
+    guided_decoding_disable_fallback=_ANY, guided_decoding_disable_any_whitespace=_ANY,
+    guided_decoding_disable_additional_properties=_ANY, speculative_config=(None,), kv_transfer_config=(None,),
+    kv_events_config=(None,), show_hidden_metrics_for_version=_ANY, otlp_traces_endpoint=(None,), collect_detailed_traces=(None,),
+    aggregate_engine_logging=_ANY_BOOL, additional_config=(None, {}),
+)
+_VLLM_ONLY_ARGS = set(_VLLM_ARGS)
+
+# %% ../nbs/00_config.ipynb #130cf7f8
+def check_vllm_args(kwargs: dict) -> dict:
+    "`kwargs` (vLLM arguments minivllm has no field for) if each value changes nothing here; else a clear error."
+    for k, v in kwargs.items():
+        if k not in _VLLM_ARGS:
+            names = ", ".join(f.name for f in dataclasses.fields(EngineArgs))
+            raise TypeError(f"Unknown engine argument `{k}`; minivllm's are: {names} (and vLLM's others, where they change nothing).")
+        ok = _VLLM_ARGS[k]
+        if ok not in (_ANY, _ANY_BOOL) and not any(v == o and isinstance(v, bool) == isinstance(o, bool) for o in ok):
+            raise NotImplementedError(f"minivllm does not implement vLLM's engine argument {k}={v!r}; it accepts only "
+                                      f"{' or '.join(map(repr, ok))}, which change nothing here.")
+    return kwargs
+
+_dataclass_init = getattr(EngineArgs.__init__, "__wrapped__", EngineArgs.__init__)
+def _engine_args_init(self, *args, **kwargs):
+    "`EngineArgs(...)`: minivllm's fields, and vLLM's other fields at values that change nothing (kept in `vllm_args`)."
+    own = {f.name for f in dataclasses.fields(EngineArgs)}
+    extra = check_vllm_args({k: kwargs.pop(k) for k in list(kwargs) if k not in own})
+    _dataclass_init(self, *args, **kwargs)
+    self.vllm_args = extra
+_engine_args_init.__wrapped__ = _dataclass_init
+EngineArgs.__init__ = _engine_args_init
 
 # %% ../nbs/00_config.ipynb #679235d2
 class FlexibleArgumentParser(argparse.ArgumentParser):
@@ -463,35 +597,44 @@ class FlexibleArgumentParser(argparse.ArgumentParser):
 @patch(cls_method=True)
 def add_cli_args(cls: EngineArgs, parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     "Add one `--flag` per `EngineArgs` field (booleans as `--x/--no-x`) to `parser` and return it (vLLM's method)."
-    g = parser.add_argument_group("engine arguments (EngineArgs)")
+    # (vLLM's examples also pass an argument group: flags go straight into it)
+    g = parser.add_argument_group("engine arguments (EngineArgs)") if isinstance(parser, argparse.ArgumentParser) else parser
     hints = typing.get_type_hints(EngineArgs)
     for f in dataclasses.fields(EngineArgs):
         flag, hint = "--" + f.name.replace("_", "-"), str(hints[f.name])
         if f.type in (bool, "bool") or hint == "<class 'bool'>":
             g.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
         else:
-            typ = int if "int" in hint else float if "float" in hint else str
+            typ = _json_or_str if "dict" in hint else int if "int" in hint else float if "float" in hint else str
             g.add_argument(flag, type=typ, default=f.default, help=f"default: {f.default}")
+    _add_vllm_cli_args(parser)
     return parser
+
+def _json_or_str(s: str):
+    "A flag's value: JSON (`{...}`, `[...]`, numbers, `null`) when it parses, `None` for 'None', else the string."
+    if s == "None": return None
+    try: return json.loads(s)
+    except ValueError: return s
+
+def _add_vllm_cli_args(parser):
+    "A `--flag` for each of vLLM's other arguments (absent unless given; a flag the parser already has is left alone)."
+    g = parser.add_argument_group("vLLM's other engine arguments") if isinstance(parser, argparse.ArgumentParser) else parser
+    for name, ok in _VLLM_ARGS.items():
+        flag = "--" + name.replace("_", "-")
+        if name.startswith("_") or flag in parser._option_string_actions: continue
+        if ok == _ANY_BOOL or (ok != _ANY and isinstance(ok[0], bool)):
+            g.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS)
+        else:
+            typ = _json_or_str if ok == _ANY or not isinstance(ok[0], (int, float)) else type(ok[0])
+            g.add_argument(flag, type=typ, default=argparse.SUPPRESS, help=f"accepted: {ok}")
 
 @patch(cls_method=True)
 def from_cli_args(cls: EngineArgs, args: argparse.Namespace) -> EngineArgs:
     "The `EngineArgs` of parsed command-line flags (vLLM's method)."
-    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
+    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)},
+               **{k: getattr(args, k) for k in _VLLM_ARGS if hasattr(args, k)})
 
 # %% ../nbs/00_config.ipynb #e64260e7
-_VLLM_ONLY_ARGS = {"quantization", "enable_lora", "max_loras", "speculative_config", "pipeline_parallel_size",
-                   "data_parallel_size", "swap_space", "cpu_offload_gb", "kv_cache_dtype", "load_format",
-                   "trust_remote_code", "revision", "tokenizer_revision", "max_logprobs", "hf_overrides",
-                   "compilation_config", "enable_expert_parallel", "mm_processor_kwargs", "limit_mm_per_prompt",
-                   "distributed_executor_backend", "disable_custom_all_reduce", "task", "runner", "tokenizer_mode",
-                   "skip_tokenizer_init", "enable_sleep_mode", "structured_outputs_config", "calculate_kv_scales"}
-
 def engine_args_from_kwargs(**kwargs) -> EngineArgs:
-    "`EngineArgs(**kwargs)`, with a clear error for vLLM knobs minivllm does not implement."
-    names = {f.name for f in dataclasses.fields(EngineArgs)}
-    for k in kwargs:
-        if k in names: continue
-        if k in _VLLM_ONLY_ARGS: raise NotImplementedError(f"minivllm does not implement vLLM's `{k}` engine argument.")
-        raise TypeError(f"Unknown engine argument `{k}`; minivllm's are: {', '.join(sorted(names))}.")
+    "`EngineArgs(**kwargs)` (what `LLM(**kwargs)` builds): vLLM's other arguments accepted where they change nothing."
     return EngineArgs(**kwargs)

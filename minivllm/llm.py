@@ -4,30 +4,52 @@
 
 # %% ../nbs/13_llm.ipynb #9302be48
 from __future__ import annotations
-import itertools, time
+import itertools, re, time
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Sequence
-from .config import SamplingParams, RequestOutput, RequestOutputKind, PromptType, TokensPrompt, engine_args_from_kwargs
+from .config import SamplingParams, RequestOutput, RequestOutputKind, PromptType, TokensPrompt, EngineArgs, engine_args_from_kwargs
 from fastcore.basics import patch
 from .llm_engine import LLMEngine
 from .sampler import BeamSearchParams, BeamSearchOutput, beam_search
 
 # %% auto #0
-__all__ = ['LLM']
+__all__ = ['load_chat_template', 'LLM', 'resolve_content_format', 'convert_content_parts', 'Metric']
 
 # %% ../nbs/13_llm.ipynb #44cd7931
+def load_chat_template(chat_template: str | None) -> str | None:
+    "A chat template given inline, or the text of the file it names (vLLM's `--chat-template` takes both)."
+    if chat_template is None: return None
+    try: p = Path(chat_template).expanduser()
+    except (OSError, ValueError): return chat_template
+    try: return p.read_text() if len(chat_template) < 4096 and p.is_file() else chat_template
+    except OSError: return chat_template
+
 class LLM:
     "Offline inference: `generate` prompts or `chat` conversations with one engine."
-    def __init__(self, model: str | None = None, **kwargs):
-        self.llm_engine = LLMEngine.from_engine_args(engine_args_from_kwargs(model=model, **kwargs))
+    def __init__(self, model: str | None = None, *, chat_template: str | None = None, **kwargs):
+        self._setup(LLMEngine.from_engine_args(engine_args_from_kwargs(model=model, **kwargs)), chat_template)
+
+    def _setup(self, engine: LLMEngine, chat_template: str | None = None):
+        "Hold `engine`; the default chat template (None: the tokenizer's)."
+        self.llm_engine, self.chat_template = engine, load_chat_template(chat_template)
         self.request_counter = itertools.count()
         self._done: dict[str, RequestOutput] = {}     # finished outputs nobody has collected yet
+
+    @classmethod
+    def from_engine_args(cls, engine_args: EngineArgs, chat_template: str | None = None) -> "LLM":
+        "An `LLM` over the engine of `engine_args` (an `EngineArgs` built beforehand, e.g. from the command line)."
+        self = cls.__new__(cls)
+        self._setup(LLMEngine.from_engine_args(engine_args), chat_template)
+        return self
 
     def get_tokenizer(self):
         "The tokenizer of the engine's model."
         return self.llm_engine.get_tokenizer()
     def get_default_sampling_params(self) -> SamplingParams:
-        "The `SamplingParams` used when a call gives none (vLLM's defaults)."
-        return SamplingParams()
+        "The `SamplingParams` used when a call gives none: vLLM's defaults, with the model's generation config on top."
+        diff = self.llm_engine.get_model_config().get_diff_sampling_param()
+        return SamplingParams(**diff) if diff else SamplingParams()
 
 # %% ../nbs/13_llm.ipynb #f94634e4
 @patch
@@ -100,35 +122,119 @@ def enqueue(self: LLM, prompts: PromptType | Sequence[PromptType], sampling_para
     return self._add_requests(prompts, sampling_params, priority, lora_request, final_only=True)
 
 @patch
-def wait_for_completion(self: LLM, use_tqdm: bool = True) -> list[RequestOutput]:
+def wait_for_completion(self: LLM, *args, use_tqdm: bool = True, output_type: type | None = None) -> list[RequestOutput]:
     "Run the engine until every enqueued request is done; their outputs, in the order they were enqueued."
+    if len(args) == 1 and isinstance(args[0], type): output_type, args = args[0], ()   # vLLM's positional output_type
+    if args: raise TypeError(f"wait_for_completion takes use_tqdm and output_type by keyword, got positional {args!r}")
+    if output_type not in (None, RequestOutput):
+        raise NotImplementedError(f"wait_for_completion(output_type={output_type.__name__}): enqueued requests give RequestOutputs.")
     self._run_engine(use_tqdm)
     return self._collect(sorted(self._done, key=lambda k: (0, int(k), k) if k.isdigit() else (1, 0, k)))
 
 # %% ../nbs/13_llm.ipynb #f168e196
+def resolve_content_format(chat_template: str | None, fmt: str = "auto") -> str:
+    """vLLM's `chat_template_content_format`: "string" (content parts joined into one text) or "openai" (the list of
+    parts, for templates that loop over them); "auto" reads the template: a `for` over a message's content means "openai"."""
+    if fmt not in ("auto", "string", "openai"): raise ValueError(f"chat_template_content_format must be 'auto', 'string' or 'openai', got {fmt!r}")
+    if fmt != "auto": return fmt
+    return "openai" if chat_template and re.search(r"for\s+\w+\s+in\s+[\w.\[\]'\"]*content", chat_template) else "string"
+
+def convert_content_parts(messages: list[dict], fmt: str) -> list[dict]:
+    "OpenAI content-part lists (`[{'type': 'text', 'text': ...}]`) as the template wants them: one string, or text parts."
+    out = []
+    for m in messages:
+        c = m.get("content") if isinstance(m, dict) else None
+        if isinstance(c, list):
+            texts = []
+            for p in c:
+                if isinstance(p, str): texts.append(p); continue
+                kind = p.get("type") if isinstance(p, dict) else type(p).__name__
+                if kind not in ("text", "input_text") or not isinstance(p.get("text"), str):
+                    raise NotImplementedError(f"content part of type {kind!r}: minivllm serves text-only models")
+                texts.append(p["text"])
+            m = {**m, "content": "\n".join(texts) if fmt == "string" else [{"type": "text", "text": t} for t in texts]}
+        out.append(m)
+    return out
+
+# %% ../nbs/13_llm.ipynb #5da9da8c
 @patch
-def chat(self: LLM, messages, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, use_tqdm: bool = True,
-         lora_request=None, chat_template: str | None = None, add_generation_prompt: bool = True,
-         continue_final_message: bool = False, chat_template_kwargs: dict | None = None,
-         tools: list[dict] | None = None) -> list[RequestOutput]:
-    "Generate replies to one conversation (a list of `{'role', 'content'}` messages) or to a list of them."
+def _chat_prompts(self: LLM, messages, chat_template=None, add_generation_prompt=True, continue_final_message=False,
+                  chat_template_kwargs=None, tools=None, chat_template_content_format="auto") -> list[dict]:
+    "One `TokensPrompt` (with its text) per conversation, rendered with the chat template."
     if add_generation_prompt and continue_final_message:
         raise ValueError("add_generation_prompt and continue_final_message cannot both be True: a continued message "
                          "must not be followed by a new assistant turn (pass add_generation_prompt=False).")
     convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
     tok = self.get_tokenizer()
+    template = load_chat_template(chat_template) or self.chat_template
+    fmt = resolve_content_format(template or tok.chat_template, chat_template_content_format)
     prompts = []
     for conv in convs:
-        text = tok.apply_chat_template(conv, chat_template=chat_template, tokenize=False, add_generation_prompt=add_generation_prompt,
-                                       continue_final_message=continue_final_message, tools=tools, **(chat_template_kwargs or {}))
+        text = tok.apply_chat_template(convert_content_parts(conv, fmt), chat_template=template, tokenize=False,
+                                       add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message,
+                                       tools=tools, **(chat_template_kwargs or {}))
         prompts.append({"prompt_token_ids": tok(text, add_special_tokens=False).input_ids, "prompt": text})
+    return prompts
+
+@patch
+def chat(self: LLM, messages, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, use_tqdm: bool = True,
+         lora_request=None, chat_template: str | None = None, chat_template_content_format: str = "auto",
+         add_generation_prompt: bool = True, continue_final_message: bool = False, chat_template_kwargs: dict | None = None,
+         tools: list[dict] | None = None) -> list[RequestOutput]:
+    "Generate replies to one conversation (a list of `{'role', 'content'}` messages) or to a list of them."
+    prompts = self._chat_prompts(messages, chat_template, add_generation_prompt, continue_final_message,
+                                 chat_template_kwargs, tools, chat_template_content_format)
     return self.generate(prompts, sampling_params, use_tqdm=use_tqdm, lora_request=lora_request)
+
+@patch
+def enqueue_chat(self: LLM, messages, sampling_params=None, lora_request=None, chat_template: str | None = None,
+                 chat_template_content_format: str = "auto", add_generation_prompt: bool = True,
+                 continue_final_message: bool = False, chat_template_kwargs: dict | None = None, tools=None,
+                 priority: list[int] | None = None) -> list[str]:
+    "`chat`'s conversations added without running them (like `enqueue`); `wait_for_completion` runs them."
+    prompts = self._chat_prompts(messages, chat_template, add_generation_prompt, continue_final_message,
+                                 chat_template_kwargs, tools, chat_template_content_format)
+    return self.enqueue(prompts, sampling_params, lora_request=lora_request, priority=priority)
 
 # %% ../nbs/13_llm.ipynb #be26ad35
 @patch
-def reset_prefix_cache(self: LLM) -> bool:
-    "Forget every cached prefix block (see the block manager); False if blocks are still in use."
-    return self.llm_engine.reset_prefix_cache()
+def reset_prefix_cache(self: LLM, device=None) -> bool:
+    "Forget every cached prefix block (see the block manager); False if blocks are still in use. `device`: as `LLMEngine`'s."
+    return self.llm_engine.reset_prefix_cache(device)
+
+@dataclass
+class Metric:
+    "One metric of `LLM.get_metrics()` (vLLM's reader shape): its name, labels, kind ('counter' or 'gauge') and value."
+    name: str
+    labels: dict
+    kind: str
+    value: float
+
+@patch
+def get_metrics(self: LLM) -> list[Metric]:
+    "The engine's numbers now, under vLLM's metric names."
+    s = self.llm_engine.get_stats()
+    g = lambda n, v: Metric(f"vllm:{n}", {}, "gauge", v)
+    c = lambda n, v, **l: Metric(f"vllm:{n}", l, "counter", v)
+    return [g("num_requests_running", s.num_running_reqs), g("num_requests_waiting", s.num_waiting_reqs),
+            g("kv_cache_usage_perc", s.kv_cache_usage), c("prompt_tokens", s.num_prompt_tokens),
+            c("generation_tokens", s.num_generation_tokens), c("num_preemptions", s.num_preemptions),
+            c("prefix_cache_queries", s.prefix_cache_queries), c("prefix_cache_hits", s.prefix_cache_hits),
+            *[c("request_success", n, finished_reason=r) for r, n in s.num_finished.items()]]
+
+def _not_here(name: str, why: str):
+    "A method of vLLM's `LLM` that means nothing on minivllm's one process: a clear `NotImplementedError`."
+    def method(self, *args, **kwargs): raise NotImplementedError(f"LLM.{name} is not implemented in minivllm: {why}.")
+    method.__name__, method.__doc__ = name, f"Not implemented in minivllm: {why}."
+    return method
+
+for _name, _why in [("sleep", "there is no GPU memory to release (sleep mode)"), ("wake_up", "there is no sleep mode"),
+                    ("start_profile", "no profiler is built in"), ("stop_profile", "no profiler is built in"),
+                    ("collective_rpc", "there are no worker processes to call (except tensor-parallel ones, not exposed)"),
+                    ("apply_model", "the model runs in the engine, not in workers"),
+                    ("score", "no cross-encoder / scoring models"), ("classify", "no classification models"),
+                    ("reward", "no reward models")]:
+    setattr(LLM, _name, _not_here(_name, _why))
 
 # %% ../nbs/13_llm.ipynb #7b38c105
 @patch

@@ -23,7 +23,14 @@ __all__ = ['LLMEngine']
 class LLMEngine:
     """vLLM's `LLMEngine`: add requests, `step()` until done, abort what you no longer need. `last_step` is the
     `StepInfo` of the latest step; each callable of `step_observers` is called with it at the end of every step."""
-    def __init__(self, vllm_config: EngineConfig, log_stats: bool = False, log_stats_interval: float | None = None):
+    def __init__(self, vllm_config: EngineConfig, executor_class=None, log_stats: bool = False, usage_context=None,
+                 stat_loggers=None, mm_registry=None, use_cached_outputs: bool = False, multiprocess_mode: bool = False,
+                 *, log_stats_interval: float | None = None):
+        if executor_class is not None:   # vLLM's signature, positions included: nothing is absorbed into another argument
+            raise NotImplementedError(f"executor_class={executor_class!r}: minivllm has one executor (in process, or its TP workers).")
+        if not isinstance(log_stats, bool): raise TypeError(f"log_stats must be a bool, got {log_stats!r}")
+        if stat_loggers is not None or multiprocess_mode:
+            raise NotImplementedError("custom stat_loggers and multiprocess_mode are not implemented in minivllm.")
         from transformers import AutoTokenizer
         self.vllm_config = vllm_config
         self.model_config, self.cache_config = vllm_config.model_config, vllm_config.cache_config
@@ -169,9 +176,18 @@ def do_log_stats(self: LLMEngine) -> Stats:
     return self.stat_logger.log()
 
 @patch
-def reset_prefix_cache(self: LLMEngine) -> bool:
-    "Forget the cached blocks (False if some are still in use)."
+def reset_prefix_cache(self: LLMEngine, device=None) -> bool:
+    """Forget the cached blocks (False if some are still in use). `device` (vLLM's: which cache, GPU or CPU) may be None or
+    a device name: minivllm has one KV cache, on the engine's device."""
+    name = str(getattr(device, "name", device)).lower()
+    if device is not None and name.split(":")[0] not in ("gpu", "cuda", "cpu"):
+        raise ValueError(f"reset_prefix_cache: unknown device {device!r}")
     return self.engine_core.reset_prefix_cache()
+
+@patch
+def get_decoding_config(self: LLMEngine):
+    "The structured-output (decoding) config (vLLM's accessor): the engine config's, None when it has none."
+    return getattr(self.vllm_config, "structured_outputs_config", None)
 
 @patch
 def shutdown(self: LLMEngine):

@@ -12,9 +12,22 @@ from .config import EngineConfig, SamplingParams, PromptType
 from .request import Request
 
 # %% auto #0
-__all__ = ['Processor', 'ParentRequest', 'unused_request_id']
+__all__ = ['check_prompt_keys', 'Processor', 'ParentRequest', 'unused_request_id']
 
 # %% ../nbs/08_processor.ipynb #f35e536f
+_PROMPT_KEYS = ("prompt", "prompt_token_ids")
+_UNIMPLEMENTED_PROMPT_KEYS = ("multi_modal_data", "mm_processor_kwargs", "multi_modal_uuids", "prompt_embeds",
+                              "token_type_ids", "cache_salt")
+
+def check_prompt_keys(prompt: dict) -> None:
+    "A dict prompt holds only what minivllm uses: vLLM's other keys raise by name (unless empty), unknown keys too."
+    for k, v in prompt.items():
+        if k in _PROMPT_KEYS: continue
+        if k in _UNIMPLEMENTED_PROMPT_KEYS:
+            if v is None or (isinstance(v, (dict, list, tuple, str)) and not v): continue
+            raise NotImplementedError(f"prompt key {k!r} is not implemented in minivllm (text-only models).")
+        raise ValueError(f"Unknown prompt key {k!r}: a prompt dict takes {' and/or '.join(map(repr, _PROMPT_KEYS))}.")
+
 class Processor:
     "Validate and tokenize user input into `Request`s (vLLM's `Processor`, the input side of the engine)."
     def __init__(self, config: EngineConfig, tokenizer):
@@ -28,6 +41,7 @@ class Processor:
 
     def tokenize_prompt(self, prompt: PromptType) -> tuple[str | None, list[int]]:
         "The prompt's text (None for a `TokensPrompt` without text) and its token ids, checked."
+        if isinstance(prompt, dict): check_prompt_keys(prompt)
         if isinstance(prompt, str): text, ids = prompt, None
         elif isinstance(prompt, dict) and "prompt_token_ids" in prompt: text, ids = prompt.get("prompt"), list(prompt["prompt_token_ids"])
         elif isinstance(prompt, dict) and "prompt" in prompt: text, ids = prompt["prompt"], None

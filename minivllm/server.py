@@ -10,10 +10,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from .config import EngineArgs, SamplingParams, RequestOutputKind, TokensPrompt
 
 # %% auto #0
-__all__ = ['StreamOptions', 'CompletionRequest', 'ChatMessage', 'ChatCompletionRequest', 'APIError', 'to_sampling_params',
-           'Metrics', 'completion_logprobs', 'chat_logprobs', 'base_app', 'add_info_routes', 'check_model',
-           'run_request', 'usage', 'respond', 'add_completions_route', 'add_chat_route', 'build_app', 'serve_parser',
-           'cmd_serve']
+__all__ = ['ERROR_RESPONSES', 'StreamOptions', 'CompletionRequest', 'ChatMessage', 'ChatCompletionRequest', 'ErrorInfo',
+           'ErrorResponse', 'APIError', 'to_sampling_params', 'Metrics', 'completion_logprobs', 'chat_logprobs',
+           'base_app', 'add_info_routes', 'check_model', 'apply_sampling_defaults', 'run_request', 'usage', 'respond',
+           'add_completions_route', 'add_chat_route', 'build_app', 'serve_parser', 'cmd_serve']
 
 # %% ../nbs/15_server.ipynb #738e7691
 class StreamOptions(BaseModel):
@@ -71,6 +71,20 @@ class ChatCompletionRequest(_SamplingFields):
     chat_template: Optional[str] = None
 
 # %% ../nbs/15_server.ipynb #5483cdfc
+class ErrorInfo(BaseModel):
+    "The inside of OpenAI's error JSON."
+    message: str
+    type: str
+    param: Optional[str] = None
+    code: int
+
+class ErrorResponse(BaseModel):
+    "OpenAI's error JSON, `{\"error\": {...}}`: the body of every 4xx answer (documented in the OpenAPI schema)."
+    error: ErrorInfo
+
+ERROR_RESPONSES = {s: {"model": ErrorResponse, "description": d} for s, d in
+                   [(400, "Bad request"), (401, "Invalid or missing API key"), (404, "Unknown model")]}
+
 class APIError(Exception):
     "An error returned to the client as OpenAI's error JSON."
     def __init__(self, message: str, status: int = 400, param: str | None = None, type_: str | None = None):
@@ -180,13 +194,17 @@ def base_app(engine, served_model_name: str = "minivllm", api_key: str | None = 
     "A FastAPI app holding `engine` and its metrics, with OpenAI-style errors and the optional API key; no routes yet."
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
-    app = FastAPI(title="minivllm")
+    app = FastAPI(title="minivllm", responses=ERROR_RESPONSES)
     s = app.state
     s.engine, s.metrics, s.served_model_name = engine, Metrics(engine), served_model_name
     s.tokenizer, s.max_model_len = engine.engine.get_tokenizer(), engine.engine.get_model_config().max_model_len
 
     @app.exception_handler(APIError)
     async def _api_error(request, e: APIError): return _error(app, e)
+
+    from starlette.exceptions import HTTPException
+    @app.exception_handler(HTTPException)   # e.g. a body that is not UTF-8: still OpenAI's (documented) error JSON
+    async def _http_error(request, e: HTTPException): return _error(app, APIError(str(e.detail), e.status_code))
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request, e: RequestValidationError):
@@ -204,14 +222,14 @@ def base_app(engine, served_model_name: str = "minivllm", api_key: str | None = 
 # %% ../nbs/15_server.ipynb #96c1037c
 def add_info_routes(app):
     "`GET /health`, `GET /metrics` (Prometheus) and `GET /v1/models`."
-    from fastapi.responses import Response
+    from fastapi.responses import PlainTextResponse
     s = app.state
 
-    @app.get("/health")
-    async def health(): return Response(status_code=200)
+    @app.get("/health", response_class=PlainTextResponse)
+    async def health(): return PlainTextResponse("OK")
 
-    @app.get("/metrics")
-    async def prom(): return Response(s.metrics.render(), media_type="text/plain; version=0.0.4")
+    @app.get("/metrics", response_class=PlainTextResponse)
+    async def prom(): return PlainTextResponse(s.metrics.render(), media_type="text/plain; version=0.0.4")
 
     @app.get("/v1/models")
     async def models():
@@ -223,6 +241,15 @@ def check_model(app, name: str | None):
     "A 404 unless `name` is the served model's name (or not given)."
     if name is not None and name != app.state.served_model_name:
         raise APIError(f"The model `{name}` does not exist.", 404, param="model")
+
+# %% ../nbs/15_server.ipynb #48827b81
+def apply_sampling_defaults(app, req) -> None:
+    "Fill the sampling fields `req` left out (None) with the model's generation-config defaults."
+    if not hasattr(app.state, "sampling_defaults"):
+        app.state.sampling_defaults = app.state.engine.engine.get_model_config().get_diff_sampling_param()
+    for k, v in app.state.sampling_defaults.items():
+        if k == "max_tokens" and getattr(req, "max_completion_tokens", None) is not None: continue
+        if getattr(req, k, 0) is None: setattr(req, k, v)
 
 # %% ../nbs/15_server.ipynb #0e10d7fb
 async def run_request(app, prompt, sp: SamplingParams, request_id: str, on_output):
@@ -285,9 +312,11 @@ def _completion_prompt(req: CompletionRequest):
 def add_completions_route(app):
     "`POST /v1/completions`: a prompt in, `n` completions out (streamed as SSE chunks, or in one JSON)."
     s = app.state
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", responses={200: {"content": {"application/json": {}, "text/event-stream": {"schema": {"type": "string"}}},
+                                   "description": "The completion (JSON), or its chunks as server-sent events when `stream` is true"}})
     async def completions(req: CompletionRequest):
         check_model(app, req.model)
+        apply_sampling_defaults(app, req)
         prompt, sp = _completion_prompt(req), to_sampling_params(req, req.max_tokens, req.logprobs)
         rid, created, name, n = f"cmpl-{uuid.uuid4().hex}", _now(), s.served_model_name, req.n
         texts, toks, lps, finish_reasons, prompt_tokens = [""] * n, [[] for _ in range(n)], [[] for _ in range(n)], [None] * n, [0]
@@ -318,11 +347,14 @@ def add_completions_route(app):
     return app
 
 # %% ../nbs/15_server.ipynb #5982c43e
-def _chat_prompt(tokenizer, req: ChatCompletionRequest) -> TokensPrompt:
-    "The chat's messages rendered with the (model's or the request's) chat template, as token ids."
-    msgs = [m.model_dump(exclude_none=True) for m in req.messages]
+def _chat_prompt(tokenizer, req: ChatCompletionRequest, default_template: str | None = None, fmt: str = "auto") -> TokensPrompt:
+    "The chat's messages rendered with the (request's, server's or model's) chat template, as token ids."
+    from minivllm.llm import convert_content_parts, resolve_content_format
+    template = req.chat_template or default_template
     try:
-        text = tokenizer.apply_chat_template(msgs, chat_template=req.chat_template, tokenize=False,
+        msgs = convert_content_parts([m.model_dump(exclude_none=True) for m in req.messages],
+                                     resolve_content_format(template or tokenizer.chat_template, fmt))
+        text = tokenizer.apply_chat_template(msgs, chat_template=template, tokenize=False,
                                              add_generation_prompt=req.add_generation_prompt)
     except Exception as e: raise APIError(f"messages could not be rendered with the chat template: {e}", param="messages")
     return TokensPrompt(prompt_token_ids=tokenizer(text, add_special_tokens=False).input_ids)
@@ -330,10 +362,13 @@ def _chat_prompt(tokenizer, req: ChatCompletionRequest) -> TokensPrompt:
 def add_chat_route(app):
     "`POST /v1/chat/completions`: messages in, `n` assistant messages out (streamed as deltas, or in one JSON)."
     s = app.state
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", responses={200: {"content": {"application/json": {}, "text/event-stream": {"schema": {"type": "string"}}},
+                                   "description": "The completion (JSON), or its chunks as server-sent events when `stream` is true"}})
     async def chat(req: ChatCompletionRequest):
         check_model(app, req.model)
-        prompt, top = _chat_prompt(s.tokenizer, req), req.top_logprobs or 0
+        apply_sampling_defaults(app, req)
+        prompt = _chat_prompt(s.tokenizer, req, getattr(s, "chat_template", None), getattr(s, "content_format", "auto"))
+        top = req.top_logprobs or 0
         if req.top_logprobs and not req.logprobs: raise APIError("top_logprobs needs logprobs=true.", param="top_logprobs")
         sp = to_sampling_params(req, req.max_completion_tokens or req.max_tokens, max(top, 1) if req.logprobs else None)
         rid, created, n = f"chatcmpl-{uuid.uuid4().hex}", _now(), req.n
@@ -365,9 +400,12 @@ def add_chat_route(app):
         return await respond(req.stream, run_request(app, prompt, sp, rid, on_output), finish)
     return app
 
-def build_app(engine, served_model_name: str = "minivllm", api_key: str | None = None):
+def build_app(engine, served_model_name: str = "minivllm", api_key: str | None = None, chat_template: str | None = None,
+              chat_template_content_format: str = "auto"):
     "A FastAPI app serving `engine` (an `AsyncLLMEngine`) with OpenAI's API: the base app and its routes."
+    from minivllm.llm import load_chat_template
     app = base_app(engine, served_model_name, api_key)
+    app.state.chat_template, app.state.content_format = load_chat_template(chat_template), chat_template_content_format
     for add in (add_info_routes, add_completions_route, add_chat_route): add(app)
     return app
 
@@ -381,6 +419,8 @@ def serve_parser(sub):
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 endpoints")
     p.add_argument("--served-model-name", default=None, help="the model name clients use (default: the model path, or 'SmolLM2-135M-Instruct')")
     p.add_argument("--log-level", default="warning")
+    p.add_argument("--chat-template", default=None, help="a chat template (inline, or a file) instead of the model's")
+    p.add_argument("--chat-template-content-format", default="auto", choices=["auto", "string", "openai"])
     return EngineArgs.add_cli_args(p)
 
 def cmd_serve(ns) -> int:
@@ -391,7 +431,8 @@ def cmd_serve(ns) -> int:
     if ns.model_tag is not None: ea.model = ns.model_tag
     name = ns.served_model_name or (ea.model if ea.model else "SmolLM2-135M-Instruct")
     engine = AsyncLLMEngine.from_engine_args(ea)
-    app = build_app(engine, served_model_name=name, api_key=ns.api_key)
+    app = build_app(engine, served_model_name=name, api_key=ns.api_key, chat_template=ns.chat_template,
+                    chat_template_content_format=ns.chat_template_content_format)
     print(f"minivllm: serving {name!r} on http://{ns.host}:{ns.port}/v1", flush=True)
     uvicorn.run(app, host=ns.host, port=ns.port, log_level=ns.log_level)
     return 0

@@ -371,3 +371,356 @@ def test_async_llm_streaming_example(monkeypatch):
     out = None
     while e.has_unfinished_requests(): out = next((o for o in e.step() if o.finished), out)
     assert responses[0] == out.outputs[0].text
+
+
+# vLLM's examples/offline_inference/basic/generate.py (commit 10b62e38) and chat.py (commit 45c9ce4f), and
+# examples/online_serving/openai_completion_client.py (commit c45614b5) and openai_chat_completion_client.py
+# (commit 4d0f8e8e), as vLLM ships them (Apache-2.0, (c) the vLLM contributors).
+VLLM_GENERATE = '''\\
+# SPDX-License-Identifier: Apache-2.0
+
+from vllm import LLM, EngineArgs
+from vllm.utils import FlexibleArgumentParser
+
+
+def main(args: dict):
+    # Pop arguments not used by LLM
+    max_tokens = args.pop("max_tokens")
+    temperature = args.pop("temperature")
+    top_p = args.pop("top_p")
+    top_k = args.pop("top_k")
+
+    # Create an LLM
+    llm = LLM(**args)
+
+    # Create a sampling params object
+    sampling_params = llm.get_default_sampling_params()
+    if max_tokens is not None:
+        sampling_params.max_tokens = max_tokens
+    if temperature is not None:
+        sampling_params.temperature = temperature
+    if top_p is not None:
+        sampling_params.top_p = top_p
+    if top_k is not None:
+        sampling_params.top_k = top_k
+
+    # Generate texts from the prompts. The output is a list of RequestOutput
+    # objects that contain the prompt, generated text, and other information.
+    prompts = [
+        "Hello, my name is",
+        "The president of the United States is",
+        "The capital of France is",
+        "The future of AI is",
+    ]
+    outputs = llm.generate(prompts, sampling_params)
+    # Print the outputs.
+    for output in outputs:
+        prompt = output.prompt
+        generated_text = output.outputs[0].text
+        print(f"Prompt: {prompt!r}, Generated text: {generated_text!r}")
+
+
+if __name__ == "__main__":
+    parser = FlexibleArgumentParser()
+    # Add engine args
+    engine_group = parser.add_argument_group("Engine arguments")
+    EngineArgs.add_cli_args(engine_group)
+    engine_group.set_defaults(model="meta-llama/Llama-3.2-1B-Instruct")
+    # Add sampling params
+    sampling_group = parser.add_argument_group("Sampling parameters")
+    sampling_group.add_argument("--max-tokens", type=int)
+    sampling_group.add_argument("--temperature", type=float)
+    sampling_group.add_argument("--top-p", type=float)
+    sampling_group.add_argument("--top-k", type=int)
+    args: dict = vars(parser.parse_args())
+    main(args)
+'''
+
+VLLM_CHAT = '''\
+# SPDX-License-Identifier: Apache-2.0
+# SPDX-FileCopyrightText: Copyright contributors to the vLLM project
+
+from vllm import LLM, EngineArgs
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+
+def create_parser():
+    parser = FlexibleArgumentParser()
+    # Add engine args
+    EngineArgs.add_cli_args(parser)
+    parser.set_defaults(model="meta-llama/Llama-3.2-1B-Instruct")
+    # Add sampling params
+    sampling_group = parser.add_argument_group("Sampling parameters")
+    sampling_group.add_argument("--max-tokens", type=int)
+    sampling_group.add_argument("--temperature", type=float)
+    sampling_group.add_argument("--top-p", type=float)
+    sampling_group.add_argument("--top-k", type=int)
+    # Add example params
+    parser.add_argument("--chat-template-path", type=str)
+
+    return parser
+
+
+def main(args: dict):
+    # Pop arguments not used by LLM
+    max_tokens = args.pop("max_tokens")
+    temperature = args.pop("temperature")
+    top_p = args.pop("top_p")
+    top_k = args.pop("top_k")
+    chat_template_path = args.pop("chat_template_path")
+
+    # Create an LLM
+    llm = LLM(**args)
+
+    # Create sampling params object
+    sampling_params = llm.get_default_sampling_params()
+    if max_tokens is not None:
+        sampling_params.max_tokens = max_tokens
+    if temperature is not None:
+        sampling_params.temperature = temperature
+    if top_p is not None:
+        sampling_params.top_p = top_p
+    if top_k is not None:
+        sampling_params.top_k = top_k
+
+    def print_outputs(outputs):
+        print("\\nGenerated Outputs:\\n" + "-" * 80)
+        for output in outputs:
+            prompt = output.prompt
+            generated_text = output.outputs[0].text
+            print(f"Prompt: {prompt!r}\\n")
+            print(f"Generated text: {generated_text!r}")
+            print("-" * 80)
+
+    print("=" * 80)
+
+    # In this script, we demonstrate how to pass input to the chat method:
+    conversation = [
+        {"role": "system", "content": "You are a helpful assistant"},
+        {"role": "user", "content": "Hello"},
+        {"role": "assistant", "content": "Hello! How can I assist you today?"},
+        {
+            "role": "user",
+            "content": "Write an essay about the importance of higher education.",
+        },
+    ]
+    outputs = llm.chat(conversation, sampling_params, use_tqdm=False)
+    print_outputs(outputs)
+
+    # You can run batch inference with llm.chat API
+    conversations = [conversation for _ in range(10)]
+
+    # We turn on tqdm progress bar to verify it's indeed running batch inference
+    outputs = llm.chat(conversations, sampling_params, use_tqdm=True)
+    print_outputs(outputs)
+
+    # A chat template can be optionally supplied.
+    # If not, the model will use its default chat template.
+    if chat_template_path is not None:
+        with open(chat_template_path) as f:
+            chat_template = f.read()
+
+        outputs = llm.chat(
+            conversations,
+            sampling_params,
+            use_tqdm=False,
+            chat_template=chat_template,
+        )
+        print_outputs(outputs)
+
+
+if __name__ == "__main__":
+    parser = create_parser()
+    args: dict = vars(parser.parse_args())
+    main(args)
+'''
+
+VLLM_OPENAI_COMPLETION_CLIENT = '''\
+# SPDX-License-Identifier: Apache-2.0
+
+from openai import OpenAI
+
+# Modify OpenAI's API key and API base to use vLLM's API server.
+openai_api_key = "EMPTY"
+openai_api_base = "http://localhost:8000/v1"
+
+
+def main():
+    client = OpenAI(
+        # defaults to os.environ.get("OPENAI_API_KEY")
+        api_key=openai_api_key,
+        base_url=openai_api_base,
+    )
+
+    models = client.models.list()
+    model = models.data[0].id
+
+    # Completion API
+    stream = False
+    completion = client.completions.create(
+        model=model,
+        prompt="A robot may not injure a human being",
+        echo=False,
+        n=2,
+        stream=stream,
+        logprobs=3)
+
+    print("-" * 50)
+    print("Completion results:")
+    if stream:
+        for c in completion:
+            print(c)
+    else:
+        print(completion)
+    print("-" * 50)
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+VLLM_OPENAI_CHAT_CLIENT = '''\
+# SPDX-License-Identifier: Apache-2.0
+"""Example Python client for OpenAI Chat Completion using vLLM API server
+NOTE: start a supported chat completion model server with `vllm serve`, e.g.
+    vllm serve meta-llama/Llama-2-7b-chat-hf
+"""
+
+import argparse
+
+from openai import OpenAI
+
+# Modify OpenAI's API key and API base to use vLLM's API server.
+openai_api_key = "EMPTY"
+openai_api_base = "http://localhost:8000/v1"
+
+messages = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {"role": "user", "content": "Who won the world series in 2020?"},
+    {
+        "role": "assistant",
+        "content": "The Los Angeles Dodgers won the World Series in 2020.",
+    },
+    {"role": "user", "content": "Where was it played?"},
+]
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description="Client for vLLM API server")
+    parser.add_argument(
+        "--stream", action="store_true", help="Enable streaming response"
+    )
+    return parser.parse_args()
+
+
+def main(args):
+    client = OpenAI(
+        # defaults to os.environ.get("OPENAI_API_KEY")
+        api_key=openai_api_key,
+        base_url=openai_api_base,
+    )
+
+    models = client.models.list()
+    model = models.data[0].id
+
+    # Chat Completion API
+    chat_completion = client.chat.completions.create(
+        messages=messages,
+        model=model,
+        stream=args.stream,
+    )
+
+    print("-" * 50)
+    print("Chat completion results:")
+    if args.stream:
+        for c in chat_completion:
+            print(c)
+    else:
+        print(chat_completion)
+    print("-" * 50)
+
+
+if __name__ == "__main__":
+    args = parse_args()
+    main(args)
+'''
+
+
+EDITS += [("from vllm.utils import FlexibleArgumentParser", "from minivllm.cli import FlexibleArgumentParser"),
+          ('set_defaults(model="meta-llama/Llama-3.2-1B-Instruct")', "set_defaults(model=None)")]
+
+
+def port_client(src: str, base_url: str) -> str:
+    "An OpenAI client script pointed at the test server (its only edit: the API base, vLLM's http://localhost:8000/v1)."
+    return src.replace('openai_api_base = "http://localhost:8000/v1"', f'openai_api_base = "{base_url}/v1"')
+
+
+def test_more_examples_change_only_imports_and_model():
+    assert changed_lines(VLLM_GENERATE, port(VLLM_GENERATE)) == [
+        "-from vllm import LLM, EngineArgs", "-from vllm.utils import FlexibleArgumentParser",
+        "+from minivllm import LLM, EngineArgs", "+from minivllm.cli import FlexibleArgumentParser",
+        '-    engine_group.set_defaults(model="meta-llama/Llama-3.2-1B-Instruct")', "+    engine_group.set_defaults(model=None)"]
+    assert changed_lines(VLLM_CHAT, port(VLLM_CHAT)) == [
+        "-from vllm import LLM, EngineArgs", "-from vllm.utils.argparse_utils import FlexibleArgumentParser",
+        "+from minivllm import LLM, EngineArgs", "+from minivllm.cli import FlexibleArgumentParser",
+        '-    parser.set_defaults(model="meta-llama/Llama-3.2-1B-Instruct")', "+    parser.set_defaults(model=None)"]
+    for src in (VLLM_OPENAI_COMPLETION_CLIENT, VLLM_OPENAI_CHAT_CLIENT):
+        assert changed_lines(src, port_client(src, "http://127.0.0.1:1")) == [
+            '-openai_api_base = "http://localhost:8000/v1"', '+openai_api_base = "http://127.0.0.1:1/v1"']
+
+
+def test_generate_example(monkeypatch, hf_greedy, tokenizer):
+    "generate.py: every engine flag through `LLM(**vars(args))`, sampling from `get_default_sampling_params()`; greedy = HF."
+    printed = run_script(port(VLLM_GENERATE), "generate.py", ["--max-model-len", "512", "--max-tokens", "8",
+                                                                "--temperature", "0", "--trust-remote-code"], monkeypatch)
+    lines = [l for l in printed if isinstance(l, str) and l.startswith("Prompt: ")]
+    assert len(lines) == 4
+    for l in lines:
+        prompt, text = eval("(" + l[len("Prompt: "):].replace(", Generated text: ", ", ", 1) + ")")
+        ids = tokenizer(prompt).input_ids
+        assert text == tokenizer.decode(hf_greedy(ids, 8), skip_special_tokens=True)
+
+
+def test_chat_example(monkeypatch, tmp_path):
+    "chat.py: one conversation, then ten as a batch, then ten with a chat template read from a file."
+    tpl = tmp_path / "template.jinja"
+    tpl.write_text("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}<assistant>")
+    printed = run_script(port(VLLM_CHAT), "chat.py", ["--max-model-len", "1024", "--max-tokens", "4", "--temperature", "0",
+                                                     "--chat-template-path", str(tpl)], monkeypatch)
+    prompts = [eval(l[len("Prompt: "):]) for l in printed if isinstance(l, str) and l.startswith("Prompt: ")]
+    texts = [eval(l[len("Generated text: "):]) for l in printed if isinstance(l, str) and l.startswith("Generated text: ")]
+    assert len(prompts) == len(texts) == 21
+    assert "<|im_start|>user\nHello<|im_end|>" in prompts[0] and len(set(prompts[:11])) == 1
+    assert len(set(texts[:11])) == 1                                  # greedy: the batch gives the single answer
+    assert prompts[11].startswith("<system>You are a helpful assistant\n<user>Hello") and prompts[11].endswith("<assistant>")
+
+
+@pytest.fixture(scope="module")
+def server():
+    from conftest import running_server
+    with running_server("--max-model-len", "1024") as base: yield base
+
+
+def test_openai_completion_client_example(server, monkeypatch):
+    printed = run_script(port_client(VLLM_OPENAI_COMPLETION_CLIENT, server), "openai_completion_client.py", [], monkeypatch)
+    from openai.types import Completion
+    c, = [x for x in printed if isinstance(x, Completion)]
+    assert len(c.choices) == 2 and sorted(ch.index for ch in c.choices) == [0, 1]
+    for ch in c.choices:
+        assert ch.text and len(ch.logprobs.tokens) == len(ch.logprobs.top_logprobs) >= 1
+        assert all(1 <= len(t) <= 4 for t in ch.logprobs.top_logprobs)   # the sampled token and the top 3
+    assert c.usage.prompt_tokens > 0 and c.usage.completion_tokens <= 32
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_openai_chat_client_example(server, monkeypatch, stream):
+    printed = run_script(port_client(VLLM_OPENAI_CHAT_CLIENT, server), "openai_chat_completion_client.py",
+                         ["--stream"] if stream else [], monkeypatch)
+    from openai.types.chat import ChatCompletion, ChatCompletionChunk
+    if stream:
+        chunks = [x for x in printed if isinstance(x, ChatCompletionChunk)]
+        assert chunks[0].choices[0].delta.role == "assistant" and chunks[-1].choices[0].finish_reason in ("stop", "length")
+        assert "".join(ch.choices[0].delta.content or "" for ch in chunks).strip()
+    else:
+        c, = [x for x in printed if isinstance(x, ChatCompletion)]
+        assert c.choices[0].message.role == "assistant" and c.choices[0].message.content.strip()
