@@ -19,7 +19,8 @@ def lesson_order() -> dict[str, float]:
         for c in json.loads(nb.read_text())["cells"]:
             m = re.search(r"#\|\s*default_exp\s+(\S+)", "".join(c["source"]))
             if m:
-                order[m.group(1)] = float(re.match(r"(\d+)", nb.name).group(1)); break
+                n = re.match(r"(\d+)([a-z]?)_", nb.name)     # 06b_... comes after 06_... and before 07_...
+                order[m.group(1)] = int(n.group(1)) + (ord(n.group(2)) - 96) / 10 if n.group(2) else float(n.group(1)); break
     return order
 
 
