@@ -466,21 +466,24 @@ SO_SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "descr
                                               "tags": {"type": "array", "items": {"type": "string"}}},
              "required": ["name", "description", "tags"]}
 
-def structured_outputs_cost(llm, num_requests: int = 16, max_tokens: int = 48, schema: dict | None = None, warmup_steps: int = 2) -> dict:
+def structured_outputs_cost(llm, num_requests: int = 16, max_tokens: int = 48, schema: dict | None = None, warmup_steps: int = 2,
+                            rounds: int = 2) -> dict:
     """Mean ms per decode step of `num_requests` requests all constrained by the JSON `schema` against the same requests
-    unconstrained: the whole step, its `sampling` phase and the structured-outputs mask (fill + apply) within it."""
+    unconstrained: the whole step, its `sampling` phase and the structured-outputs mask (fill + apply) within it. A warm-up
+    batch first, then `rounds` rounds alternating the two modes, so that neither gets the cold start or a quieter minute."""
     from minivllm.config import SamplingParams, StructuredOutputsParams
     eng = llm.llm_engine
     tok = eng.get_tokenizer()
     prompts = [tok.apply_chat_template([{"role": "user", "content": f"Describe product number {i} as JSON, with a long description."}],
                                        tokenize=False, add_generation_prompt=True) for i in range(num_requests)]
-    res = {}
-    for mode in ("unconstrained", "constrained"):
+    llm.generate(prompts, SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)   # warm-up
+    accs = {m: {"step": [], "sampling": [], "mask": []} for m in ("unconstrained", "constrained")}
+    for mode in ["unconstrained", "constrained", "constrained", "unconstrained"] * (rounds // 2) + ["unconstrained", "constrained"] * (rounds % 2):
         so = StructuredOutputsParams(json=schema or SO_SCHEMA) if mode == "constrained" else None
         for i, p in enumerate(prompts):
             eng.add_request(f"so-{mode}-{i}-{time.perf_counter_ns()}", p, SamplingParams(temperature=0.8, seed=i, max_tokens=max_tokens,
                                                                                           ignore_eos=so is None, structured_outputs=so))
-        mgr, seen, acc, k = eng.engine_core._so_manager, [], {"step": [], "sampling": [], "mask": []}, 0
+        mgr, seen, acc, k = eng.engine_core._so_manager, [], accs[mode], 0
         eng.step_observers.append(seen.append)
         try:
             while eng.has_unfinished_requests():
@@ -493,5 +496,4 @@ def structured_outputs_cost(llm, num_requests: int = 16, max_tokens: int = 48, s
                     acc["mask"].append((mgr.mask_seconds - m0) if mgr is not None else 0.0)
                 k += 1
         finally: eng.step_observers.remove(seen.append)
-        res[mode] = {f"{n}_ms": 1e3 * sum(v) / max(len(v), 1) for n, v in acc.items()} | {"steps": len(acc["step"])}
-    return res
+    return {m: {f"{n}_ms": 1e3 * sum(v) / max(len(v), 1) for n, v in acc.items()} | {"steps": len(acc["step"])} for m, acc in accs.items()}
