@@ -10,11 +10,11 @@ from pathlib import Path
 import torch
 
 # %% auto #0
-__all__ = ['SYSTEMS', 'PHASES', 'OVERHEAD_PHASES', 'machine_info', 'Workload', 'make_workload', 'BenchResult', 'run_minivllm',
-           'load_hf', 'run_hf_generate', 'hf_cb_config', 'run_hf_continuous', 'bench_throughput', 'summarize',
-           'print_summary', 'LatencyResult', 'latency_minivllm', 'latency_hf_generate', 'latency_hf_continuous',
-           'bench_latency', 'ServeRequestResult', 'poisson_arrivals', 'bench_serve', 'summarize_serve',
-           'print_serve_summary', 'run_coroutine', 'step_breakdown']
+__all__ = ['SYSTEMS', 'PHASES', 'OVERHEAD_PHASES', 'SO_SCHEMA', 'machine_info', 'Workload', 'make_workload', 'BenchResult',
+           'run_minivllm', 'load_hf', 'run_hf_generate', 'hf_cb_config', 'run_hf_continuous', 'bench_throughput',
+           'summarize', 'print_summary', 'LatencyResult', 'latency_minivllm', 'latency_hf_generate',
+           'latency_hf_continuous', 'bench_latency', 'ServeRequestResult', 'poisson_arrivals', 'bench_serve',
+           'summarize_serve', 'print_serve_summary', 'run_coroutine', 'step_breakdown', 'structured_outputs_cost']
 
 # %% ../nbs/16_benchmarks.ipynb #1f0ebe7a
 def machine_info() -> dict:
@@ -460,3 +460,40 @@ def step_breakdown(llm, wl: Workload, warmup_steps: int = 0, decode_only: bool =
     acc["other"] = max(total - sum(v for k, v in acc.items() if k != "other"), 0.0)
     return dict(phases={k: acc.get(k, 0.0) for k in PHASES}, total=total, steps=steps, mean_batch=sum(batch) / max(len(batch), 1),
                 overhead_fraction=sum(acc.get(k, 0.0) for k in OVERHEAD_PHASES) / max(total, 1e-12))
+
+# %% ../nbs/16_benchmarks.ipynb #e113ed67
+SO_SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "description": {"type": "string"},
+                                              "tags": {"type": "array", "items": {"type": "string"}}},
+             "required": ["name", "description", "tags"]}
+
+def structured_outputs_cost(llm, num_requests: int = 16, max_tokens: int = 48, schema: dict | None = None, warmup_steps: int = 2,
+                            rounds: int = 2) -> dict:
+    """Mean ms per decode step of `num_requests` requests all constrained by the JSON `schema` against the same requests
+    unconstrained: the whole step, its `sampling` phase and the structured-outputs mask (fill + apply) within it. A warm-up
+    batch first, then `rounds` rounds alternating the two modes, so that neither gets the cold start or a quieter minute."""
+    from minivllm.config import SamplingParams, StructuredOutputsParams
+    eng = llm.llm_engine
+    tok = eng.get_tokenizer()
+    prompts = [tok.apply_chat_template([{"role": "user", "content": f"Describe product number {i} as JSON, with a long description."}],
+                                       tokenize=False, add_generation_prompt=True) for i in range(num_requests)]
+    llm.generate(prompts, SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)   # warm-up
+    accs = {m: {"step": [], "sampling": [], "mask": []} for m in ("unconstrained", "constrained")}
+    for mode in ["unconstrained", "constrained", "constrained", "unconstrained"] * (rounds // 2) + ["unconstrained", "constrained"] * (rounds % 2):
+        so = StructuredOutputsParams(json=schema or SO_SCHEMA) if mode == "constrained" else None
+        for i, p in enumerate(prompts):
+            eng.add_request(f"so-{mode}-{i}-{time.perf_counter_ns()}", p, SamplingParams(temperature=0.8, seed=i, max_tokens=max_tokens,
+                                                                                          ignore_eos=so is None, structured_outputs=so))
+        mgr, seen, acc, k = eng.engine_core._so_manager, [], accs[mode], 0
+        eng.step_observers.append(seen.append)
+        try:
+            while eng.has_unfinished_requests():
+                seen.clear()
+                m0 = mgr.mask_seconds if mgr is not None else 0.0
+                t = time.perf_counter(); eng.step(); dt = time.perf_counter() - t
+                seqs = seen[-1].scheduler_output.seqs if seen else []
+                if k >= warmup_steps and len(seqs) == num_requests and not any(s.is_prefill for s in seqs):
+                    acc["step"].append(dt); acc["sampling"].append(seen[-1].timings["sampling"])
+                    acc["mask"].append((mgr.mask_seconds - m0) if mgr is not None else 0.0)
+                k += 1
+        finally: eng.step_observers.remove(seen.append)
+    return {m: {f"{n}_ms": 1e3 * sum(v) / max(len(v), 1) for n, v in acc.items()} | {"steps": len(acc["step"])} for m, acc in accs.items()}

@@ -14,10 +14,10 @@ from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['EMBEDDED_GGUF', 'PromptType', 'embedded_gguf_path', 'cache_dir', 'convert_gguf', 'hub_snapshot', 'resolve_model',
-           'RequestOutputKind', 'SamplingParams', 'tokenize_bad_words', 'TextPrompt', 'TokensPrompt',
-           'CompletionOutput', 'RequestMetrics', 'RequestOutput', 'ModelConfig', 'CacheConfig', 'SchedulerConfig',
-           'ParallelConfig', 'DeviceConfig', 'EngineConfig', 'EngineArgs', 'check_vllm_args', 'FlexibleArgumentParser',
-           'engine_args_from_kwargs']
+           'RequestOutputKind', 'StructuredOutputsParams', 'SamplingParams', 'tokenize_bad_words', 'TextPrompt',
+           'TokensPrompt', 'CompletionOutput', 'RequestMetrics', 'RequestOutput', 'ModelConfig', 'CacheConfig',
+           'SchedulerConfig', 'ParallelConfig', 'DeviceConfig', 'EngineConfig', 'EngineArgs', 'check_vllm_args',
+           'FlexibleArgumentParser', 'engine_args_from_kwargs']
 
 # %% ../nbs/00_config.ipynb #6f90803b
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -106,9 +106,56 @@ _MAX_TEMP = 1e-2            # vLLM raises smaller positive temperatures to this 
 _DEFAULT_MAX_LOGPROBS = 20  # vLLM's default `max_logprobs`
 
 # Fields minivllm does not implement, with the value that means "off".
-_UNIMPLEMENTED_SAMPLING = dict(logits_processors=None, truncate_prompt_tokens=None,
-                               structured_outputs=None, guided_decoding=None)
+_UNIMPLEMENTED_SAMPLING = dict(logits_processors=None, truncate_prompt_tokens=None)
 # (`extra_args` is passed through untouched, as vLLM does: a dict for custom logits processors, read by nobody here)
+
+# %% ../nbs/00_config.ipynb #2c6e66bb
+_STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+
+@dataclass
+class StructuredOutputsParams:
+    "vLLM's `StructuredOutputsParams`: exactly one constraint on the output (a JSON schema, a regex, choices, a grammar, any JSON object)."
+    json: str | dict | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+    disable_fallback: bool = False                 # one backend here (xgrammar): there is nothing to fall back to
+    disable_any_whitespace: bool = False           # JSON without optional whitespace
+    disable_additional_properties: bool = False    # objects take no property their schema does not name
+    whitespace_pattern: str | None = None
+    structural_tag: str | None = None
+
+    def __post_init__(self):
+        "Check that exactly one kind of constraint is set, and that it is well formed (vLLM's messages)."
+        kinds = [k for k in _STRUCTURED_KINDS if getattr(self, k) is not None]
+        if len(kinds) > 1: raise ValueError(f"You can only use one kind of structured outputs constraint but multiple are specified: {kinds}")
+        if not kinds: raise ValueError(f"StructuredOutputsParams needs one of {', '.join(_STRUCTURED_KINDS[:5])}.")
+        if self.structural_tag is not None: raise NotImplementedError("structured outputs with structural_tag are not implemented in minivllm.")
+        if self.whitespace_pattern is not None: raise NotImplementedError("whitespace_pattern is not implemented in minivllm.")
+        if self.json_object is not None and self.json_object is not True: raise ValueError(f"json_object must be True when set, got {self.json_object!r}.")
+        if self.json is not None and not isinstance(self.json, (str, dict)): raise ValueError(f"json must be a JSON schema (a dict or its JSON text), got {type(self.json).__name__}.")
+        for k in ("regex", "grammar"):
+            v = getattr(self, k)
+            if v is not None and (not isinstance(v, str) or not v): raise ValueError(f"{k} must be a non-empty string, got {v!r}.")
+        if self.choice is not None:
+            self.choice = list(self.choice) if isinstance(self.choice, (list, tuple)) else self.choice
+            if not isinstance(self.choice, list) or not self.choice or not all(isinstance(c, str) for c in self.choice):
+                raise ValueError(f"choice must be a non-empty list of strings, got {self.choice!r}.")
+
+    @property
+    def kind(self) -> str:
+        "Which constraint this is: 'json', 'regex', 'choice', 'grammar' or 'json_object'."
+        return next(k for k in _STRUCTURED_KINDS if getattr(self, k) is not None)
+
+def _structured_outputs_of(structured_outputs, guided_decoding) -> StructuredOutputsParams | None:
+    "`SamplingParams.structured_outputs` from what the user passed (a `StructuredOutputsParams`, a dict of its fields, or the old `guided_decoding`)."
+    if guided_decoding is not None:
+        if structured_outputs is not None: raise ValueError("Set structured_outputs or guided_decoding (its older name), not both.")
+        structured_outputs = guided_decoding
+    if structured_outputs is None or isinstance(structured_outputs, StructuredOutputsParams): return structured_outputs
+    if isinstance(structured_outputs, dict): return StructuredOutputsParams(**structured_outputs)
+    raise ValueError(f"structured_outputs must be a StructuredOutputsParams, got {type(structured_outputs).__name__}.")
 
 # %% ../nbs/00_config.ipynb #1dba46e3
 @dataclass
@@ -162,6 +209,7 @@ class SamplingParams:
         if self.prompt_logprobs is True: self.prompt_logprobs = 1
         if self.logit_bias is not None: self.logit_bias = _int_keys(self.logit_bias)
         if self.allowed_token_ids is not None: self.allowed_token_ids = list(self.allowed_token_ids)
+        self.structured_outputs, self.guided_decoding = _structured_outputs_of(self.structured_outputs, self.guided_decoding), None
         self._verify()
         if self.temperature < _SAMPLING_EPS:  # greedy: the other knobs have no effect, as in vLLM
             self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0

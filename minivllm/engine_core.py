@@ -13,6 +13,7 @@ from .block_manager import KVCacheManager
 from .scheduler import Scheduler, SchedulerOutput
 from .model import ModelRunner
 from .sampler import Sampler, SamplingMetadata, LogprobsTensors, logprobs_dict, PromptLogprobsCollector
+from .structured_outputs import StructuredOutputManager
 
 # %% auto #0
 __all__ = ['PHASES', 'EngineCoreOutput', 'StepInfo', 'EngineCoreOutputs', 'SchedulerStats', 'EngineCore']
@@ -78,10 +79,12 @@ class EngineCore:
         self.scheduler = Scheduler(config.scheduler_config, self.kv_cache_manager)
         self.sampler = Sampler()
         self.prompt_logprobs = PromptLogprobsCollector()
+        self._so_manager: StructuredOutputManager | None = None   # built when the first constrained request arrives
         self.num_steps = 0
 
     def add_request(self, request: Request):
-        "Queue a request (checked and tokenized by the processor) in the scheduler."
+        "Queue a request (checked and tokenized by the processor) in the scheduler; a constrained one starts compiling its grammar."
+        if request.sampling_params.structured_outputs is not None: self.structured_output_manager.add_request(request)
         self.scheduler.add_request(request)
 
     def has_unfinished_requests(self) -> bool:
@@ -106,7 +109,8 @@ def execute(self: EngineCore, out: SchedulerOutput, timings: dict[str, float] | 
     sampled, lps = {}, {}
     if res.req_ids:
         reqs = [requests[r] for r in res.req_ids]
-        so = self.sampler(res.logits, SamplingMetadata.from_requests(reqs, res.logits.device))
+        logits = res.logits if self._so_manager is None else self._so_manager.mask_logits(reqs, res.logits)   # structured outputs
+        so = self.sampler(logits, SamplingMetadata.from_requests(reqs, logits.device))
         sampled = dict(zip(res.req_ids, so.sampled_token_ids.tolist()))
         lps = self._sample_logprobs(reqs, so.logprobs_tensors)
     tm["sampling"] = tm.get("sampling", 0.0) + time.perf_counter() - t0
@@ -120,6 +124,33 @@ def _sample_logprobs(self: EngineCore, reqs: list[Request], lt: LogprobsTensors 
     ids, lps, ranks = LogprobsTensors(*(x[rows] for x in lt)).tolists()
     return {reqs[i].request_id: logprobs_dict(ids[j], lps[j], ranks[j], reqs[i].sampling_params.logprobs)
             for j, i in enumerate(rows)}
+
+# %% ../nbs/09_engine_core.ipynb #d14c60e8
+@patch(as_prop=True)
+def structured_output_manager(self: EngineCore) -> StructuredOutputManager:
+    "The grammars and matchers of the constrained requests (lesson 06b), built with the model's tokenizer on first use."
+    if self._so_manager is None:
+        from transformers import AutoTokenizer
+        mc = self.config.model_config
+        tok = AutoTokenizer.from_pretrained(mc.tokenizer)
+        eos = getattr(mc.hf_config, "eos_token_id", None)
+        eos = tok.eos_token_id if eos is None else eos
+        self._so_manager = StructuredOutputManager(tok, mc.get_vocab_size(), list(eos) if isinstance(eos, (list, tuple)) else [eos])
+    return self._so_manager
+
+@patch
+def _advance_grammars(self: EngineCore, out: SchedulerOutput, updated: list[Request]):
+    "Accept this step's tokens in the matchers; end the requests whose grammar terminated (\"stop\"), abort any whose token was rejected."
+    mgr = self._so_manager
+    done, failed = mgr.advance([r for r in updated if not r.is_finished()])
+    for reqs, status in ((done, RequestStatus.FINISHED_STOPPED), (failed, RequestStatus.FINISHED_ABORTED)):
+        ended = self.scheduler.finish_requests([r.request_id for r in reqs], status)
+        out.finished_after_step.extend(r.request_id for r in ended)
+    if failed:
+        import logging
+        logging.getLogger("minivllm").warning("structured outputs: a token the grammar rejects was sampled for %s; aborted.",
+                                              [r.request_id for r in failed])
+    mgr.remove_requests([rid for rid in mgr.states if rid not in self.scheduler.requests])
 
 # %% ../nbs/09_engine_core.ipynb #cca21d4c
 @patch
@@ -144,6 +175,7 @@ def step(self: EngineCore) -> EngineCoreOutputs:
     sampled, lps, prompt_lps = self.execute(out, timings) if out.seqs else ({}, {}, {})
     t1 = time.perf_counter()
     updated = self.scheduler.update_from_output(out, sampled)
+    if self._so_manager is not None: self._advance_grammars(out, updated)
     outputs = [EngineCoreOutput(request_id=r.request_id, new_token_ids=[sampled[r.request_id]],
                                 finish_reason=r.status.finish_reason, stop_reason=r.stop_reason,
                                 num_cached_tokens=max(r.num_cached_tokens, 0),

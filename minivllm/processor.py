@@ -10,6 +10,7 @@ from typing import Container
 from fastcore.basics import patch
 from .config import EngineConfig, SamplingParams, PromptType
 from .request import Request
+from .structured_outputs import validate_structured_outputs
 
 # %% auto #0
 __all__ = ['check_prompt_keys', 'Processor', 'ParentRequest', 'unused_request_id']
@@ -59,10 +60,11 @@ class Processor:
 # %% ../nbs/08_processor.ipynb #b60b815d
 @patch
 def prepare_params(self: Processor, params: SamplingParams, num_prompt_tokens: int) -> SamplingParams:
-    "A checked copy of `params` for a prompt of `num_prompt_tokens` tokens: verified, bad words tokenized, `max_tokens` set."
+    "A checked copy of `params` for a prompt of `num_prompt_tokens` tokens: verified, bad words tokenized, structured outputs checked, `max_tokens` set."
     params = params.clone()
     params.verify(self.config.model_config)        # token ids in the vocabulary, logprobs <= max_logprobs
     params.update_from_tokenizer(self.tokenizer)   # bad_words -> token ids, for the sampler
+    if params.structured_outputs is not None: validate_structured_outputs(params.structured_outputs)   # a bad schema fails here
     if params.max_tokens is None: params.max_tokens = max(self.max_model_len - num_prompt_tokens, 1)
     if self.extra_stop_ids and not params.ignore_eos:
         params.stop_token_ids = params.stop_token_ids + [t for t in self.extra_stop_ids if t not in params.stop_token_ids]

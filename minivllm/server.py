@@ -8,18 +8,35 @@ import asyncio, json, time, uuid
 from typing import Any, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field
 from .config import EngineArgs, SamplingParams, RequestOutputKind, TokensPrompt
+from .config import StructuredOutputsParams
+from .structured_outputs import validate_structured_outputs
 
 # %% auto #0
-__all__ = ['ERROR_RESPONSES', 'StreamOptions', 'CompletionRequest', 'ChatMessage', 'ChatCompletionRequest', 'ErrorInfo',
-           'ErrorResponse', 'APIError', 'to_sampling_params', 'Metrics', 'completion_logprobs', 'chat_logprobs',
-           'base_app', 'add_info_routes', 'check_model', 'apply_sampling_defaults', 'run_request', 'usage', 'respond',
-           'add_completions_route', 'add_chat_route', 'build_app', 'serve_parser', 'cmd_serve']
+__all__ = ['ERROR_RESPONSES', 'StreamOptions', 'JsonSchemaFormat', 'ResponseFormat', 'CompletionRequest', 'ChatMessage',
+           'ChatCompletionRequest', 'ErrorInfo', 'ErrorResponse', 'APIError', 'to_sampling_params',
+           'structured_outputs_of', 'Metrics', 'completion_logprobs', 'chat_logprobs', 'base_app', 'add_info_routes',
+           'check_model', 'apply_sampling_defaults', 'run_request', 'usage', 'respond', 'add_completions_route',
+           'add_chat_route', 'build_app', 'serve_parser', 'cmd_serve']
 
 # %% ../nbs/15_server.ipynb #738e7691
 class StreamOptions(BaseModel):
     "OpenAI's `stream_options`: `include_usage` adds a last chunk with the token counts."
     model_config = ConfigDict(extra="forbid")
     include_usage: bool = False
+
+class JsonSchemaFormat(BaseModel):
+    "OpenAI's `response_format.json_schema`: a named JSON schema (`strict` is accepted; the output always follows the schema)."
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    name: str
+    description: Optional[str] = None
+    schema_: Optional[dict[str, Any]] = Field(None, alias="schema")
+    strict: Optional[bool] = None
+
+class ResponseFormat(BaseModel):
+    "OpenAI's `response_format`: plain `text`, any `json_object`, or the `json_schema` given."
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: Optional[JsonSchemaFormat] = None
 
 class _SamplingFields(BaseModel):
     "The fields both APIs share: OpenAI's sampling parameters and vLLM's extra ones."
@@ -45,6 +62,13 @@ class _SamplingFields(BaseModel):
     stop_token_ids: Optional[list[int]] = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    # structured outputs: OpenAI's `response_format`, vLLM's `structured_outputs` (and its older `guided_*` fields)
+    response_format: Optional[ResponseFormat] = None
+    structured_outputs: Optional[dict[str, Any]] = None
+    guided_json: Optional[Union[str, dict[str, Any]]] = None
+    guided_regex: Optional[str] = None
+    guided_choice: Optional[list[str]] = None
+    guided_grammar: Optional[str] = None
 
 class CompletionRequest(_SamplingFields):
     "The JSON body of `POST /v1/completions`: a prompt (text or token ids) and the sampling fields."
@@ -102,7 +126,7 @@ def to_sampling_params(req: _SamplingFields, max_tokens: int | None, logprobs: i
               frequency_penalty=req.frequency_penalty, min_tokens=req.min_tokens, ignore_eos=req.ignore_eos,
               stop_token_ids=req.stop_token_ids, skip_special_tokens=req.skip_special_tokens,
               include_stop_str_in_output=req.include_stop_str_in_output, max_tokens=max_tokens, logprobs=logprobs,
-              output_kind=RequestOutputKind.DELTA)
+              output_kind=RequestOutputKind.DELTA, structured_outputs=structured_outputs_of(req))
     for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty"):
         if getattr(req, name) is not None: kw[name] = getattr(req, name)
     if req.logit_bias:
@@ -110,6 +134,27 @@ def to_sampling_params(req: _SamplingFields, max_tokens: int | None, logprobs: i
         except ValueError: raise APIError("logit_bias keys must be token ids", param="logit_bias")
     try: return SamplingParams(**kw)
     except (ValueError, NotImplementedError) as e: raise APIError(str(e)) from e
+
+# %% ../nbs/15_server.ipynb #9bb2a6ba
+def structured_outputs_of(req: _SamplingFields) -> StructuredOutputsParams | None:
+    "The request's structured-outputs constraint (from `response_format`, `structured_outputs` or `guided_*`), checked; an `APIError` if invalid."
+    rf, ways = req.response_format, {}
+    if rf is not None and rf.type == "json_object": ways["response_format"] = dict(json_object=True)
+    if rf is not None and rf.type == "json_schema":
+        if rf.json_schema is None or rf.json_schema.schema_ is None:
+            raise APIError("response_format of type json_schema needs json_schema.schema", param="response_format")
+        ways["response_format"] = dict(json=rf.json_schema.schema_)
+    if req.structured_outputs is not None: ways["structured_outputs"] = dict(req.structured_outputs)
+    for k in ("json", "regex", "choice", "grammar"):
+        if getattr(req, f"guided_{k}") is not None: ways[f"guided_{k}"] = {k: getattr(req, f"guided_{k}")}
+    if len(ways) > 1: raise APIError(f"Give one structured-outputs constraint, not several: {', '.join(ways)}.")
+    if not ways: return None
+    (param, kw), = ways.items()
+    try:
+        so = StructuredOutputsParams(**kw)
+        validate_structured_outputs(so)
+    except (TypeError, ValueError, NotImplementedError) as e: raise APIError(str(e), param=param) from e
+    return so
 
 # %% ../nbs/15_server.ipynb #97d34cd4
 def _now() -> int:
