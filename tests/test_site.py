@@ -26,10 +26,12 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0)); return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def site():
-    "Build the site, serve it on a loopback port; yields the base URL."
-    r = subprocess.run(["bash", ".ci/docs"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    "Build the site (once per test process), serve it on a loopback port; yields the base URL."
+    for attempt in range(2):    # .ci/docs takes a lock; a second try covers a build that something else disturbed
+        r = subprocess.run(["bash", ".ci/docs"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+        if r.returncode == 0: break
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     class Quiet(http.server.SimpleHTTPRequestHandler):
         def log_message(self, *a): pass
@@ -40,7 +42,7 @@ def site():
     srv.shutdown()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def browser():
     from playwright.sync_api import sync_playwright
     with sync_playwright() as p:
