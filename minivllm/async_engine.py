@@ -8,6 +8,7 @@ import asyncio, logging, threading, time
 from collections import deque
 from typing import AsyncIterator, Callable, Iterable
 from .config import EngineArgs, EngineConfig, SamplingParams, RequestOutput, CompletionOutput, RequestOutputKind, PromptType
+from .config import PoolingParams, PoolingRequestOutput
 from fastcore.basics import patch
 from .llm_engine import LLMEngine
 from .metrics import Stats
@@ -250,6 +251,18 @@ async def abort(self: AsyncLLMEngine, request_id: str | Iterable[str]) -> None:
     "Abort requests (unknown ids are ignored): their blocks are freed, their iterators end with `finish_reason='abort'`."
     ids = [request_id] if isinstance(request_id, str) else list(request_id)
     await self.run_in_engine(lambda e: e.abort_request(ids))
+
+# %% ../nbs/14_async_engine.ipynb #p14b
+@patch
+async def encode(self: AsyncLLMEngine, prompt: PromptType, pooling_params: PoolingParams, request_id: str, *,
+                 lora_request=None, trace_headers=None, priority: int = 0, tokenization_kwargs: dict | None = None,
+                 truncate_prompt_tokens: int | None = None) -> AsyncIterator[PoolingRequestOutput]:
+    "Add a pooling request and yield its one `PoolingRequestOutput`; leaving early aborts it."
+    if not isinstance(pooling_params, PoolingParams): raise TypeError(f"pooling_params must be PoolingParams, got {type(pooling_params).__name__}")
+    if truncate_prompt_tokens is not None: pooling_params = PoolingParams(**{**vars(pooling_params), "truncate_prompt_tokens": truncate_prompt_tokens})
+    async for out in self.generate(prompt, pooling_params, request_id, lora_request=lora_request, trace_headers=trace_headers,
+                                   priority=priority, tokenization_kwargs=tokenization_kwargs):
+        yield out
 
 # %% ../nbs/14_async_engine.ipynb #1385c296
 @patch

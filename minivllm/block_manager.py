@@ -171,8 +171,10 @@ class KVCacheManager:
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVBlock], int]:
         """Cached blocks matching the request's prefix (never its last token), and the tokens they cover. None for a
-        request that asked for `prompt_logprobs` (as in vLLM): those need the logits of every prompt position."""
-        if not self._can_share(request) or getattr(request.sampling_params, "prompt_logprobs", None) is not None: return [], 0
+        request that asked for `prompt_logprobs` (as in vLLM): those need the logits of every prompt position; and none
+        for a pooling request, which needs the hidden state of every prompt token (mean pooling)."""
+        if (not self._can_share(request) or getattr(request.sampling_params, "prompt_logprobs", None) is not None
+                or getattr(request, "pooling_params", None) is not None): return [], 0
         hashes = self._block_hashes(request)
         max_blocks = (request.num_tokens - 1) // self.block_size
         hits = []

@@ -13,11 +13,12 @@ import torch
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['EMBEDDED_GGUF', 'PromptType', 'embedded_gguf_path', 'cache_dir', 'convert_gguf', 'hub_snapshot', 'resolve_model',
-           'RequestOutputKind', 'StructuredOutputsParams', 'SamplingParams', 'tokenize_bad_words', 'TextPrompt',
-           'TokensPrompt', 'CompletionOutput', 'RequestMetrics', 'RequestOutput', 'ModelConfig', 'CacheConfig',
-           'SchedulerConfig', 'ParallelConfig', 'DeviceConfig', 'EngineConfig', 'EngineArgs', 'check_vllm_args',
-           'FlexibleArgumentParser', 'engine_args_from_kwargs']
+__all__ = ['EMBEDDED_GGUF', 'PromptType', 'POOLING_TYPES', 'embedded_gguf_path', 'cache_dir', 'convert_gguf', 'hub_snapshot',
+           'resolve_model', 'RequestOutputKind', 'StructuredOutputsParams', 'SamplingParams', 'tokenize_bad_words',
+           'TextPrompt', 'TokensPrompt', 'CompletionOutput', 'RequestMetrics', 'RequestOutput', 'PoolerConfig',
+           'pooler_settings', 'PoolingParams', 'PoolingOutput', 'EmbeddingOutput', 'PoolingRequestOutput',
+           'EmbeddingRequestOutput', 'ModelConfig', 'CacheConfig', 'SchedulerConfig', 'ParallelConfig', 'DeviceConfig',
+           'EngineConfig', 'EngineArgs', 'check_vllm_args', 'FlexibleArgumentParser', 'engine_args_from_kwargs']
 
 # %% ../nbs/00_config.ipynb #6f90803b
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -377,6 +378,92 @@ class RequestOutput:
     finished: bool
     metrics: RequestMetrics | None = None
     num_cached_tokens: int = 0
+
+# %% ../nbs/00_config.ipynb #p00b
+POOLING_TYPES = ("LAST", "MEAN", "CLS")
+
+@dataclass
+class PoolerConfig:
+    "vLLM's `PoolerConfig`: how a model pools (`pooling_type`) and whether it normalises by default."
+    pooling_type: str | None = None   # None: LAST, vLLM's default for a decoder model
+    normalize: bool | None = None     # None: True (embeddings are unit vectors)
+
+def pooler_settings(pooler_config=None) -> tuple[str, bool]:
+    "The pooling type and the default normalisation of a `pooler_config` (a dict, a `PoolerConfig` or None)."
+    cfg = dict(pooler_config or {}) if isinstance(pooler_config, (dict, type(None))) else dict(vars(pooler_config))
+    extra = sorted(k for k, v in cfg.items() if k not in ("pooling_type", "normalize") and v is not None)
+    if extra: raise NotImplementedError(f"pooler_config keys {extra} are not implemented in minivllm.")
+    kind = str(cfg.get("pooling_type") or "LAST").upper()
+    if kind not in POOLING_TYPES: raise ValueError(f"pooler_config pooling_type={kind!r}: minivllm pools {POOLING_TYPES}.")
+    return kind, True if cfg.get("normalize") is None else bool(cfg["normalize"])
+
+# %% ../nbs/00_config.ipynb #p00d
+@dataclass
+class PoolingParams:
+    """vLLM's `PoolingParams`: what to do with a prompt's hidden states. `normalize=None` takes the pooler config's
+    default; `dimensions` keeps the first values of the vector (then normalises); `task` is "embed" or "encode"."""
+    truncate_prompt_tokens: int | None = None
+    dimensions: int | None = None
+    normalize: bool | None = None
+    activation: bool | None = None     # classification and reward heads only (minivllm has none)
+    task: str | None = None
+    extra_kwargs: dict | None = None
+    output_kind: RequestOutputKind = RequestOutputKind.FINAL_ONLY
+
+    def __post_init__(self):
+        if self.task not in (None, "embed", "encode"):
+            raise NotImplementedError(f"PoolingParams(task={self.task!r}): minivllm pools for 'embed' and 'encode' only.")
+        if self.dimensions is not None and (not isinstance(self.dimensions, int) or isinstance(self.dimensions, bool) or self.dimensions < 1):
+            raise ValueError(f"dimensions must be a positive integer, got {self.dimensions!r}.")
+        if self.truncate_prompt_tokens is not None:
+            raise NotImplementedError("PoolingParams(truncate_prompt_tokens=...) is not implemented in minivllm.")
+        if self.activation: raise NotImplementedError("PoolingParams(activation=True): minivllm has no classification heads.")
+        if self.extra_kwargs: raise NotImplementedError(f"PoolingParams(extra_kwargs={self.extra_kwargs!r}) is not implemented in minivllm.")
+        if self.output_kind != RequestOutputKind.FINAL_ONLY:
+            raise NotImplementedError("a pooled output comes once, when the prompt is read: output_kind must be FINAL_ONLY.")
+
+    def clone(self) -> "PoolingParams": return dataclasses.replace(self)
+
+    def verify(self, model_config):
+        "The checks that need the model: `dimensions` at most its hidden size."
+        h = model_config.hf_config.hidden_size
+        if self.dimensions is not None and self.dimensions > h:
+            raise ValueError(f"dimensions={self.dimensions} is larger than the model's hidden size {h}.")
+
+# %% ../nbs/00_config.ipynb #p00g
+@dataclass
+class PoolingOutput:
+    "vLLM's `PoolingOutput`: the pooled hidden states of one prompt (`data`, a float32 tensor)."
+    data: torch.Tensor
+
+@dataclass
+class EmbeddingOutput:
+    "vLLM's `EmbeddingOutput`: one prompt's embedding, a list of floats."
+    embedding: list[float]
+    @property
+    def hidden_size(self) -> int: return len(self.embedding)
+    @staticmethod
+    def from_base(output: PoolingOutput) -> "EmbeddingOutput":
+        "The embedding in a `PoolingOutput`."
+        return EmbeddingOutput(output.data.flatten().tolist())
+
+@dataclass
+class PoolingRequestOutput:
+    "vLLM's `PoolingRequestOutput`: a pooling request's prompt ids and its pooled `outputs`."
+    request_id: str
+    outputs: PoolingOutput
+    prompt_token_ids: list[int]
+    num_cached_tokens: int = 0
+    finished: bool = True
+    prompt: str | None = None
+
+@dataclass
+class EmbeddingRequestOutput(PoolingRequestOutput):
+    "vLLM's `EmbeddingRequestOutput`: `outputs.embedding` is the list of floats."
+    @classmethod
+    def from_base(cls, o: PoolingRequestOutput) -> "EmbeddingRequestOutput":
+        "The same result with an `EmbeddingOutput`."
+        return cls(o.request_id, EmbeddingOutput.from_base(o.outputs), o.prompt_token_ids, o.num_cached_tokens, o.finished, o.prompt)
 
 # %% ../nbs/00_config.ipynb #e48582ba
 _DTYPES = {"float32": torch.float32, "float": torch.float32, "float16": torch.float16, "half": torch.float16,

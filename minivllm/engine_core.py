@@ -7,7 +7,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from fastcore.basics import patch
-from .config import EngineConfig
+import torch
+import torch.nn.functional as F
+from .config import EngineConfig, pooler_settings
 from .request import Request, RequestStatus
 from .block_manager import KVCacheManager
 from .scheduler import Scheduler, SchedulerOutput
@@ -16,7 +18,7 @@ from .sampler import Sampler, SamplingMetadata, LogprobsTensors, logprobs_dict, 
 from .structured_outputs import StructuredOutputManager
 
 # %% auto #0
-__all__ = ['PHASES', 'EngineCoreOutput', 'StepInfo', 'EngineCoreOutputs', 'SchedulerStats', 'EngineCore']
+__all__ = ['PHASES', 'EngineCoreOutput', 'StepInfo', 'EngineCoreOutputs', 'SchedulerStats', 'Pooler', 'EngineCore']
 
 # %% ../nbs/09_engine_core.ipynb #bb4ed186
 @dataclass
@@ -29,6 +31,7 @@ class EngineCoreOutput:
     num_cached_tokens: int = 0                 # prompt tokens found in the prefix cache
     new_logprobs: list | None = None           # one entry per new token, when the sampler computes logprobs
     new_prompt_logprobs: list | None = None    # once, with the first token, when prompt logprobs are asked for
+    pooling_output: torch.Tensor | None = None # a pooling request's pooled vector, when its prompt has been read
     @property
     def finished(self) -> bool: return self.finish_reason is not None
 
@@ -62,6 +65,32 @@ class SchedulerStats:
     prefix_cache_queries: int = 0    # tokens looked up in the prefix cache
     prefix_cache_hits: int = 0       # tokens found there
 
+# %% ../nbs/09_engine_core.ipynb #p09b
+class Pooler:
+    """Pools each pooling request's final-norm hidden rows into one vector (`pooler_config`: LAST, MEAN or CLS), then
+    keeps its first `dimensions` values and L2-normalises it (`normalize`, else the config's default)."""
+    def __init__(self, pooler_config=None):
+        self.pooling_type, self.normalize = pooler_settings(pooler_config)
+        self.partial: dict[str, torch.Tensor] = {}   # request id -> running sum (MEAN) or first row (CLS)
+
+    def pool(self, req_id: str, start_pos: int, rows: torch.Tensor, params, last: bool) -> torch.Tensor | None:
+        "Fold one chunk (`rows` `[n, hidden]` from prompt position `start_pos`) in; the pooled vector after the `last` one."
+        prev = None if start_pos == 0 else self.partial.pop(req_id, None)   # a chunk from 0: a fresh start (e.g. after preemption)
+        if self.pooling_type == "MEAN": acc = rows.float().sum(0) + (0 if prev is None else prev)
+        elif self.pooling_type == "CLS": acc = rows[0].float() if prev is None else prev
+        else: acc = rows[-1].float()
+        if not last:
+            if self.pooling_type != "LAST": self.partial[req_id] = acc
+            return None
+        v = acc / (start_pos + len(rows)) if self.pooling_type == "MEAN" else acc
+        if params.dimensions is not None: v = v[:params.dimensions]
+        normalize = self.normalize if params.normalize is None else params.normalize
+        return (F.normalize(v, dim=-1) if normalize else v).cpu()
+
+    def discard(self, req_id: str):
+        "Forget a request's partial pool (it was aborted)."
+        self.partial.pop(req_id, None)
+
 # %% ../nbs/09_engine_core.ipynb #a4ec0eea
 class EngineCore:
     "The inner loop of the engine: schedule → execute → sample → update, on token ids only."
@@ -80,6 +109,7 @@ class EngineCore:
         self.sampler = Sampler()
         self.prompt_logprobs = PromptLogprobsCollector()
         self._so_manager: StructuredOutputManager | None = None   # built when the first constrained request arrives
+        self.pooler = Pooler(config.model_config.pooler_config)   # pooling requests' vectors
         self.num_steps = 0
 
     def add_request(self, request: Request):
@@ -94,15 +124,18 @@ class EngineCore:
 # %% ../nbs/09_engine_core.ipynb #5358b662
 @patch
 def execute(self: EngineCore, out: SchedulerOutput, timings: dict[str, float] | None = None
-            ) -> tuple[dict[str, int], dict[str, dict], dict[str, list]]:
+            ) -> tuple[dict[str, int], dict[str, dict], dict[str, list], dict[str, torch.Tensor]]:
     """Run the model on the scheduled batch and sample one token for each request that reached its last token.
-    Returns the sampled tokens, their logprob dicts (requests with `logprobs`) and the prompt logprobs of the
-    prompts finished this step (requests with `prompt_logprobs`). Adds the seconds of each phase to `timings`."""
+    Returns the sampled tokens, their logprob dicts (requests with `logprobs`), the prompt logprobs of the
+    prompts finished this step (requests with `prompt_logprobs`) and the pooled vectors of the pooling requests
+    whose prompt was read to its end this step. Adds the seconds of each phase to `timings`."""
     tm = {} if timings is None else timings
     requests = self.scheduler.requests
     want = self.prompt_logprobs.wanted(out, requests)
     self.model_runner.timings = tm            # the runner adds "prepare", "forward" and "logits" there
-    try: res = self.model_runner.execute_model(out, prompt_logprobs_reqs=want)
+    pool = {s.req_id for s in out.seqs if getattr(requests[s.req_id], "pooling_params", None) is not None}
+    extra = {"pooling_reqs": pool} if pool else {}
+    try: res = self.model_runner.execute_model(out, prompt_logprobs_reqs=want, **extra)
     finally: self.model_runner.timings = None
     t0 = time.perf_counter()
     prompt_lps = self.prompt_logprobs.collect(out, requests, res.prompt_logits) if want else {}
@@ -113,8 +146,13 @@ def execute(self: EngineCore, out: SchedulerOutput, timings: dict[str, float] | 
         so = self.sampler(logits, SamplingMetadata.from_requests(reqs, logits.device))
         sampled = dict(zip(res.req_ids, so.sampled_token_ids.tolist()))
         lps = self._sample_logprobs(reqs, so.logprobs_tensors)
+    pooled = {}
+    for s in out.seqs:
+        if s.req_id not in pool: continue
+        v = self.pooler.pool(s.req_id, s.start_pos, res.hidden_states[s.req_id], requests[s.req_id].pooling_params, s.sample)
+        if v is not None: pooled[s.req_id] = v
     tm["sampling"] = tm.get("sampling", 0.0) + time.perf_counter() - t0
-    return sampled, lps, prompt_lps
+    return sampled, lps, prompt_lps, pooled
 
 @patch
 def _sample_logprobs(self: EngineCore, reqs: list[Request], lt: LogprobsTensors | None) -> dict[str, dict]:
@@ -162,7 +200,8 @@ def step(self: EngineCore) -> EngineCoreOutputs:
     - each scheduled request's `num_computed_tokens` grows by exactly the tokens scheduled for it: the model wrote
       their keys and values into the blocks the scheduler allocated before the forward pass;
     - a token is sampled, and an `EngineCoreOutput` returned, for exactly the scheduled requests whose chunk reached
-      their last known token (`ScheduledSeq.sample`), one token each; a middle prefill chunk produces nothing;
+      their last known token (`ScheduledSeq.sample`), one token each; a middle prefill chunk produces nothing; a
+      pooling request samples nothing: its last prompt chunk returns its `pooling_output` and finishes it ("stop");
     - a request the step finishes (EOS, a stop token, `max_tokens`, the model's length) carries its `finish_reason`
       in its output and has its blocks freed when `step` returns; no later step schedules it;
     - `step_info` holds the scheduler's decision, the tokens sampled (those of `outputs`) and the seconds of each
@@ -172,15 +211,15 @@ def step(self: EngineCore) -> EngineCoreOutputs:
     t0 = time.perf_counter()
     out = self.scheduler.schedule()
     timings["schedule"] = time.perf_counter() - t0
-    sampled, lps, prompt_lps = self.execute(out, timings) if out.seqs else ({}, {}, {})
+    sampled, lps, prompt_lps, pooled = self.execute(out, timings) if out.seqs else ({}, {}, {}, {})
     t1 = time.perf_counter()
     updated = self.scheduler.update_from_output(out, sampled)
     if self._so_manager is not None: self._advance_grammars(out, updated)
-    outputs = [EngineCoreOutput(request_id=r.request_id, new_token_ids=[sampled[r.request_id]],
+    outputs = [EngineCoreOutput(request_id=r.request_id, new_token_ids=[sampled[r.request_id]] if r.request_id in sampled else [],
                                 finish_reason=r.status.finish_reason, stop_reason=r.stop_reason,
                                 num_cached_tokens=max(r.num_cached_tokens, 0),
                                 new_logprobs=[lps[r.request_id]] if r.request_id in lps else None,
-                                new_prompt_logprobs=prompt_lps.get(r.request_id))
+                                new_prompt_logprobs=prompt_lps.get(r.request_id), pooling_output=pooled.get(r.request_id))
                for r in updated]
     timings["update"] = time.perf_counter() - t1
     info = StepInfo(step=self.num_steps, scheduler_output=out, sampled={r: [t] for r, t in sampled.items()}, timings=timings)
@@ -192,7 +231,7 @@ def step(self: EngineCore) -> EngineCoreOutputs:
 def finish_requests(self: EngineCore, request_ids: str | list[str], status: RequestStatus):
     "End requests from outside with `status` (unknown or finished ids are ignored); their blocks are freed now."
     request_ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
-    for rid in request_ids: self.prompt_logprobs.discard(rid)
+    for rid in request_ids: self.prompt_logprobs.discard(rid); self.pooler.discard(rid)
     self.scheduler.finish_requests(request_ids, status)
 
 @patch

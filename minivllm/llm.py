@@ -4,11 +4,12 @@
 
 # %% ../nbs/13_llm.ipynb #9302be48
 from __future__ import annotations
-import itertools, re, time
+import dataclasses, itertools, re, time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 from .config import SamplingParams, RequestOutput, RequestOutputKind, PromptType, TokensPrompt, EngineArgs, engine_args_from_kwargs
+from .config import PoolingParams, PoolingRequestOutput, EmbeddingRequestOutput
 from fastcore.basics import patch
 from .llm_engine import LLMEngine
 from .sampler import BeamSearchParams, BeamSearchOutput, beam_search
@@ -56,7 +57,7 @@ class LLM:
 def _params_list(self: LLM, n: int, sampling_params) -> list[SamplingParams]:
     "One `SamplingParams` per prompt: the default, the one given for all, or the list given (of the right length)."
     if sampling_params is None: sampling_params = self.get_default_sampling_params()
-    params = [sampling_params] * n if isinstance(sampling_params, SamplingParams) else list(sampling_params)
+    params = [sampling_params] * n if isinstance(sampling_params, (SamplingParams, PoolingParams)) else list(sampling_params)
     if len(params) != n: raise ValueError(f"got {n} prompts but {len(params)} sampling_params: give one, or one per prompt.")
     return params
 
@@ -94,7 +95,7 @@ def _run_engine(self: LLM, use_tqdm: bool = True, wanted: int | None = None) -> 
             for o in self.llm_engine.step():
                 if not o.finished: continue
                 self._done[o.request_id] = o
-                n_in += len(o.prompt_token_ids); n_out += sum(len(c.token_ids) for c in o.outputs)
+                n_in += len(o.prompt_token_ids); n_out += sum(len(c.token_ids) for c in o.outputs) if isinstance(o, RequestOutput) else 0
                 dt = max(time.perf_counter() - t0, 1e-9)
                 bar.set_postfix_str(f"est. speed input: {n_in / dt:.2f} toks/s, output: {n_out / dt:.2f} toks/s", refresh=False)
                 bar.update(1)
@@ -262,3 +263,29 @@ def beam_search(self: LLM, prompts: PromptType | Sequence[PromptType], params: B
             out += beam_search(next_logprobs, token_ids[i:i + limit], params, self.llm_engine.processor.eos_token_id, tok.decode)
     finally: bar.close()
     return out
+
+# %% ../nbs/13_llm.ipynb #p13b
+@patch
+def encode(self: LLM, prompts: PromptType | Sequence[PromptType], pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+           *, truncate_prompt_tokens: int | None = None, use_tqdm: bool = True, lora_request=None, pooling_task: str | None = None,
+           tokenization_kwargs: dict | None = None) -> list[PoolingRequestOutput]:
+    "Pool each prompt's hidden states (the model's `pooler_config`: LAST by default, normalised); outputs in prompt order."
+    if tokenization_kwargs: raise NotImplementedError("tokenization_kwargs is not implemented in minivllm.")
+    n = 1 if isinstance(prompts, (str, dict)) else len(prompts)
+    if pooling_params is None: pooling_params = PoolingParams()
+    params = [pooling_params] * n if isinstance(pooling_params, PoolingParams) else list(pooling_params)
+    if not all(isinstance(p, PoolingParams) for p in params): raise TypeError("pooling_params must be PoolingParams (or a list of them).")
+    task = pooling_task or "encode"
+    params = [dataclasses.replace(p, task=p.task or task, truncate_prompt_tokens=truncate_prompt_tokens) for p in params]
+    ids = self._add_requests(prompts, params, None, lora_request, final_only=False)
+    self._run_engine(use_tqdm, wanted=self.llm_engine.get_num_unfinished_requests())
+    return self._collect(ids)
+
+@patch
+def embed(self: LLM, prompts: PromptType | Sequence[PromptType], *, truncate_prompt_tokens: int | None = None,
+          use_tqdm: bool = True, pooling_params: PoolingParams | Sequence[PoolingParams] | None = None, lora_request=None,
+          tokenization_kwargs: dict | None = None) -> list[EmbeddingRequestOutput]:
+    "One embedding per prompt (`outputs.embedding`, a list of floats): `encode` with the task \"embed\"."
+    outs = self.encode(prompts, pooling_params, truncate_prompt_tokens=truncate_prompt_tokens, use_tqdm=use_tqdm,
+                       lora_request=lora_request, pooling_task="embed", tokenization_kwargs=tokenization_kwargs)
+    return [EmbeddingRequestOutput.from_base(o) for o in outs]

@@ -283,9 +283,12 @@ def _clock(device) -> float:
 class ModelRunnerOutput:
     """The logits of the rows that sample (`req_ids[i]` ↔ `logits[i]`) and, for the requests that asked for prompt
     logprobs, `prompt_logits[req_id] = (first position, logits [m, vocab])`: the model's prediction after each prompt
-    position of this step's chunk that has a next prompt token."""
-    def __init__(self, req_ids: list[str], logits: torch.Tensor, prompt_logits: dict | None = None):
+    position of this step's chunk that has a next prompt token; and, for pooling requests, `hidden_states[req_id]`:
+    the final-norm hidden rows `[n, hidden]` of this step's chunk of its prompt (they sample nothing, get no logits)."""
+    def __init__(self, req_ids: list[str], logits: torch.Tensor, prompt_logits: dict | None = None,
+                 hidden_states: dict | None = None):
         self.req_ids, self.logits, self.prompt_logits = req_ids, logits, prompt_logits or {}
+        self.hidden_states = hidden_states or {}
     def __repr__(self): return f"ModelRunnerOutput(req_ids={self.req_ids}, logits={tuple(self.logits.shape)}, prompt_logits={list(self.prompt_logits)})"
 
 # %% ../nbs/05_model.ipynb #56500c62
@@ -373,18 +376,22 @@ def prepare_inputs(self: ModelRunner, scheduler_output: SchedulerOutput):
 @patch
 @torch.inference_mode()
 def execute_model(self: ModelRunner, scheduler_output: SchedulerOutput, *,
-                  prompt_logprobs_reqs: dict[str, int] | None = None) -> ModelRunnerOutput:
+                  prompt_logprobs_reqs: dict[str, int] | None = None, pooling_reqs=None) -> ModelRunnerOutput:
     """Run one step: the ids of the requests that sample and their logits `[n, vocab]` (float32), and the
     prompt-position logits of the requests in `prompt_logprobs_reqs` (request id → number of prompt tokens;
-    `None` or empty: no request wants them). The engine core always calls it the same way:
-    `execute_model(scheduler_output, prompt_logprobs_reqs=...)`."""
+    `None` or empty: no request wants them). The requests in `pooling_reqs` (pooling requests) get no logits: their
+    chunk's hidden rows come back in `hidden_states` instead. The engine core calls it the same way:
+    `execute_model(scheduler_output, prompt_logprobs_reqs=...)`, adding `pooling_reqs=...` when some request pools."""
     tm = self.timings
     if tm is not None: t0 = _clock(self.device)
     input_ids, positions, md, seqs = self.prepare_inputs(scheduler_output)
     if tm is not None: t1 = _clock(self.device)
     hidden = self.model(input_ids, positions, self.kv_caches, md)
     if tm is not None: t2 = _clock(self.device)
-    rows = [int(md.query_start_loc_cpu[i + 1]) - 1 for i, s in enumerate(seqs) if s.sample]
+    pool = pooling_reqs or ()
+    q = md.query_start_loc_cpu
+    hidden_states = {s.req_id: hidden[int(q[i]):int(q[i + 1])] for i, s in enumerate(seqs) if s.req_id in pool}
+    rows = [int(q[i + 1]) - 1 for i, s in enumerate(seqs) if s.sample and s.req_id not in pool]
     spans = []   # (req id, first position, first row, number of rows) of the prompt positions asked for
     for i, s in enumerate(seqs):
         if prompt_logprobs_reqs and s.req_id in prompt_logprobs_reqs:
@@ -397,4 +404,5 @@ def execute_model(self: ModelRunner, scheduler_output: SchedulerOutput, *,
     if tm is not None:
         t3 = _clock(self.device)
         for k, dt in (("prepare", t1 - t0), ("forward", t2 - t1), ("logits", t3 - t2)): tm[k] = tm.get(k, 0.0) + dt
-    return ModelRunnerOutput([s.req_id for s in seqs if s.sample], logits[:len(rows)], prompt_logits)
+    return ModelRunnerOutput([s.req_id for s in seqs if s.sample and s.req_id not in pool], logits[:len(rows)],
+                             prompt_logits, hidden_states)

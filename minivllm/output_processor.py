@@ -7,7 +7,8 @@ from __future__ import annotations
 import logging, time
 from dataclasses import dataclass
 from fastcore.basics import patch
-from .config import SamplingParams, RequestOutput, CompletionOutput, RequestMetrics, RequestOutputKind
+from .config import (SamplingParams, RequestOutput, CompletionOutput, RequestMetrics, RequestOutputKind,
+                             PoolingOutput, PoolingRequestOutput)
 from .request import Request
 from .scheduler import SchedulerOutput
 from .sampler import decode_logprobs
@@ -245,15 +246,28 @@ def abort(self: OutputProcessor, request_id: str, stats=None) -> RequestOutput |
         if s.finish_reason is None: self._finish(st, s, "abort", None, now, stats)
     return self.make_output(st, now, force=True)
 
+# %% ../nbs/10_output_processor.ipynb #p10a
+@patch
+def _pooled_output(self: OutputProcessor, st: RequestState, seq: SequenceState, eco: EngineCoreOutput, now: float,
+                   stats) -> PoolingRequestOutput:
+    "A pooling request's one output, its pooled vector (no text, no tokens); the request is done."
+    self._finish(st, seq, "stop", None, now, stats)
+    st.metrics.finished_time = now
+    self.requests.pop(st.request_id, None); self.seq_of.pop(seq.request_id, None)
+    return PoolingRequestOutput(st.request_id, PoolingOutput(eco.pooling_output), st.prompt_token_ids,
+                                eco.num_cached_tokens, True, st.prompt)
+
 # %% ../nbs/10_output_processor.ipynb #d928f25e
 @patch
 def process(self: OutputProcessor, core_out: EngineCoreOutputs, stats=None) -> OutputProcessorOutput:
     """Turn one step of the core into `RequestOutput`s; say which sequences hit a stop string. `stats` (the
     metrics lesson's `IterationStats`, optional) is told about tokens, latencies and finished sequences."""
-    now, touched, to_abort = core_out.timestamp, {}, []
+    now, touched, to_abort, pooled = core_out.timestamp, {}, [], []
     for eco in core_out.outputs:
         if (x := self.seq_of.get(eco.request_id)) is None: continue   # aborted meanwhile
         st, seq = x
+        if eco.pooling_output is not None:   # a pooling request: its vector is its whole answer
+            pooled.append(self._pooled_output(st, seq, eco, now, stats)); continue
         self._update_timing(st, seq, eco, now, stats)
         st.num_cached_tokens = max(st.num_cached_tokens, eco.num_cached_tokens)
         if eco.new_prompt_logprobs is not None and st.prompt_logprobs is None and not st.prompt_logprobs_sent:
@@ -270,4 +284,4 @@ def process(self: OutputProcessor, core_out: EngineCoreOutputs, stats=None) -> O
         if finish_reason is not None: self._finish(st, seq, finish_reason, stop_reason, now, stats)
         touched[st.request_id] = st
     outs = [o for st in touched.values() if (o := self.make_output(st, now)) is not None]
-    return OutputProcessorOutput(outs, to_abort)
+    return OutputProcessorOutput(pooled + outs, to_abort)

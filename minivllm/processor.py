@@ -8,7 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Container
 from fastcore.basics import patch
-from .config import EngineConfig, SamplingParams, PromptType
+from .config import EngineConfig, SamplingParams, PoolingParams, PromptType
 from .request import Request
 from .structured_outputs import validate_structured_outputs
 
@@ -90,6 +90,16 @@ def unused_request_id(preferred: str, in_use: Container[str]) -> str:
     while rid in in_use: k += 1; rid = f"{preferred}#{k}"
     return rid
 
+# %% ../nbs/08_processor.ipynb #p08b
+@patch
+def pooling_request(self: Processor, request_id: str, text: str | None, ids: list[int], params: PoolingParams,
+                    arrival_time: float | None = None, priority: int = 0) -> Request:
+    "The `Request` of a pooling request: a checked copy of `params` rides on it, and a placeholder `SamplingParams`."
+    params = params.clone()
+    params.verify(self.config.model_config)
+    return Request(request_id, ids, SamplingParams(max_tokens=1, detokenize=False), self.eos_token_id,
+                   time.time() if arrival_time is None else arrival_time, priority, text, pooling_params=params)
+
 # %% ../nbs/08_processor.ipynb #7f8fc0a6
 @patch
 def process(self: Processor, request_id: str, prompt: PromptType, params: SamplingParams | None,
@@ -98,12 +108,15 @@ def process(self: Processor, request_id: str, prompt: PromptType, params: Sampli
     children, each with `parent_request_id=request_id`. Their ids avoid `in_use` (the engine's live sequences)."""
     if not isinstance(request_id, str): raise TypeError(f"request_id must be a str, got {type(request_id).__name__}")
     params = SamplingParams() if params is None else params
-    if not isinstance(params, SamplingParams): raise TypeError(f"params must be SamplingParams, got {type(params).__name__}")
+    if not isinstance(params, (SamplingParams, PoolingParams)):
+        raise TypeError(f"params must be SamplingParams or PoolingParams, got {type(params).__name__}")
     if not isinstance(priority, int): raise TypeError(f"priority must be an int, got {type(priority).__name__}")
     if priority != 0 and self.config.scheduler_config.policy != "priority":
         raise ValueError(f"priority={priority} needs scheduling_policy='priority' (the engine uses "
                          f"{self.config.scheduler_config.policy!r}).")
     text, ids = self.tokenize_prompt(prompt)
+    if isinstance(params, PoolingParams):   # read the prompt, pool it: one request, nothing sampled
+        return [self.pooling_request(unused_request_id(request_id, in_use), text, ids, params, arrival_time, priority)]
     params = self.prepare_params(params, len(ids))
     arrival_time = time.time() if arrival_time is None else arrival_time
     if params.n == 1:

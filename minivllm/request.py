@@ -42,9 +42,10 @@ class Request:
     "One sequence: its prompt, its generated tokens, how many of them are in the KV cache, and its status."
     def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
                  eos_token_id: int | None = None, arrival_time: float | None = None, priority: int = 0,
-                 prompt: str | None = None, parent_request_id: str | None = None):
+                 prompt: str | None = None, parent_request_id: str | None = None, pooling_params=None):
         self.request_id, self.prompt, self.sampling_params = request_id, prompt, sampling_params
         self.parent_request_id = parent_request_id   # the user request this is one sample of (`n > 1`), else None
+        self.pooling_params = pooling_params          # a pooling request (`LLM.embed`): read the prompt, sample nothing
         self.prompt_token_ids = list(prompt_token_ids)
         self.eos_token_id, self.priority = eos_token_id, priority
         self.arrival_time = time.time() if arrival_time is None else arrival_time

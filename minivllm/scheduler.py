@@ -228,13 +228,17 @@ def schedule(self: Scheduler) -> SchedulerOutput:
 # %% ../nbs/03_scheduler.ipynb #fd19a2f3
 @patch
 def update_from_output(self: Scheduler, out: SchedulerOutput, sampled: dict[str, int]) -> list[Request]:
-    "Advance the scheduled requests by the step's results; return the requests that got a new token."
+    "Advance the scheduled requests by the step's results; return the requests that got a new token (or, pooling, ended)."
     updated = []
     for s in out.seqs:
         r = self.requests.get(s.req_id)
         if r is None or r.is_finished(): continue
         r.num_computed_tokens += s.num_tokens
         if not s.sample: continue
+        if getattr(r, "pooling_params", None) is not None:   # a pooling request ends once its prompt is read
+            r.set_status(RequestStatus.FINISHED_STOPPED)
+            self._finish(r); out.finished_after_step.append(r.request_id); updated.append(r)
+            continue
         r.append_output_token_ids(sampled[s.req_id])
         if check_stop(r, self.config.max_model_len):
             self._finish(r); out.finished_after_step.append(r.request_id)

@@ -4,10 +4,10 @@
 
 # %% ../nbs/15_server.ipynb #766a2348
 from __future__ import annotations
-import asyncio, json, time, uuid
+import asyncio, base64, json, time, uuid
 from typing import Any, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field
-from .config import EngineArgs, SamplingParams, RequestOutputKind, TokensPrompt
+from .config import EngineArgs, SamplingParams, RequestOutputKind, TokensPrompt, PoolingParams
 from .config import StructuredOutputsParams
 from .structured_outputs import validate_structured_outputs
 
@@ -16,7 +16,7 @@ __all__ = ['ERROR_RESPONSES', 'StreamOptions', 'JsonSchemaFormat', 'ResponseForm
            'ChatCompletionRequest', 'ErrorInfo', 'ErrorResponse', 'APIError', 'to_sampling_params',
            'structured_outputs_of', 'Metrics', 'completion_logprobs', 'chat_logprobs', 'base_app', 'add_info_routes',
            'check_model', 'apply_sampling_defaults', 'run_request', 'usage', 'respond', 'add_completions_route',
-           'add_chat_route', 'build_app', 'serve_parser', 'cmd_serve']
+           'EmbeddingRequest', 'add_embeddings_route', 'add_chat_route', 'build_app', 'serve_parser', 'cmd_serve']
 
 # %% ../nbs/15_server.ipynb #738e7691
 class StreamOptions(BaseModel):
@@ -391,6 +391,55 @@ def add_completions_route(app):
         return await respond(req.stream, run_request(app, prompt, sp, rid, on_output), finish)
     return app
 
+# %% ../nbs/15_server.ipynb #p15b
+class EmbeddingRequest(BaseModel):
+    "The JSON body of `POST /v1/embeddings` (OpenAI's fields, and vLLM's `normalize`)."
+    model_config = ConfigDict(extra="forbid")
+    input: Union[str, list[str], list[int], list[list[int]]]
+    model: Optional[str] = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: Optional[int] = Field(None, ge=1)
+    user: Optional[str] = None
+    normalize: Optional[bool] = None
+
+def _embedding_inputs(inp) -> list:
+    "The prompts of an embeddings request: texts, or token ids as `TokensPrompt`s."
+    if isinstance(inp, str): return [inp]
+    if not inp: raise APIError("input must not be empty.", param="input")
+    if all(isinstance(x, int) for x in inp): return [TokensPrompt(prompt_token_ids=inp)]
+    return [x if isinstance(x, str) else TokensPrompt(prompt_token_ids=x) for x in inp]
+
+def _encode_vector(v, fmt: str):
+    "An embedding as OpenAI sends it: a list of floats, or the base64 of its little-endian float32 bytes."
+    if fmt == "float": return v.tolist()
+    return base64.b64encode(v.float().numpy().astype("<f4").tobytes()).decode()
+
+# %% ../nbs/15_server.ipynb #p15c
+def add_embeddings_route(app):
+    "`POST /v1/embeddings`: one pooled (by default normalised) vector per input, in OpenAI's response shape."
+    s = app.state
+    @app.post("/v1/embeddings")
+    async def embeddings(req: EmbeddingRequest):
+        check_model(app, req.model)
+        prompts = _embedding_inputs(req.input)
+        pp = PoolingParams(dimensions=req.dimensions, normalize=req.normalize, task="embed")
+        rid = f"embd-{uuid.uuid4().hex}"
+        async def one(i, p):
+            async for out in s.engine.encode(p, pp, f"{rid}-{i}"): last = out
+            return last
+        tasks = [asyncio.ensure_future(one(i, p)) for i, p in enumerate(prompts)]
+        try: outs = await asyncio.gather(*tasks)
+        except (ValueError, TypeError, NotImplementedError) as e:
+            for t in tasks: t.cancel()          # the other inputs' requests are aborted
+            raise APIError(str(e), param="dimensions" if "dimensions" in str(e) else "input") from e
+        n = sum(len(o.prompt_token_ids) for o in outs)
+        s.metrics.prompt_tokens.inc(n)
+        data = [dict(object="embedding", index=i, embedding=_encode_vector(o.outputs.data, req.encoding_format))
+                for i, o in enumerate(outs)]
+        return dict(id=rid, object="list", created=_now(), model=s.served_model_name, data=data,
+                    usage=dict(prompt_tokens=n, total_tokens=n))
+    return app
+
 # %% ../nbs/15_server.ipynb #5982c43e
 def _chat_prompt(tokenizer, req: ChatCompletionRequest, default_template: str | None = None, fmt: str = "auto") -> TokensPrompt:
     "The chat's messages rendered with the (request's, server's or model's) chat template, as token ids."
@@ -451,7 +500,7 @@ def build_app(engine, served_model_name: str = "minivllm", api_key: str | None =
     from minivllm.llm import load_chat_template
     app = base_app(engine, served_model_name, api_key)
     app.state.chat_template, app.state.content_format = load_chat_template(chat_template), chat_template_content_format
-    for add in (add_info_routes, add_completions_route, add_chat_route): add(app)
+    for add in (add_info_routes, add_completions_route, add_chat_route, add_embeddings_route): add(app)
     return app
 
 # %% ../nbs/15_server.ipynb #f16a9eed
