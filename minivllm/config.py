@@ -492,6 +492,7 @@ class ModelConfig:
         c = self.hf_config
         return getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
 
+# %% ../nbs/00_config.ipynb #9aba41c9
 @dataclass
 class CacheConfig:
     "How big the paged KV cache is and how it is shared."

@@ -38,6 +38,7 @@ class ResponseFormat(BaseModel):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: Optional[JsonSchemaFormat] = None
 
+# %% ../nbs/15_server.ipynb #5eb52105
 class _SamplingFields(BaseModel):
     "The fields both APIs share: OpenAI's sampling parameters and vLLM's extra ones."
     model_config = ConfigDict(extra="forbid")
@@ -453,6 +454,7 @@ def _chat_prompt(tokenizer, req: ChatCompletionRequest, default_template: str | 
     except Exception as e: raise APIError(f"messages could not be rendered with the chat template: {e}", param="messages")
     return TokensPrompt(prompt_token_ids=tokenizer(text, add_special_tokens=False).input_ids)
 
+# %% ../nbs/15_server.ipynb #ee7f714c
 def add_chat_route(app):
     "`POST /v1/chat/completions`: messages in, `n` assistant messages out (streamed as deltas, or in one JSON)."
     s = app.state
