@@ -14,7 +14,7 @@ from urllib.parse import urlparse, unquote
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SITE = ROOT / "_site"
+SITE = ROOT / ".pytest_cache" / "site"     # a private build: nothing else in the test run rebuilds or deletes it
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = [pytest.mark.xdist_group("browser"),
               pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium; .ci/run installs it)")]
@@ -30,7 +30,8 @@ def free_port() -> int:
 def site():
     "Build the site (once per test process), serve it on a loopback port; yields the base URL."
     for attempt in range(2):    # .ci/docs takes a lock; a second try covers a build that something else disturbed
-        r = subprocess.run(["bash", ".ci/docs"], cwd=ROOT, capture_output=True, text=True, timeout=600)
+        r = subprocess.run(["bash", ".ci/docs"], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                           env=dict(os.environ, MINIVLLM_SITE_DIR=str(SITE)))
         if r.returncode == 0: break
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     class Quiet(http.server.SimpleHTTPRequestHandler):

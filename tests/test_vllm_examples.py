@@ -5,7 +5,7 @@ The two texts below are vLLM's `examples/offline_inference/basic/basic.py` and
 `port()` swaps `vllm` for `minivllm` in the import lines and the model name for `None` (minivllm's embedded
 SmolLM2-135M-Instruct); the test checks that nothing else changed, runs each script as `__main__`, and checks what it
 printed — the greedy request against HF transformers on the same weights."""
-import argparse, difflib, sys
+import argparse, difflib, sys, threading
 import pytest, torch
 from minivllm import EngineArgs, RequestOutput
 from minivllm import cli
@@ -270,7 +270,14 @@ def run_script(src: str, name: str, argv: list[str], monkeypatch) -> list:
         printed.extend(args)
         print(*args, **kw)
     monkeypatch.setattr(sys, "argv", [name] + argv)
-    exec(compile(src, name, "exec"), {"__name__": "__main__", "print": record})
+    # In a fresh thread, as a script starts: an event loop that another test of this worker left running in the main
+    # thread would make the script's own `asyncio.run` refuse to start.
+    err = []
+    def main():
+        try: exec(compile(src, name, "exec"), {"__name__": "__main__", "print": record})
+        except BaseException as e: err.append(e)
+    t = threading.Thread(target=main); t.start(); t.join()
+    if err: raise err[0]
     return printed
 
 
