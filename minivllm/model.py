@@ -15,9 +15,9 @@ from .attention import AttentionMetadata, build_metadata, torch_paged_attention
 from .scheduler import SchedulerOutput
 
 # %% auto #0
-__all__ = ['SUPPORTED_MODEL_TYPES', 'RMSNorm', 'Linear', 'rope_inv_freq', 'RotaryEmbedding', 'get_attention_fn', 'Attention',
-           'MLP', 'DecoderLayer', 'LlamaForCausalLM', 'iter_checkpoint_weights', 'load_model', 'tiny_config',
-           'make_tiny_checkpoint', 'ModelRunnerOutput', 'ModelRunner']
+__all__ = ['SUPPORTED_MODEL_TYPES', 'RMSNorm', 'row_bucket', 'Linear', 'rope_inv_freq', 'RotaryEmbedding', 'get_attention_fn',
+           'Attention', 'MLP', 'DecoderLayer', 'LlamaForCausalLM', 'iter_checkpoint_weights', 'load_model',
+           'tiny_config', 'make_tiny_checkpoint', 'ModelRunnerOutput', 'ModelRunner']
 
 # %% ../nbs/05_model.ipynb #8283517b
 class RMSNorm(nn.Module):
@@ -37,6 +37,12 @@ def _can_pack(w: torch.Tensor) -> bool:
     return (w.device.type == "cpu" and torch.backends.mkldnn.is_available()
             and hasattr(torch.ops.mkldnn, "_reorder_linear_weight") and w.dtype in (torch.float32, torch.bfloat16))
 
+def row_bucket(m: int) -> int:
+    "The number of rows a packed GEMM of `m` rows runs at: `m` up to 16, then rounded up to 8 sizes per doubling."
+    if m <= 16: return m
+    step = 1 << ((m - 1).bit_length() - 4)
+    return -(-m // step) * step
+
 class Linear(nn.Linear):
     "`nn.Linear` that multiplies with a oneDNN-prepacked copy of its weight once `pack()` made one (CPU)."
     packed: torch.Tensor | None = None
@@ -55,10 +61,15 @@ class Linear(nn.Linear):
         "Drop the packed copy (back to `F.linear`)."
         self.packed = None
     def forward(self, x):
-        "`x @ W.T + b`, with the packed weight when there is one."
-        if self.packed is not None and x.dtype == self.weight.dtype and x.device.type == "cpu":
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
-        return F.linear(x, self.weight, self.bias)
+        "`x @ W.T + b`, with the packed weight when there is one (at a bucketed number of rows, see `row_bucket`)."
+        if self.packed is None or x.dtype != self.weight.dtype or x.device.type != "cpu": return F.linear(x, self.weight, self.bias)
+        rows = x.reshape(-1, self.in_features)
+        out = torch.cat([self._packed_mm(c) for c in rows.split(256)]) if len(rows) > 256 else self._packed_mm(rows)
+        return out.view(*x.shape[:-1], self.out_features)
+    def _packed_mm(self, rows):
+        m = len(rows); b = row_bucket(m)
+        if b > m: rows = F.pad(rows, (0, 0, 0, b - m))
+        return torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [], "")[:m]
 
 # %% ../nbs/05_model.ipynb #36e2aa55
 def rope_inv_freq(config) -> tuple[torch.Tensor, float]:

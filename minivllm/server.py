@@ -5,18 +5,19 @@
 # %% ../nbs/15_server.ipynb #766a2348
 from __future__ import annotations
 import asyncio, base64, json, time, uuid
-from typing import Any, Literal, Optional, Union
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Annotated, Any, Literal, Optional, Union
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 from .config import EngineArgs, SamplingParams, RequestOutputKind, TokensPrompt, PoolingParams
 from .config import StructuredOutputsParams
 from .structured_outputs import validate_structured_outputs
 
 # %% auto #0
-__all__ = ['ERROR_RESPONSES', 'StreamOptions', 'JsonSchemaFormat', 'ResponseFormat', 'CompletionRequest', 'ChatMessage',
-           'ChatCompletionRequest', 'ErrorInfo', 'ErrorResponse', 'APIError', 'to_sampling_params',
-           'structured_outputs_of', 'Metrics', 'completion_logprobs', 'chat_logprobs', 'base_app', 'add_info_routes',
-           'check_model', 'apply_sampling_defaults', 'run_request', 'usage', 'respond', 'add_completions_route',
-           'EmbeddingRequest', 'add_embeddings_route', 'add_chat_route', 'build_app', 'serve_parser', 'cmd_serve']
+__all__ = ['Text', 'TokenIds', 'OneText', 'OneTokenIds', 'ERROR_RESPONSES', 'StreamOptions', 'JsonSchemaFormat', 'ResponseFormat',
+           'CompletionRequest', 'ChatMessage', 'ChatCompletionRequest', 'ErrorInfo', 'ErrorResponse', 'APIError',
+           'to_sampling_params', 'structured_outputs_of', 'Metrics', 'completion_logprobs', 'chat_logprobs', 'base_app',
+           'add_info_routes', 'check_model', 'apply_sampling_defaults', 'run_request', 'usage', 'respond',
+           'add_completions_route', 'EmbeddingRequest', 'add_embeddings_route', 'add_chat_route', 'build_app',
+           'serve_parser', 'cmd_serve']
 
 # %% ../nbs/15_server.ipynb #738e7691
 class StreamOptions(BaseModel):
@@ -39,6 +40,17 @@ class ResponseFormat(BaseModel):
     json_schema: Optional[JsonSchemaFormat] = None
 
 # %% ../nbs/15_server.ipynb #5eb52105
+# what the schema promises is what the server takes: no empty prompts, token ids that are integers (not `true`)
+Text = Annotated[str, Field(min_length=1)]
+def _token_id(v):
+    "A token id the way JSON Schema's `integer` means it: an int or an integral float (`3.0`), never `true` or `\"3\"`."
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not v.is_integer()):
+        raise ValueError("token ids must be integers")
+    return int(v)
+TokenIds = Annotated[list[Annotated[int, Field(ge=0), BeforeValidator(_token_id)]], Field(min_length=1)]
+OneText = Annotated[list[Text], Field(min_length=1, max_length=1)]          # one prompt per request: a list of one
+OneTokenIds = Annotated[list[TokenIds], Field(min_length=1, max_length=1)]
+
 class _SamplingFields(BaseModel):
     "The fields both APIs share: OpenAI's sampling parameters and vLLM's extra ones."
     model_config = ConfigDict(extra="forbid")
@@ -73,7 +85,7 @@ class _SamplingFields(BaseModel):
 
 class CompletionRequest(_SamplingFields):
     "The JSON body of `POST /v1/completions`: a prompt (text or token ids) and the sampling fields."
-    prompt: Union[str, list[str], list[int], list[list[int]]]
+    prompt: Union[Text, OneText, TokenIds, OneTokenIds]
     max_tokens: Optional[int] = Field(16, ge=1)
     logprobs: Optional[int] = Field(None, ge=0, le=20)
     echo: bool = False
@@ -82,8 +94,8 @@ class CompletionRequest(_SamplingFields):
 class ChatMessage(BaseModel):
     "One message of a chat: a role and its content (extra keys, e.g. `name`, go to the chat template)."
     model_config = ConfigDict(extra="allow")
-    role: str
-    content: Optional[Union[str, list[dict[str, Any]]]] = None
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Union[str, list[dict[str, Any]]]
 
 class ChatCompletionRequest(_SamplingFields):
     "The JSON body of `POST /v1/chat/completions`: the messages, rendered with the model's chat template."
@@ -230,9 +242,14 @@ def _error(app, e: APIError):
 def _validation_message(errs: list[dict]) -> tuple[str, str | None]:
     "A one-line message (and the field) for pydantic's validation errors, phrased as OpenAI phrases them."
     first = errs[0] if errs else {}
-    loc = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
+    locs = [[x for x in e.get("loc", ()) if x != "body"] for e in errs] or [[]]
+    n = 0                          # a value that fits none of a union's forms gives one error per form: name the field
+    while all(len(l) > n for l in locs) and len({str(l[n]) for l in locs}) == 1: n += 1
+    union = len(errs) > 1 and 0 < n < len(locs[0])
+    loc = ".".join(str(x) for x in (locs[0][:n] if union else locs[0]))
     if first.get("type") == "json_invalid": msg = f"Malformed JSON body: {first.get('msg', '')}"
     elif first.get("type") == "extra_forbidden": msg = f"Unrecognized request argument supplied: {loc}"
+    elif union: msg = f"{loc}: not one of the accepted forms ({'; '.join(dict.fromkeys(e.get('msg', '') for e in errs))})"
     else: msg = f"{loc}: {first.get('msg', 'invalid value')}" if loc else first.get("msg", "invalid request")
     return msg, loc or None
 
@@ -396,7 +413,7 @@ def add_completions_route(app):
 class EmbeddingRequest(BaseModel):
     "The JSON body of `POST /v1/embeddings` (OpenAI's fields, and vLLM's `normalize`)."
     model_config = ConfigDict(extra="forbid")
-    input: Union[str, list[str], list[int], list[list[int]]]
+    input: Union[Text, Annotated[list[Text], Field(min_length=1)], TokenIds, Annotated[list[TokenIds], Field(min_length=1)]]
     model: Optional[str] = None
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: Optional[int] = Field(None, ge=1)
