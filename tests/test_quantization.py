@@ -4,7 +4,7 @@ import numpy as np, pytest, torch
 import gguf
 from torch import nn
 from minivllm.quantization import (Int4Linear, Int8Linear, dequantize, int4_affine, int4_reference, read_gguf,
-                                   split_blocks, gguf_linear)
+                                   split_blocks, gguf_linear, prompt_logprob_stats, logprob_agreement as agreement)
 from minivllm.config import EngineArgs, embedded_gguf_path
 from minivllm.model import Linear
 
@@ -79,21 +79,7 @@ TEXTS = ["The capital of France is Paris. It is known for the Eiffel Tower, the 
          "<|im_start|>user\nList three colors.<|im_end|>\n<|im_start|>assistant\nRed, green and blue are three colors.<|im_end|>"]
 
 
-def prompt_stats(llm, texts=TEXTS):
-    "Teacher-forced, at every prompt position: (the model's top-1 next token, its logprob of the actual next token)."
-    from minivllm import SamplingParams
-    res = []
-    for o in llm.generate(texts, SamplingParams(max_tokens=1, prompt_logprobs=1), use_tqdm=False):
-        for i, d in enumerate(o.prompt_logprobs):
-            if d is not None: res.append((next(t for t, lp in d.items() if lp.rank == 1), d[o.prompt_token_ids[i]].logprob))
-    return res
-
-
-def agreement(a, b) -> dict:
-    "Top-1 agreement and |logprob difference| of two `prompt_stats` over the same positions."
-    diffs = [abs(x[1] - y[1]) for x, y in zip(a, b)]
-    return dict(positions=len(a), top1_agreement=sum(x[0] == y[0] for x, y in zip(a, b)) / len(a),
-                max_abs_logprob_diff=max(diffs), mean_abs_logprob_diff=sum(diffs) / len(diffs))
+prompt_stats = lambda llm: prompt_logprob_stats(llm, TEXTS)
 
 
 def test_engine_matches_dense_reference_and_fp32(quant_llm):
