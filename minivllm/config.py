@@ -774,10 +774,15 @@ def add_cli_args(cls: EngineArgs, parser: argparse.ArgumentParser) -> argparse.A
         if f.type in (bool, "bool") or hint == "<class 'bool'>":
             g.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
         else:
-            typ = _json_or_str if "dict" in hint else int if "int" in hint else float if "float" in hint else str
+            typ = (_json_or_str if "dict" in hint else int if "int" in hint else float if "float" in hint else
+                   _none_or_str if "None" in hint else str)
             g.add_argument(flag, type=typ, default=f.default, help=f"default: {f.default}")
     _add_vllm_cli_args(parser)
     return parser
+
+def _none_or_str(s: str):
+    "An optional string flag's value: `None` for 'None', else the string."
+    return None if s == "None" else s
 
 def _json_or_str(s: str):
     "A flag's value: JSON (`{...}`, `[...]`, numbers, `null`) when it parses, `None` for 'None', else the string."
