@@ -18,7 +18,8 @@ __all__ = ['EMBEDDED_GGUF', 'PromptType', 'POOLING_TYPES', 'embedded_gguf_path',
            'TextPrompt', 'TokensPrompt', 'CompletionOutput', 'RequestMetrics', 'RequestOutput', 'PoolerConfig',
            'pooler_settings', 'PoolingParams', 'PoolingOutput', 'EmbeddingOutput', 'PoolingRequestOutput',
            'EmbeddingRequestOutput', 'ModelConfig', 'CacheConfig', 'SchedulerConfig', 'ParallelConfig', 'DeviceConfig',
-           'EngineConfig', 'EngineArgs', 'check_vllm_args', 'FlexibleArgumentParser', 'engine_args_from_kwargs']
+           'EngineConfig', 'EngineArgs', 'cpu_has_bf16', 'check_vllm_args', 'FlexibleArgumentParser',
+           'engine_args_from_kwargs']
 
 # %% ../nbs/00_config.ipynb #6f90803b
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -484,6 +485,8 @@ class ModelConfig:
     override_generation_config: dict | None = None
     revision: str | None = None
     pooler_config: Any = None                  # {"pooling_type": "LAST" | "MEAN" | "CLS", "normalize": bool} for LLM.embed
+    quantization: str | None = None            # "gguf": run the GGUF file's own quantized weights (lesson 04b)
+    gguf_file: str | None = None               # that file (`model` is then the converted directory: config, tokenizer)
 
     def get_vocab_size(self) -> int: return self.hf_config.vocab_size
     def get_num_layers(self) -> int: return self.hf_config.num_hidden_layers
@@ -550,6 +553,7 @@ def get_diff_sampling_param(self: ModelConfig) -> dict:
 # %% ../nbs/00_config.ipynb #69219570
 _CPU_KV_CACHE_BYTES = 1 << 30
 _BACKENDS = ("torch", "triton")
+_QUANTIZATIONS = (None, "gguf")   # "gguf": the GGUF file's own quantized weights (lesson 04b)
 
 @dataclass
 class EngineArgs:
@@ -581,6 +585,12 @@ class EngineArgs:
     generation_config: str = "auto"
     override_generation_config: dict | None = None
     pooler_config: dict | None = None
+    quantization: str | None = None
+
+    def __post_init__(self):
+        if self.quantization not in _QUANTIZATIONS:   # refused at once, by name, as vLLM's other unsupported values are
+            raise NotImplementedError(f"quantization={self.quantization!r} is not implemented in minivllm; it runs "
+                                      "quantization='gguf' (a GGUF file's own Q4_0/Q4_1/Q8_0 weights) or None (float weights).")
 
 # %% ../nbs/00_config.ipynb #c722ddd8
 @patch
@@ -602,6 +612,31 @@ def _check(self: EngineArgs, device: torch.device) -> str:
     if backend not in _BACKENDS: bad(f"attention_backend must be one of {_BACKENDS}, got {backend!r}.")
     return backend
 
+# %% ../nbs/00_config.ipynb #29d76311
+def cpu_has_bf16() -> bool:
+    "Whether this CPU multiplies bfloat16 natively (AVX512-BF16 or AMX flags in `/proc/cpuinfo`; False where there is none)."
+    try: return bool(re.search(r"\b(avx512_bf16|amx_bf16)\b", Path("/proc/cpuinfo").read_text()))
+    except OSError: return False
+
+@patch
+def _dtype_and_quantization(self: EngineArgs, device: torch.device) -> tuple[torch.dtype, str | None]:
+    "The compute dtype, and the GGUF file whose quantized weights run (`quantization='gguf'`; else None)."
+    import logging
+    gguf = None
+    if self.quantization == "gguf":
+        gguf = embedded_gguf_path() if self.model is None else Path(self.model).expanduser()
+        if gguf.suffix != ".gguf" or not gguf.is_file():
+            raise ValueError(f"quantization='gguf' needs a .gguf model file (or the embedded model), got model={self.model!r}.")
+        if self.tensor_parallel_size != 1:
+            raise NotImplementedError("quantization='gguf' with tensor_parallel_size > 1 is not implemented in minivllm.")
+    if self.dtype in _DTYPES: return _DTYPES[self.dtype], gguf and str(gguf)
+    if self.dtype != "auto": raise ValueError(f"dtype must be one of 'auto', {', '.join(map(repr, _DTYPES))}; got {self.dtype!r}.")
+    if device.type != "cpu": dtype, why = torch.bfloat16, "a GPU"
+    elif self.quantization and cpu_has_bf16(): dtype, why = torch.bfloat16, "quantized weights on a CPU with bf16 (AVX512-BF16/AMX)"
+    else: dtype, why = torch.float32, "a CPU" + (" without native bf16" if self.quantization else "")
+    logging.getLogger("minivllm").info("dtype='auto' -> %s (%s)", str(dtype).removeprefix("torch."), why)
+    return dtype, gguf and str(gguf)
+
 # %% ../nbs/00_config.ipynb #72f37a84
 @patch
 def create_engine_config(self: EngineArgs) -> EngineConfig:
@@ -618,10 +653,7 @@ def create_engine_config(self: EngineArgs) -> EngineConfig:
     if self.generation_config not in ("auto", "vllm") and not Path(self.generation_config).is_dir():
         bad(f"generation_config must be 'auto', 'vllm' or a directory, got {self.generation_config!r}.")
     hf_config = AutoConfig.from_pretrained(path)
-    if self.dtype == "auto":
-        dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
-    elif self.dtype in _DTYPES: dtype = _DTYPES[self.dtype]
-    else: bad(f"dtype must be one of 'auto', {', '.join(map(repr, _DTYPES))}; got {self.dtype!r}.")
+    dtype, gguf_file = self._dtype_and_quantization(device)
     limit = getattr(hf_config, "max_position_embeddings", None) or 2048
     max_model_len = self.max_model_len or limit
     if max_model_len > limit: bad(f"max_model_len={max_model_len} is larger than the model's maximum length {limit}.")
@@ -639,7 +671,8 @@ def create_engine_config(self: EngineArgs) -> EngineConfig:
     kv_bytes = self.kv_cache_memory_bytes or (_CPU_KV_CACHE_BYTES if device.type == "cpu" else None)
     return EngineConfig(
         ModelConfig(str(path), str(tokenizer or path), dtype, self.seed, max_model_len, hf_config, backend, self.max_logprobs,
-                    self.generation_config, self.override_generation_config, self.revision, self.pooler_config),
+                    self.generation_config, self.override_generation_config, self.revision, self.pooler_config,
+                    self.quantization, gguf_file),
         CacheConfig(self.block_size, self.gpu_memory_utilization, kv_bytes, self.num_gpu_blocks_override,
                     self.enable_prefix_caching),
         SchedulerConfig(self.max_num_seqs, mnbt, max_model_len, self.enable_chunked_prefill, self.scheduling_policy),
@@ -653,7 +686,7 @@ _VLLM_ARGS: dict = dict(
     served_model_name=_ANY, hf_config_path=(None,), runner=("auto", "generate", "pooling"), convert=("auto", "none", "embed"),
     task=(None, "auto", "generate", "embed", "embedding"), skip_tokenizer_init=(False,), enable_prompt_embeds=(False,),
     tokenizer_mode=("auto", "hf"), trust_remote_code=_ANY_BOOL, code_revision=_ANY, config_format=("auto", "hf"),
-    rope_scaling=(None, {}), rope_theta=(None,), hf_overrides=(None, {}), quantization=(None,), model_impl=("auto", "vllm"),
+    rope_scaling=(None, {}), rope_theta=(None,), hf_overrides=(None, {}), model_impl=("auto", "vllm"),
     override_attention_dtype=(None,), logits_processors=(None, []), logits_processor_pattern=_ANY, io_processor_plugin=(None,),
     logprobs_mode=("raw_logprobs",), override_pooler_config=(None,), enable_sleep_mode=(False,),
     disable_sliding_window=_ANY_BOOL, disable_cascade_attn=_ANY_BOOL,
@@ -741,10 +774,15 @@ def add_cli_args(cls: EngineArgs, parser: argparse.ArgumentParser) -> argparse.A
         if f.type in (bool, "bool") or hint == "<class 'bool'>":
             g.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
         else:
-            typ = _json_or_str if "dict" in hint else int if "int" in hint else float if "float" in hint else str
+            typ = (_json_or_str if "dict" in hint else int if "int" in hint else float if "float" in hint else
+                   _none_or_str if "None" in hint else str)
             g.add_argument(flag, type=typ, default=f.default, help=f"default: {f.default}")
     _add_vllm_cli_args(parser)
     return parser
+
+def _none_or_str(s: str):
+    "An optional string flag's value: `None` for 'None', else the string."
+    return None if s == "None" else s
 
 def _json_or_str(s: str):
     "A flag's value: JSON (`{...}`, `[...]`, numbers, `null`) when it parses, `None` for 'None', else the string."

@@ -17,7 +17,7 @@ from .scheduler import SchedulerOutput
 # %% auto #0
 __all__ = ['SUPPORTED_MODEL_TYPES', 'RMSNorm', 'row_bucket', 'Linear', 'rope_inv_freq', 'RotaryEmbedding', 'get_attention_fn',
            'Attention', 'MLP', 'DecoderLayer', 'LlamaForCausalLM', 'iter_checkpoint_weights', 'load_model',
-           'tiny_config', 'make_tiny_checkpoint', 'ModelRunnerOutput', 'ModelRunner']
+           'load_gguf_model', 'tiny_config', 'make_tiny_checkpoint', 'ModelRunnerOutput', 'ModelRunner']
 
 # %% ../nbs/05_model.ipynb #8283517b
 class RMSNorm(nn.Module):
@@ -267,6 +267,61 @@ def load_model(path, hf_config, dtype=torch.float32, device="cpu", attention_bac
     model.load_weights(iter_checkpoint_weights(path))
     return model.to(device=device, dtype=dtype).eval()
 
+# %% ../nbs/05_model.ipynb #37496092
+def _gguf_float(kind: str, t: torch.Tensor) -> torch.Tensor:
+    "A GGUF tensor (from `read_gguf`) as float32: float types as they are, quantized blocks de-quantized."
+    from minivllm.quantization import GGUF_BLOCK_BYTES, split_blocks, dequantize
+    if kind in ("F32", "F16", "BF16"): return t.float()
+    if kind in GGUF_BLOCK_BYTES: return dequantize(*split_blocks(t, kind), kind)
+    import gguf
+    return torch.from_numpy(gguf.quants.dequantize(t.numpy(), gguf.GGMLQuantizationType[kind]))
+
+def _gguf_module(parts: list[tuple[str, torch.Tensor]], dtype, device) -> nn.Module:
+    "One linear layer from the rows of one or more GGUF tensors: quantized when they share a runnable block type."
+    from minivllm.quantization import GGUF_BLOCK_BYTES, gguf_linear
+    kinds = {k for k, _ in parts}
+    if len(kinds) == 1 and (kind := kinds.pop()) in GGUF_BLOCK_BYTES:
+        return gguf_linear(torch.cat([t for _, t in parts]), kind, dtype, device)
+    w = torch.cat([_gguf_float(k, t) for k, t in parts]).to(device=device, dtype=dtype)
+    lin = Linear(w.shape[1], w.shape[0], bias=False, device="meta")
+    lin.weight = nn.Parameter(w, requires_grad=False)
+    return lin
+
+# %% ../nbs/05_model.ipynb #ccae8fb6
+def load_gguf_model(gguf_file, hf_config, dtype=torch.bfloat16, device="cpu", attention_backend="torch",
+                    max_pos=None) -> LlamaForCausalLM:
+    "The model of a llama GGUF file with its Q4_0/Q4_1/Q8_0 linear weights kept quantized (lesson 04b)."
+    from minivllm.quantization import read_gguf, unpermute_rows
+    arch, ts = read_gguf(gguf_file)
+    if arch != "llama": raise NotImplementedError(f"quantization='gguf' runs llama-architecture GGUF files, not {arch!r}.")
+    c, device = hf_config, torch.device(device)
+    heads = {"attn_q": c.num_attention_heads, "attn_k": c.num_key_value_heads}
+    def rows(name):   # a tensor's rows, with llama.cpp's q/k row order undone
+        kind, t = ts.pop(name)
+        short = name.split(".")[-2]
+        return kind, (unpermute_rows(t, heads[short]) if short in heads else t)
+    def module(*names): return _gguf_module([rows(n) for n in names], dtype, device)
+    def param(t): return nn.Parameter(t.to(device=device, dtype=dtype), requires_grad=False)
+    with torch.device("meta"): model = LlamaForCausalLM(c, attention_backend, max_pos)   # no memory, no random init
+    for i, layer in enumerate(model.layers):
+        b = f"blk.{i}."
+        layer.self_attn.qkv_proj = module(*(b + f"attn_{x}.weight" for x in "qkv"))
+        layer.self_attn.o_proj = module(b + "attn_output.weight")
+        layer.mlp.gate_up_proj = module(b + "ffn_gate.weight", b + "ffn_up.weight")
+        layer.mlp.down_proj = module(b + "ffn_down.weight")
+        layer.input_layernorm.weight = param(_gguf_float(*ts.pop(b + "attn_norm.weight")))
+        layer.post_attention_layernorm.weight = param(_gguf_float(*ts.pop(b + "ffn_norm.weight")))
+    emb = ts["token_embd.weight"]
+    model.lm_head = module("output.weight" if "output.weight" in ts else "token_embd.weight")   # tied: the embedding's blocks
+    model.embed_tokens.weight = param(_gguf_float(*emb))
+    ts.pop("token_embd.weight", None)
+    model.norm.weight = param(_gguf_float(*ts.pop("output_norm.weight")))
+    with torch.device(device): model.rotary = RotaryEmbedding(c, max_pos or c.max_position_embeddings).to(dtype)
+    if ts: raise NotImplementedError(f"GGUF tensors minivllm does not run: {sorted(ts)[:5]}")
+    left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    assert not left, f"not loaded from the GGUF file: {left[:5]}"
+    return model.eval()
+
 # %% ../nbs/05_model.ipynb #f627a407
 def tiny_config(model_type="llama", **kw):
     "A tiny random-model config of an HF model family, for tests."
@@ -322,6 +377,8 @@ class ModelRunner:
     def load_model(self) -> LlamaForCausalLM:
         "The model of the config, with its weights, on this runner's device."
         mc = self.config.model_config
+        if mc.quantization == "gguf":   # the GGUF file's own quantized weights (lesson 04b)
+            return load_gguf_model(mc.gguf_file, mc.hf_config, mc.dtype, self.device, mc.attention_backend, mc.max_model_len)
         return load_model(mc.model, mc.hf_config, mc.dtype, self.device, mc.attention_backend, mc.max_model_len)
     def agree_num_blocks(self, n: int) -> int:
         "The number of KV blocks all processes can afford (one process: nobody to agree with)."

@@ -1,0 +1,100 @@
+"""Quantized GGUF weights (lesson 04b): the repacked int4/int8 kernels hold exactly the reference de-quantization, and the
+engine with `quantization="gguf"` generates what a dense model with the same (de-quantized) weights generates."""
+import numpy as np, pytest, torch
+import gguf
+from torch import nn
+from minivllm.quantization import (Int4Linear, Int8Linear, dequantize, int4_affine, int4_reference, read_gguf,
+                                   split_blocks, gguf_linear, prompt_logprob_stats, logprob_agreement as agreement)
+from minivllm.config import EngineArgs, embedded_gguf_path
+from minivllm.model import Linear
+
+
+def held_weight(m: nn.Module) -> torch.Tensor:
+    "The weights a weight-only kernel multiplies by: `I @ W.T`, transposed."
+    return m(torch.eye(m.in_features, dtype=torch.bfloat16)).T
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1"])
+def test_int4_repack_is_exact(kind):
+    w = np.random.default_rng(1).standard_normal((96, 128)).astype(np.float32) * np.linspace(0.05, 3, 96)[:, None]
+    raw = torch.from_numpy(gguf.quants.quantize(w, gguf.GGMLQuantizationType[kind]))
+    q, d, m = split_blocks(raw, kind)
+    llama = torch.from_numpy(gguf.quants.dequantize(raw.numpy(), gguf.GGMLQuantizationType[kind]))
+    assert torch.equal(dequantize(q, d, m, kind), llama)                       # our reference == llama.cpp's
+    lin = gguf_linear(raw, kind)
+    assert isinstance(lin, Int4Linear)
+    assert torch.equal(held_weight(lin), int4_reference(*int4_affine(q, d, m, kind)))   # the kernel == the reference, bit for bit
+    assert (held_weight(lin).float() - llama).abs().max() <= 2 ** -7 * llama.abs().max()   # bf16 scales only
+
+
+def test_q8_0_int8_rows():
+    w = np.random.default_rng(2).standard_normal((64, 96)).astype(np.float32)
+    raw = torch.from_numpy(gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q8_0))
+    lin = gguf_linear(raw, "Q8_0")
+    assert isinstance(lin, Int8Linear)
+    ref = dequantize(*split_blocks(raw, "Q8_0"), "Q8_0")
+    held = held_weight(lin).float()
+    assert torch.equal(held, (lin.weight.float() * lin.scales.float()[:, None]).bfloat16().float())
+    step = ref.abs().amax(1, keepdim=True) / 127
+    assert ((held - ref).abs() <= 1.5 * step).all()
+
+
+def test_read_gguf_matches_gguf_package():
+    arch, ts = read_gguf(embedded_gguf_path())
+    r = gguf.GGUFReader(embedded_gguf_path())
+    assert arch == "llama" and len(ts) == len(r.tensors)
+    for t in r.tensors:
+        kind, a = ts[t.name]
+        assert kind == t.tensor_type.name and np.array_equal(a.numpy(), np.array(t.data)), t.name
+
+
+def test_bad_quantization_values(model_dir):
+    with pytest.raises(NotImplementedError, match="quantization='awq'"): EngineArgs(quantization="awq")
+    with pytest.raises(ValueError, match="quantization='gguf'"):    # a float checkpoint has no GGUF blocks to run
+        EngineArgs(model=str(model_dir), quantization="gguf").create_engine_config()
+
+
+@pytest.fixture(scope="module")
+def quant_llm():
+    from minivllm import LLM
+    return LLM(quantization="gguf", dtype="bfloat16", max_model_len=512, enable_prefix_caching=False)
+
+
+def _densify(model):
+    "Replace every weight-only quantized module by a dense bf16 `Linear` holding exactly the kernel's weights."
+    for name, m in list(model.named_modules()):
+        if isinstance(m, (Int4Linear, Int8Linear)):
+            lin = Linear(m.in_features, m.out_features, bias=False, dtype=torch.bfloat16)
+            lin.weight.data.copy_(held_weight(m))
+            parent, _, attr = name.rpartition(".")
+            setattr(model.get_submodule(parent) if parent else model, attr, lin)
+
+
+TEXTS = ["The capital of France is Paris. It is known for the Eiffel Tower, the Louvre and its cafes, and about two million "
+         "people live in the city itself.",
+         "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n\n"
+         "print([fibonacci(i) for i in range(10)])",
+         "Water boils at 100 degrees Celsius at sea level. At higher altitudes the air pressure is lower, so water boils at a "
+         "lower temperature.",
+         "<|im_start|>user\nList three colors.<|im_end|>\n<|im_start|>assistant\nRed, green and blue are three colors.<|im_end|>"]
+
+
+prompt_stats = lambda llm: prompt_logprob_stats(llm, TEXTS)
+
+
+def test_engine_matches_dense_reference_and_fp32(quant_llm):
+    """The quantized engine vs (1) the same engine with dense bf16 linears holding the de-quantized weights (the torch
+    reference, same dtype) and (2) the float32 expansion of the same GGUF. Both differ from it only by bf16 rounding
+    (activations; accumulation order), which alone moves logprobs by up to ~0.3-0.45 nats at a few positions and flips
+    the top-1 token at ~1-3% of them (measured: 97% / 98% top-1, mean |diff| 0.04 / 0.05 over 136 positions). A wrong
+    repacking (a wrong zero point, scale or row order) breaks agreement completely, which is what these bounds catch."""
+    from minivllm import LLM
+    runner = quant_llm.llm_engine.engine_core.model_runner
+    assert sum(isinstance(m, Int4Linear) for m in runner.model.modules()) == 120
+    sq = prompt_stats(quant_llm)
+    _densify(runner.model)
+    ref = agreement(sq, prompt_stats(quant_llm))
+    assert ref["positions"] > 100 and ref["top1_agreement"] >= 0.9 and ref["mean_abs_logprob_diff"] < 0.1, ref
+    assert ref["max_abs_logprob_diff"] < 1.0, ref
+    fp32 = agreement(sq, prompt_stats(LLM(dtype="float32", max_model_len=512, enable_prefix_caching=False)))
+    assert fp32["top1_agreement"] >= 0.9 and fp32["mean_abs_logprob_diff"] < 0.1 and fp32["max_abs_logprob_diff"] < 1.0, fp32
