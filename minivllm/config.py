@@ -17,9 +17,9 @@ __all__ = ['EMBEDDED_GGUF', 'PromptType', 'POOLING_TYPES', 'embedded_gguf_path',
            'resolve_model', 'RequestOutputKind', 'StructuredOutputsParams', 'SamplingParams', 'tokenize_bad_words',
            'TextPrompt', 'TokensPrompt', 'CompletionOutput', 'RequestMetrics', 'RequestOutput', 'PoolerConfig',
            'pooler_settings', 'PoolingParams', 'PoolingOutput', 'EmbeddingOutput', 'PoolingRequestOutput',
-           'EmbeddingRequestOutput', 'ModelConfig', 'CacheConfig', 'SchedulerConfig', 'ParallelConfig', 'DeviceConfig',
-           'EngineConfig', 'EngineArgs', 'cpu_has_bf16', 'check_vllm_args', 'FlexibleArgumentParser',
-           'engine_args_from_kwargs']
+           'EmbeddingRequestOutput', 'ModelConfig', 'CompilationConfig', 'CacheConfig', 'SchedulerConfig',
+           'ParallelConfig', 'DeviceConfig', 'EngineConfig', 'EngineArgs', 'cpu_has_bf16', 'check_vllm_args',
+           'FlexibleArgumentParser', 'engine_args_from_kwargs']
 
 # %% ../nbs/00_config.ipynb #6f90803b
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -495,6 +495,51 @@ class ModelConfig:
         c = self.hf_config
         return getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
 
+# %% ../nbs/00_config.ipynb #cc0d3b02
+_COMPILE_MODES = {"NONE": 0, "STOCK_TORCH_COMPILE": 1, "DYNAMO_TRACE_ONCE": 2, "VLLM_COMPILE": 3}
+_COMPILE_KEYS = ("level", "mode", "cudagraph_mode", "cudagraph_capture_sizes", "max_cudagraph_capture_size", "backend",
+                 "cache_dir", "use_cudagraph")
+
+@dataclass
+class CompilationConfig:
+    "How the model's forward runs (vLLM's `compilation_config`). `None` fields are decided by `create_engine_config`."
+    level: int | None = None                        # 0: eager; 1-3: torch.compile (None: the device's default)
+    cudagraph_mode: str | None = None               # "NONE" or "FULL_DECODE_ONLY" (None: FULL_DECODE_ONLY on CUDA)
+    cudagraph_capture_sizes: list[int] | None = None   # decode batch sizes padded to and (on CUDA) captured
+    max_cudagraph_capture_size: int | None = None
+    backend: str = "inductor"                       # torch.compile's backend ("eager"/"aot_eager" trace only: for tests)
+    cache_dir: str = ""                             # "": ~/.cache/minivllm/torch_compile
+    compile_time: float | None = None               # seconds the runner spent compiling at start-up
+
+    @classmethod
+    def from_value(cls, value) -> "CompilationConfig":
+        "vLLM's spellings: `None`, an int level, a dict of options, or a `CompilationConfig`."
+        if value is None or isinstance(value, cls): return value or cls()
+        if isinstance(value, int) and not isinstance(value, bool): value = {"level": value}
+        if not isinstance(value, dict): raise ValueError(f"compilation_config must be an int level, a dict or None, got {value!r}.")
+        if bad := [k for k in value if k not in _COMPILE_KEYS]:
+            raise NotImplementedError(f"minivllm does not implement compilation_config option(s) {', '.join(map(repr, bad))}; "
+                                      f"it takes {', '.join(_COMPILE_KEYS)}.")
+        d = dict(value)
+        mode = d.pop("mode", None)
+        if isinstance(mode, str): mode = _COMPILE_MODES.get(mode.upper().removeprefix("COMPILATIONMODE."), mode)
+        level = d.pop("level", mode)
+        if level is not None and level not in (0, 1, 2, 3): raise ValueError(f"compilation_config level/mode must be 0-3, got {level!r}.")
+        if d.pop("use_cudagraph", True) is False: d["cudagraph_mode"] = "NONE"
+        cg = d.get("cudagraph_mode")
+        if cg is not None and str(cg).upper() not in ("NONE", "FULL_DECODE_ONLY"):
+            raise NotImplementedError(f"minivllm does not implement compilation_config cudagraph_mode={cg!r}; it takes 'NONE' "
+                                      "or 'FULL_DECODE_ONLY' (whole decode steps captured, no piecewise graphs).")
+        if cg is not None: d["cudagraph_mode"] = str(cg).upper()
+        if d.get("backend", "inductor") not in ("inductor", "eager", "aot_eager"):
+            raise NotImplementedError(f"minivllm does not implement compilation_config backend={d['backend']!r}; it takes 'inductor' "
+                                      "(or 'eager'/'aot_eager', which only trace).")
+        sizes = d.get("cudagraph_capture_sizes")
+        if sizes is not None and not (isinstance(sizes, (list, tuple)) and all(isinstance(s, int) and s > 0 for s in sizes)):
+            raise ValueError(f"compilation_config cudagraph_capture_sizes must be a list of positive ints, got {sizes!r}.")
+        return cls(level=level, **d)
+
+
 # %% ../nbs/00_config.ipynb #9aba41c9
 @dataclass
 class CacheConfig:
@@ -533,6 +578,7 @@ class EngineConfig:
     scheduler_config: SchedulerConfig
     parallel_config: ParallelConfig
     device_config: DeviceConfig
+    compilation_config: CompilationConfig = field(default_factory=CompilationConfig)   # eager unless the engine args compile
 
 # %% ../nbs/00_config.ipynb #d0f0e915
 _GEN_CONFIG_KEYS = {"repetition_penalty": "repetition_penalty", "temperature": "temperature", "top_k": "top_k",
@@ -572,7 +618,8 @@ class EngineArgs:
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     scheduling_policy: str = "fcfs"
-    enforce_eager: bool = False
+    enforce_eager: bool | None = None      # None: eager unless compilation_config compiles (lesson 05b says why)
+    compilation_config: int | dict | None = None   # vLLM's: a level (0-3) or a dict (see `CompilationConfig`)
     tensor_parallel_size: int = 1
     device: str = "auto"
     attention_backend: str | None = None
@@ -591,6 +638,7 @@ class EngineArgs:
         if self.quantization not in _QUANTIZATIONS:   # refused at once, by name, as vLLM's other unsupported values are
             raise NotImplementedError(f"quantization={self.quantization!r} is not implemented in minivllm; it runs "
                                       "quantization='gguf' (a GGUF file's own Q4_0/Q4_1/Q8_0 weights) or None (float weights).")
+        CompilationConfig.from_value(self.compilation_config)   # an unsupported option fails here, by name
 
 # %% ../nbs/00_config.ipynb #c722ddd8
 @patch
@@ -665,9 +713,6 @@ def create_engine_config(self: EngineArgs) -> EngineConfig:
     if not self.enable_chunked_prefill and mnbt < max_model_len:
         bad(f"max_num_batched_tokens ({mnbt}) must be at least max_model_len ({max_model_len}) when chunked prefill "
             "is off; lower max_model_len or enable chunked prefill.")
-    if device.type == "cuda" and not self.enforce_eager:   # said out loud rather than ignored
-        warnings.warn("CUDA graphs are not implemented in minivllm yet: decode steps run eagerly "
-                      "(pass enforce_eager=True to silence this).", stacklevel=2)
     kv_bytes = self.kv_cache_memory_bytes or (_CPU_KV_CACHE_BYTES if device.type == "cpu" else None)
     return EngineConfig(
         ModelConfig(str(path), str(tokenizer or path), dtype, self.seed, max_model_len, hf_config, backend, self.max_logprobs,
@@ -676,7 +721,31 @@ def create_engine_config(self: EngineArgs) -> EngineConfig:
         CacheConfig(self.block_size, self.gpu_memory_utilization, kv_bytes, self.num_gpu_blocks_override,
                     self.enable_prefix_caching),
         SchedulerConfig(self.max_num_seqs, mnbt, max_model_len, self.enable_chunked_prefill, self.scheduling_policy),
-        ParallelConfig(self.tensor_parallel_size), DeviceConfig(device))
+        ParallelConfig(self.tensor_parallel_size), DeviceConfig(device), self._compilation(device))
+
+# %% ../nbs/00_config.ipynb #cc0d3b05
+_CAPTURE_SIZES = [1, 2, 4] + list(range(8, 256, 8)) + list(range(256, 513, 16))   # vLLM's default list
+
+@patch
+def _compilation(self: EngineArgs, device: torch.device) -> CompilationConfig:
+    "The resolved `CompilationConfig`: a level, a CUDA-graph mode and the capture sizes."
+    cc = CompilationConfig.from_value(self.compilation_config)
+    extra = getattr(self, "vllm_args", {})   # vLLM's top-level spellings of the capture sizes
+    top = {k: extra[k] for k in ("cudagraph_capture_sizes", "max_cudagraph_capture_size") if extra.get(k) is not None}
+    if extra.get("cuda_graph_sizes") is not None: top.setdefault("cudagraph_capture_sizes", extra["cuda_graph_sizes"])
+    if top: cc = CompilationConfig.from_value({**{k: v for k, v in dataclasses.asdict(cc).items() if k in _COMPILE_KEYS and v is not None}, **top})
+    asked = self.enforce_eager is False or cc.level is not None
+    level = 0 if self.enforce_eager else cc.level if cc.level is not None else 3 if asked else 0
+    if level and self.tensor_parallel_size > 1:
+        if asked: raise NotImplementedError("minivllm does not compile a tensor-parallel model: pass enforce_eager=True "
+                                            "(or leave enforce_eager and compilation_config unset) with tensor_parallel_size > 1.")
+        level = 0
+    mode = cc.cudagraph_mode or ("FULL_DECODE_ONLY" if level and device.type == "cuda" else "NONE")
+    top_size = cc.max_cudagraph_capture_size or min(512, self.max_num_seqs)
+    sizes = sorted(set(cc.cudagraph_capture_sizes or [s for s in _CAPTURE_SIZES if s <= top_size]))
+    return dataclasses.replace(cc, level=level, cudagraph_mode=mode if level else "NONE", cudagraph_capture_sizes=sizes,
+                               max_cudagraph_capture_size=max(sizes) if sizes else 0)
+
 
 # %% ../nbs/00_config.ipynb #a4582189
 _ANY, _ANY_BOOL = "any value", "any bool"   # the knob tunes a feature minivllm lacks: no value changes anything
@@ -697,7 +766,7 @@ _VLLM_ARGS: dict = dict(
     kv_cache_dtype=("auto",), swap_space=_ANY, cpu_offload_gb=(0,), prefix_caching_hash_algo=_ANY, calculate_kv_scales=(False,),
     mamba_cache_dtype=_ANY, mamba_ssm_cache_dtype=_ANY, mamba_block_size=_ANY, kv_sharing_fast_prefill=(False,),
     # compilation and CUDA graphs
-    compilation_config=(None, {}, 0), cuda_graph_sizes=_ANY, cudagraph_capture_sizes=_ANY, max_cudagraph_capture_size=_ANY,
+    cuda_graph_sizes=_ANY, cudagraph_capture_sizes=_ANY, max_cudagraph_capture_size=_ANY,   # (folded into `compilation_config`)
     # parallelism beyond tensor parallelism
     distributed_executor_backend=(None, "mp", "uni"), pipeline_parallel_size=(1,), decode_context_parallel_size=(1,),
     data_parallel_size=(1,), data_parallel_rank=(None, 0), data_parallel_start_rank=(None, 0), data_parallel_size_local=(None, 1),
@@ -771,7 +840,7 @@ def add_cli_args(cls: EngineArgs, parser: argparse.ArgumentParser) -> argparse.A
     hints = typing.get_type_hints(EngineArgs)
     for f in dataclasses.fields(EngineArgs):
         flag, hint = "--" + f.name.replace("_", "-"), str(hints[f.name])
-        if f.type in (bool, "bool") or hint == "<class 'bool'>":
+        if f.type in (bool, "bool", "bool | None") or hint in ("<class 'bool'>", "bool | None", "typing.Optional[bool]"):
             g.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
         else:
             typ = (_json_or_str if "dict" in hint else int if "int" in hint else float if "float" in hint else

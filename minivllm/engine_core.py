@@ -99,6 +99,9 @@ class EngineCore:
         if config.parallel_config.tensor_parallel_size > 1:   # the model is split over worker processes
             from minivllm.parallel import TPModelRunner
             self.model_runner = TPModelRunner(config)
+        elif config.compilation_config.level:                  # torch.compile (and CUDA graphs): lesson 05b
+            from minivllm.compilation import CompiledModelRunner
+            self.model_runner = CompiledModelRunner(config)
         else: self.model_runner = ModelRunner(config)
         cc = config.cache_config
         if cc.num_gpu_blocks * cc.block_size < config.model_config.max_model_len:

@@ -442,6 +442,11 @@ def prepare_inputs(self: ModelRunner, scheduler_output: SchedulerOutput):
 
 # %% ../nbs/05_model.ipynb #71e18409
 @patch
+def run_model(self: ModelRunner, input_ids, positions, md: AttentionMetadata) -> torch.Tensor:
+    "The model's hidden states of one flattened step (the one call the compiled runner of lesson 05b replaces)."
+    return self.model(input_ids, positions, self.kv_caches, md)
+
+@patch
 @torch.inference_mode()
 def execute_model(self: ModelRunner, scheduler_output: SchedulerOutput, *,
                   prompt_logprobs_reqs: dict[str, int] | None = None, pooling_reqs=None) -> ModelRunnerOutput:
@@ -454,7 +459,7 @@ def execute_model(self: ModelRunner, scheduler_output: SchedulerOutput, *,
     if tm is not None: t0 = _clock(self.device)
     input_ids, positions, md, seqs = self.prepare_inputs(scheduler_output)
     if tm is not None: t1 = _clock(self.device)
-    hidden = self.model(input_ids, positions, self.kv_caches, md)
+    hidden = self.run_model(input_ids, positions, md)
     if tm is not None: t2 = _clock(self.device)
     pool = pooling_reqs or ()
     q = md.query_start_loc_cpu

@@ -52,7 +52,7 @@ VLLM_UNSUPPORTED = dict(quantization="awq", pipeline_parallel_size=2, data_paral
     kv_cache_dtype="fp8", speculative_config={"method": "ngram"}, cpu_offload_gb=4, tokenizer_mode="mistral",
     skip_tokenizer_init=True, enable_prompt_embeds=True, enable_sleep_mode=True, async_scheduling=True,
     rope_scaling={"rope_type": "dynamic", "factor": 2.0}, hf_overrides={"num_hidden_layers": 1}, model_impl="transformers",
-    logits_processors=["my.Processor"], enable_expert_parallel=True, compilation_config={"level": 3}, load_format="dummy")
+    logits_processors=["my.Processor"], enable_expert_parallel=True, compilation_config={"level": 3, "splitting_ops": []}, load_format="dummy")
 
 
 def test_every_vllm_engine_arg_is_known():

@@ -1,0 +1,62 @@
+"""The compiled model (lesson 05b): with `torch.compile` (Inductor's C++ backend on the CPU) around the paged-attention
+custom op, decode steps padded to buckets through static buffers, the engine's greedy tokens equal the eager engine's
+and HF transformers', and steps of changing sizes do not recompile. The Inductor run on SmolLM2 costs minutes of
+compiling on 2 cores, so it runs with MINIVLLM_SLOW=1; by default the SmolLM2 parity runs the same compiled path with
+the `eager` backend (Dynamo traces the whole forward into one graph; Inductor's code generation is skipped)."""
+import os
+import pytest, torch
+from minivllm import LLM, SamplingParams, TokensPrompt
+from minivllm.model import ModelRunner, make_tiny_checkpoint
+from minivllm.compilation import CompiledModelRunner
+
+SLOW = bool(os.environ.get("MINIVLLM_SLOW"))
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory, model_dir):
+    d = tmp_path_factory.mktemp("tiny_compile")
+    make_tiny_checkpoint(d, "llama", tokenizer_from=model_dir, vocab_size=49152)
+    return str(d)
+
+
+def generate(llm, prompts, n=12):
+    sp = SamplingParams(temperature=0, max_tokens=n, logprobs=0, ignore_eos=True)
+    return [o.outputs[0] for o in llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp, use_tqdm=False)]
+
+
+def test_default_runner_choice(tiny):
+    "CPU: eager unless compiling is asked for (enforce_eager=False or a compilation_config level)."
+    kw = dict(model=tiny, num_gpu_blocks_override=32, max_model_len=128)
+    assert type(LLM(**kw).llm_engine.engine_core.model_runner) is ModelRunner
+    r = LLM(enforce_eager=False, compilation_config={"backend": "eager"}, **kw).llm_engine.engine_core.model_runner
+    assert isinstance(r, CompiledModelRunner) and not r.use_graphs and r.cc.compile_time > 0
+    assert type(LLM(enforce_eager=True, compilation_config=3, **kw).llm_engine.engine_core.model_runner) is ModelRunner
+    with pytest.raises(NotImplementedError, match="splitting_ops"): LLM(compilation_config={"splitting_ops": []}, **kw)
+
+
+def test_inductor_matches_eager_without_recompiling(tiny):
+    "Inductor on a tiny Llama: chunked prefill, mixed and padded decode steps give the eager tokens, with one compiled graph."
+    from torch._dynamo.utils import counters
+    prompts = [list(range(100 + i, 100 + i + 5 * i + 1)) for i in range(7)]     # 1 to 31 tokens
+    kw = dict(model=tiny, num_gpu_blocks_override=64, max_model_len=128, max_num_batched_tokens=24)
+    eager = generate(LLM(enforce_eager=True, **kw), prompts)
+    llm = LLM(compilation_config={"level": 3, "cudagraph_capture_sizes": [1, 2, 4, 8]}, **kw)
+    graphs = counters["stats"]["unique_graphs"]
+    compiled = generate(llm, prompts)
+    assert counters["stats"]["unique_graphs"] == graphs          # steps of 1..24 tokens: no recompilation
+    for a, b in zip(eager, compiled):
+        assert a.token_ids == b.token_ids
+        la = torch.tensor([lp[t].logprob for lp, t in zip(a.logprobs, a.token_ids)])
+        lb = torch.tensor([lp[t].logprob for lp, t in zip(b.logprobs, b.token_ids)])
+        assert torch.allclose(la, lb, atol=1e-4), (la - lb).abs().max()
+
+
+@pytest.mark.parametrize("backend", ["inductor" if SLOW else "eager"])
+def test_smollm2_compiled_matches_hf(backend, tokenizer, hf_greedy):
+    "The embedded SmolLM2 on the compiled path: greedy tokens equal HF transformers' `generate` (the HF-parity check)."
+    from test_e2e_hf import PROMPTS, MAX_NEW
+    ids = [tokenizer(p).input_ids for p in PROMPTS]
+    llm = LLM(max_model_len=1024, compilation_config={"level": 3, "backend": backend})
+    assert isinstance(llm.llm_engine.engine_core.model_runner, CompiledModelRunner)
+    outs = llm.generate([TokensPrompt(prompt_token_ids=i) for i in ids], SamplingParams(temperature=0, max_tokens=MAX_NEW), use_tqdm=False)
+    for i, o in zip(ids, outs): assert o.outputs[0].token_ids == hf_greedy(i, MAX_NEW), o.prompt
