@@ -28,6 +28,7 @@ class ScheduledSeq:
     is_prefill: bool          # prompt (or recompute) tokens rather than a single decode token
     new: bool = False         # admitted from the waiting queue in this step
     num_cached_tokens: int = 0  # tokens served by the prefix cache at admission (they are not in token_ids)
+    lora_int_id: int = 0      # the LoRA adapter the request runs under (0: the base model)
 
     @property
     def num_tokens(self) -> int: return len(self.token_ids)
@@ -149,7 +150,7 @@ def _seq(self: Scheduler, r: Request, n: int, new: bool = False, num_cached: int
     c = r.num_computed_tokens
     return ScheduledSeq(r.request_id, r.all_token_ids[c:c + n], c, self.kv_cache_manager.get_block_ids(r.request_id),
                         sample=c + n == r.num_tokens, is_prefill=c < r.num_prompt_tokens or n > 1,
-                        new=new, num_cached_tokens=num_cached)
+                        new=new, num_cached_tokens=num_cached, lora_int_id=getattr(r, "lora_int_id", 0))
 
 # %% ../nbs/03_scheduler.ipynb #e5680c81
 @patch
@@ -208,19 +209,24 @@ def schedule(self: Scheduler) -> SchedulerOutput:
             if victim is r: break
         if r.status != RequestStatus.RUNNING: break
         seqs.append(self._seq(r, n)); budget -= n; i += 1
-    # 2. waiting requests, unless running ones just ran out of blocks; never re-admit this step's victims
+    # 2. waiting requests, unless running ones just ran out of blocks; never re-admit this step's victims;
+    #    with LoRA, never more distinct adapters among the running requests than `max_loras` (the device's slots)
+    loras = {r.lora_int_id for r in self.running if r.lora_int_id} if cfg.max_loras else set()
     while not blocks_short and len(self.waiting) and budget > 0 and len(self.running) < cfg.max_num_seqs:
         r = self.waiting.peek()
         if r.request_id in preempted: break
         hits, num_cached = kv.get_computed_blocks(r)
         n = r.num_tokens - num_cached
         if not cfg.enable_chunked_prefill and n > budget: break
+        if cfg.max_loras and r.lora_int_id and r.lora_int_id not in loras:   # one more adapter: only if a slot is left
+            if len(loras) >= cfg.max_loras: break
         n = min(n, budget)
         if kv.allocate_slots(r, n, hits) is None: break
         self.waiting.pop()
         r.num_computed_tokens = num_cached
         if r.num_cached_tokens < 0: r.num_cached_tokens = num_cached
         self._admit(r)
+        if r.lora_int_id: loras.add(r.lora_int_id)
         seqs.append(self._seq(r, n, new=True, num_cached=num_cached)); budget -= n
     finished, self.finished_req_ids = self.finished_req_ids, []
     return SchedulerOutput(seqs, preempted, finished, len(self.waiting), cfg.max_num_batched_tokens, kv.usage)
