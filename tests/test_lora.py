@@ -127,3 +127,31 @@ def test_smollm2_adapters_match_hf_peft(hf_model, model_dir, tmp_path, tokenizer
     for o, lr in zip(outs, [a, b, None]):
         assert o.outputs[0].token_ids == hf_peft_greedy(hf_model, lr.lora_path if lr else None, ids, 6), lr
     assert outs[1].outputs[0].token_ids != outs[2].outputs[0].token_ids    # the adapter changes SmolLM2's answer
+
+
+def test_server_openai_client_selects_adapter_by_model_name(tiny):
+    import httpx, openai
+    from conftest import running_server
+    hf, path, loras = tiny
+    flags = ["--max-lora-rank", "8", "--max-loras", "2", "--num-gpu-blocks-override", "64", "--block-size", "4", "--max-model-len", "128"]
+    offline = LLM(model=path, enable_lora=True, max_loras=4, max_lora_rank=8, num_gpu_blocks_override=64, block_size=4, max_model_len=128)
+    want = {n: offline.generate("Hello there", greedy(8), use_tqdm=False, lora_request=lr)[0].outputs[0].text
+            for n, lr in [("base", None), ("a1", loras[1]), ("a2", loras[2]), ("a3", loras[3])]}
+    assert len(set(want.values())) == 4
+    with running_server(path, "--served-model-name", "base", "--lora-modules", f"a1={loras[1].lora_path}",
+                        f"a2={loras[2].lora_path}", *flags) as base:
+        c = openai.OpenAI(base_url=base + "/v1", api_key="x", max_retries=0, timeout=300)
+        assert [m.id for m in c.models.list().data] == ["base", "a1", "a2"]
+        for name in ["base", "a1", "a2"]:
+            r = c.completions.create(model=name, prompt="Hello there", max_tokens=8, temperature=0, extra_body={"ignore_eos": True})
+            assert r.choices[0].text == want[name], name
+        with pytest.raises(openai.NotFoundError): c.completions.create(model="a3", prompt="Hello there", max_tokens=2)
+        r = httpx.post(base + "/v1/load_lora_adapter", json={"lora_name": "a3", "lora_path": loras[3].lora_path}, timeout=60)
+        assert r.status_code == 200, r.text
+        r = c.completions.create(model="a3", prompt="Hello there", max_tokens=8, temperature=0, extra_body={"ignore_eos": True})
+        assert r.choices[0].text == want["a3"]
+        bad = httpx.post(base + "/v1/load_lora_adapter", json={"lora_name": "bad", "lora_path": "/nowhere"}, timeout=60)
+        assert bad.status_code == 400 and "adapter_config.json" in bad.text
+        assert httpx.post(base + "/v1/unload_lora_adapter", json={"lora_name": "a1"}, timeout=60).status_code == 200
+        with pytest.raises(openai.NotFoundError): c.completions.create(model="a1", prompt="Hello there", max_tokens=2)
+        assert [m.id for m in c.models.list().data] == ["base", "a2", "a3"]
