@@ -448,7 +448,7 @@ def plot_lora_picture(W, A, B, scaling: float = 1.0):
         v = abs(m).max() or 1
         ax.imshow(m, cmap="RdBu", vmin=-v, vmax=v, aspect="auto" if m is B else "equal"); ax.set_title(t, fontsize=9)
         ax.set_xticks([]); ax.set_yticks([])
-    fig.suptitle(f"y = W·x + s·B·(A·x):  {W.size} frozen numbers, {A.size + B.size} trained (s = {scaling:g})", fontsize=10)
+    fig.suptitle(f"y = W·x + s·B·(A·x):  {W.size} frozen numbers, {A.size + B.size} trained (s = {scaling:g})", fontsize=10, y=1.1)
     return fig
 
 # %% ../nbs/90_viz.ipynb #33c58702
