@@ -15,7 +15,7 @@ __all__ = ['SYSTEMS', 'PHASES', 'OVERHEAD_PHASES', 'SO_SCHEMA', 'machine_info', 
            'summarize', 'print_summary', 'LatencyResult', 'latency_minivllm', 'latency_hf_generate',
            'latency_hf_continuous', 'bench_latency', 'ServeRequestResult', 'poisson_arrivals', 'bench_serve',
            'summarize_serve', 'print_serve_summary', 'run_coroutine', 'step_breakdown', 'structured_outputs_cost',
-           'random_peft_adapter', 'lora_step_cost']
+           'random_peft_adapter', 'lora_step_cost', 'lora_swap_cost']
 
 # %% ../nbs/16_benchmarks.ipynb #1f0ebe7a
 def machine_info() -> dict:
@@ -559,4 +559,28 @@ def lora_step_cost(model=None, num_requests: int = 16, distinct=(0, 1, 2, 4), ra
     for k, v in acc.items():
         ms = 1e3 * sum(v) / max(len(v), 1)
         out[k] = {"step_ms": ms, "vs_base": ms / base if base else float("nan"), "steps": len(v)}
+    return out
+
+# %% ../nbs/16_benchmarks.ipynb #16b1c48e
+def lora_swap_cost(model=None, num_requests: int = 16, num_adapters: int = 4, max_loras=(2, 4), rank: int = 16,
+                   max_tokens: int = 24, max_cpu_loras: int | None = None, max_model_len: int = 512) -> dict:
+    "Per `max_loras`: seconds for the whole run, slot loads, swaps, and ms spent per slot load (LoRAManager's counters)."
+    import tempfile
+    from minivllm.config import SamplingParams, LoRARequest
+    from minivllm.llm import LLM
+    d, out = tempfile.mkdtemp(), {}
+    for m in max_loras:
+        llm = LLM(model=model, enable_lora=True, max_loras=m, max_lora_rank=rank, max_cpu_loras=max_cpu_loras or max(max_loras),
+                  max_model_len=max_model_len)
+        hf_config = llm.llm_engine.get_model_config().hf_config
+        loras = [LoRARequest(f"a{j}", j + 1, random_peft_adapter(f"{d}/a{j}", hf_config, rank, 2 * rank, seed=j)) for j in range(num_adapters)]
+        prompts = [f"Write a short story about the number {i}." for i in range(num_requests)]
+        llm.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)   # warm-up, base model
+        mgr = llm.llm_engine.engine_core.lora_manager
+        t = time.perf_counter()
+        llm.generate(prompts, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True), use_tqdm=False,
+                     lora_request=[loras[i % num_adapters] for i in range(num_requests)])
+        out[m] = {"seconds": time.perf_counter() - t, "loads": mgr.num_loads, "swaps": mgr.num_swaps,
+                  "ms_per_load": 1e3 * mgr.load_seconds / max(mgr.num_loads, 1), "load_seconds": mgr.load_seconds}
+        llm.llm_engine.shutdown()
     return out

@@ -4,7 +4,7 @@
 
 # %% ../nbs/05b_lora.ipynb #51510ab5
 from __future__ import annotations
-import json, math, re
+import json, math, re, time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -176,6 +176,7 @@ class LoRAManager:
         self.cpu: OrderedDict[int, LoRAAdapter] = OrderedDict()      # read into memory, least recently used first
         self.slots: OrderedDict[int, int] = OrderedDict()            # id -> device slot, least recently used first
         self.num_loads = self.num_swaps = 0                          # adapters written into a slot; of them, evicting another
+        self.load_seconds = 0.0                                      # time spent loading slots (reading evicted adapters again included)
 
     def add_lora(self, lora_request: LoRARequest) -> bool:
         "Register an adapter (read and checked now, so a bad one fails here). Re-adding a known id is a no-op."
@@ -207,6 +208,7 @@ def _adapter(self: LoRAManager, lora_id: int) -> LoRAAdapter:
 @patch
 def _load_slot(self: LoRAManager, lora_id: int, slot: int):
     "Write an adapter's weights into `slot` of every wrapper."
+    t0 = time.perf_counter()
     ad = self._adapter(lora_id)
     for name, w in self.layers.items():
         i, fused = int(name.split(".")[1]), name.split(".", 2)[2]
@@ -214,7 +216,8 @@ def _load_slot(self: LoRAManager, lora_id: int, slot: int):
         for peft, (target, j) in PEFT_TO_FUSED.items():
             if target == fused and (i, peft) in ad.weights: parts[j] = ad.weights[(i, peft)]
         w.set_slot(slot, parts, ad.scaling)
-    self.num_loads += 1
+    if self.device.type == "cuda": torch.cuda.synchronize(self.device)
+    self.num_loads += 1; self.load_seconds += time.perf_counter() - t0
 
 # %% ../nbs/05b_lora.ipynb #826c9b09
 @patch

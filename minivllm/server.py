@@ -512,7 +512,7 @@ async def add_lora_adapter(app, name: str, path: str):
     s = app.state
     if name in s.loras or name == s.served_model_name: raise APIError(f"The lora adapter '{name}' has already been loaded.", param="lora_name")
     lr = LoRARequest(name, max([l.lora_int_id for l in s.loras.values()] + [0]) + 1, path)
-    try: await s.engine.run_in_engine(lambda e: e.add_lora(lr))
+    try: await s.engine.add_lora(lr)
     except (ValueError, OSError) as e: raise APIError(str(e), param="lora_path") from e
     s.loras[name] = lr
     return lr
@@ -530,7 +530,7 @@ def add_lora_routes(app):
     async def unload_lora(req: LoadLoRAAdapterRequest):
         lr = s.loras.get(req.lora_name)
         if lr is None: raise APIError(f"The lora adapter '{req.lora_name}' cannot be found.", 404, param="lora_name")
-        try: await s.engine.run_in_engine(lambda e: e.remove_lora(lr.lora_int_id))
+        try: await s.engine.remove_lora(lr.lora_int_id)
         except ValueError as e: raise APIError(str(e), param="lora_name") from e
         del s.loras[req.lora_name]
         return PlainTextResponse(f"Success: LoRA adapter '{req.lora_name}' removed successfully.")

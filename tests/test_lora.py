@@ -155,3 +155,24 @@ def test_server_openai_client_selects_adapter_by_model_name(tiny):
         assert httpx.post(base + "/v1/unload_lora_adapter", json={"lora_name": "a1"}, timeout=60).status_code == 200
         with pytest.raises(openai.NotFoundError): c.completions.create(model="a1", prompt="Hello there", max_tokens=2)
         assert [m.id for m in c.models.list().data] == ["base", "a2", "a3"]
+
+
+def test_async_engine_generate_with_lora(tiny):
+    import asyncio
+    from minivllm import AsyncLLMEngine, EngineArgs
+    hf, path, loras = tiny
+    eng = AsyncLLMEngine.from_engine_args(EngineArgs(model=path, enable_lora=True, max_loras=2, max_lora_rank=8,
+                                                     num_gpu_blocks_override=64, block_size=4, max_model_len=128))
+    async def one(rid, lr):
+        async for o in eng.generate(TokensPrompt(prompt_token_ids=PROMPTS[0]), greedy(6), rid, lora_request=lr): last = o
+        return last
+    async def go():
+        assert await eng.add_lora(loras[1]) and await eng.list_loras() == {1}
+        outs = await asyncio.gather(one("a", loras[1]), one("b", loras[2]), one("c", None))
+        assert await eng.remove_lora(1) and await eng.list_loras() == {2}
+        return outs
+    try: outs = asyncio.run(go())
+    finally: eng.shutdown()
+    for o, lr in zip(outs, [loras[1], loras[2], None]):
+        assert o.lora_request == lr
+        assert o.outputs[0].token_ids == hf_peft_greedy(hf, lr.lora_path if lr else None, PROMPTS[0], 6)
