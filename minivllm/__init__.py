@@ -6,12 +6,13 @@ __version__ = "0.1.0"
 # %% auto #0
 __all__ = ['SamplingParams', 'EngineArgs', 'TextPrompt', 'TokensPrompt', 'PromptType', 'RequestOutput', 'CompletionOutput',
            'RequestOutputKind', 'BeamSearchParams', 'LLMEngine', 'LLM', 'AsyncLLMEngine', 'AsyncLLM', 'AsyncEngineArgs',
-           'PoolingParams', 'PoolingRequestOutput', 'EmbeddingRequestOutput', 'PoolingOutput', 'EmbeddingOutput']
+           'PoolingParams', 'PoolingRequestOutput', 'EmbeddingRequestOutput', 'PoolingOutput', 'EmbeddingOutput',
+           'LoRARequest']
 
 # %% ../nbs/99_public_api.ipynb #7398815d
 from .config import (SamplingParams, EngineArgs, TextPrompt, TokensPrompt, PromptType, RequestOutput,
                              CompletionOutput, RequestOutputKind, PoolingParams, PoolingRequestOutput,
-                             EmbeddingRequestOutput, PoolingOutput, EmbeddingOutput)
+                             EmbeddingRequestOutput, PoolingOutput, EmbeddingOutput, LoRARequest)
 from .sampler import BeamSearchParams
 from .llm_engine import LLMEngine
 from .llm import LLM
@@ -19,4 +20,4 @@ from .async_engine import AsyncLLMEngine, AsyncLLM, AsyncEngineArgs
 
 _all_ = ["SamplingParams", "EngineArgs", "TextPrompt", "TokensPrompt", "PromptType", "RequestOutput", "CompletionOutput",
          "RequestOutputKind", "BeamSearchParams", "LLMEngine", "LLM", "AsyncLLMEngine", "AsyncLLM", "AsyncEngineArgs",
-         "PoolingParams", "PoolingRequestOutput", "EmbeddingRequestOutput", "PoolingOutput", "EmbeddingOutput"]
+         "PoolingParams", "PoolingRequestOutput", "EmbeddingRequestOutput", "PoolingOutput", "EmbeddingOutput", "LoRARequest"]

@@ -301,6 +301,21 @@ async def reset_prefix_cache(self: AsyncLLMEngine) -> bool:
     return await self.run_in_engine(lambda e: e.reset_prefix_cache())
 
 @patch
+async def add_lora(self: AsyncLLMEngine, lora_request) -> bool:
+    "Load a LoRA adapter (in the engine's thread; a bad one raises here)."
+    return await self.run_in_engine(lambda e: e.add_lora(lora_request))
+
+@patch
+async def remove_lora(self: AsyncLLMEngine, lora_id: int) -> bool:
+    "Forget a LoRA adapter by id (refused while requests run under it)."
+    return await self.run_in_engine(lambda e: e.remove_lora(lora_id))
+
+@patch
+async def list_loras(self: AsyncLLMEngine) -> set[int]:
+    "The ids of the loaded LoRA adapters."
+    return await self.run_in_engine(lambda e: e.list_loras())
+
+@patch
 async def get_num_unfinished_requests(self: AsyncLLMEngine) -> int:
     "The number of requests not finished yet."
     return await self.run_in_engine(lambda e: e.get_num_unfinished_requests())

@@ -14,7 +14,8 @@ __all__ = ['SYSTEMS', 'PHASES', 'OVERHEAD_PHASES', 'SO_SCHEMA', 'machine_info', 
            'run_minivllm', 'load_hf', 'run_hf_generate', 'hf_cb_config', 'run_hf_continuous', 'bench_throughput',
            'summarize', 'print_summary', 'LatencyResult', 'latency_minivllm', 'latency_hf_generate',
            'latency_hf_continuous', 'bench_latency', 'ServeRequestResult', 'poisson_arrivals', 'bench_serve',
-           'summarize_serve', 'print_serve_summary', 'run_coroutine', 'step_breakdown', 'structured_outputs_cost']
+           'summarize_serve', 'print_serve_summary', 'run_coroutine', 'step_breakdown', 'structured_outputs_cost',
+           'random_peft_adapter', 'lora_step_cost', 'lora_swap_cost']
 
 # %% ../nbs/16_benchmarks.ipynb #1f0ebe7a
 def machine_info() -> dict:
@@ -497,3 +498,89 @@ def structured_outputs_cost(llm, num_requests: int = 16, max_tokens: int = 48, s
                 k += 1
         finally: eng.step_observers.remove(seen.append)
     return {m: {f"{n}_ms": 1e3 * sum(v) / max(len(v), 1) for n, v in acc.items()} | {"steps": len(acc["step"])} for m, acc in accs.items()}
+
+# %% ../nbs/16_benchmarks.ipynb #69c02d2d
+def random_peft_adapter(path, hf_config, r: int = 16, alpha: int = 32, seed: int = 0,
+                        targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")) -> str:
+    "Write a random LoRA adapter for a Llama-family `hf_config` in PEFT's format (config + safetensors) to `path`."
+    from pathlib import Path
+    from safetensors.torch import save_file
+    c, g, path = hf_config, torch.Generator().manual_seed(seed), Path(path)
+    hd = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    shapes = {"q_proj": (c.hidden_size, c.num_attention_heads * hd), "k_proj": (c.hidden_size, c.num_key_value_heads * hd),
+              "v_proj": (c.hidden_size, c.num_key_value_heads * hd), "o_proj": (c.num_attention_heads * hd, c.hidden_size),
+              "gate_proj": (c.hidden_size, c.intermediate_size), "up_proj": (c.hidden_size, c.intermediate_size),
+              "down_proj": (c.intermediate_size, c.hidden_size)}
+    w = {}
+    for i in range(c.num_hidden_layers):
+        for t in targets:
+            fin, fout = shapes[t]
+            pre = f"base_model.model.model.layers.{i}.{'mlp' if t in ('gate_proj', 'up_proj', 'down_proj') else 'self_attn'}.{t}"
+            w[pre + ".lora_A.weight"] = torch.randn(r, fin, generator=g) / fin ** 0.5
+            w[pre + ".lora_B.weight"] = torch.randn(fout, r, generator=g) * 0.01
+    path.mkdir(parents=True, exist_ok=True)
+    save_file(w, str(path / "adapter_model.safetensors"))
+    (path / "adapter_config.json").write_text(json.dumps(dict(peft_type="LORA", r=r, lora_alpha=alpha, target_modules=list(targets),
+                                                              bias="none", use_rslora=False)))
+    return str(path)
+
+# %% ../nbs/16_benchmarks.ipynb #e6f88123
+def lora_step_cost(model=None, num_requests: int = 16, distinct=(0, 1, 2, 4), rank: int = 16, max_tokens: int = 24,
+                   warmup_steps: int = 2, rounds: int = 2, max_model_len: int = 512) -> dict:
+    """Mean ms per decode step of `num_requests` requests with `k` distinct LoRA adapters among them, for each `k` of
+    `distinct` (0: the base model only, on the same LoRA-enabled engine). Modes alternate over `rounds`."""
+    import tempfile
+    from minivllm.config import SamplingParams, LoRARequest
+    from minivllm.llm import LLM
+    llm = LLM(model=model, enable_lora=True, max_loras=max(max(distinct), 1), max_lora_rank=rank, max_model_len=max_model_len)
+    eng, d = llm.llm_engine, tempfile.mkdtemp()
+    loras = [LoRARequest(f"a{j}", j + 1, random_peft_adapter(f"{d}/a{j}", eng.get_model_config().hf_config, rank, 2 * rank, seed=j))
+             for j in range(max(distinct))]
+    prompts = [f"Write a short story about the number {i}." for i in range(num_requests)]
+    llm.generate(prompts, SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)   # warm-up
+    acc = {k: [] for k in distinct}
+    for _ in range(rounds):
+        for k in distinct:
+            for i, p in enumerate(prompts):
+                eng.add_request(f"lora{k}-{i}-{time.perf_counter_ns()}", p, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True),
+                                lora_request=loras[i % k] if k else None)
+            seen, n = [], 0
+            eng.step_observers.append(seen.append)
+            try:
+                while eng.has_unfinished_requests():
+                    seen.clear()
+                    t = time.perf_counter(); eng.step(); dt = time.perf_counter() - t
+                    seqs = seen[-1].scheduler_output.seqs if seen else []
+                    if n >= warmup_steps and len(seqs) == num_requests and not any(s.is_prefill for s in seqs): acc[k].append(dt)
+                    n += 1
+            finally: eng.step_observers.remove(seen.append)
+    base = 1e3 * sum(acc[distinct[0]]) / max(len(acc[distinct[0]]), 1)
+    out = {}
+    for k, v in acc.items():
+        ms = 1e3 * sum(v) / max(len(v), 1)
+        out[k] = {"step_ms": ms, "vs_base": ms / base if base else float("nan"), "steps": len(v)}
+    return out
+
+# %% ../nbs/16_benchmarks.ipynb #16b1c48e
+def lora_swap_cost(model=None, num_requests: int = 16, num_adapters: int = 4, max_loras=(2, 4), rank: int = 16,
+                   max_tokens: int = 24, max_cpu_loras: int | None = None, max_model_len: int = 512) -> dict:
+    "Per `max_loras`: seconds for the whole run, slot loads, swaps, and ms spent per slot load (LoRAManager's counters)."
+    import tempfile
+    from minivllm.config import SamplingParams, LoRARequest
+    from minivllm.llm import LLM
+    d, out = tempfile.mkdtemp(), {}
+    for m in max_loras:
+        llm = LLM(model=model, enable_lora=True, max_loras=m, max_lora_rank=rank, max_cpu_loras=max_cpu_loras or max(max_loras),
+                  max_model_len=max_model_len)
+        hf_config = llm.llm_engine.get_model_config().hf_config
+        loras = [LoRARequest(f"a{j}", j + 1, random_peft_adapter(f"{d}/a{j}", hf_config, rank, 2 * rank, seed=j)) for j in range(num_adapters)]
+        prompts = [f"Write a short story about the number {i}." for i in range(num_requests)]
+        llm.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)   # warm-up, base model
+        mgr = llm.llm_engine.engine_core.lora_manager
+        t = time.perf_counter()
+        llm.generate(prompts, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True), use_tqdm=False,
+                     lora_request=[loras[i % num_adapters] for i in range(num_requests)])
+        out[m] = {"seconds": time.perf_counter() - t, "loads": mgr.num_loads, "swaps": mgr.num_swaps,
+                  "ms_per_load": 1e3 * mgr.load_seconds / max(mgr.num_loads, 1), "load_seconds": mgr.load_seconds}
+        llm.llm_engine.shutdown()
+    return out

@@ -158,10 +158,12 @@ class KVCacheManager:
     def usage(self) -> float: return self.block_pool.get_usage()
 
     def _hash_seed(self, request: Request):
-        "Where the request's hash chain starts: shared by everyone with caching on, by its siblings only without."
-        if self.enable_caching: return None
+        """Where the request's hash chain starts: shared by everyone with caching on, by its siblings only without;
+        and per LoRA adapter (vLLM's extra key): the same tokens under another adapter have other K/V."""
+        lora = getattr(request, "lora_int_id", 0) or None
+        if self.enable_caching: return None if lora is None else ("lora", lora)
         g = sibling_group(request)
-        return None if g is None else ("siblings", g)
+        return None if g is None else ("siblings", g) if lora is None else ("siblings", g, "lora", lora)
 
     def _can_share(self, request: Request) -> bool: return self.enable_caching or sibling_group(request) is not None
 

@@ -15,11 +15,11 @@ from fastcore.basics import patch
 # %% auto #0
 __all__ = ['EMBEDDED_GGUF', 'PromptType', 'POOLING_TYPES', 'embedded_gguf_path', 'cache_dir', 'convert_gguf', 'hub_snapshot',
            'resolve_model', 'RequestOutputKind', 'StructuredOutputsParams', 'SamplingParams', 'tokenize_bad_words',
-           'TextPrompt', 'TokensPrompt', 'CompletionOutput', 'RequestMetrics', 'RequestOutput', 'PoolerConfig',
-           'pooler_settings', 'PoolingParams', 'PoolingOutput', 'EmbeddingOutput', 'PoolingRequestOutput',
-           'EmbeddingRequestOutput', 'ModelConfig', 'CompilationConfig', 'CacheConfig', 'SchedulerConfig',
-           'ParallelConfig', 'DeviceConfig', 'EngineConfig', 'EngineArgs', 'cpu_has_bf16', 'check_vllm_args',
-           'FlexibleArgumentParser', 'engine_args_from_kwargs']
+           'TextPrompt', 'TokensPrompt', 'LoRARequest', 'CompletionOutput', 'RequestMetrics', 'RequestOutput',
+           'PoolerConfig', 'pooler_settings', 'PoolingParams', 'PoolingOutput', 'EmbeddingOutput',
+           'PoolingRequestOutput', 'EmbeddingRequestOutput', 'ModelConfig', 'CompilationConfig', 'LoRAConfig',
+           'CacheConfig', 'SchedulerConfig', 'ParallelConfig', 'DeviceConfig', 'EngineConfig', 'EngineArgs',
+           'cpu_has_bf16', 'check_vllm_args', 'FlexibleArgumentParser', 'engine_args_from_kwargs']
 
 # %% ../nbs/00_config.ipynb #6f90803b
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -346,6 +346,31 @@ class TokensPrompt(TypedDict, total=False):
 
 PromptType = Union[str, TextPrompt, TokensPrompt]
 
+# %% ../nbs/00_config.ipynb #a8b80c6b
+@dataclass
+class LoRARequest:
+    "vLLM's `LoRARequest`: a LoRA adapter (PEFT directory `lora_path`) under a name and a unique positive integer id."
+    lora_name: str
+    lora_int_id: int
+    lora_path: str = ""
+    long_lora_max_len: int | None = None   # vLLM's; not implemented (must stay None)
+    base_model_name: str | None = None
+    tensorizer_config_dict: dict | None = None
+
+    def __post_init__(self):
+        if not isinstance(self.lora_int_id, int) or isinstance(self.lora_int_id, bool) or self.lora_int_id < 1:
+            raise ValueError(f"lora_int_id must be a positive integer, got {self.lora_int_id!r}.")
+        if self.long_lora_max_len is not None: raise NotImplementedError("LoRARequest.long_lora_max_len is not implemented in minivllm.")
+        if self.tensorizer_config_dict is not None: raise NotImplementedError("LoRARequest.tensorizer_config_dict is not implemented in minivllm.")
+        self.lora_path = str(self.lora_path)
+    @property
+    def adapter_id(self) -> int: return self.lora_int_id
+    @property
+    def name(self) -> str: return self.lora_name
+    @property
+    def path(self) -> str: return self.lora_path
+    def __hash__(self): return hash(self.lora_int_id)   # vLLM's: one adapter per id
+
 # %% ../nbs/00_config.ipynb #8e56fc00
 @dataclass
 class CompletionOutput:
@@ -357,6 +382,7 @@ class CompletionOutput:
     logprobs: list | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    lora_request: LoRARequest | None = None
 
     def finished(self) -> bool: return self.finish_reason is not None
 
@@ -379,6 +405,7 @@ class RequestOutput:
     finished: bool
     metrics: RequestMetrics | None = None
     num_cached_tokens: int = 0
+    lora_request: LoRARequest | None = None
 
 # %% ../nbs/00_config.ipynb #p00b
 POOLING_TYPES = ("LAST", "MEAN", "CLS")
@@ -542,6 +569,13 @@ class CompilationConfig:
 
 # %% ../nbs/00_config.ipynb #9aba41c9
 @dataclass
+class LoRAConfig:
+    "LoRA serving: `max_loras` adapters on the device at once, of rank up to `max_lora_rank`; `max_cpu_loras` kept loaded in memory."
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: int = 1
+
+@dataclass
 class CacheConfig:
     "How big the paged KV cache is and how it is shared."
     block_size: int
@@ -559,6 +593,7 @@ class SchedulerConfig:
     max_model_len: int
     enable_chunked_prefill: bool
     policy: str
+    max_loras: int = 0   # with LoRA on: the most distinct adapters one step may hold (0: LoRA off, no limit)
 
 @dataclass
 class ParallelConfig:
@@ -579,6 +614,7 @@ class EngineConfig:
     parallel_config: ParallelConfig
     device_config: DeviceConfig
     compilation_config: CompilationConfig = field(default_factory=CompilationConfig)   # eager unless the engine args compile
+    lora_config: LoRAConfig | None = None   # None: LoRA off
 
 # %% ../nbs/00_config.ipynb #d0f0e915
 _GEN_CONFIG_KEYS = {"repetition_penalty": "repetition_penalty", "temperature": "temperature", "top_k": "top_k",
@@ -632,6 +668,10 @@ class EngineArgs:
     generation_config: str = "auto"
     override_generation_config: dict | None = None
     pooler_config: dict | None = None
+    enable_lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None
     quantization: str | None = None
 
     def __post_init__(self):
@@ -656,6 +696,13 @@ def _check(self: EngineArgs, device: torch.device) -> str:
         bad(f"kv_cache_memory_bytes must be positive, got {self.kv_cache_memory_bytes}.")
     if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 1:
         bad(f"num_gpu_blocks_override must be at least 1, got {self.num_gpu_blocks_override}.")
+    if self.enable_lora:
+        for k in ("max_loras", "max_lora_rank"):
+            v = getattr(self, k)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1: bad(f"{k} must be a positive integer, got {v!r}.")
+        if self.max_cpu_loras is not None and (not isinstance(self.max_cpu_loras, int) or self.max_cpu_loras < self.max_loras):
+            bad(f"max_cpu_loras ({self.max_cpu_loras!r}) must be an integer at least max_loras ({self.max_loras}).")
+        if self.tensor_parallel_size > 1: raise NotImplementedError("enable_lora with tensor_parallel_size > 1 is not implemented in minivllm.")
     backend = self.attention_backend or ("triton" if device.type == "cuda" else "torch")
     if backend not in _BACKENDS: bad(f"attention_backend must be one of {_BACKENDS}, got {backend!r}.")
     return backend
@@ -720,8 +767,10 @@ def create_engine_config(self: EngineArgs) -> EngineConfig:
                     self.quantization, gguf_file),
         CacheConfig(self.block_size, self.gpu_memory_utilization, kv_bytes, self.num_gpu_blocks_override,
                     self.enable_prefix_caching),
-        SchedulerConfig(self.max_num_seqs, mnbt, max_model_len, self.enable_chunked_prefill, self.scheduling_policy),
-        ParallelConfig(self.tensor_parallel_size), DeviceConfig(device), self._compilation(device))
+        SchedulerConfig(self.max_num_seqs, mnbt, max_model_len, self.enable_chunked_prefill, self.scheduling_policy,
+                        self.max_loras if self.enable_lora else 0),
+        ParallelConfig(self.tensor_parallel_size), DeviceConfig(device), compilation_config=self._compilation(device),
+        lora_config=LoRAConfig(self.max_loras, self.max_lora_rank, self.max_cpu_loras or self.max_loras) if self.enable_lora else None)
 
 # %% ../nbs/00_config.ipynb #cc0d3b05
 _CAPTURE_SIZES = [1, 2, 4] + list(range(8, 256, 8)) + list(range(256, 513, 16))   # vLLM's default list
@@ -736,9 +785,10 @@ def _compilation(self: EngineArgs, device: torch.device) -> CompilationConfig:
     if top: cc = CompilationConfig.from_value({**{k: v for k, v in dataclasses.asdict(cc).items() if k in _COMPILE_KEYS and v is not None}, **top})
     asked = self.enforce_eager is False or cc.level is not None
     level = 0 if self.enforce_eager else cc.level if cc.level is not None else 3 if asked else 0
-    if level and self.tensor_parallel_size > 1:
-        if asked: raise NotImplementedError("minivllm does not compile a tensor-parallel model: pass enforce_eager=True "
-                                            "(or leave enforce_eager and compilation_config unset) with tensor_parallel_size > 1.")
+    if level and (self.tensor_parallel_size > 1 or self.enable_lora):
+        what = "a tensor-parallel model" if self.tensor_parallel_size > 1 else "a model with LoRA adapters (enable_lora=True)"
+        if asked: raise NotImplementedError(f"minivllm does not compile {what}: pass enforce_eager=True "
+                                            "(or leave enforce_eager and compilation_config unset).")
         level = 0
     mode = cc.cudagraph_mode or ("FULL_DECODE_ONLY" if level and device.type == "cuda" else "NONE")
     top_size = cc.max_cudagraph_capture_size or min(512, self.max_num_seqs)
@@ -785,9 +835,8 @@ _VLLM_ARGS: dict = dict(
     interleave_mm_strings=_ANY_BOOL, media_io_kwargs=_ANY, mm_processor_kwargs=_ANY, disable_mm_preprocessor_cache=_ANY_BOOL,
     mm_processor_cache_gb=_ANY, mm_processor_cache_type=_ANY, mm_shm_cache_max_object_size_mb=_ANY, mm_encoder_tp_mode=_ANY,
     mm_encoder_attn_backend=_ANY, skip_mm_profiling=_ANY_BOOL, video_pruning_rate=_ANY, enable_multimodal_encoder_data_parallel=_ANY_BOOL,
-    # LoRA (off: its sizes change nothing)
-    enable_lora=(False,), max_loras=_ANY, max_lora_rank=_ANY, default_mm_loras=_ANY, fully_sharded_loras=_ANY_BOOL,
-    max_cpu_loras=_ANY, lora_dtype=_ANY, lora_extra_vocab_size=_ANY,
+    # LoRA (enable_lora, max_loras, max_lora_rank, max_cpu_loras are fields; these tune what minivllm does not have)
+    default_mm_loras=(None, {}), fully_sharded_loras=(False,), lora_dtype=("auto", None), lora_extra_vocab_size=_ANY,
     # structured outputs, speculative decoding, disaggregation, observability
     structured_outputs_config=(None, {}), reasoning_parser=(None, ""), guided_decoding_backend=_ANY,
     guided_decoding_disable_fallback=_ANY, guided_decoding_disable_any_whitespace=_ANY,

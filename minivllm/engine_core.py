@@ -113,6 +113,10 @@ class EngineCore:
         self.prompt_logprobs = PromptLogprobsCollector()
         self._so_manager: StructuredOutputManager | None = None   # built when the first constrained request arrives
         self.pooler = Pooler(config.model_config.pooler_config)   # pooling requests' vectors
+        self.lora_manager = None
+        if config.lora_config is not None:   # LoRA (lesson 05c): adapters in device slots, each step's rows told their slot
+            from minivllm.lora import LoRAManager
+            self.lora_manager = self.model_runner.lora_manager = LoRAManager(self.model_runner.model, config.lora_config)
         self.num_steps = 0
 
     def add_request(self, request: Request):
@@ -241,6 +245,25 @@ def finish_requests(self: EngineCore, request_ids: str | list[str], status: Requ
 def abort_requests(self: EngineCore, request_ids: list[str]):
     "Abort requests (unknown or finished ids are ignored); their blocks are freed now."
     self.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
+
+@patch
+def add_lora(self: EngineCore, lora_request) -> bool:
+    "Register a LoRA adapter (read and checked now: a bad one raises `ValueError` here)."
+    if self.lora_manager is None: raise ValueError(f"LoRA adapter {lora_request.lora_name!r}: LoRA is off (start the engine with enable_lora=True).")
+    return self.lora_manager.add_lora(lora_request)
+
+@patch
+def remove_lora(self: EngineCore, lora_id: int) -> bool:
+    "Forget an adapter; refused (`ValueError`) while a request still runs under it. False if unknown."
+    if self.lora_manager is None: return False
+    if any(r.lora_int_id == lora_id for r in self.scheduler.requests.values()):
+        raise ValueError(f"LoRA adapter {lora_id} is in use by unfinished requests.")
+    return self.lora_manager.remove_lora(lora_id)
+
+@patch
+def list_loras(self: EngineCore) -> set[int]:
+    "The ids of the adapters added."
+    return set() if self.lora_manager is None else self.lora_manager.list_loras()
 
 @patch
 def reset_prefix_cache(self: EngineCore) -> bool:

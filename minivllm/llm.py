@@ -63,11 +63,12 @@ def _params_list(self: LLM, n: int, sampling_params) -> list[SamplingParams]:
 
 @patch
 def _add_requests(self: LLM, prompts, sampling_params, priority, lora_request, final_only: bool) -> list[str]:
-    "Add every prompt; if one is bad, take back the ones already added and raise."
-    if lora_request is not None: raise NotImplementedError("LoRA is not implemented in minivllm (lora_request must be None).")
+    "Add every prompt (with its `lora_request`: one for all, or one per prompt); if one is bad, take back the ones added and raise."
     if isinstance(prompts, (str, dict)): prompts = [prompts]
     prompts = list(prompts)
     params = self._params_list(len(prompts), sampling_params)
+    loras = list(lora_request) if isinstance(lora_request, (list, tuple)) else [lora_request] * len(prompts)
+    if len(loras) != len(prompts): raise ValueError(f"got {len(prompts)} prompts but {len(loras)} lora_requests.")
     if priority is not None and len(priority) != len(prompts):
         raise ValueError(f"got {len(prompts)} prompts but {len(priority)} priorities.")
     ids = []
@@ -75,12 +76,26 @@ def _add_requests(self: LLM, prompts, sampling_params, priority, lora_request, f
         for i, (p, sp) in enumerate(zip(prompts, params)):
             if final_only and isinstance(sp, SamplingParams):
                 sp = sp.clone(); sp.output_kind = RequestOutputKind.FINAL_ONLY
-            ids.append(self.llm_engine.add_request(str(next(self.request_counter)), p, sp,
+            ids.append(self.llm_engine.add_request(str(next(self.request_counter)), p, sp, lora_request=loras[i],
                                                    priority=priority[i] if priority else 0))
     except Exception:
         self.llm_engine.abort_request(ids, final_output=False)   # a bad prompt fails the call and leaves nothing running
         raise
     return ids
+
+# %% ../nbs/13_llm.ipynb #b5f364eb
+@patch
+def add_lora(self: LLM, lora_request) -> bool:
+    "Load a LoRA adapter (vLLM's `LLM.add_lora`); requests name it with the same `LoRARequest`."
+    return self.llm_engine.add_lora(lora_request)
+@patch
+def remove_lora(self: LLM, lora_id: int) -> bool:
+    "Forget a LoRA adapter by id."
+    return self.llm_engine.remove_lora(lora_id)
+@patch
+def list_loras(self: LLM) -> set[int]:
+    "The ids of the loaded LoRA adapters."
+    return self.llm_engine.list_loras()
 
 # %% ../nbs/13_llm.ipynb #a4424d3d
 @patch

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from typing import Callable, Iterable
 from fastcore.basics import patch
-from .config import EngineArgs, EngineConfig, SamplingParams, RequestOutput, PromptType
+from .config import EngineArgs, EngineConfig, SamplingParams, RequestOutput, PromptType, LoRARequest
 from .request import RequestStatus
 from .block_manager import KVCacheManager
 from .scheduler import Scheduler
@@ -44,6 +44,7 @@ class LLMEngine:
         self.children: dict[str, list[str]] = {}   # user request id -> ids of its sequences in the core
         self.last_step: StepInfo | None = None     # what the latest step did
         self.step_observers: list[Callable[[StepInfo], None]] = []   # called with each step's StepInfo, after the step
+        self._lora_of: dict = {}                   # user request id -> its LoRARequest
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs, usage_context=None, stat_loggers=None,
@@ -80,9 +81,9 @@ def get_device_config(self: LLMEngine):
     "The device the model runs on."
     return self.vllm_config.device_config
 @patch
-def get_lora_config(self: LLMEngine) -> None:
-    "None: LoRA is not implemented (vLLM returns None when it is off)."
-    return None
+def get_lora_config(self: LLMEngine):
+    "The `LoRAConfig` (`max_loras`, `max_lora_rank`, `max_cpu_loras`), None when LoRA is off (as vLLM)."
+    return self.vllm_config.lora_config
 @patch
 def get_speculative_config(self: LLMEngine) -> None:
     "None: speculative decoding is not implemented (vLLM returns None when it is off)."
@@ -100,6 +101,24 @@ def kv_cache_manager(self: LLMEngine) -> KVCacheManager:
     "The engine core's `KVCacheManager` (the block pool and block tables)."
     return self.engine_core.kv_cache_manager
 
+# %% ../nbs/12_llm_engine.ipynb #ece2c851
+@patch
+def add_lora(self: LLMEngine, lora_request: LoRARequest) -> bool:
+    "Load a LoRA adapter now (vLLM's): later requests with its `lora_int_id` find it read."
+    return self.engine_core.add_lora(lora_request)
+@patch
+def remove_lora(self: LLMEngine, lora_id: int) -> bool:
+    "Forget an adapter by id (refused while requests run under it)."
+    return self.engine_core.remove_lora(lora_id)
+@patch
+def list_loras(self: LLMEngine) -> set[int]:
+    "The ids of the adapters loaded."
+    return self.engine_core.list_loras()
+@patch
+def pin_lora(self: LLMEngine, lora_id: int) -> bool:
+    "vLLM's pinning (never evict an adapter): not implemented."
+    raise NotImplementedError("pin_lora is not implemented in minivllm.")
+
 # %% ../nbs/12_llm_engine.ipynb #dd9aa71f
 @patch
 def add_request(self: LLMEngine, request_id: str, prompt: PromptType, params: SamplingParams | None = None,
@@ -107,11 +126,16 @@ def add_request(self: LLMEngine, request_id: str, prompt: PromptType, params: Sa
                 trace_headers=None, priority: int = 0) -> str:
     """Validate, tokenize and queue a request. Raises (and queues nothing) on bad input. vLLM's signature:
     `trace_headers` only feed OpenTelemetry tracing, which minivllm does not have (vLLM ignores them too when no
-    tracing endpoint is configured); `lora_request` and `tokenization_kwargs` raise `NotImplementedError`."""
-    if lora_request is not None: raise NotImplementedError("LoRA is not implemented in minivllm (lora_request must be None).")
+    tracing endpoint is configured); `tokenization_kwargs` raises `NotImplementedError`. A `lora_request` (a
+    `LoRARequest`, engine built with `enable_lora=True`) runs the request under that adapter."""
     if tokenization_kwargs: raise NotImplementedError("tokenization_kwargs is not implemented in minivllm.")
     if request_id in self.children: raise ValueError(f"request_id {request_id!r} is already in use.")
+    if lora_request is not None:
+        if not isinstance(lora_request, LoRARequest): raise TypeError(f"lora_request must be a LoRARequest, got {type(lora_request).__name__}")
+        self.engine_core.add_lora(lora_request)   # read and checked: a bad adapter fails this request alone
     children = self.processor.process(request_id, prompt, params, arrival_time, priority, in_use=self.output_processor.seq_of)
+    for c in children: c.lora_request = lora_request
+    if lora_request is not None: self._lora_of[request_id] = lora_request
     self.children[request_id] = [c.request_id for c in children]
     self.output_processor.add_request(request_id, children)
     for c in children: self.engine_core.add_request(c)
@@ -160,7 +184,13 @@ def step(self: LLMEngine) -> list[RequestOutput]:
     if self.log_stats: self.stat_logger.maybe_log(time.time())
     self.last_step = info
     for observe in self.step_observers: observe(info)
-    return outputs + res.request_outputs
+    outputs += res.request_outputs
+    if self._lora_of:   # vLLM's RequestOutput.lora_request (and each CompletionOutput's)
+        for o in outputs:
+            lr = self._lora_of.pop(o.request_id, None) if o.finished else self._lora_of.get(o.request_id)
+            o.lora_request = lr
+            for c in getattr(o, "outputs", ()): c.lora_request = lr
+    return outputs
 
 # %% ../nbs/12_llm_engine.ipynb #4349e2b8
 @patch

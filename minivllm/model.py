@@ -372,6 +372,7 @@ class ModelRunner:
         self.kv_caches = [torch.zeros(self.kv_cache_shape(), dtype=self.dtype, device=self.device)
                           for _ in range(mc.get_num_layers())]
         self.timings: dict[str, float] | None = None
+        self.lora_manager = None   # LoRA (lesson 05c) plugs in here: told each step's rows before the forward pass
 
     # Three steps of building a runner that the tensor-parallel worker (a later notebook) overrides for its shard:
     def load_model(self) -> LlamaForCausalLM:
@@ -458,6 +459,7 @@ def execute_model(self: ModelRunner, scheduler_output: SchedulerOutput, *,
     tm = self.timings
     if tm is not None: t0 = _clock(self.device)
     input_ids, positions, md, seqs = self.prepare_inputs(scheduler_output)
+    if self.lora_manager is not None: self.lora_manager.prepare_step(seqs, md.query_start_loc_cpu)   # each row's adapter
     if tm is not None: t1 = _clock(self.device)
     hidden = self.run_model(input_ids, positions, md)
     if tm is not None: t2 = _clock(self.device)

@@ -42,10 +42,11 @@ class Request:
     "One sequence: its prompt, its generated tokens, how many of them are in the KV cache, and its status."
     def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
                  eos_token_id: int | None = None, arrival_time: float | None = None, priority: int = 0,
-                 prompt: str | None = None, parent_request_id: str | None = None, pooling_params=None):
+                 prompt: str | None = None, parent_request_id: str | None = None, pooling_params=None, lora_request=None):
         self.request_id, self.prompt, self.sampling_params = request_id, prompt, sampling_params
         self.parent_request_id = parent_request_id   # the user request this is one sample of (`n > 1`), else None
         self.pooling_params = pooling_params          # a pooling request (`LLM.embed`): read the prompt, sample nothing
+        self.lora_request = lora_request              # the LoRA adapter it runs under (a `LoRARequest`), None: the base model
         self.prompt_token_ids = list(prompt_token_ids)
         self.eos_token_id, self.priority = eos_token_id, priority
         self.arrival_time = time.time() if arrival_time is None else arrival_time
@@ -59,6 +60,8 @@ class Request:
         seed = sampling_params.seed
         self.generator = None if seed is None else torch.Generator().manual_seed(seed)
 
+    @property
+    def lora_int_id(self) -> int: return 0 if self.lora_request is None else self.lora_request.lora_int_id   # 0: no adapter
     @property
     def num_prompt_tokens(self) -> int: return len(self.prompt_token_ids)
     @property

@@ -28,6 +28,7 @@ class ScheduledSeq:
     is_prefill: bool          # prompt (or recompute) tokens rather than a single decode token
     new: bool = False         # admitted from the waiting queue in this step
     num_cached_tokens: int = 0  # tokens served by the prefix cache at admission (they are not in token_ids)
+    lora_int_id: int = 0      # the LoRA adapter the request runs under (0: the base model)
 
     @property
     def num_tokens(self) -> int: return len(self.token_ids)
@@ -149,7 +150,7 @@ def _seq(self: Scheduler, r: Request, n: int, new: bool = False, num_cached: int
     c = r.num_computed_tokens
     return ScheduledSeq(r.request_id, r.all_token_ids[c:c + n], c, self.kv_cache_manager.get_block_ids(r.request_id),
                         sample=c + n == r.num_tokens, is_prefill=c < r.num_prompt_tokens or n > 1,
-                        new=new, num_cached_tokens=num_cached)
+                        new=new, num_cached_tokens=num_cached, lora_int_id=getattr(r, "lora_int_id", 0))
 
 # %% ../nbs/03_scheduler.ipynb #e5680c81
 @patch
@@ -191,7 +192,8 @@ def schedule(self: Scheduler) -> SchedulerOutput:
     Invariants of the result: at most `max_num_batched_tokens` tokens and at most `max_num_seqs` requests (running
     list included); each scheduled chunk is exactly the request's next tokens, with KV blocks allocated for them;
     running requests are served before waiting ones; waiting ones are admitted in policy order and stop at the
-    first that does not fit (nobody overtakes), and none is admitted in a step where a running one lost its blocks;
+    first that does not fit (nobody overtakes — except past a request whose LoRA adapter has no slot left), and
+    none is admitted in a step where a running one lost its blocks;
     a preempted request holds no block and restarts from 0, and is not re-admitted in the same step; without
     chunked prefill a prompt is never split."""
     budget, cfg, kv = self.config.max_num_batched_tokens, self.config, self.kv_cache_manager
@@ -208,20 +210,26 @@ def schedule(self: Scheduler) -> SchedulerOutput:
             if victim is r: break
         if r.status != RequestStatus.RUNNING: break
         seqs.append(self._seq(r, n)); budget -= n; i += 1
-    # 2. waiting requests, unless running ones just ran out of blocks; never re-admit this step's victims
+    # 2. waiting requests, unless running ones just ran out of blocks; never re-admit this step's victims;
+    #    with LoRA, never more distinct adapters among the running requests than `max_loras` (the device's slots)
+    loras, skipped = ({r.lora_int_id for r in self.running if r.lora_int_id} if cfg.max_loras else set()), []
     while not blocks_short and len(self.waiting) and budget > 0 and len(self.running) < cfg.max_num_seqs:
         r = self.waiting.peek()
         if r.request_id in preempted: break
         hits, num_cached = kv.get_computed_blocks(r)
         n = r.num_tokens - num_cached
         if not cfg.enable_chunked_prefill and n > budget: break
+        if cfg.max_loras and r.lora_int_id and r.lora_int_id not in loras and len(loras) >= cfg.max_loras:
+            skipped.append(self.waiting.pop()); continue   # no slot left for its adapter: it waits, others pass (vLLM)
         n = min(n, budget)
         if kv.allocate_slots(r, n, hits) is None: break
         self.waiting.pop()
         r.num_computed_tokens = num_cached
         if r.num_cached_tokens < 0: r.num_cached_tokens = num_cached
         self._admit(r)
+        if r.lora_int_id: loras.add(r.lora_int_id)
         seqs.append(self._seq(r, n, new=True, num_cached=num_cached)); budget -= n
+    for r in reversed(skipped): self.waiting.add_preempted(r)   # back at the head, in their order
     finished, self.finished_req_ids = self.finished_req_ids, []
     return SchedulerOutput(seqs, preempted, finished, len(self.waiting), cfg.max_num_batched_tokens, kv.usage)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio, base64, json, time, uuid
 from typing import Annotated, Any, Literal, Optional, Union
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
-from .config import EngineArgs, SamplingParams, RequestOutputKind, TokensPrompt, PoolingParams
+from .config import EngineArgs, SamplingParams, RequestOutputKind, TokensPrompt, PoolingParams, LoRARequest
 from .config import StructuredOutputsParams
 from .structured_outputs import validate_structured_outputs
 
@@ -16,8 +16,8 @@ __all__ = ['Text', 'TokenIds', 'OneText', 'OneTokenIds', 'ERROR_RESPONSES', 'Str
            'CompletionRequest', 'ChatMessage', 'ChatCompletionRequest', 'ErrorInfo', 'ErrorResponse', 'APIError',
            'to_sampling_params', 'structured_outputs_of', 'Metrics', 'completion_logprobs', 'chat_logprobs', 'base_app',
            'add_info_routes', 'check_model', 'apply_sampling_defaults', 'run_request', 'usage', 'respond',
-           'add_completions_route', 'EmbeddingRequest', 'add_embeddings_route', 'add_chat_route', 'build_app',
-           'serve_parser', 'cmd_serve']
+           'add_completions_route', 'EmbeddingRequest', 'add_embeddings_route', 'add_chat_route',
+           'LoadLoRAAdapterRequest', 'add_lora_adapter', 'add_lora_routes', 'build_app', 'serve_parser', 'cmd_serve']
 
 # %% ../nbs/15_server.ipynb #738e7691
 class StreamOptions(BaseModel):
@@ -261,6 +261,7 @@ def base_app(engine, served_model_name: str = "minivllm", api_key: str | None = 
     s = app.state
     s.engine, s.metrics, s.served_model_name = engine, Metrics(engine), served_model_name
     s.tokenizer, s.max_model_len = engine.engine.get_tokenizer(), engine.engine.get_model_config().max_model_len
+    s.loras = {}   # LoRA adapters served, by name (`--lora-modules`, `/v1/load_lora_adapter`): `model=<name>` selects one
 
     @app.exception_handler(APIError)
     async def _api_error(request, e: APIError): return _error(app, e)
@@ -296,14 +297,17 @@ def add_info_routes(app):
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [{"id": s.served_model_name, "object": "model", "created": _now(),
-                                            "owned_by": "minivllm", "max_model_len": s.max_model_len}]}
+        base = {"id": s.served_model_name, "object": "model", "created": _now(), "owned_by": "minivllm", "max_model_len": s.max_model_len}
+        loras = [{"id": n, "object": "model", "created": _now(), "owned_by": "minivllm", "root": lr.lora_path,
+                  "parent": s.served_model_name, "max_model_len": s.max_model_len} for n, lr in s.loras.items()]
+        return {"object": "list", "data": [base] + loras}
     return app
 
 def check_model(app, name: str | None):
-    "A 404 unless `name` is the served model's name (or not given)."
-    if name is not None and name != app.state.served_model_name:
-        raise APIError(f"The model `{name}` does not exist.", 404, param="model")
+    "The `LoRARequest` of the adapter named `name`, None for the served model's name (or none given); else a 404."
+    if name is None or name == app.state.served_model_name: return None
+    if name in app.state.loras: return app.state.loras[name]
+    raise APIError(f"The model `{name}` does not exist.", 404, param="model")
 
 # %% ../nbs/15_server.ipynb #48827b81
 def apply_sampling_defaults(app, req) -> None:
@@ -315,12 +319,12 @@ def apply_sampling_defaults(app, req) -> None:
         if getattr(req, k, 0) is None: setattr(req, k, v)
 
 # %% ../nbs/15_server.ipynb #0e10d7fb
-async def run_request(app, prompt, sp: SamplingParams, request_id: str, on_output):
-    "Drive one request through the app's engine, yielding what `on_output(RequestOutput)` yields; record its metrics."
+async def run_request(app, prompt, sp: SamplingParams, request_id: str, on_output, lora_request=None):
+    "Drive one request (under `lora_request`, if given) through the app's engine, yielding what `on_output(RequestOutput)` yields; record its metrics."
     engine, metrics = app.state.engine, app.state.metrics
     t0, first, n_gen, last = time.monotonic(), None, 0, None
     try:
-        async for out in engine.generate(prompt, sp, request_id):
+        async for out in engine.generate(prompt, sp, request_id, lora_request=lora_request):
             if first is None and any(c.token_ids for c in out.outputs):
                 first = time.monotonic(); metrics.ttft.observe(first - t0)
             n_gen += sum(len(c.token_ids) for c in out.outputs)
@@ -378,7 +382,7 @@ def add_completions_route(app):
     @app.post("/v1/completions", responses={200: {"content": {"application/json": {}, "text/event-stream": {"schema": {"type": "string"}}},
                                    "description": "The completion (JSON), or its chunks as server-sent events when `stream` is true"}})
     async def completions(req: CompletionRequest):
-        check_model(app, req.model)
+        lora = check_model(app, req.model)
         apply_sampling_defaults(app, req)
         prompt, sp = _completion_prompt(req), to_sampling_params(req, req.max_tokens, req.logprobs)
         rid, created, name, n = f"cmpl-{uuid.uuid4().hex}", _now(), s.served_model_name, req.n
@@ -406,7 +410,7 @@ def add_completions_route(app):
                             logprobs=completion_logprobs(s.tokenizer, toks[i], lps[i]) if want_lp else None) for i in range(n)]
             return dict(id=rid, object="text_completion", created=created, model=name, choices=choices,
                         usage=usage(prompt_tokens[0], sum(map(len, toks))))
-        return await respond(req.stream, run_request(app, prompt, sp, rid, on_output), finish)
+        return await respond(req.stream, run_request(app, prompt, sp, rid, on_output, lora), finish)
     return app
 
 # %% ../nbs/15_server.ipynb #p15b
@@ -478,7 +482,7 @@ def add_chat_route(app):
     @app.post("/v1/chat/completions", responses={200: {"content": {"application/json": {}, "text/event-stream": {"schema": {"type": "string"}}},
                                    "description": "The completion (JSON), or its chunks as server-sent events when `stream` is true"}})
     async def chat(req: ChatCompletionRequest):
-        check_model(app, req.model)
+        lora = check_model(app, req.model)
         apply_sampling_defaults(app, req)
         prompt = _chat_prompt(s.tokenizer, req, getattr(s, "chat_template", None), getattr(s, "content_format", "auto"))
         top = req.top_logprobs or 0
@@ -510,7 +514,42 @@ def add_chat_route(app):
                             logprobs=chat_logprobs(s.tokenizer, toks[i], lps[i], top) if req.logprobs else None) for i in range(n)]
             return dict(id=rid, object="chat.completion", created=created, model=s.served_model_name, choices=choices,
                         usage=usage(prompt_tokens[0], sum(map(len, toks))))
-        return await respond(req.stream, run_request(app, prompt, sp, rid, on_output), finish)
+        return await respond(req.stream, run_request(app, prompt, sp, rid, on_output, lora), finish)
+    return app
+
+class LoadLoRAAdapterRequest(BaseModel):
+    "vLLM's body of `/v1/load_lora_adapter` and `/v1/unload_lora_adapter`."
+    lora_name: str
+    lora_path: str | None = None
+    lora_int_id: int | None = None
+
+async def add_lora_adapter(app, name: str, path: str):
+    "Load an adapter (in the engine's thread) and serve it under `name`; a clear 400 if LoRA is off, the name taken or the adapter bad."
+    s = app.state
+    if name in s.loras or name == s.served_model_name: raise APIError(f"The lora adapter '{name}' has already been loaded.", param="lora_name")
+    lr = LoRARequest(name, max([l.lora_int_id for l in s.loras.values()] + [0]) + 1, path)
+    try: await s.engine.add_lora(lr)
+    except (ValueError, OSError) as e: raise APIError(str(e), param="lora_path") from e
+    s.loras[name] = lr
+    return lr
+
+def add_lora_routes(app):
+    "vLLM's `POST /v1/load_lora_adapter` and `POST /v1/unload_lora_adapter` (bodies `{lora_name, lora_path}`)."
+    from fastapi.responses import PlainTextResponse
+    s = app.state
+    @app.post("/v1/load_lora_adapter", response_class=PlainTextResponse)
+    async def load_lora(req: LoadLoRAAdapterRequest):
+        if not req.lora_path: raise APIError("Both 'lora_name' and 'lora_path' must be provided.", param="lora_path")
+        await add_lora_adapter(app, req.lora_name, req.lora_path)
+        return PlainTextResponse(f"Success: LoRA adapter '{req.lora_name}' added successfully.")
+    @app.post("/v1/unload_lora_adapter", response_class=PlainTextResponse)
+    async def unload_lora(req: LoadLoRAAdapterRequest):
+        lr = s.loras.get(req.lora_name)
+        if lr is None: raise APIError(f"The lora adapter '{req.lora_name}' cannot be found.", 404, param="lora_name")
+        try: await s.engine.remove_lora(lr.lora_int_id)
+        except ValueError as e: raise APIError(str(e), param="lora_name") from e
+        del s.loras[req.lora_name]
+        return PlainTextResponse(f"Success: LoRA adapter '{req.lora_name}' removed successfully.")
     return app
 
 def build_app(engine, served_model_name: str = "minivllm", api_key: str | None = None, chat_template: str | None = None,
@@ -519,7 +558,7 @@ def build_app(engine, served_model_name: str = "minivllm", api_key: str | None =
     from minivllm.llm import load_chat_template
     app = base_app(engine, served_model_name, api_key)
     app.state.chat_template, app.state.content_format = load_chat_template(chat_template), chat_template_content_format
-    for add in (add_info_routes, add_completions_route, add_chat_route, add_embeddings_route): add(app)
+    for add in (add_info_routes, add_completions_route, add_chat_route, add_embeddings_route, add_lora_routes): add(app)
     return app
 
 # %% ../nbs/15_server.ipynb #f16a9eed
@@ -534,6 +573,8 @@ def serve_parser(sub):
     p.add_argument("--log-level", default="warning")
     p.add_argument("--chat-template", default=None, help="a chat template (inline, or a file) instead of the model's")
     p.add_argument("--chat-template-content-format", default="auto", choices=["auto", "string", "openai"])
+    p.add_argument("--lora-modules", nargs="+", default=None, metavar="NAME=PATH",
+                   help="LoRA adapters to serve, each selected by model=NAME (turns on --enable-lora)")
     return EngineArgs.add_cli_args(p)
 
 def cmd_serve(ns) -> int:
@@ -542,10 +583,19 @@ def cmd_serve(ns) -> int:
     from minivllm.async_engine import AsyncLLMEngine
     ea = EngineArgs.from_cli_args(ns)
     if ns.model_tag is not None: ea.model = ns.model_tag
+    loras = []
+    for m in getattr(ns, "lora_modules", None) or []:   # vLLM's `name=path` (or its JSON form {"name", "path"})
+        d = json.loads(m) if m.lstrip().startswith("{") else dict(zip(("name", "path"), m.split("=", 1)))
+        if not d.get("name") or not d.get("path"): raise SystemExit(f"--lora-modules: expected NAME=PATH, got {m!r}")
+        loras.append((d["name"], d["path"]))
+    if loras: ea.enable_lora = True
     name = ns.served_model_name or (ea.model if ea.model else "SmolLM2-135M-Instruct")
     engine = AsyncLLMEngine.from_engine_args(ea)
     app = build_app(engine, served_model_name=name, api_key=ns.api_key, chat_template=ns.chat_template,
                     chat_template_content_format=ns.chat_template_content_format)
-    print(f"minivllm: serving {name!r} on http://{ns.host}:{ns.port}/v1", flush=True)
+    for k, (n, path) in enumerate(loras, 1):   # read and checked before serving: a bad adapter stops the server here
+        lr = LoRARequest(n, k, path); engine.engine.add_lora(lr); app.state.loras[n] = lr
+    print(f"minivllm: serving {name!r}" + (f" and LoRA adapters {[n for n, _ in loras]}" if loras else "") +
+          f" on http://{ns.host}:{ns.port}/v1", flush=True)
     uvicorn.run(app, host=ns.host, port=ns.port, log_level=ns.log_level)
     return 0

@@ -17,9 +17,10 @@ except ImportError as e:   # serving needs none of this; say what to install
                       'pip install "minivllm[viz]"') from e
 
 # %% auto #0
-__all__ = ['PALETTE', 'BlockRecord', 'KVRecord', 'kv_record', 'RowRecord', 'StepRecord', 'step_record', 'record_scheduler',
-           'EngineRecorder', 'record_engine', 'colors_for', 'record_ids', 'plot_block_grid', 'plot_batch_composition',
-           'step_table', 'plot_step', 'fig_png', 'pick_frames', 'player_html', 'StepViewer']
+__all__ = ['PALETTE', 'BASE_COLOR', 'BlockRecord', 'KVRecord', 'kv_record', 'RowRecord', 'StepRecord', 'step_record',
+           'record_scheduler', 'EngineRecorder', 'record_engine', 'colors_for', 'record_ids', 'plot_block_grid',
+           'plot_batch_composition', 'step_table', 'plot_step', 'fig_png', 'pick_frames', 'player_html', 'StepViewer',
+           'adapter_colors', 'plot_lora_picture', 'plot_merge_vs_batch', 'plot_gather_shrink_expand']
 
 # %% ../nbs/90_viz.ipynb #ff2b1261
 @dataclass
@@ -346,10 +347,11 @@ def player_html(frames: list[tuple[int, bytes]], title: str = "", interval: int 
 class StepViewer:
     "A step-by-step view of `StepRecord`s: a live ipywidget in Jupyter, a self-contained player on the static site."
     def __init__(self, records: list[StepRecord], title: str = "", draw: Callable | None = None, max_frames: int = 40,
-                 step: Callable | None = None, interval: int = 700):
+                 step: Callable | None = None, interval: int = 700, colors: dict | None = None):
         if not records: raise ValueError("StepViewer needs at least one record")
         self.records, self.title, self.draw, self.max_frames = list(records), title, draw, max_frames
         self.step_fn, self.interval, self._png, self._w = step, interval, {}, None
+        self.colors = colors   # request id -> colour (default: one colour per request, see `colors_for`)
 
     @property
     def frames(self) -> list[int]:
@@ -358,7 +360,7 @@ class StepViewer:
 
     def figure(self, i: int):
         "The matplotlib figure of record `i`."
-        colors = colors_for(record_ids(self.records))
+        colors = self.colors or colors_for(record_ids(self.records))
         if self.draw is not None:
             fig = plt.figure(figsize=(7.6, 5)); self.draw(self.records[i], self.records, fig); return fig
         return plot_step(self.records, i, colors=colors)
@@ -425,3 +427,68 @@ def _mimebundle(self: StepViewer, include=None, exclude=None) -> dict:
     return data
 
 StepViewer._repr_mimebundle_ = _mimebundle
+
+# %% ../nbs/90_viz.ipynb #2ff157f7
+BASE_COLOR = (0.75, 0.75, 0.75, 1.0)
+
+def adapter_colors(adapter_of: dict) -> dict:
+    "Request id -> colour of its adapter (`adapter_of[req_id]`: an adapter id or name; 0/None: the base model, grey)."
+    keys = list(dict.fromkeys(a for a in adapter_of.values() if a))
+    pal = {a: PALETTE[k % len(PALETTE)] for k, a in enumerate(keys)}
+    return {r: pal[a] if a else BASE_COLOR for r, a in adapter_of.items()}
+
+def plot_lora_picture(W, A, B, scaling: float = 1.0):
+    "A weight `W` (out × in), an adapter's `B` (out × r) and `A` (r × in), and the product `s·B·A` they stand for."
+    import numpy as np
+    W, A, B = (np.asarray(t, dtype=float) for t in (W, A, B))
+    D = scaling * B @ A
+    fig, axs = plt.subplots(1, 4, figsize=(9, 2.6), gridspec_kw=dict(width_ratios=[W.shape[1], B.shape[1] * 4, A.shape[1], D.shape[1]]))
+    for ax, m, t in zip(axs, (W, B, A, D), (f"W  {W.shape[0]}×{W.shape[1]} (frozen)", f"B  {B.shape[0]}×{B.shape[1]}",
+                                          f"A  {A.shape[0]}×{A.shape[1]}", f"s·B·A  (never formed)")):
+        v = abs(m).max() or 1
+        ax.imshow(m, cmap="RdBu", vmin=-v, vmax=v, aspect="auto" if m is B else "equal"); ax.set_title(t, fontsize=9)
+        ax.set_xticks([]); ax.set_yticks([])
+    fig.suptitle(f"y = W·x + s·B·(A·x):  {W.size} frozen numbers, {A.size + B.size} trained (s = {scaling:g})", fontsize=10, y=1.1)
+    return fig
+
+# %% ../nbs/90_viz.ipynb #33c58702
+def plot_merge_vs_batch(rows: list[str], merged: str):
+    "A mixed batch (`rows`: each row's adapter, 'base' for none) against one weight merged with adapter `merged`."
+    keys = list(dict.fromkeys(r for r in rows if r != "base"))
+    col = {"base": BASE_COLOR, **{a: PALETTE[k % len(PALETTE)] for k, a in enumerate(keys)}}
+    fig, axs = plt.subplots(1, 2, figsize=(9, 0.45 * len(rows) + 1.2))
+    for ax, title, ok in ((axs[0], f"merged: W + s·B·A of {merged} for every row", lambda r: r == merged),
+                          (axs[1], "kept apart: W·x + each row's own s·B·(A·x)", lambda r: True)):
+        for t, r in enumerate(rows):
+            y = len(rows) - 1 - t
+            ax.add_patch(Rectangle((0, y), 2.8, 0.85, fc=col[r])); ax.text(1.4, y + 0.42, f"row {t}: {r}", ha="center", va="center", fontsize=8)
+            ax.add_patch(Rectangle((3.4, y), 2.2, 0.85, fc="white", ec="0.5"))
+            ax.text(4.5, y + 0.42, "✓ its output" if ok(r) else f"✗ gets {merged}'s", ha="center", va="center", fontsize=8,
+                    color="green" if ok(r) else "red")
+        ax.set_xlim(-0.1, 5.7); ax.set_ylim(-0.2, len(rows)); ax.axis("off"); ax.set_title(title, fontsize=9)
+    return fig
+
+# %% ../nbs/90_viz.ipynb #45d7bec3
+def plot_gather_shrink_expand(slots: list[int], base_slot: int):
+    "One step: each token row's slot (`base_slot`: the zero slot of the base model) gathers its `A` to shrink and its `B` to expand."
+    fig, ax = plt.subplots(figsize=(9, 0.42 * len(slots) + 1.4))
+    n_slots = base_slot + 1
+    col = {s: PALETTE[s % len(PALETTE)] for s in range(base_slot)} | {base_slot: BASE_COLOR}
+    T = len(slots)
+    for s in range(n_slots):   # the stacked weights
+        y = T - 1 - s * T / n_slots
+        ax.add_patch(Rectangle((0, y - 0.8), 1.6, 0.8, fc=col[s])); ax.text(0.8, y - 0.4, f"A[{s}]" + (" = 0" if s == base_slot else ""), ha="center", va="center", fontsize=8)
+        ax.add_patch(Rectangle((9.4, y - 0.8), 1.6, 0.8, fc=col[s])); ax.text(10.2, y - 0.4, f"B[{s}]" + (" = 0" if s == base_slot else ""), ha="center", va="center", fontsize=8)
+    for t, s in enumerate(slots):
+        y = T - 1 - t
+        ax.add_patch(Rectangle((3, y), 1.6, 0.8, fc=col[s])); ax.text(3.8, y + 0.4, f"x[{t}]", ha="center", va="center", fontsize=8)
+        ax.add_patch(Rectangle((5.4, y), 0.6, 0.8, fc=col[s], alpha=0.6)); ax.add_patch(Rectangle((6.8, y), 1.6, 0.8, fc=col[s], alpha=0.35))
+        ax.text(7.6, y + 0.4, f"Δ[{t}]", ha="center", va="center", fontsize=8)
+        ys = T - 1 - s * T / n_slots - 0.4
+        ax.annotate("", (3, y + 0.4), (1.6, ys), arrowprops=dict(arrowstyle="->", color=col[s], lw=0.8))
+        ax.annotate("", (8.4, y + 0.4), (9.4, ys), arrowprops=dict(arrowstyle="->", color=col[s], lw=0.8))
+    ax.text(5.7, T + 0.2, "shrink: h = A[s]·x   (r numbers)", ha="center", fontsize=8)
+    ax.text(7.6, T + 0.8, "expand: Δ = B[s]·h", ha="center", fontsize=8)
+    ax.set_xlim(-0.2, 11.2); ax.set_ylim(-1.2, T + 1.3); ax.axis("off")
+    ax.set_title("one step: every row gathers its slot's A and B (grey: the base model's zero slot)", fontsize=10)
+    return fig
