@@ -371,9 +371,7 @@ def _completion_prompt(req: CompletionRequest):
     if req.echo: raise APIError("echo is not supported by minivllm.", param="echo")
     if req.suffix: raise APIError("suffix is not supported by minivllm.", param="suffix")
     p = req.prompt
-    if isinstance(p, list) and p and isinstance(p[0], (list, str)):
-        if len(p) != 1: raise APIError("minivllm serves one prompt per request; send a list of one.", param="prompt")
-        p = p[0]
+    if isinstance(p, list) and isinstance(p[0], (list, str)): p = p[0]   # a list of one prompt (the schema allows no more)
     return TokensPrompt(prompt_token_ids=p) if isinstance(p, list) else p
 
 def add_completions_route(app):
