@@ -204,10 +204,11 @@ def step(self: EngineCore) -> EngineCoreOutputs:
 
     Invariants:
     - only token ids cross this boundary: no text, no stop strings (those are the output processor's);
-    - each scheduled request's `num_computed_tokens` grows by exactly the tokens scheduled for it: the model wrote
+    - each scheduled request's `num_computed_tokens` grows by exactly the tokens scheduled for it (less its rejected draft tokens): the model wrote
       their keys and values into the blocks the scheduler allocated before the forward pass;
     - a token is sampled, and an `EngineCoreOutput` returned, for exactly the scheduled requests whose chunk reached
-      their last known token (`ScheduledSeq.sample`), one token each; a middle prefill chunk produces nothing; a
+      their last known token (`ScheduledSeq.sample`), one token each (with speculative decoding, lesson 07b: the draft
+      tokens the model agreed with, then one of its own); a middle prefill chunk produces nothing; a
       pooling request samples nothing: its last prompt chunk returns its `pooling_output` and finishes it ("stop");
     - a request the step finishes (EOS, a stop token, `max_tokens`, the model's length) carries its `finish_reason`
       in its output and has its blocks freed when `step` returns; no later step schedules it;
