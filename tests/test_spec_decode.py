@@ -188,3 +188,13 @@ def test_metrics_names(baseline):
     text = Metrics(Async).render().decode()
     assert f"vllm:spec_decode_num_drafts_total {float(st.num_drafts)}" in text
     assert 'vllm:spec_decode_num_accepted_tokens_per_pos_total{position="1"}' in text
+
+
+def test_draft_equal_to_target_accepts_everything(baseline, model_dir):
+    "The model as its own draft: every greedy guess is the model's own argmax, so (up to float ties) all are accepted."
+    prompts, _, single = baseline
+    llm = LLM(**KW, speculative_config={"method": "draft_model", "model": str(model_dir), "num_speculative_tokens": 3})
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts[1:2], SamplingParams(temperature=0, max_tokens=MAX_TOKENS),
+                                                         use_tqdm=False)] == single
+    st = llm.llm_engine.engine_core.spec_decoder.stats
+    assert st.num_draft_tokens > 20 and st.acceptance_rate > 0.95
