@@ -197,4 +197,4 @@ def test_draft_equal_to_target_accepts_everything(baseline, model_dir):
     assert [o.outputs[0].token_ids for o in llm.generate(prompts[1:2], SamplingParams(temperature=0, max_tokens=MAX_TOKENS),
                                                          use_tqdm=False)] == single
     st = llm.llm_engine.engine_core.spec_decoder.stats
-    assert st.num_draft_tokens > 20 and st.acceptance_rate > 0.95
+    assert st.num_drafts >= 2 and st.acceptance_rate > 0.95
