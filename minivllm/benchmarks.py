@@ -525,15 +525,19 @@ def _decode_one(engine, prompt: str, max_tokens: int) -> tuple[list[int], float]
 
 # %% ../nbs/16_benchmarks.ipynb #c366839e
 def bench_spec_decode(speculative_config: dict, engine_kwargs: dict | None = None, output_len: int = 128, rounds: int = 1,
-                      log=print) -> dict:
-    "Batch-1 decode tokens/s with and without `speculative_config`, same engine arguments, per workload of `SPEC_PROMPTS`."
+                      log=print, prompts: dict | None = None) -> dict:
+    """Batch-1 decode tokens/s with and without `speculative_config`, same engine arguments, per workload of `prompts`
+    (default `SPEC_PROMPTS`; a text is sent as a chat message, anything else, e.g. a `TokensPrompt`, as it is)."""
     from minivllm.llm import LLM
     kw = dict(engine_kwargs or {}); kw.pop("speculative_config", None)
     engines = {"plain": LLM(**kw).llm_engine, "spec": LLM(**kw, speculative_config=speculative_config).llm_engine}
-    chat = lambda q: engines["plain"].get_tokenizer().apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
-    _decode_one(engines["plain"], chat("Hi"), 4); _decode_one(engines["spec"], chat("Hi"), 4)   # warm-up, untimed
+    tok = engines["plain"].get_tokenizer()
+    chat = lambda q: tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True) if isinstance(q, str) else q
+    prompts = SPEC_PROMPTS if prompts is None else prompts
+    warm = chat(next(iter(prompts.values()))[0])
+    _decode_one(engines["plain"], warm, 4); _decode_one(engines["spec"], warm, 4)   # warm-up, untimed
     out = {}
-    for wl, qs in SPEC_PROMPTS.items():
+    for wl, qs in prompts.items():
         acc = {m: dict(tokens=0, seconds=0.0) for m in engines}
         sd = engines["spec"].engine_core.spec_decoder.stats.copy()
         for r in range(rounds):

@@ -126,7 +126,7 @@ def test_no_block_leaks_after_heavy_rejection(baseline):
     decoding's."""
     prompts, _, _ = baseline
     rng = random.Random(0)
-    kw = dict(KW)
+    kw = dict(KW, block_size=8, max_model_len=128, num_gpu_blocks_override=16)   # 128 slots for 8 requests: preemptions
     spec = LLM(**kw, speculative_config={"method": "ngram", "num_speculative_tokens": 5})
     core = spec.llm_engine.engine_core
     core.spec_decoder.proposer = RandomProposer()
@@ -134,8 +134,8 @@ def test_no_block_leaks_after_heavy_rejection(baseline):
     eng.step_observers.append(lambda info: check_invariants(core.kv_cache_manager))
     reqs = []
     for i in range(14):
-        p = rng.choice(prompts) if rng.random() < 0.7 else chat(spec.get_tokenizer(), " ".join(rng.choice(TEXT.split()) for _ in range(rng.randint(3, 40))))
-        reqs.append((f"r{i}", p, SamplingParams(temperature=0, max_tokens=rng.randint(1, 40))))
+        p = rng.choice(prompts) if rng.random() < 0.7 else chat(spec.get_tokenizer(), " ".join(rng.choice(TEXT.split()) for _ in range(rng.randint(3, 30))))
+        reqs.append((f"r{i}", p, SamplingParams(temperature=0, max_tokens=rng.randint(10, 40))))
     abort_at = {5: "r3", 9: "r7"}
     done, step = {}, 0
     for r in reqs[:8]: eng.add_request(*r)
