@@ -10,12 +10,12 @@ from pathlib import Path
 import torch
 
 # %% auto #0
-__all__ = ['SYSTEMS', 'PHASES', 'OVERHEAD_PHASES', 'SO_SCHEMA', 'machine_info', 'Workload', 'make_workload', 'BenchResult',
-           'run_minivllm', 'load_hf', 'run_hf_generate', 'hf_cb_config', 'run_hf_continuous', 'bench_throughput',
-           'summarize', 'print_summary', 'LatencyResult', 'latency_minivllm', 'latency_hf_generate',
+__all__ = ['SYSTEMS', 'PHASES', 'OVERHEAD_PHASES', 'SO_SCHEMA', 'SPEC_PROMPTS', 'machine_info', 'Workload', 'make_workload',
+           'BenchResult', 'run_minivllm', 'load_hf', 'run_hf_generate', 'hf_cb_config', 'run_hf_continuous',
+           'bench_throughput', 'summarize', 'print_summary', 'LatencyResult', 'latency_minivllm', 'latency_hf_generate',
            'latency_hf_continuous', 'bench_latency', 'ServeRequestResult', 'poisson_arrivals', 'bench_serve',
            'summarize_serve', 'print_serve_summary', 'run_coroutine', 'step_breakdown', 'structured_outputs_cost',
-           'random_peft_adapter', 'lora_step_cost', 'lora_swap_cost']
+           'bench_spec_decode', 'print_spec_summary', 'random_peft_adapter', 'lora_step_cost', 'lora_swap_cost']
 
 # %% ../nbs/16_benchmarks.ipynb #1f0ebe7a
 def machine_info() -> dict:
@@ -498,6 +498,71 @@ def structured_outputs_cost(llm, num_requests: int = 16, max_tokens: int = 48, s
                 k += 1
         finally: eng.step_observers.remove(seen.append)
     return {m: {f"{n}_ms": 1e3 * sum(v) / max(len(v), 1) for n, v in acc.items()} | {"steps": len(acc["step"])} for m, acc in accs.items()}
+
+# %% ../nbs/16_benchmarks.ipynb #5567f46d
+_SPEC_TEXT = ("The library opens at nine in the morning and closes at six in the evening. Members may borrow up to five "
+              "books at a time for three weeks. Late returns cost ten cents a day per book. The reading room on the second "
+              "floor is quiet, and laptops are welcome there. Children's books are on the ground floor, next to the cafe.")
+SPEC_PROMPTS = {
+    "grounded": [f"Repeat the following text exactly, word for word:\n\n{_SPEC_TEXT}",
+                 f"Rewrite the following text, replacing 'books' with 'novels' and changing nothing else:\n\n{_SPEC_TEXT}",
+                 f"Copy this text and fix nothing, then stop:\n\n{_SPEC_TEXT}"],
+    "free": ["Write a short story about a robot who learns to paint.", "Explain how an airplane wing creates lift.",
+             "Give me five tips for learning to cook at home."]}
+
+def _decode_one(engine, prompt: str, max_tokens: int) -> tuple[list[int], float]:
+    "Greedy tokens of one request alone in `engine`, and the seconds from its first token to its last."
+    from minivllm.config import SamplingParams
+    rid = f"spec{time.perf_counter_ns()}"
+    engine.add_request(rid, prompt, SamplingParams(temperature=0, max_tokens=max_tokens))
+    first = last = None; toks = []
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            now = time.perf_counter()
+            if o.outputs[0].token_ids and first is None: first = now
+            last, toks = now, o.outputs[0].token_ids
+    return list(toks), (last - first) if first is not None else 0.0
+
+# %% ../nbs/16_benchmarks.ipynb #c366839e
+def bench_spec_decode(speculative_config: dict, engine_kwargs: dict | None = None, output_len: int = 128, rounds: int = 1,
+                      log=print, prompts: dict | None = None) -> dict:
+    """Batch-1 decode tokens/s with and without `speculative_config`, same engine arguments, per workload of `prompts`
+    (default `SPEC_PROMPTS`; a text is sent as a chat message, anything else, e.g. a `TokensPrompt`, as it is)."""
+    from minivllm.llm import LLM
+    kw = dict(engine_kwargs or {}); kw.pop("speculative_config", None)
+    engines = {"plain": LLM(**kw).llm_engine, "spec": LLM(**kw, speculative_config=speculative_config).llm_engine}
+    tok = engines["plain"].get_tokenizer()
+    chat = lambda q: tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True) if isinstance(q, str) else q
+    prompts = SPEC_PROMPTS if prompts is None else prompts
+    warm = chat(next(iter(prompts.values()))[0])
+    _decode_one(engines["plain"], warm, 4); _decode_one(engines["spec"], warm, 4)   # warm-up, untimed
+    out = {}
+    for wl, qs in prompts.items():
+        acc = {m: dict(tokens=0, seconds=0.0) for m in engines}
+        sd = engines["spec"].engine_core.spec_decoder.stats.copy()
+        for r in range(rounds):
+            for m in (list(engines) if r % 2 == 0 else list(engines)[::-1]):
+                for q in qs:
+                    toks, dt = _decode_one(engines[m], chat(q), output_len)
+                    acc[m]["tokens"] += max(len(toks) - 1, 0); acc[m]["seconds"] += dt
+                    acc[m].setdefault("outputs", []).append(toks)
+        assert acc["plain"]["outputs"] == acc["spec"]["outputs"], "speculation changed a greedy output"
+        now = engines["spec"].engine_core.spec_decoder.stats
+        drafted, accepted = now.num_draft_tokens - sd.num_draft_tokens, now.num_accepted_tokens - sd.num_accepted_tokens
+        res = {m: a["tokens"] / a["seconds"] if a["seconds"] else 0.0 for m, a in acc.items()}
+        out[wl] = dict(plain_tokens_per_s=res["plain"], spec_tokens_per_s=res["spec"], speedup=res["spec"] / res["plain"] if res["plain"] else 0.0,
+                       draft_tokens=drafted, accepted_tokens=accepted, acceptance_rate=accepted / drafted if drafted else 0.0,
+                       mean_acceptance_length=1 + accepted / max(now.num_drafts - sd.num_drafts, 1), tokens=acc["plain"]["tokens"])
+        if log: log(f"{wl:>9}: plain {res['plain']:.1f} tok/s, speculative {res['spec']:.1f} tok/s "
+                    f"({out[wl]['speedup']:.2f}x), acceptance {out[wl]['acceptance_rate']:.0%}")
+    return out
+
+def print_spec_summary(res: dict):
+    "One line per workload of a `bench_spec_decode` result."
+    for wl, r in res.items():
+        print(f"{wl:>9}: without {r['plain_tokens_per_s']:7.1f} tok/s   with {r['spec_tokens_per_s']:7.1f} tok/s   "
+              f"speedup {r['speedup']:.2f}x   accepted {r['accepted_tokens']}/{r['draft_tokens']} ({r['acceptance_rate']:.0%}), "
+              f"{r['mean_acceptance_length']:.2f} tokens per verify step")
 
 # %% ../nbs/16_benchmarks.ipynb #69c02d2d
 def random_peft_adapter(path, hf_config, r: int = 16, alpha: int = 32, seed: int = 0,

@@ -213,7 +213,7 @@ def allocate_slots(self: KVCacheManager, request: Request, num_new_tokens: int,
     req_blocks.extend(new_blocks)
     self.req_num_slots[rid] = num_computed + num_new_tokens
     if self._can_share(request):
-        num_full = (num_computed + num_new_tokens) // self.block_size
+        num_full = min(num_computed + num_new_tokens, request.num_tokens) // self.block_size   # known tokens only, never draft ones
         num_cached = self.num_cached_block.get(rid, 0)
         if num_full > num_cached:
             self.block_pool.cache_full_blocks(req_blocks, self._block_hashes(request), num_cached, num_full)
@@ -237,6 +237,19 @@ def get_block_ids(self: KVCacheManager, request_id: str) -> list[int]:
 def reset_prefix_cache(self: KVCacheManager) -> bool:
     "Forget the cached blocks (False, and nothing forgotten, while some request holds a block)."
     return self.block_pool.reset_prefix_cache()
+
+# %% ../nbs/02_block_manager.ipynb #cfef7707
+@patch
+def rollback_slots(self: KVCacheManager, request: Request, num_tokens: int):
+    "Keep slots for the request's first `num_tokens` tokens only: free the whole blocks past them (tail first)."
+    rid = request.request_id
+    blocks = self.req_to_blocks.get(rid)
+    if blocks is None: return
+    keep = cdiv(num_tokens, self.block_size)
+    self.block_pool.free_blocks(reversed(blocks[keep:]))
+    del blocks[keep:]
+    self.req_num_slots[rid] = min(self.req_num_slots.get(rid, num_tokens), num_tokens)
+    if self.num_cached_block.get(rid, 0) > keep: self.num_cached_block[rid] = keep
 
 # %% ../nbs/02_block_manager.ipynb #cac8f5d6
 def check_invariants(manager: KVCacheManager) -> dict[str, int]:

@@ -139,9 +139,11 @@ def cmd_bench_throughput(ns) -> int:
 
 # %% ../nbs/17_cli.ipynb #9b341e68
 def cmd_bench_latency(ns) -> int:
-    "Run `minivllm bench latency`."
+    """Run `minivllm bench latency`. With `--speculative-config`: batch-1 decode tokens/s with and without it (same run,
+    grounded and free workloads, `bench_spec_decode`) instead of the systems comparison."""
     import statistics
     from minivllm.benchmarks import bench_latency
+    if ns.speculative_config is not None: return _bench_spec(ns)
     llm, hf, mc = _bench_setup(ns)
     res = bench_latency(ns.systems, llm, hf, ns.prompt_len, ns.output_len, ns.concurrency, ns.rounds, ns.seed,
                         mc.get_vocab_size(), log=lambda m: print(m, file=sys.stderr))
@@ -151,6 +153,15 @@ def cmd_bench_latency(ns) -> int:
             print(f"concurrency {c:3d} {s:>20}: TTFT {statistics.median(r.median_ttft for r in rs) * 1e3:8.1f} ms"
                   f"   TPOT {statistics.median(r.median_tpot for r in rs) * 1e3:7.1f} ms")
     _save(ns, "latency", dict(results=[r.as_dict() for r in res]))
+    return 0
+
+def _bench_spec(ns) -> int:
+    "`bench latency --speculative-config ...`: speculative decoding against plain decoding at batch 1."
+    from minivllm.benchmarks import bench_spec_decode, print_spec_summary
+    kw = dataclasses.asdict(EngineArgs.from_cli_args(ns))
+    res = bench_spec_decode(ns.speculative_config, kw, ns.output_len, ns.rounds, log=lambda m: print(m, file=sys.stderr))
+    print_spec_summary(res)
+    _save(ns, "spec_decode", dict(speculative_config=ns.speculative_config, results=res))
     return 0
 
 def cmd_bench_serve(ns) -> int:

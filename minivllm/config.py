@@ -18,8 +18,8 @@ __all__ = ['EMBEDDED_GGUF', 'PromptType', 'POOLING_TYPES', 'embedded_gguf_path',
            'TextPrompt', 'TokensPrompt', 'LoRARequest', 'CompletionOutput', 'RequestMetrics', 'RequestOutput',
            'PoolerConfig', 'pooler_settings', 'PoolingParams', 'PoolingOutput', 'EmbeddingOutput',
            'PoolingRequestOutput', 'EmbeddingRequestOutput', 'ModelConfig', 'CompilationConfig', 'LoRAConfig',
-           'CacheConfig', 'SchedulerConfig', 'ParallelConfig', 'DeviceConfig', 'EngineConfig', 'EngineArgs',
-           'cpu_has_bf16', 'check_vllm_args', 'FlexibleArgumentParser', 'engine_args_from_kwargs']
+           'CacheConfig', 'SchedulerConfig', 'ParallelConfig', 'DeviceConfig', 'EngineConfig', 'SpeculativeConfig',
+           'EngineArgs', 'cpu_has_bf16', 'check_vllm_args', 'FlexibleArgumentParser', 'engine_args_from_kwargs']
 
 # %% ../nbs/00_config.ipynb #6f90803b
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -615,6 +615,47 @@ class EngineConfig:
     device_config: DeviceConfig
     compilation_config: CompilationConfig = field(default_factory=CompilationConfig)   # eager unless the engine args compile
     lora_config: LoRAConfig | None = None   # None: LoRA off
+    speculative_config: SpeculativeConfig | None = None   # speculative decoding (lesson 07b); None: off
+
+# %% ../nbs/00_config.ipynb #df91f294
+_SPEC_OK = {"draft_tensor_parallel_size": (None, 1), "quantization": (None,), "revision": (None,), "code_revision": (None,),
+            "disable_by_batch_size": (None,), "speculative_token_tree": (None,), "max_model_len": (None,)}
+
+@dataclass
+class SpeculativeConfig:
+    "Speculative decoding, from vLLM's `speculative_config` dict (see `from_dict`)."
+    method: str                          # "ngram" (prompt lookup) or "draft_model"
+    num_speculative_tokens: int          # k: tokens proposed per step, verified in one forward pass
+    prompt_lookup_min: int | None = None # ngram: the shortest suffix to look up
+    prompt_lookup_max: int | None = None # ngram: the longest
+    model: str | None = None             # draft_model: the draft's path or hub id
+
+    @classmethod
+    def from_dict(cls, d: dict | str | None) -> SpeculativeConfig | None:
+        "The config of a `speculative_config` dict (or its JSON); None for None or `{}` (off). Bad values raise, naming the key."
+        if d is None or d == {}: return None
+        d = dict(json.loads(d) if isinstance(d, str) else d)
+        method, model = d.pop("method", None), d.pop("model", None)
+        if method is None and model is not None: method = "ngram" if model in ("ngram", "[ngram]") else "draft_model"
+        if method == "ngram": model = None
+        if method in ("eagle", "eagle3", "medusa", "mlp_speculator", "mtp", "deepseek_mtp", "suffix"):
+            raise NotImplementedError(f"speculative_config method={method!r} is not implemented in minivllm: use 'ngram' or 'draft_model'.")
+        if method not in ("ngram", "draft_model"):
+            raise ValueError(f"speculative_config.method must be 'ngram' or 'draft_model', got {method!r}.")
+        k = d.pop("num_speculative_tokens", None)
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+            raise ValueError(f"speculative_config.num_speculative_tokens must be a positive integer, got {k!r}.")
+        lo, hi = d.pop("prompt_lookup_min", None), d.pop("prompt_lookup_max", None)
+        if method == "ngram":
+            lo, hi = (5, 5) if lo is None and hi is None else (hi if lo is None else lo, lo if hi is None else hi)
+            if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in (lo, hi)) or lo > hi:
+                raise ValueError(f"speculative_config: need 1 <= prompt_lookup_min <= prompt_lookup_max, got {lo!r}, {hi!r}.")
+        elif lo is not None or hi is not None: raise ValueError("speculative_config: prompt_lookup_min/max are for method 'ngram'.")
+        elif not model: raise ValueError("speculative_config: method 'draft_model' needs 'model' (the draft model's path or id).")
+        for key, v in d.items():
+            if key not in _SPEC_OK: raise ValueError(f"speculative_config: unknown key {key!r}.")
+            if v not in _SPEC_OK[key]: raise NotImplementedError(f"speculative_config.{key}={v!r} is not implemented in minivllm.")
+        return cls(method, k, lo, hi, model)
 
 # %% ../nbs/00_config.ipynb #d0f0e915
 _GEN_CONFIG_KEYS = {"repetition_penalty": "repetition_penalty", "temperature": "temperature", "top_k": "top_k",
@@ -672,6 +713,7 @@ class EngineArgs:
     max_loras: int = 1
     max_lora_rank: int = 16
     max_cpu_loras: int | None = None
+    speculative_config: dict | None = None
     quantization: str | None = None
 
     def __post_init__(self):
@@ -761,6 +803,9 @@ def create_engine_config(self: EngineArgs) -> EngineConfig:
         bad(f"max_num_batched_tokens ({mnbt}) must be at least max_model_len ({max_model_len}) when chunked prefill "
             "is off; lower max_model_len or enable chunked prefill.")
     kv_bytes = self.kv_cache_memory_bytes or (_CPU_KV_CACHE_BYTES if device.type == "cpu" else None)
+    spec = SpeculativeConfig.from_dict(self.speculative_config)
+    if spec is not None and tp > 1: raise NotImplementedError("speculative_config with tensor_parallel_size > 1 is not implemented in minivllm.")
+    if spec is not None and spec.model: spec.model = str(resolve_model(spec.model, None, self.hf_token, self.download_dir))
     return EngineConfig(
         ModelConfig(str(path), str(tokenizer or path), dtype, self.seed, max_model_len, hf_config, backend, self.max_logprobs,
                     self.generation_config, self.override_generation_config, self.revision, self.pooler_config,
@@ -770,7 +815,8 @@ def create_engine_config(self: EngineArgs) -> EngineConfig:
         SchedulerConfig(self.max_num_seqs, mnbt, max_model_len, self.enable_chunked_prefill, self.scheduling_policy,
                         self.max_loras if self.enable_lora else 0),
         ParallelConfig(self.tensor_parallel_size), DeviceConfig(device), compilation_config=self._compilation(device),
-        lora_config=LoRAConfig(self.max_loras, self.max_lora_rank, self.max_cpu_loras or self.max_loras) if self.enable_lora else None)
+        lora_config=LoRAConfig(self.max_loras, self.max_lora_rank, self.max_cpu_loras or self.max_loras) if self.enable_lora else None,
+        speculative_config=spec)
 
 # %% ../nbs/00_config.ipynb #cc0d3b05
 _CAPTURE_SIZES = [1, 2, 4] + list(range(8, 256, 8)) + list(range(256, 513, 16))   # vLLM's default list
@@ -785,8 +831,9 @@ def _compilation(self: EngineArgs, device: torch.device) -> CompilationConfig:
     if top: cc = CompilationConfig.from_value({**{k: v for k, v in dataclasses.asdict(cc).items() if k in _COMPILE_KEYS and v is not None}, **top})
     asked = self.enforce_eager is False or cc.level is not None
     level = 0 if self.enforce_eager else cc.level if cc.level is not None else 3 if asked else 0
-    if level and (self.tensor_parallel_size > 1 or self.enable_lora):
-        what = "a tensor-parallel model" if self.tensor_parallel_size > 1 else "a model with LoRA adapters (enable_lora=True)"
+    if level and (self.tensor_parallel_size > 1 or self.enable_lora or self.speculative_config):
+        what = ("a tensor-parallel model" if self.tensor_parallel_size > 1 else "a model with LoRA adapters (enable_lora=True)"
+                if self.enable_lora else "a model that verifies speculative tokens (speculative_config)")
         if asked: raise NotImplementedError(f"minivllm does not compile {what}: pass enforce_eager=True "
                                             "(or leave enforce_eager and compilation_config unset).")
         level = 0
@@ -840,7 +887,7 @@ _VLLM_ARGS: dict = dict(
     # structured outputs, speculative decoding, disaggregation, observability
     structured_outputs_config=(None, {}), reasoning_parser=(None, ""), guided_decoding_backend=_ANY,
     guided_decoding_disable_fallback=_ANY, guided_decoding_disable_any_whitespace=_ANY,
-    guided_decoding_disable_additional_properties=_ANY, speculative_config=(None,), kv_transfer_config=(None,),
+    guided_decoding_disable_additional_properties=_ANY, kv_transfer_config=(None,),
     kv_events_config=(None,), show_hidden_metrics_for_version=_ANY, otlp_traces_endpoint=(None,), collect_detailed_traces=(None,),
     aggregate_engine_logging=_ANY_BOOL, additional_config=(None, {}),
 )

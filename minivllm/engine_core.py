@@ -16,6 +16,7 @@ from .scheduler import Scheduler, SchedulerOutput
 from .model import ModelRunner
 from .sampler import Sampler, SamplingMetadata, LogprobsTensors, logprobs_dict, PromptLogprobsCollector
 from .structured_outputs import StructuredOutputManager
+from .spec_decode import SpecDecoder, SpecDecodingStats
 
 # %% auto #0
 __all__ = ['PHASES', 'EngineCoreOutput', 'StepInfo', 'EngineCoreOutputs', 'SchedulerStats', 'Pooler', 'EngineCore']
@@ -45,6 +46,7 @@ class StepInfo:
     scheduler_output: SchedulerOutput
     sampled: dict[str, list[int]]          # request id -> tokens sampled this step
     timings: dict[str, float]              # seconds per phase (`PHASES`; the engine adds "outputs")
+    spec: dict[str, tuple[int, int]] = field(default_factory=dict)   # speculative decoding: request id -> (guesses verified, kept)
 
 @dataclass
 class EngineCoreOutputs:
@@ -64,6 +66,7 @@ class SchedulerStats:
     num_preemptions: int = 0
     prefix_cache_queries: int = 0    # tokens looked up in the prefix cache
     prefix_cache_hits: int = 0       # tokens found there
+    spec_decoding_stats: SpecDecodingStats | None = None   # speculative decoding's counters (None: off)
 
 # %% ../nbs/09_engine_core.ipynb #p09b
 class Pooler:
@@ -117,6 +120,7 @@ class EngineCore:
         if config.lora_config is not None:   # LoRA (lesson 05c): adapters in device slots, each step's rows told their slot
             from minivllm.lora import LoRAManager
             self.lora_manager = self.model_runner.lora_manager = LoRAManager(self.model_runner.model, config.lora_config)
+        self.spec_decoder = None if config.speculative_config is None else SpecDecoder(config)   # lesson 07b
         self.num_steps = 0
 
     def add_request(self, request: Request):
@@ -150,9 +154,12 @@ def execute(self: EngineCore, out: SchedulerOutput, timings: dict[str, float] | 
     if res.req_ids:
         reqs = [requests[r] for r in res.req_ids]
         logits = res.logits if self._so_manager is None else self._so_manager.mask_logits(reqs, res.logits)   # structured outputs
-        so = self.sampler(logits, SamplingMetadata.from_requests(reqs, logits.device))
-        sampled = dict(zip(res.req_ids, so.sampled_token_ids.tolist()))
-        lps = self._sample_logprobs(reqs, so.logprobs_tensors)
+        if res.spec_logits:   # speculative decoding: verify the guesses, several tokens per request
+            sampled, lps, self._step_spec = self.spec_decoder.verify(self.sampler, reqs, logits, out, res.spec_logits)
+        else:
+            so = self.sampler(logits, SamplingMetadata.from_requests(reqs, logits.device))
+            sampled = dict(zip(res.req_ids, so.sampled_token_ids.tolist()))
+            lps = self._sample_logprobs(reqs, so.logprobs_tensors)
     pooled = {}
     for s in out.seqs:
         if s.req_id not in pool: continue
@@ -204,17 +211,18 @@ def step(self: EngineCore) -> EngineCoreOutputs:
 
     Invariants:
     - only token ids cross this boundary: no text, no stop strings (those are the output processor's);
-    - each scheduled request's `num_computed_tokens` grows by exactly the tokens scheduled for it: the model wrote
+    - each scheduled request's `num_computed_tokens` grows by exactly the tokens scheduled for it (less its rejected draft tokens): the model wrote
       their keys and values into the blocks the scheduler allocated before the forward pass;
     - a token is sampled, and an `EngineCoreOutput` returned, for exactly the scheduled requests whose chunk reached
-      their last known token (`ScheduledSeq.sample`), one token each; a middle prefill chunk produces nothing; a
+      their last known token (`ScheduledSeq.sample`), one token each (with speculative decoding, lesson 07b: the draft
+      tokens the model agreed with, then one of its own); a middle prefill chunk produces nothing; a
       pooling request samples nothing: its last prompt chunk returns its `pooling_output` and finishes it ("stop");
     - a request the step finishes (EOS, a stop token, `max_tokens`, the model's length) carries its `finish_reason`
       in its output and has its blocks freed when `step` returns; no later step schedules it;
     - `step_info` holds the scheduler's decision, the tokens sampled (those of `outputs`) and the seconds of each
       phase of `PHASES`; `step_info.step` counts this core's steps from 0;
     - with nothing to schedule, no model runs and `outputs` is empty."""
-    timings = dict.fromkeys(PHASES, 0.0)
+    timings, self._step_spec = dict.fromkeys(PHASES, 0.0), {}
     t0 = time.perf_counter()
     out = self.scheduler.schedule()
     timings["schedule"] = time.perf_counter() - t0
@@ -222,14 +230,17 @@ def step(self: EngineCore) -> EngineCoreOutputs:
     t1 = time.perf_counter()
     updated = self.scheduler.update_from_output(out, sampled)
     if self._so_manager is not None: self._advance_grammars(out, updated)
-    outputs = [EngineCoreOutput(request_id=r.request_id, new_token_ids=[sampled[r.request_id]] if r.request_id in sampled else [],
+    toks = {rid: t if isinstance(t, list) else [t] for rid, t in sampled.items()}   # (lists cut at a stop by the update)
+    lps = {rid: (lp if isinstance(lp, list) else [lp])[:len(toks[rid])] for rid, lp in lps.items()}
+    outputs = [EngineCoreOutput(request_id=r.request_id, new_token_ids=toks.get(r.request_id, []),
                                 finish_reason=r.status.finish_reason, stop_reason=r.stop_reason,
-                                num_cached_tokens=max(r.num_cached_tokens, 0),
-                                new_logprobs=[lps[r.request_id]] if r.request_id in lps else None,
+                                num_cached_tokens=max(r.num_cached_tokens, 0), new_logprobs=lps.get(r.request_id),
                                 new_prompt_logprobs=prompt_lps.get(r.request_id), pooling_output=pooled.get(r.request_id))
                for r in updated]
     timings["update"] = time.perf_counter() - t1
-    info = StepInfo(step=self.num_steps, scheduler_output=out, sampled={r: [t] for r, t in sampled.items()}, timings=timings)
+    if self.spec_decoder is not None:   # guesses for the next step (lesson 07b)
+        t2 = time.perf_counter(); self.spec_decoder.propose(self.scheduler); timings["propose"] = time.perf_counter() - t2
+    info = StepInfo(step=self.num_steps, scheduler_output=out, sampled=toks, timings=timings, spec=self._step_spec)
     self.num_steps += 1
     return EngineCoreOutputs(outputs=outputs, scheduler_output=out, timestamp=time.time(), step_info=info)
 
@@ -281,4 +292,5 @@ def get_scheduler_stats(self: EngineCore) -> SchedulerStats:
     s, kv = self.scheduler, self.kv_cache_manager
     return SchedulerStats(num_running_reqs=len(s.running), num_waiting_reqs=len(s.waiting), kv_cache_usage=kv.usage,
                           num_preemptions=s.num_preemptions, prefix_cache_queries=kv.prefix_cache_queries,
-                          prefix_cache_hits=kv.prefix_cache_hits)
+                          prefix_cache_hits=kv.prefix_cache_hits,
+                          spec_decoding_stats=None if self.spec_decoder is None else self.spec_decoder.stats.copy())

@@ -236,7 +236,15 @@ def get_metrics(self: LLM) -> list[Metric]:
             g("kv_cache_usage_perc", s.kv_cache_usage), c("prompt_tokens", s.num_prompt_tokens),
             c("generation_tokens", s.num_generation_tokens), c("num_preemptions", s.num_preemptions),
             c("prefix_cache_queries", s.prefix_cache_queries), c("prefix_cache_hits", s.prefix_cache_hits),
-            *[c("request_success", n, finished_reason=r) for r, n in s.num_finished.items()]]
+            *[c("request_success", n, finished_reason=r) for r, n in s.num_finished.items()], *_spec_metrics(s, c)]
+
+def _spec_metrics(s, c) -> list[Metric]:
+    "vLLM's speculative-decoding counters, when speculation is on."
+    sd = s.spec_decoding
+    if sd is None: return []
+    return [c("spec_decode_num_drafts", sd.num_drafts), c("spec_decode_num_draft_tokens", sd.num_draft_tokens),
+            c("spec_decode_num_accepted_tokens", sd.num_accepted_tokens),
+            *[c("spec_decode_num_accepted_tokens_per_pos", n, position=str(j)) for j, n in enumerate(sd.num_accepted_tokens_per_pos)]]
 
 def _not_here(name: str, why: str):
     "A method of vLLM's `LLM` that means nothing on minivllm's one process: a clear `NotImplementedError`."

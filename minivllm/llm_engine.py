@@ -85,9 +85,9 @@ def get_lora_config(self: LLMEngine):
     "The `LoRAConfig` (`max_loras`, `max_lora_rank`, `max_cpu_loras`), None when LoRA is off (as vLLM)."
     return self.vllm_config.lora_config
 @patch
-def get_speculative_config(self: LLMEngine) -> None:
-    "None: speculative decoding is not implemented (vLLM returns None when it is off)."
-    return None
+def get_speculative_config(self: LLMEngine):
+    "The `SpeculativeConfig` (lesson 07b), or None when speculative decoding is off (as vLLM returns)."
+    return self.vllm_config.speculative_config
 @patch
 def get_tokenizer(self: LLMEngine):
     "The Hugging Face tokenizer the engine uses."

@@ -91,6 +91,7 @@ class Stats:
     e2e_latency: LatencyStats
     queued_time: LatencyStats
     phase_seconds: dict[str, float] = field(default_factory=dict)   # seconds per step phase, summed over all steps
+    spec_decoding: object | None = None   # speculative decoding's `SpecDecodingStats` (lesson 07b); None: off
     @property
     def prefix_cache_hit_rate(self) -> float: return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
 
@@ -129,7 +130,8 @@ class StatLogger:
         return Stats(now, dt, self.interval_prompt_tokens / dt, self.interval_generation_tokens / dt, s.num_running_reqs,
                      s.num_waiting_reqs, s.kv_cache_usage, s.num_preemptions, self.num_prompt_tokens, self.num_generation_tokens,
                      dict(self.num_finished), s.prefix_cache_queries, s.prefix_cache_hits,
-                     *map(copy.copy, (self.ttft, self.itl, self.tpot, self.e2e, self.queued)), phase_seconds=dict(self.phase_seconds))
+                     *map(copy.copy, (self.ttft, self.itl, self.tpot, self.e2e, self.queued)), phase_seconds=dict(self.phase_seconds),
+                     spec_decoding=getattr(s, "spec_decoding_stats", None))
 
     def log(self, now: float | None = None) -> Stats:
         "Log one line now and start a new interval."
@@ -139,6 +141,10 @@ class StatLogger:
                     "Mean TTFT: %.1f ms, Mean TPOT: %.1f ms", st.prompt_throughput, st.generation_throughput,
                     st.num_running_reqs, st.num_waiting_reqs, 100 * st.kv_cache_usage, 100 * st.prefix_cache_hit_rate,
                     st.num_preemptions, 1000 * st.time_to_first_token.mean, 1000 * st.time_per_output_token.mean)
+        if (sd := st.spec_decoding) is not None and sd.num_drafts:
+            logger.info("SpecDecoding metrics: Mean acceptance length: %.2f, Accepted: %d tokens, Drafted: %d tokens, "
+                        "Draft acceptance rate: %.1f%%", sd.mean_acceptance_length, sd.num_accepted_tokens, sd.num_draft_tokens,
+                        100 * sd.acceptance_rate)
         self.last_log_time, self.interval_prompt_tokens, self.interval_generation_tokens = st.timestamp, 0, 0
         return st
 

@@ -350,11 +350,13 @@ class ModelRunnerOutput:
     """The logits of the rows that sample (`req_ids[i]` ↔ `logits[i]`) and, for the requests that asked for prompt
     logprobs, `prompt_logits[req_id] = (first position, logits [m, vocab])`: the model's prediction after each prompt
     position of this step's chunk that has a next prompt token; and, for pooling requests, `hidden_states[req_id]`:
-    the final-norm hidden rows `[n, hidden]` of this step's chunk of its prompt (they sample nothing, get no logits)."""
+    the final-norm hidden rows `[n, hidden]` of this step's chunk of its prompt (they sample nothing, get no logits);
+    and, for requests verifying `k` draft tokens (speculative decoding), `spec_logits[req_id]` `[k, vocab]`: the
+    model's prediction at the positions before each draft token (the row after the last draft is in `logits`)."""
     def __init__(self, req_ids: list[str], logits: torch.Tensor, prompt_logits: dict | None = None,
-                 hidden_states: dict | None = None):
+                 hidden_states: dict | None = None, spec_logits: dict | None = None):
         self.req_ids, self.logits, self.prompt_logits = req_ids, logits, prompt_logits or {}
-        self.hidden_states = hidden_states or {}
+        self.hidden_states, self.spec_logits = hidden_states or {}, spec_logits or {}
     def __repr__(self): return f"ModelRunnerOutput(req_ids={self.req_ids}, logits={tuple(self.logits.shape)}, prompt_logits={list(self.prompt_logits)})"
 
 # %% ../nbs/05_model.ipynb #56500c62
@@ -472,12 +474,14 @@ def execute_model(self: ModelRunner, scheduler_output: SchedulerOutput, *,
         if prompt_logprobs_reqs and s.req_id in prompt_logprobs_reqs:
             m = min(s.num_tokens, prompt_logprobs_reqs[s.req_id] - 1 - s.start_pos)   # positions with a next prompt token
             if m > 0: spans.append((s.req_id, s.start_pos, int(md.query_start_loc_cpu[i]), m))
-    extra = [r for _, _, r0, m in spans for r in range(r0, r0 + m)]
-    logits = self.model.compute_logits(hidden[rows + extra])   # one LM-head call for both kinds of rows
-    prompt_logits, j = {}, len(rows)
+    spec = [(s.req_id, int(q[i + 1]) - 1 - len(s.spec_token_ids), len(s.spec_token_ids)) for i, s in enumerate(seqs) if s.spec_token_ids]
+    extra = [r for _, _, r0, m in spans for r in range(r0, r0 + m)] + [r for _, r0, m in spec for r in range(r0, r0 + m)]
+    logits = self.model.compute_logits(hidden[rows + extra])   # one LM-head call for every kind of row
+    prompt_logits, spec_logits, j = {}, {}, len(rows)
     for rid, p0, _, m in spans: prompt_logits[rid], j = (p0, logits[j:j + m]), j + m
+    for rid, _, m in spec: spec_logits[rid], j = logits[j:j + m], j + m
     if tm is not None:
         t3 = _clock(self.device)
         for k, dt in (("prepare", t1 - t0), ("forward", t2 - t1), ("logits", t3 - t2)): tm[k] = tm.get(k, 0.0) + dt
     return ModelRunnerOutput([s.req_id for s in seqs if s.sample and s.req_id not in pool], logits[:len(rows)],
-                             prompt_logits, hidden_states)
+                             prompt_logits, hidden_states, spec_logits)

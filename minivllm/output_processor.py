@@ -92,6 +92,11 @@ class SequenceDetokenizer:
     def update(self, new_token_ids: list[int], stop_terminated: bool) -> str | None:
         "Append the step's tokens; return the stop string they completed (the text is then cut), if any."
         if not new_token_ids: return None
+        if self.stop and len(new_token_ids) > 1:   # several tokens in one step (speculative decoding): check each,
+            for i, t in enumerate(new_token_ids):  # so the text and tokens end where one-token steps would end them
+                hit = self.update([t], stop_terminated and i == len(new_token_ids) - 1)
+                if hit is not None: return hit
+            return None
         skipped = None
         if stop_terminated and not self.include_stop: skipped, new_token_ids = new_token_ids[-1], new_token_ids[:-1]
         check_from = len(self.output_text)
@@ -272,12 +277,13 @@ def process(self: OutputProcessor, core_out: EngineCoreOutputs, stats=None) -> O
         st.num_cached_tokens = max(st.num_cached_tokens, eco.num_cached_tokens)
         if eco.new_prompt_logprobs is not None and st.prompt_logprobs is None and not st.prompt_logprobs_sent:
             st.prompt_logprobs = decode_logprobs(eco.new_prompt_logprobs, self.tokenizer) if seq.decode_logprobs else eco.new_prompt_logprobs
-        if eco.new_logprobs is not None:
-            if seq.decode_logprobs: decode_logprobs(eco.new_logprobs, self.tokenizer)
-            seq.logprobs = (seq.logprobs or []) + list(eco.new_logprobs)
-            seq.cumulative_logprob = (seq.cumulative_logprob or 0.0) + sum(d[t].logprob for t, d in zip(eco.new_token_ids, eco.new_logprobs))
-        finish_reason, stop_reason = eco.finish_reason, eco.stop_reason
+        finish_reason, stop_reason, n0 = eco.finish_reason, eco.stop_reason, len(seq.detok.token_ids)
         stop_str = seq.detok.update(eco.new_token_ids, finish_reason == "stop")
+        if eco.new_logprobs is not None:   # only those of the tokens kept (a stop string may end a step's tokens early)
+            new_lps = list(eco.new_logprobs[:len(seq.detok.token_ids) - n0])
+            if seq.decode_logprobs: decode_logprobs(new_lps, self.tokenizer)
+            seq.logprobs = (seq.logprobs or []) + new_lps
+            seq.cumulative_logprob = (seq.cumulative_logprob or 0.0) + sum(d[t].logprob for t, d in zip(eco.new_token_ids, new_lps))
         if stop_str is not None:
             finish_reason, stop_reason = "stop", stop_str
             if not eco.finished: to_abort.append(eco.request_id)

@@ -57,6 +57,7 @@ class Request:
         self.num_cached_tokens = -1    # prefix-cache hits when first scheduled (-1: not scheduled yet)
         self.num_preemptions = 0
         self.stop_reason: int | str | None = None
+        self.spec_token_ids: list[int] = []   # draft tokens to verify in the next step (speculative decoding, lesson 07b)
         seed = sampling_params.seed
         self.generator = None if seed is None else torch.Generator().manual_seed(seed)
 

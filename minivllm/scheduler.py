@@ -29,6 +29,7 @@ class ScheduledSeq:
     new: bool = False         # admitted from the waiting queue in this step
     num_cached_tokens: int = 0  # tokens served by the prefix cache at admission (they are not in token_ids)
     lora_int_id: int = 0      # the LoRA adapter the request runs under (0: the base model)
+    spec_token_ids: list[int] = field(default_factory=list)  # draft tokens at the end of token_ids, to verify (lesson 07b)
 
     @property
     def num_tokens(self) -> int: return len(self.token_ids)
@@ -145,12 +146,18 @@ def _admit(self: Scheduler, r: Request):
     else: self.running.append(r)
 
 @patch
-def _seq(self: Scheduler, r: Request, n: int, new: bool = False, num_cached: int = 0) -> ScheduledSeq:
-    "`r`'s share of this step: its next `n` tokens from `num_computed_tokens` on, with its block table."
-    c = r.num_computed_tokens
-    return ScheduledSeq(r.request_id, r.all_token_ids[c:c + n], c, self.kv_cache_manager.get_block_ids(r.request_id),
+def _seq(self: Scheduler, r: Request, n: int, new: bool = False, num_cached: int = 0, k: int = 0) -> ScheduledSeq:
+    "`r`'s share of this step: its next `n` tokens from `num_computed_tokens` on (then `k` draft tokens), with its block table."
+    c, spec = r.num_computed_tokens, r.spec_token_ids[:k]
+    return ScheduledSeq(r.request_id, r.all_token_ids[c:c + n] + spec, c, self.kv_cache_manager.get_block_ids(r.request_id),
                         sample=c + n == r.num_tokens, is_prefill=c < r.num_prompt_tokens or n > 1,
-                        new=new, num_cached_tokens=num_cached, lora_int_id=getattr(r, "lora_int_id", 0))
+                        new=new, num_cached_tokens=num_cached, lora_int_id=getattr(r, "lora_int_id", 0), spec_token_ids=spec)
+
+@patch
+def _num_spec_tokens(self: Scheduler, r: Request, n: int, budget: int) -> int:
+    "How many of `r`'s draft tokens (speculative decoding, lesson 07b) ride along: only on a decode, within the budget."
+    if not r.spec_token_ids or n != 1 or r.num_computed_tokens + 1 != r.num_tokens: return 0
+    return min(len(r.spec_token_ids), budget - 1)
 
 # %% ../nbs/03_scheduler.ipynb #e5680c81
 @patch
@@ -204,12 +211,14 @@ def schedule(self: Scheduler) -> SchedulerOutput:
     while i < len(self.running) and budget > 0:
         r = self.running[i]
         n = min(r.num_tokens - r.num_computed_tokens, budget)
-        while kv.allocate_slots(r, n) is None:
+        k = self._num_spec_tokens(r, n, budget)   # draft tokens to verify (0 without speculative decoding)
+        while kv.allocate_slots(r, n + k) is None:
+            if k: k = 0; continue                 # no room for the drafts: a plain decode
             victim = self.running.pop()
             self._preempt(victim); preempted.append(victim.request_id); blocks_short = True
             if victim is r: break
         if r.status != RequestStatus.RUNNING: break
-        seqs.append(self._seq(r, n)); budget -= n; i += 1
+        seqs.append(self._seq(r, n, k=k)); budget -= n + k; i += 1
     # 2. waiting requests, unless running ones just ran out of blocks; never re-admit this step's victims;
     #    with LoRA, never more distinct adapters among the running requests than `max_loras` (the device's slots)
     loras, skipped = ({r.lora_int_id for r in self.running if r.lora_int_id} if cfg.max_loras else set()), []
@@ -235,21 +244,31 @@ def schedule(self: Scheduler) -> SchedulerOutput:
 
 # %% ../nbs/03_scheduler.ipynb #fd19a2f3
 @patch
-def update_from_output(self: Scheduler, out: SchedulerOutput, sampled: dict[str, int]) -> list[Request]:
-    "Advance the scheduled requests by the step's results; return the requests that got a new token (or, pooling, ended)."
+def update_from_output(self: Scheduler, out: SchedulerOutput, sampled: dict[str, int | list[int]]) -> list[Request]:
+    """Advance the scheduled requests by the step's results; return the requests that got a new token (or, pooling, ended).
+    With speculative decoding a request may get a list of tokens (its accepted drafts, then one from the model): they
+    are taken one by one, each checked for a stop, and the list is cut (in `sampled`) where the request finished."""
     updated = []
     for s in out.seqs:
         r = self.requests.get(s.req_id)
         if r is None or r.is_finished(): continue
-        r.num_computed_tokens += s.num_tokens
+        r.num_computed_tokens += s.num_tokens - len(s.spec_token_ids)
+        r.spec_token_ids = []
         if not s.sample: continue
         if getattr(r, "pooling_params", None) is not None:   # a pooling request ends once its prompt is read
             r.set_status(RequestStatus.FINISHED_STOPPED)
             self._finish(r); out.finished_after_step.append(r.request_id); updated.append(r)
             continue
-        r.append_output_token_ids(sampled[s.req_id])
-        if check_stop(r, self.config.max_model_len):
-            self._finish(r); out.finished_after_step.append(r.request_id)
+        toks = sampled[s.req_id]
+        for j, t in enumerate(toks if isinstance(toks, list) else [toks]):
+            if j: r.num_computed_tokens += 1   # an accepted draft token: its K/V were written by this step
+            r.append_output_token_ids(t)
+            if check_stop(r, self.config.max_model_len):
+                self._finish(r); out.finished_after_step.append(r.request_id)
+                if isinstance(toks, list): del toks[j + 1:]
+                break
+        if s.spec_token_ids and not r.is_finished():   # give back the slots of the rejected drafts
+            self.kv_cache_manager.rollback_slots(r, r.num_computed_tokens)
         updated.append(r)
     return updated
 

@@ -197,11 +197,27 @@ class Metrics:
         Gauge("minivllm_kv_cache_usage_perc", "Fraction of KV blocks in use", registry=r).set_function(lambda: llm.kv_cache_manager.usage)
         Gauge("minivllm_kv_cache_free_blocks", "Free KV blocks", registry=r).set_function(lambda: llm.kv_cache_manager.block_pool.get_num_free_blocks())
         Gauge("minivllm_kv_cache_total_blocks", "KV blocks", registry=r).set_function(lambda: llm.kv_cache_manager.num_blocks)
+        if getattr(llm.engine_core, "spec_decoder", None) is not None: r.register(_SpecDecodeCollector(llm.engine_core.spec_decoder))
 
     def render(self) -> bytes:
         "The metrics in Prometheus' text format."
         from prometheus_client import generate_latest
         return generate_latest(self.registry)
+
+# %% ../nbs/15_server.ipynb #38b6a13e
+class _SpecDecodeCollector:
+    "vLLM's `vllm:spec_decode_*` counters, read from the engine's speculative decoder at each scrape."
+    def __init__(self, spec_decoder): self.sd = spec_decoder
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily
+        s = self.sd.stats
+        for name, doc, v in (("drafts", "Request-steps that verified guesses", s.num_drafts),
+                             ("draft_tokens", "Guessed tokens verified", s.num_draft_tokens),
+                             ("accepted_tokens", "Guessed tokens accepted", s.num_accepted_tokens)):
+            yield CounterMetricFamily(f"vllm:spec_decode_num_{name}", doc, value=v)
+        per = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens_per_pos", "Accepted tokens by draft position", labels=["position"])
+        for j, n in enumerate(s.num_accepted_tokens_per_pos): per.add_metric([str(j)], n)
+        yield per
 
 # %% ../nbs/15_server.ipynb #87cfea0a
 def _tok_str(tokenizer, tid: int, lp=None) -> str:

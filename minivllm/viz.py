@@ -19,8 +19,9 @@ except ImportError as e:   # serving needs none of this; say what to install
 # %% auto #0
 __all__ = ['PALETTE', 'BASE_COLOR', 'BlockRecord', 'KVRecord', 'kv_record', 'RowRecord', 'StepRecord', 'step_record',
            'record_scheduler', 'EngineRecorder', 'record_engine', 'colors_for', 'record_ids', 'plot_block_grid',
-           'plot_batch_composition', 'step_table', 'plot_step', 'fig_png', 'pick_frames', 'player_html', 'StepViewer',
-           'adapter_colors', 'plot_lora_picture', 'plot_merge_vs_batch', 'plot_gather_shrink_expand']
+           'plot_batch_composition', 'plot_spec_steps', 'step_table', 'plot_step', 'fig_png', 'pick_frames',
+           'player_html', 'StepViewer', 'adapter_colors', 'plot_lora_picture', 'plot_merge_vs_batch',
+           'plot_gather_shrink_expand']
 
 # %% ../nbs/90_viz.ipynb #ff2b1261
 @dataclass
@@ -85,6 +86,7 @@ class StepRecord:
     num_waiting: int = 0
     reads: dict[str, list[int]] = field(default_factory=dict)   # request -> blocks its attention read this step
     texts: dict[str, str] = field(default_factory=dict)         # request -> text generated so far
+    spec: dict[str, tuple[int, int]] = field(default_factory=dict)   # speculative decoding: request -> (guesses, kept)
     note: str = ""
 
     @property
@@ -139,6 +141,7 @@ class EngineRecorder:
         lab = self.labels(info, eng) if self.labels else None
         rd = self.reads(info, eng) if self.reads else None
         self.records.append(step_record(len(self.records), info.scheduler_output, eng.kv_cache_manager, lab, rd, dict(self.texts)))
+        self.records[-1].spec = dict(getattr(info, "spec", {}))
 
     def add_outputs(self, outputs):
         "Remember the text of each `RequestOutput` (call with what `step()` returned; shown from the next record on)."
@@ -252,6 +255,32 @@ def plot_batch_composition(records: list[StepRecord], ax=None, colors: dict | No
     ax.set_title(title or "tokens per request in each step" + (f" (budget {budget}" + (", dashed)" if budget <= 1.5 * top else ")")
                                                                if budget else ""), fontsize=9)
     return ax
+
+# %% ../nbs/90_viz.ipynb #216eb4b8
+def plot_spec_steps(records: list[StepRecord], names: dict | None = None, fig=None, colors: dict | None = None):
+    "Per request (one strip each) and per step: guesses verified (light bar) and kept (dark bar), from `StepRecord.spec`."
+    names = names or {}
+    ids = list(dict.fromkeys(rid for rec in records for rid in rec.spec)) or ["(none)"]
+    colors = colors or colors_for(ids)
+    kmax = max([p for rec in records for p, _ in rec.spec.values()] + [1])
+    fig = fig or plt.figure(figsize=(12, 1.1 + 1.0 * len(ids)))
+    axes = fig.subplots(len(ids), 1, sharex=True, squeeze=False)[:, 0]
+    for ax, rid in zip(axes, ids):
+        xs = [rec.step for rec in records if rid in rec.spec]
+        ps = [rec.spec[rid][0] for rec in records if rid in rec.spec]
+        acc = [rec.spec[rid][1] for rec in records if rid in rec.spec]
+        ax.bar(xs, ps, color=colors.get(rid, "grey"), alpha=0.3, width=0.8)
+        ax.bar(xs, acc, color=colors.get(rid, "grey"), width=0.8)
+        plain = [rec.step for rec in records if rid not in rec.spec and any(r.req_id == rid for r in rec.rows)]
+        ax.plot(plain, [0.1] * len(plain), ".", color="grey", ms=3)
+        tot_p, tot_a = sum(ps), sum(acc)
+        ax.set_ylim(0, kmax + 0.5); ax.set_yticks(range(kmax + 1))
+        ax.set_ylabel(str(names.get(rid, rid)), rotation=0, ha="right", va="center", fontsize=9)
+        ax.text(1.005, 0.5, f"kept {tot_a}/{tot_p}" + (f" ({tot_a / tot_p:.0%})" if tot_p else ""), transform=ax.transAxes, fontsize=8, va="center")
+    axes[-1].set_xlabel("engine step")
+    axes[0].set_title("guesses verified (light) and kept (dark) per request per step; dots: a step without guesses", fontsize=10)
+    fig.tight_layout()
+    return fig
 
 # %% ../nbs/90_viz.ipynb #b79ea667
 def _wrap(s: str, width: int) -> str:
