@@ -721,6 +721,7 @@ class EngineArgs:
             raise NotImplementedError(f"quantization={self.quantization!r} is not implemented in minivllm; it runs "
                                       "quantization='gguf' (a GGUF file's own Q4_0/Q4_1/Q8_0 weights) or None (float weights).")
         CompilationConfig.from_value(self.compilation_config)   # an unsupported option fails here, by name
+        SpeculativeConfig.from_dict(self.speculative_config)    # and so does a speculative method minivllm lacks
 
 # %% ../nbs/00_config.ipynb #c722ddd8
 @patch
