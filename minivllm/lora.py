@@ -155,8 +155,9 @@ def triton_bgmv_expand(h: torch.Tensor, b: torch.Tensor, idx: torch.Tensor) -> t
 class LoRAStepState:
     "Each token row's adapter slot for the current step, shared by every `LoRALinear` of the model (None: base model only)."
     def __init__(self, backend: str = "torch"): self.idx, self.segments, self.base_slot, self.backend = None, None, 0, backend
-    def set(self, idx: torch.Tensor | None, base_slot: int, bgmv_max_rows: int = 32):
-        "Set the rows' slots (`base_slot`: no adapter); small steps gather per row (BGMV), big ones group by slot (SGMV)."
+    def set(self, idx: torch.Tensor | None, base_slot: int, bgmv_max_rows: int | None = None):
+        "Set the rows' slots (`base_slot`: no adapter); small GPU steps gather per row (BGMV), others group by slot (SGMV)."
+        if bgmv_max_rows is None: bgmv_max_rows = 32 if idx is not None and idx.device.type == "cuda" else 0
         self.idx, self.base_slot = idx, base_slot
         self.segments = (None if idx is None or idx.numel() <= bgmv_max_rows or self.backend == "triton"
                          else segments_of(idx, skip=base_slot))
