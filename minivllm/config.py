@@ -17,8 +17,8 @@ __all__ = ['EMBEDDED_GGUF', 'PromptType', 'POOLING_TYPES', 'embedded_gguf_path',
            'resolve_model', 'RequestOutputKind', 'StructuredOutputsParams', 'SamplingParams', 'tokenize_bad_words',
            'TextPrompt', 'TokensPrompt', 'LoRARequest', 'CompletionOutput', 'RequestMetrics', 'RequestOutput',
            'PoolerConfig', 'pooler_settings', 'PoolingParams', 'PoolingOutput', 'EmbeddingOutput',
-           'PoolingRequestOutput', 'EmbeddingRequestOutput', 'ModelConfig', 'CompilationConfig', 'LoRAConfig',
-           'CacheConfig', 'SchedulerConfig', 'ParallelConfig', 'DeviceConfig', 'EngineConfig', 'SpeculativeConfig',
+           'PoolingRequestOutput', 'EmbeddingRequestOutput', 'ModelConfig', 'CompilationConfig', 'SpeculativeConfig',
+           'LoRAConfig', 'CacheConfig', 'SchedulerConfig', 'ParallelConfig', 'DeviceConfig', 'EngineConfig',
            'EngineArgs', 'cpu_has_bf16', 'check_vllm_args', 'FlexibleArgumentParser', 'engine_args_from_kwargs']
 
 # %% ../nbs/00_config.ipynb #6f90803b
@@ -567,6 +567,46 @@ class CompilationConfig:
         return cls(level=level, **d)
 
 
+# %% ../nbs/00_config.ipynb #df91f294
+_SPEC_OK = {"draft_tensor_parallel_size": (None, 1), "quantization": (None,), "revision": (None,), "code_revision": (None,),
+            "disable_by_batch_size": (None,), "speculative_token_tree": (None,), "max_model_len": (None,)}
+
+@dataclass
+class SpeculativeConfig:
+    "Speculative decoding, from vLLM's `speculative_config` dict (see `from_dict`)."
+    method: str                          # "ngram" (prompt lookup) or "draft_model"
+    num_speculative_tokens: int          # k: tokens proposed per step, verified in one forward pass
+    prompt_lookup_min: int | None = None # ngram: the shortest suffix to look up
+    prompt_lookup_max: int | None = None # ngram: the longest
+    model: str | None = None             # draft_model: the draft's path or hub id
+
+    @classmethod
+    def from_dict(cls, d: dict | str | None) -> SpeculativeConfig | None:
+        "The config of a `speculative_config` dict (or its JSON); None for None or `{}` (off). Bad values raise, naming the key."
+        if d is None or d == {}: return None
+        d = dict(json.loads(d) if isinstance(d, str) else d)
+        method, model = d.pop("method", None), d.pop("model", None)
+        if method is None and model is not None: method = "ngram" if model in ("ngram", "[ngram]") else "draft_model"
+        if method == "ngram": model = None
+        if method in ("eagle", "eagle3", "medusa", "mlp_speculator", "mtp", "deepseek_mtp", "suffix"):
+            raise NotImplementedError(f"speculative_config method={method!r} is not implemented in minivllm: use 'ngram' or 'draft_model'.")
+        if method not in ("ngram", "draft_model"):
+            raise ValueError(f"speculative_config.method must be 'ngram' or 'draft_model', got {method!r}.")
+        k = d.pop("num_speculative_tokens", None)
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+            raise ValueError(f"speculative_config.num_speculative_tokens must be a positive integer, got {k!r}.")
+        lo, hi = d.pop("prompt_lookup_min", None), d.pop("prompt_lookup_max", None)
+        if method == "ngram":
+            lo, hi = (5, 5) if lo is None and hi is None else (hi if lo is None else lo, lo if hi is None else hi)
+            if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in (lo, hi)) or lo > hi:
+                raise ValueError(f"speculative_config: need 1 <= prompt_lookup_min <= prompt_lookup_max, got {lo!r}, {hi!r}.")
+        elif lo is not None or hi is not None: raise ValueError("speculative_config: prompt_lookup_min/max are for method 'ngram'.")
+        elif not model: raise ValueError("speculative_config: method 'draft_model' needs 'model' (the draft model's path or id).")
+        for key, v in d.items():
+            if key not in _SPEC_OK: raise ValueError(f"speculative_config: unknown key {key!r}.")
+            if v not in _SPEC_OK[key]: raise NotImplementedError(f"speculative_config.{key}={v!r} is not implemented in minivllm.")
+        return cls(method, k, lo, hi, model)
+
 # %% ../nbs/00_config.ipynb #9aba41c9
 @dataclass
 class LoRAConfig:
@@ -616,46 +656,6 @@ class EngineConfig:
     compilation_config: CompilationConfig = field(default_factory=CompilationConfig)   # eager unless the engine args compile
     lora_config: LoRAConfig | None = None   # None: LoRA off
     speculative_config: SpeculativeConfig | None = None   # speculative decoding (lesson 07b); None: off
-
-# %% ../nbs/00_config.ipynb #df91f294
-_SPEC_OK = {"draft_tensor_parallel_size": (None, 1), "quantization": (None,), "revision": (None,), "code_revision": (None,),
-            "disable_by_batch_size": (None,), "speculative_token_tree": (None,), "max_model_len": (None,)}
-
-@dataclass
-class SpeculativeConfig:
-    "Speculative decoding, from vLLM's `speculative_config` dict (see `from_dict`)."
-    method: str                          # "ngram" (prompt lookup) or "draft_model"
-    num_speculative_tokens: int          # k: tokens proposed per step, verified in one forward pass
-    prompt_lookup_min: int | None = None # ngram: the shortest suffix to look up
-    prompt_lookup_max: int | None = None # ngram: the longest
-    model: str | None = None             # draft_model: the draft's path or hub id
-
-    @classmethod
-    def from_dict(cls, d: dict | str | None) -> SpeculativeConfig | None:
-        "The config of a `speculative_config` dict (or its JSON); None for None or `{}` (off). Bad values raise, naming the key."
-        if d is None or d == {}: return None
-        d = dict(json.loads(d) if isinstance(d, str) else d)
-        method, model = d.pop("method", None), d.pop("model", None)
-        if method is None and model is not None: method = "ngram" if model in ("ngram", "[ngram]") else "draft_model"
-        if method == "ngram": model = None
-        if method in ("eagle", "eagle3", "medusa", "mlp_speculator", "mtp", "deepseek_mtp", "suffix"):
-            raise NotImplementedError(f"speculative_config method={method!r} is not implemented in minivllm: use 'ngram' or 'draft_model'.")
-        if method not in ("ngram", "draft_model"):
-            raise ValueError(f"speculative_config.method must be 'ngram' or 'draft_model', got {method!r}.")
-        k = d.pop("num_speculative_tokens", None)
-        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-            raise ValueError(f"speculative_config.num_speculative_tokens must be a positive integer, got {k!r}.")
-        lo, hi = d.pop("prompt_lookup_min", None), d.pop("prompt_lookup_max", None)
-        if method == "ngram":
-            lo, hi = (5, 5) if lo is None and hi is None else (hi if lo is None else lo, lo if hi is None else hi)
-            if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in (lo, hi)) or lo > hi:
-                raise ValueError(f"speculative_config: need 1 <= prompt_lookup_min <= prompt_lookup_max, got {lo!r}, {hi!r}.")
-        elif lo is not None or hi is not None: raise ValueError("speculative_config: prompt_lookup_min/max are for method 'ngram'.")
-        elif not model: raise ValueError("speculative_config: method 'draft_model' needs 'model' (the draft model's path or id).")
-        for key, v in d.items():
-            if key not in _SPEC_OK: raise ValueError(f"speculative_config: unknown key {key!r}.")
-            if v not in _SPEC_OK[key]: raise NotImplementedError(f"speculative_config.{key}={v!r} is not implemented in minivllm.")
-        return cls(method, k, lo, hi, model)
 
 # %% ../nbs/00_config.ipynb #d0f0e915
 _GEN_CONFIG_KEYS = {"repetition_penalty": "repetition_penalty", "temperature": "temperature", "top_k": "top_k",
