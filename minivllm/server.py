@@ -551,12 +551,13 @@ def add_lora_routes(app):
     "vLLM's `POST /v1/load_lora_adapter` and `POST /v1/unload_lora_adapter` (bodies `{lora_name, lora_path}`)."
     from fastapi.responses import PlainTextResponse
     s = app.state
-    @app.post("/v1/load_lora_adapter", response_class=PlainTextResponse)
+    ok = {200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "A line saying what was done"}}
+    @app.post("/v1/load_lora_adapter", responses=ok)   # (errors: the JSON of every error, documented app-wide)
     async def load_lora(req: LoadLoRAAdapterRequest):
         if not req.lora_path: raise APIError("Both 'lora_name' and 'lora_path' must be provided.", param="lora_path")
         await add_lora_adapter(app, req.lora_name, req.lora_path)
         return PlainTextResponse(f"Success: LoRA adapter '{req.lora_name}' added successfully.")
-    @app.post("/v1/unload_lora_adapter", response_class=PlainTextResponse)
+    @app.post("/v1/unload_lora_adapter", responses=ok)
     async def unload_lora(req: LoadLoRAAdapterRequest):
         lr = s.loras.get(req.lora_name)
         if lr is None: raise APIError(f"The lora adapter '{req.lora_name}' cannot be found.", 404, param="lora_name")
