@@ -100,10 +100,10 @@ def run_minivllm(llm, wl: Workload) -> BenchResult:
                        dict(preemptions=eng.scheduler.num_preemptions - pre0, tokens=toks))
 
 # %% ../nbs/16_benchmarks.ipynb #81a7f593
-def load_hf(model_dir, dtype=torch.float32):
-    "The HF transformers model of a checkpoint directory, for the comparisons."
+def load_hf(model_dir, dtype=torch.float32, device="cpu"):
+    "The HF transformers model of a checkpoint directory on `device` (the engine's), for the comparisons."
     from transformers import AutoModelForCausalLM
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
 
 @torch.inference_mode()
 def run_hf_generate(model, wl: Workload, batch_size: int = 16, sort: bool = False, pad_id: int | None = None) -> BenchResult:
@@ -115,8 +115,8 @@ def run_hf_generate(model, wl: Workload, batch_size: int = 16, sort: bool = Fals
     for b in range(0, len(order), batch_size):
         idx = order[b:b + batch_size]
         L, n = max(len(wl.prompts[i]) for i in idx), max(wl.output_lens[i] for i in idx)
-        ids = torch.tensor([[pad_id] * (L - len(wl.prompts[i])) + wl.prompts[i] for i in idx])
-        mask = torch.tensor([[0] * (L - len(wl.prompts[i])) + [1] * len(wl.prompts[i]) for i in idx])
+        ids = torch.tensor([[pad_id] * (L - len(wl.prompts[i])) + wl.prompts[i] for i in idx], device=model.device)
+        mask = torch.tensor([[0] * (L - len(wl.prompts[i])) + [1] * len(wl.prompts[i]) for i in idx], device=model.device)
         out = model.generate(ids, attention_mask=mask, max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=pad_id)
         for i in idx: got[i] = min(out.shape[1] - L, wl.output_lens[i])
         computed += (out.shape[1] - L) * len(idx)
@@ -164,7 +164,7 @@ def bench_throughput(wl: Workload, systems=SYSTEMS, llm=None, hf=None, rounds: i
     bad = [s for s in systems if s not in SYSTEMS]
     if bad: raise ValueError(f"unknown systems {bad}; choose from {SYSTEMS}")
     cb_config = None
-    if llm is not None:   # transformers' paged cache: as big as minivllm's (at most what the whole workload needs), same token budget
+    if llm is not None and "hf-generate_batch" in systems:   # transformers' paged cache: as big as minivllm's (at most what the whole workload needs), same token budget
         cc, sc = llm.llm_engine.get_cache_config(), llm.llm_engine.get_scheduler_config()
         need = wl.num_prompt_tokens + wl.num_output_tokens + 256 * wl.num_requests
         cb_config = hf_cb_config(min(cc.num_gpu_blocks * cc.block_size, need), sc.max_num_batched_tokens)
@@ -265,8 +265,8 @@ def latency_hf_generate(model, wl: Workload, pad_id: int | None = None) -> Laten
     "TTFT/TPOT of HF `generate` on the workload as one batch (equal lengths), timed by a streamer."
     pad_id = pad_id if pad_id is not None else (model.generation_config.pad_token_id or 0)
     L, n = max(map(len, wl.prompts)), max(wl.output_lens)
-    ids = torch.tensor([[pad_id] * (L - len(p)) + p for p in wl.prompts])
-    mask = torch.tensor([[0] * (L - len(p)) + [1] * len(p) for p in wl.prompts])
+    ids = torch.tensor([[pad_id] * (L - len(p)) + p for p in wl.prompts], device=model.device)
+    mask = torch.tensor([[0] * (L - len(p)) + [1] * len(p) for p in wl.prompts], device=model.device)
     st = _TimingStreamer()
     t0 = time.perf_counter()
     out = model.generate(ids, attention_mask=mask, max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=pad_id, streamer=st)

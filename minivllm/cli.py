@@ -110,7 +110,8 @@ def _bench_setup(ns):
     from minivllm.benchmarks import load_hf
     llm = LLM(**dataclasses.asdict(EngineArgs.from_cli_args(ns)))
     mc = llm.llm_engine.get_model_config()
-    hf = load_hf(mc.model, mc.dtype) if any(s != "minivllm" for s in ns.systems) else None
+    device = llm.llm_engine.vllm_config.device_config.device
+    hf = load_hf(mc.model, mc.dtype, device) if any(s != "minivllm" for s in ns.systems) else None
     return llm, hf, mc
 
 def _save(ns, kind: str, payload: dict):

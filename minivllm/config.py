@@ -695,7 +695,7 @@ class EngineArgs:
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     scheduling_policy: str = "fcfs"
-    enforce_eager: bool | None = None      # None: eager unless compilation_config compiles (lesson 05b says why)
+    enforce_eager: bool | None = None      # None: compiled on CUDA, eager on the CPU (lesson 05b says why)
     compilation_config: int | dict | None = None   # vLLM's: a level (0-3) or a dict (see `CompilationConfig`)
     tensor_parallel_size: int = 1
     device: str = "auto"
@@ -831,7 +831,7 @@ def _compilation(self: EngineArgs, device: torch.device) -> CompilationConfig:
     if extra.get("cuda_graph_sizes") is not None: top.setdefault("cudagraph_capture_sizes", extra["cuda_graph_sizes"])
     if top: cc = CompilationConfig.from_value({**{k: v for k, v in dataclasses.asdict(cc).items() if k in _COMPILE_KEYS and v is not None}, **top})
     asked = self.enforce_eager is False or cc.level is not None
-    level = 0 if self.enforce_eager else cc.level if cc.level is not None else 3 if asked else 0
+    level = 0 if self.enforce_eager else cc.level if cc.level is not None else 3 if asked or device.type == "cuda" else 0
     if level and (self.tensor_parallel_size > 1 or self.enable_lora or self.speculative_config):
         what = ("a tensor-parallel model" if self.tensor_parallel_size > 1 else "a model with LoRA adapters (enable_lora=True)"
                 if self.enable_lora else "a model that verifies speculative tokens (speculative_config)")

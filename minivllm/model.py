@@ -412,15 +412,19 @@ def profile_num_blocks(self: ModelRunner) -> int:
     "GPU: run a full-budget forward pass, then give the KV cache what `gpu_memory_utilization` leaves."
     from minivllm.scheduler import ScheduledSeq
     mc, n = self.config.model_config, self.config.scheduler_config.max_num_batched_tokens
-    nb = -(-n // self.block_size)
+    L, seqs, nb = min(n, mc.max_model_len), [], 0   # the budget as prompts of at most max_model_len tokens (positions exist)
+    for i, s in enumerate(range(0, n, L)):
+        k = -(-min(L, n - s) // self.block_size)
+        seqs.append(ScheduledSeq(f"profile{i}", [0] * min(L, n - s), 0, list(range(nb, nb + k)), True, True)); nb += k
     caches = [torch.zeros(2, nb, self.block_size, mc.get_num_kv_heads(), mc.get_head_size(), dtype=self.dtype,
                           device=self.device) for _ in range(mc.get_num_layers())]
     torch.cuda.reset_peak_memory_stats(self.device)
-    ids, pos, md, _ = self.prepare_inputs(SchedulerOutput([ScheduledSeq("profile", [0] * n, 0, list(range(nb)), True, True)]))
+    ids, pos, md, _ = self.prepare_inputs(SchedulerOutput(seqs))
     self.model.compute_logits(self.model(ids, pos, caches, md)[-1:])
     torch.cuda.synchronize(self.device)
     peak = torch.cuda.max_memory_allocated(self.device) - sum(c.numel() * c.element_size() for c in caches)
     del caches
+    torch.cuda.empty_cache()   # hand freed blocks back: the KV cache is allocated in a few large pieces right after
     free, total = torch.cuda.mem_get_info(self.device)
     other = total - free - torch.cuda.memory_reserved(self.device)   # other processes, CUDA context
     budget = total * self.config.cache_config.gpu_memory_utilization - peak - other
