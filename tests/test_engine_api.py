@@ -397,3 +397,23 @@ def test_step_observers_last_step_and_phase_seconds(engine):
         assert after[k] - before.get(k, 0.0) == pytest.approx(sum(i.timings[k] for i in seen), rel=1e-6, abs=1e-9)
     assert after["forward"] > before.get("forward", 0.0)
     assert_idle(engine)
+
+
+def test_profile_num_blocks_runs_the_budget_within_max_model_len(tmp_path, monkeypatch):
+    """The GPU's KV sizing (`profile_num_blocks`) runs a forward of max_num_batched_tokens tokens: as prompts of at most
+    max_model_len tokens, so that every position exists (on an H100 a single 2048-token prompt for a model of 256
+    positions read past the rotary table). Run here on the CPU with CUDA's memory counters faked."""
+    import types, torch
+    from minivllm.model import ModelRunner, make_tiny_checkpoint
+    make_tiny_checkpoint(tmp_path, "llama", max_position_embeddings=64)
+    cfg = EngineArgs(model=str(tmp_path), max_model_len=64, max_num_batched_tokens=200, num_gpu_blocks_override=8).create_engine_config()
+    runner = ModelRunner(cfg)
+    seen = []
+    forward = runner.model.forward
+    monkeypatch.setattr(runner.model, "forward", lambda ids, pos, *a: (seen.append(int(pos.max())), forward(ids, pos, *a))[1])
+    fake = types.SimpleNamespace(reset_peak_memory_stats=lambda d: None, synchronize=lambda d: None, empty_cache=lambda: None,
+                                 max_memory_allocated=lambda d: 10 ** 8, mem_get_info=lambda d: (10 ** 10, 2 * 10 ** 10),
+                                 memory_reserved=lambda d: 0)
+    monkeypatch.setattr(torch, "cuda", fake)
+    assert runner.profile_num_blocks() > 0
+    assert seen == [63]   # 200 tokens as prompts of 64, 64, 64, 8: the largest position is max_model_len - 1

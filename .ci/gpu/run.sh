@@ -1,0 +1,20 @@
+# The GPU run (STAGE=tests|kernels|startup|bench): wheels, then the GPU tests, the kernel benchmarks, start-up and
+# end-to-end benchmarks on random SmolLM2-shaped weights (the real weights cannot travel to the GPU machine).
+set -x
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD HF_HUB_OFFLINE=1 MINIVLLM_TOKENIZER_DIR=$PWD/.gpu/tok PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+python3 -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__, torch.cuda.get_device_name())"
+MV='import sys; from minivllm.cli import main; sys.exit(main(sys.argv[1:]))'
+has() { [[ ",${STAGE}," == *",$1,"* ]]; }
+has tests && timeout 330 python3 -m pytest -q -rs --timeout 200 tests/test_gpu.py -p no:cacheprovider 2>&1 | tee $OUT/gpu_tests.log | tail -40
+has kernels && timeout 150 python3 .ci/gpu/kernel_bench.py $OUT/kernels_h100.json 2>&1 | tail -30
+python3 .ci/gpu/smol.py /tmp/smol
+has startup && timeout 300 python3 .ci/gpu/startup.py $OUT/compile_h100.json
+if has bench; then
+timeout 150 python3 -c "$MV" bench throughput --model /tmp/smol --device cuda --num-prompts 256 --systems minivllm hf-generate --hf-batch-size 32 --enforce-eager --json $OUT/throughput_eager_h100.json 2>&1 | tail -12
+timeout 150 python3 -c "$MV" bench throughput --model /tmp/smol --device cuda --num-prompts 256 --systems minivllm --no-enforce-eager --json $OUT/throughput_graphs_h100.json 2>&1 | tail -12
+timeout 120 python3 -c "$MV" bench latency --model /tmp/smol --device cuda --concurrency 1 16 --systems minivllm hf-generate --enforce-eager --json $OUT/latency_eager_h100.json 2>&1 | tail -12
+timeout 120 python3 -c "$MV" bench latency --model /tmp/smol --device cuda --concurrency 1 16 --systems minivllm --no-enforce-eager --json $OUT/latency_graphs_h100.json 2>&1 | tail -12
+fi
+exit 0
