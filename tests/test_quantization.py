@@ -119,7 +119,13 @@ def test_engine_matches_dense_reference_and_fp32(quant_llm):
     from minivllm import LLM
     runner = quant_llm.llm_engine.engine_core.model_runner
     assert sum(isinstance(m, Int4Linear) for m in runner.model.modules()) == 120
+    quantized = [m for m in runner.model.modules() if isinstance(m, (Int4Linear, Int8Linear))]
+    assert all(m.dense is not None for m in quantized)                   # the engine's layers are hybrid
+    hybrid = prompt_stats(quant_llm)                                     # prefills: the dense copies
+    for m in quantized: m.max_int4_rows = m.max_int8_rows = 10 ** 9     # the int4/int8 kernels at every row count
     sq = prompt_stats(quant_llm)
+    both = agreement(sq, hybrid)
+    assert both["top1_agreement"] >= 0.9 and both["mean_abs_logprob_diff"] < 0.1 and both["max_abs_logprob_diff"] < 1.0, both
     _densify(runner.model)
     ref = agreement(sq, prompt_stats(quant_llm))
     assert ref["positions"] > 100 and ref["top1_agreement"] >= 0.9 and ref["mean_abs_logprob_diff"] < 0.1, ref
