@@ -26,11 +26,8 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight, self.eps = nn.Parameter(torch.ones(dim)), eps
     def forward(self, x):
-        "Normalise the last dimension of `x`."
-        dt = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dt)
+        "Normalise the last dimension of `x`: `x · rsqrt(mean(x²) + eps)` in float32 (one fused `F.rms_norm` call, the same bits)."
+        return self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
 
 # %% ../nbs/05_model.ipynb #8d8fb724
 def _can_pack(w: torch.Tensor) -> bool:
@@ -276,12 +273,12 @@ def _gguf_float(kind: str, t: torch.Tensor) -> torch.Tensor:
     import gguf
     return torch.from_numpy(gguf.quants.dequantize(t.numpy(), gguf.GGMLQuantizationType[kind]))
 
-def _gguf_module(parts: list[tuple[str, torch.Tensor]], dtype, device) -> nn.Module:
+def _gguf_module(parts: list[tuple[str, torch.Tensor]], dtype, device, max_int4_rows=None, max_int8_rows=None) -> nn.Module:
     "One linear layer from the rows of one or more GGUF tensors: quantized when they share a runnable block type."
     from minivllm.quantization import GGUF_BLOCK_BYTES, gguf_linear
     kinds = {k for k, _ in parts}
     if len(kinds) == 1 and (kind := kinds.pop()) in GGUF_BLOCK_BYTES:
-        return gguf_linear(torch.cat([t for _, t in parts]), kind, dtype, device)
+        return gguf_linear(torch.cat([t for _, t in parts]), kind, dtype, device, max_int4_rows, max_int8_rows)
     w = torch.cat([_gguf_float(k, t) for k, t in parts]).to(device=device, dtype=dtype)
     lin = Linear(w.shape[1], w.shape[0], bias=False, device="meta")
     lin.weight = nn.Parameter(w, requires_grad=False)
@@ -289,9 +286,13 @@ def _gguf_module(parts: list[tuple[str, torch.Tensor]], dtype, device) -> nn.Mod
 
 # %% ../nbs/05_model.ipynb #ccae8fb6
 def load_gguf_model(gguf_file, hf_config, dtype=torch.bfloat16, device="cpu", attention_backend="torch",
-                    max_pos=None) -> LlamaForCausalLM:
-    "The model of a llama GGUF file with its Q4_0/Q4_1/Q8_0 linear weights kept quantized (lesson 04b)."
-    from minivllm.quantization import read_gguf, unpermute_rows
+                    max_pos=None, max_int4_rows="default", max_int8_rows="default") -> LlamaForCausalLM:
+    """The model of a llama GGUF file with its Q4_0/Q4_1/Q8_0 linear weights kept quantized (lesson 04b); hybrid layers:
+    the int4 (int8) kernel up to `max_int4_rows` (`max_int8_rows`) rows — `INT4_MAX_ROWS` (`INT8_MAX_ROWS`) by
+    default — and a dense copy above (None: the quantized kernel only)."""
+    from minivllm.quantization import INT4_MAX_ROWS, INT8_MAX_ROWS, read_gguf, unpermute_rows
+    if max_int4_rows == "default": max_int4_rows = INT4_MAX_ROWS
+    if max_int8_rows == "default": max_int8_rows = INT8_MAX_ROWS
     arch, ts = read_gguf(gguf_file)
     if arch != "llama": raise NotImplementedError(f"quantization='gguf' runs llama-architecture GGUF files, not {arch!r}.")
     c, device = hf_config, torch.device(device)
@@ -300,7 +301,7 @@ def load_gguf_model(gguf_file, hf_config, dtype=torch.bfloat16, device="cpu", at
         kind, t = ts.pop(name)
         short = name.split(".")[-2]
         return kind, (unpermute_rows(t, heads[short]) if short in heads else t)
-    def module(*names): return _gguf_module([rows(n) for n in names], dtype, device)
+    def module(*names): return _gguf_module([rows(n) for n in names], dtype, device, max_int4_rows, max_int8_rows)
     def param(t): return nn.Parameter(t.to(device=device, dtype=dtype), requires_grad=False)
     with torch.device("meta"): model = LlamaForCausalLM(c, attention_backend, max_pos)   # no memory, no random init
     for i, layer in enumerate(model.layers):

@@ -11,9 +11,9 @@ from torch import nn
 import torch.nn.functional as F
 
 # %% auto #0
-__all__ = ['GROUP', 'GGUF_BLOCK_BYTES', 'GGUF_TO_HF', 'split_blocks', 'dequantize', 'int4_affine', 'Int4Linear', 'int4_reference',
-           'Int8Linear', 'gguf_linear', 'unpermute_rows', 'gguf_to_hf_name', 'read_gguf', 'prompt_logprob_stats',
-           'logprob_agreement']
+__all__ = ['GROUP', 'GGUF_BLOCK_BYTES', 'INT4_MAX_ROWS', 'INT8_MAX_ROWS', 'GGUF_TO_HF', 'split_blocks', 'dequantize',
+           'int4_affine', 'Int4Linear', 'int4_reference', 'Int8Linear', 'gguf_linear', 'unpermute_rows',
+           'gguf_to_hf_name', 'read_gguf', 'prompt_logprob_stats', 'logprob_agreement']
 
 # %% ../nbs/04b_quantization.ipynb #6ff28a8b
 GROUP = 32                                           # weights per block in the three formats
@@ -51,9 +51,31 @@ def _inner_k_tiles(k: int) -> int:
     "The CUDA packer's tile count: the largest of 8, 4, 2 with `k` a multiple of 16 × tiles."
     return next(t for t in (8, 4, 2) if k % (16 * t) == 0)
 
+def _dense_copy(w: torch.Tensor) -> torch.Tensor:
+    "`w` in oneDNN's prepacked layout on CPUs that have it (what `_dense_mm` multiplies by), else `w` itself."
+    if w.device.type != "cpu" or not hasattr(torch.ops.mkldnn, "_reorder_linear_weight"): return w
+    try:
+        p = torch.ops.mkldnn._reorder_linear_weight(w)
+        torch.ops.mkldnn._linear_pointwise(w.new_zeros(1, w.shape[1]), p, None, "none", [], "")   # probe once
+        return p
+    except RuntimeError: return w
+
+def _use_dense(m: nn.Module, rows: int, limit: int | None) -> bool:
+    "Whether a hybrid layer takes its dense copy: more rows than `limit`, and not inside `torch.compile` (opaque copy)."
+    return m.dense is not None and rows > limit and not torch.compiler.is_compiling()
+
+def _dense_mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    "`x @ w.T` with a `_dense_copy`: rows padded to a multiple of 32 (few distinct oneDNN primitives)."
+    if w.device.type != "cpu" or not hasattr(torch.ops.mkldnn, "_reorder_linear_weight") or w.is_meta: return F.linear(x, w)
+    m = x.shape[0]
+    if m % 32: x = F.pad(x, (0, 0, 0, 32 - m % 32))
+    return torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")[:m]
+
 class Int4Linear(nn.Module):
-    "`y = x @ W.T (+ b)` with `W` in 4-bit groups of 32 (`(q - 8)·scale + zero`), run by PyTorch's int4 weight-only kernel."
-    def __init__(self, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, dtype=torch.bfloat16, bias=None):
+    """`y = x @ W.T (+ b)` with `W` in 4-bit groups of 32 (`(q - 8)·scale + zero`), run by PyTorch's int4 weight-only kernel;
+    with `max_int4_rows`, calls with more rows multiply by a dense `dtype` copy of the same weights (see *hybrid* below)."""
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, dtype=torch.bfloat16, bias=None,
+                 max_int4_rows: int | None = None):
         super().__init__()
         self.out_features, self.in_features = q.shape
         self.group_size = self.in_features // scale.shape[1]
@@ -63,17 +85,24 @@ class Int4Linear(nn.Module):
         self.register_buffer("packed", packed)
         self.register_buffer("scales_and_zeros", torch.stack([scale, zero], -1).transpose(0, 1).contiguous().to(dtype))
         self.bias = None if bias is None else nn.Parameter(bias.to(dtype), requires_grad=False)
+        self.max_int4_rows = max_int4_rows
+        self.register_buffer("dense", None if max_int4_rows is None else _dense_copy(int4_reference(q, scale, zero, dtype)))
 
     def forward(self, x):
         "`x @ W.T + b` in the kernel's dtype, returned in `x`'s dtype."
-        shape, dt = x.shape, x.dtype
-        x = x.reshape(-1, self.in_features).to(self.scales_and_zeros.dtype)
-        mm = torch.ops.aten._weight_int4pack_mm_for_cpu if x.device.type == "cpu" else torch.ops.aten._weight_int4pack_mm
-        y = mm(x, self.packed, self.group_size, self.scales_and_zeros)
+        shape, dt, kt = x.shape, x.dtype, self.scales_and_zeros.dtype
+        if x.dim() != 2: x = x.reshape(-1, self.in_features)   # (no-op reshapes and casts skipped: a decode step
+        if dt != kt: x = x.to(kt)                               #  makes 120 of these calls, ~1-2 µs each)
+        if _use_dense(self, x.shape[0], self.max_int4_rows): y = _dense_mm(x, self.dense)   # many rows: dense
+        else:
+            mm = torch.ops.aten._weight_int4pack_mm_for_cpu if x.device.type == "cpu" else torch.ops.aten._weight_int4pack_mm
+            y = mm(x, self.packed, self.group_size, self.scales_and_zeros)
         if self.bias is not None: y = y + self.bias
-        return y.reshape(*shape[:-1], self.out_features).to(dt)
+        if len(shape) != 2: y = y.reshape(*shape[:-1], self.out_features)
+        return y if dt == kt else y.to(dt)
 
-    def extra_repr(self): return f"in_features={self.in_features}, out_features={self.out_features}, group_size={self.group_size}, int4"
+    def extra_repr(self): return f"in_features={self.in_features}, out_features={self.out_features}, group_size={self.group_size}, int4" + (
+        f", dense above {self.max_int4_rows} rows" if self.dense is not None else "")
 
 # %% ../nbs/04b_quantization.ipynb #62370a19
 def int4_reference(q, scale, zero, dtype=torch.bfloat16) -> torch.Tensor:
@@ -84,32 +113,43 @@ def int4_reference(q, scale, zero, dtype=torch.bfloat16) -> torch.Tensor:
 
 # %% ../nbs/04b_quantization.ipynb #7722648c
 class Int8Linear(nn.Module):
-    "`y = x @ W.T (+ b)` with `W` in int8, one scale per output row (PyTorch's int8 weight-only kernel on CPUs)."
-    def __init__(self, w: torch.Tensor, dtype=torch.bfloat16, bias=None):
+    """`y = x @ W.T (+ b)` with `W` in int8, one scale per output row (PyTorch's int8 weight-only kernel on CPUs); with
+    `max_int8_rows`, calls with more rows multiply by a dense `dtype` copy of the same weights (as `Int4Linear`)."""
+    def __init__(self, w: torch.Tensor, dtype=torch.bfloat16, bias=None, max_int8_rows: int | None = None):
         super().__init__()
         self.out_features, self.in_features = w.shape
         scale = w.float().abs().amax(1).clamp(min=1e-12) / 127
         self.register_buffer("weight", torch.round(w.float() / scale[:, None]).clamp(-127, 127).to(torch.int8))
         self.register_buffer("scales", scale.to(dtype))
         self.bias = None if bias is None else nn.Parameter(bias.to(dtype), requires_grad=False)
+        self.max_int8_rows = max_int8_rows
+        held = None if max_int8_rows is None else (self.weight.float() * self.scales.float()[:, None]).to(dtype)
+        self.register_buffer("dense", None if held is None else _dense_copy(held))
 
     def forward(self, x):
         "`x @ W.T + b` in the scales' dtype, returned in `x`'s dtype."
         shape, dt = x.shape, x.dtype
         x = x.reshape(-1, self.in_features).to(self.scales.dtype)
-        if x.device.type == "cpu": y = torch.ops.aten._weight_int8pack_mm(x, self.weight, self.scales)
+        if _use_dense(self, x.shape[0], self.max_int8_rows): y = _dense_mm(x, self.dense)   # many rows: dense
+        elif x.device.type == "cpu": y = torch.ops.aten._weight_int8pack_mm(x, self.weight, self.scales)
         else: y = F.linear(x, self.weight.to(x.dtype)) * self.scales     # CUDA: no int8 weight-only kernel in aten
         if self.bias is not None: y = y + self.bias
         return y.reshape(*shape[:-1], self.out_features).to(dt)
 
-    def extra_repr(self): return f"in_features={self.in_features}, out_features={self.out_features}, int8 per row"
+    def extra_repr(self): return f"in_features={self.in_features}, out_features={self.out_features}, int8 per row" + (
+        f", dense above {self.max_int8_rows} rows" if self.dense is not None else "")
 
 # %% ../nbs/04b_quantization.ipynb #19ea85c2
-def gguf_linear(raw: torch.Tensor, kind: str, dtype=torch.bfloat16, device="cpu") -> nn.Module:
-    "The weight-only quantized linear module of GGUF rows `raw` `[N, bytes]` of type `kind` (Q4_0, Q4_1 or Q8_0)."
+INT4_MAX_ROWS = 16   # the engine's 4-bit layers run the int4 kernel up to this many rows, the dense copy above (measured)
+INT8_MAX_ROWS = 8    # and its Q8_0 layers the int8 kernel (measured on the 49152×576 LM head)
+
+def gguf_linear(raw: torch.Tensor, kind: str, dtype=torch.bfloat16, device="cpu", max_int4_rows: int | None = None,
+                max_int8_rows: int | None = None) -> nn.Module:
+    """The weight-only quantized linear module of GGUF rows `raw` `[N, bytes]` of type `kind` (Q4_0, Q4_1 or Q8_0);
+    hybrid (a dense copy for calls of more than `max_int4_rows` rows; Q8_0: `max_int8_rows`) when those are given."""
     q, d, m = split_blocks(raw.to(device), kind)
-    if kind == "Q8_0": return Int8Linear(dequantize(q, d, m, kind), dtype)
-    return Int4Linear(*int4_affine(q, d, m, kind), dtype)
+    if kind == "Q8_0": return Int8Linear(dequantize(q, d, m, kind), dtype, max_int8_rows=max_int8_rows)
+    return Int4Linear(*int4_affine(q, d, m, kind), dtype, max_int4_rows=max_int4_rows)
 
 def unpermute_rows(w: torch.Tensor, n_head: int) -> torch.Tensor:
     "Undo llama.cpp's reordering of q/k projection rows (its converter interleaves each head's two rotary halves)."

@@ -27,6 +27,28 @@ def test_int4_repack_is_exact(kind):
     assert (held_weight(lin).float() - llama).abs().max() <= 2 ** -7 * llama.abs().max()   # bf16 scales only
 
 
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1"])
+def test_hybrid_int4_both_paths_match_reference(kind):
+    "A hybrid 4-bit layer: the int4 kernel up to `max_int4_rows` rows, the dense copy above; both = the reference matmul."
+    w = np.random.default_rng(3).standard_normal((96, 128)).astype(np.float32)
+    raw = torch.from_numpy(gguf.quants.quantize(w, gguf.GGMLQuantizationType[kind]))
+    q, d, m = split_blocks(raw, kind)
+    ref = int4_reference(*int4_affine(q, d, m, kind)).float()
+    lin = gguf_linear(raw, kind, max_int4_rows=4)
+    assert lin.dense is not None and lin.dense.numel() == 96 * 128
+    g = torch.Generator().manual_seed(0)
+    outs = {}
+    for rows in (1, 4, 5, 40):
+        x = torch.randn(rows, 128, generator=g).bfloat16()
+        exp = x.float() @ ref.T
+        outs[rows] = y = lin(x).float()
+        assert (y - exp).abs().max() <= 2 ** -7 * exp.abs().max(), rows   # one bf16 rounding of the output
+    x = torch.randn(4, 128, generator=g).bfloat16()
+    by_int4 = lin(x); lin.max_int4_rows = 0; by_dense = lin(x)           # the same rows through both paths
+    assert (by_int4.float() - by_dense.float()).abs().max() <= 2 ** -7 * by_dense.float().abs().max()
+    assert gguf_linear(raw, kind).dense is None                          # without max_int4_rows: int4 only
+
+
 def test_q8_0_int8_rows():
     w = np.random.default_rng(2).standard_normal((64, 96)).astype(np.float32)
     raw = torch.from_numpy(gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q8_0))
@@ -37,6 +59,12 @@ def test_q8_0_int8_rows():
     assert torch.equal(held, (lin.weight.float() * lin.scales.float()[:, None]).bfloat16().float())
     step = ref.abs().amax(1, keepdim=True) / 127
     assert ((held - ref).abs() <= 1.5 * step).all()
+    hyb = gguf_linear(raw, "Q8_0", max_int8_rows=4)                     # hybrid: the dense copy above 4 rows
+    assert hyb.dense is not None and gguf_linear(raw, "Q8_0").dense is None
+    x = torch.randn(40, 96, generator=torch.Generator().manual_seed(0)).bfloat16()
+    exp = x.float() @ held.T                                             # the reference matmul of the held weights
+    for rows in (1, 4, 5, 40):
+        assert (hyb(x[:rows]).float() - exp[:rows]).abs().max() <= 2 ** -7 * exp.abs().max(), rows
 
 
 def test_read_gguf_matches_gguf_package():
@@ -91,7 +119,13 @@ def test_engine_matches_dense_reference_and_fp32(quant_llm):
     from minivllm import LLM
     runner = quant_llm.llm_engine.engine_core.model_runner
     assert sum(isinstance(m, Int4Linear) for m in runner.model.modules()) == 120
+    quantized = [m for m in runner.model.modules() if isinstance(m, (Int4Linear, Int8Linear))]
+    assert all(m.dense is not None for m in quantized)                   # the engine's layers are hybrid
+    hybrid = prompt_stats(quant_llm)                                     # prefills: the dense copies
+    for m in quantized: m.max_int4_rows = m.max_int8_rows = 10 ** 9     # the int4/int8 kernels at every row count
     sq = prompt_stats(quant_llm)
+    both = agreement(sq, hybrid)
+    assert both["top1_agreement"] >= 0.9 and both["mean_abs_logprob_diff"] < 0.1 and both["max_abs_logprob_diff"] < 1.0, both
     _densify(runner.model)
     ref = agreement(sq, prompt_stats(quant_llm))
     assert ref["positions"] > 100 and ref["top1_agreement"] >= 0.9 and ref["mean_abs_logprob_diff"] < 0.1, ref
