@@ -454,6 +454,13 @@ def _free_port() -> int:
     import socket
     with socket.socket() as s: s.bind(("127.0.0.1", 0)); return s.getsockname()[1]
 
+def _die_with_parent():
+    "In the child, before exec: ask Linux to end it when the benchmark process dies (a killed benchmark leaves no server behind)."
+    try:
+        import ctypes, signal
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))   # PR_SET_PDEATHSIG
+    except (OSError, AttributeError): pass                                    # not Linux: `stop()` and the context manager still apply
+
 def llama_server_args(binary, gguf, port: int, n_parallel: int = 1, ctx_per_slot: int = 2048, threads: int | None = None) -> list[str]:
     "The command line of a `llama-server` for the benchmarks: loopback, no web UI, `n_parallel` slots of `ctx_per_slot` tokens each."
     t = str(threads or torch.get_num_threads())   # the threads torch uses here: the same cores for both
@@ -482,7 +489,8 @@ class LlamaServer:
         port = _free_port()
         self.args = llama_server_args(self.binary, self.gguf, port, self.n_parallel, self.ctx_per_slot, self.threads)
         self.log = tempfile.NamedTemporaryFile("w+", prefix="llama-server-", suffix=".log", delete=False)
-        self.proc, self.url = subprocess.Popen(self.args, stdout=self.log, stderr=subprocess.STDOUT), f"http://127.0.0.1:{port}"
+        self.proc = subprocess.Popen(self.args, stdout=self.log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+        self.url = f"http://127.0.0.1:{port}"
         t0 = time.perf_counter()
         while time.perf_counter() - t0 < self.startup_timeout and self.proc.poll() is None:
             try:
