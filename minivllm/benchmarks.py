@@ -618,11 +618,11 @@ def minivllm_top_logprobs(llm, prompt, n: int, k: int = 5) -> tuple[list[int], l
 # %% ../nbs/16_benchmarks.ipynb #c9ac71dc
 def compare_logprobs_llamacpp(server, gguf=None, prompts=LOGIT_PROMPTS, quantization: str | None = "gguf", k: int = 5,
                               num_tokens: int = 16, llm=None, **llm_kwargs) -> dict:
-    """Top-`k` log-probs of llama.cpp (`server`: a base URL, or a `llama-server` binary started here on `gguf`) against
-    minivllm's (`llm`, or the embedded model with `quantization`) on `prompts`: per prompt and summed up."""
+    """Top-`k` log-probs of llama.cpp (`server`: a `LlamaServer`, a base URL, or a `llama-server` binary started here on
+    `gguf`) against minivllm's (`llm`, or the embedded model with `quantization`) on `prompts`: per prompt and summed up."""
     from minivllm.llm import LLM
     own = None
-    if not (isinstance(server, str) and server.startswith("http")): own = server = LlamaServer(server, gguf).start()
+    if not isinstance(server, LlamaServer) and not str(server).startswith("http"): own = server = LlamaServer(server, gguf).start()
     try:
         llm = llm or LLM(quantization=quantization, max_model_len=1024, **llm_kwargs)
         tok, rows = llm.get_tokenizer(), []

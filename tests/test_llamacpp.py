@@ -122,6 +122,18 @@ def tiny_dir(tmp_path_factory):
     return str(d)
 
 
+def test_compare_logprobs_against_the_stub(stub, tiny_dir):
+    "The comparison's plumbing (per-prompt rows, summary, errors): the stub's arithmetic model is not the tiny model, so little agrees."
+    from minivllm.benchmarks import compare_logprobs_llamacpp
+    from minivllm.llm import LLM
+    llm = LLM(model=tiny_dir, max_model_len=128)
+    r = compare_logprobs_llamacpp(stub, llm=llm, prompts=[[5, 6, 7], [10, 11, 12, 13]], k=3, num_tokens=4)   # (the tiny vocabulary: ids)
+    assert r["llama_cpp"] == "llama.cpp Q4_1" and (r["k"], r["num_tokens"], r["minivllm"]["quantization"]) == (3, 4, None)
+    assert [(p["prompt"], p["prompt_len"]) for p in r["prompts"]] == [(None, 3), (None, 4)]
+    assert all(1 <= p["steps"] <= 4 for p in r["prompts"]) and r["summary"]["steps"] == sum(p["steps"] for p in r["prompts"])
+    with pytest.raises(FileNotFoundError, match="--llama-server"): compare_logprobs_llamacpp("/nonexistent/llama-server", llm=llm)
+
+
 def test_bench_commands_with_llama_server(tiny_dir, stub_binary, tmp_path, capsys):
     from minivllm.cli import main
     from minivllm.config import embedded_gguf_path
