@@ -9,6 +9,7 @@ import pytest
 STUB = Path(__file__).with_name("llama_stub.py")
 sys.path.insert(0, str(STUB.parent))
 import llama_stub  # noqa: E402  (the stub's "model", to know what it must answer)
+from test_benchmarks import tiny_dir  # noqa: E402,F401  (the tiny checkpoint fixture, shared)
 
 pytestmark = pytest.mark.xdist_group("bench")
 
@@ -111,15 +112,6 @@ def test_bad_request_is_an_error(stub):
     async def go():
         async with httpx.AsyncClient() as c: return await _llama_request(c, stub.url, "not token ids", 3)
     with pytest.raises(RuntimeError, match="HTTP 400"): run_coroutine(go())
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    from minivllm.model import make_tiny_checkpoint
-    from minivllm.config import resolve_model
-    d = tmp_path_factory.mktemp("tiny")
-    make_tiny_checkpoint(d, "llama", tokenizer_from=resolve_model(None))
-    return str(d)
 
 
 def test_compare_logprobs_against_the_stub(stub, tiny_dir):
