@@ -57,6 +57,8 @@ def _bench_common(p: argparse.ArgumentParser, systems_default) -> argparse.Argum
     p.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(systems_default), help="what to run")
     p.add_argument("--rounds", type=int, default=1, help="repeat, rotating the order of the systems")
     p.add_argument("--json", default=None, help="save the results (with machine, date, commit) to this file")
+    p.add_argument("--llama-server", default=None, metavar="PATH", help="also run this llama.cpp server binary (llama-server)")
+    p.add_argument("--llama-gguf", default=None, metavar="PATH", help="the GGUF llama.cpp serves (default: the embedded model)")
     return EngineArgs.add_cli_args(p)
 
 def _throughput_parser(bsub):
@@ -68,6 +70,7 @@ def _throughput_parser(bsub):
     t.add_argument("--output-len", type=int, nargs=2, default=[16, 256], metavar=("MIN", "MAX"))
     t.add_argument("--hf-batch-size", type=int, nargs="+", default=[32], help="HF generate's static batch size(s)")
     t.add_argument("--hf-sort", action="store_true", help="sort requests by prompt length before batching them for HF generate")
+    t.add_argument("--llama-parallel", type=int, default=16, help="llama.cpp server slots (-np) for --llama-server")
     return _bench_common(t, SYSTEMS)
 
 def _latency_parser(bsub):
@@ -98,7 +101,7 @@ def _serve_bench_parser(bsub):
 
 def bench_parser(sub) -> argparse._SubParsersAction:
     "The `bench` subcommand and its own subcommands (returned, so that more can be added)."
-    b = sub.add_parser("bench", help="benchmarks against HF transformers")
+    b = sub.add_parser("bench", help="benchmarks against HF transformers (and llama.cpp)")
     bsub = b.add_subparsers(dest="bench_command", required=True)
     _throughput_parser(bsub); _latency_parser(bsub); _serve_bench_parser(bsub)
     return bsub
@@ -125,35 +128,54 @@ def _save(ns, kind: str, payload: dict):
         print(f"saved to {ns.json}", file=sys.stderr)
     return doc
 
+def _llama_server(ns, n_parallel: int, max_len: int):
+    "The (not yet started) `LlamaServer` of `--llama-server`/`--llama-gguf`, or None: checked before any model loads."
+    from minivllm.benchmarks import LlamaServer
+    if ns.llama_server is None:
+        if ns.llama_gguf is not None: raise ValueError("--llama-gguf needs --llama-server (the llama.cpp binary to run it)")
+        return None
+    return LlamaServer(ns.llama_server, ns.llama_gguf, n_parallel, -(-(max_len + 1) // 256) * 256)   # context per slot
+
+def _llama_info(srv) -> dict:
+    "What to save about the llama.cpp server that ran (nothing when none did)."
+    return {} if srv is None else dict(llama_cpp=dict(binary=srv.binary, gguf=str(srv.gguf), file_type=srv.file_type,
+                                                      version=srv.version(), args=srv.args))
+
 def cmd_bench_throughput(ns) -> int:
-    "Run `minivllm bench throughput`."
-    from minivllm.benchmarks import make_workload, bench_throughput, summarize, print_summary
+    "Run `minivllm bench throughput` (with llama.cpp's server too when `--llama-server` is given)."
+    import contextlib
+    from minivllm.benchmarks import make_workload, bench_throughput, summarize, print_summary, run_llamacpp
+    srv = _llama_server(ns, ns.llama_parallel, ns.prompt_len[1] + ns.output_len[1])
     llm, hf, mc = _bench_setup(ns)
     wl = make_workload(ns.num_prompts, ns.seed, tuple(ns.prompt_len), tuple(ns.output_len), mc.get_vocab_size())
     print(wl, file=sys.stderr)
-    res = bench_throughput(wl, ns.systems, llm, hf, ns.rounds, ns.hf_batch_size, ns.hf_sort,
-                           log=lambda m: print(m, file=sys.stderr))
+    with srv or contextlib.nullcontext():
+        res = bench_throughput(wl, ns.systems, llm, hf, ns.rounds, ns.hf_batch_size, ns.hf_sort, log=lambda m: print(m, file=sys.stderr),
+                               others={srv.name: lambda w: run_llamacpp(srv, w)} if srv else None)
     summary = summarize(res)
     print_summary(summary)
-    _save(ns, "throughput", dict(workload=repr(wl), results=[r.as_dict() for r in res], summary=summary))
+    _save(ns, "throughput", dict(workload=repr(wl), results=[r.as_dict() for r in res], summary=summary) | _llama_info(srv))
     return 0
 
 # %% ../nbs/17_cli.ipynb #9b341e68
 def cmd_bench_latency(ns) -> int:
     """Run `minivllm bench latency`. With `--speculative-config`: batch-1 decode tokens/s with and without it (same run,
     grounded and free workloads, `bench_spec_decode`) instead of the systems comparison."""
-    import statistics
-    from minivllm.benchmarks import bench_latency
+    import contextlib, statistics
+    from minivllm.benchmarks import bench_latency, latency_llamacpp
     if ns.speculative_config is not None: return _bench_spec(ns)
+    srv = _llama_server(ns, max(ns.concurrency), ns.prompt_len + ns.output_len)
     llm, hf, mc = _bench_setup(ns)
-    res = bench_latency(ns.systems, llm, hf, ns.prompt_len, ns.output_len, ns.concurrency, ns.rounds, ns.seed,
-                        mc.get_vocab_size(), log=lambda m: print(m, file=sys.stderr))
+    with srv or contextlib.nullcontext():
+        res = bench_latency(ns.systems, llm, hf, ns.prompt_len, ns.output_len, ns.concurrency, ns.rounds, ns.seed,
+                            mc.get_vocab_size(), log=lambda m: print(m, file=sys.stderr),
+                            others={srv.name: lambda w: latency_llamacpp(srv, w)} if srv else None)
     for c in ns.concurrency:
-        for s in ns.systems:
+        for s in dict.fromkeys(r.system for r in res):
             rs = [r for r in res if r.system == s and r.concurrency == c]
             print(f"concurrency {c:3d} {s:>20}: TTFT {statistics.median(r.median_ttft for r in rs) * 1e3:8.1f} ms"
                   f"   TPOT {statistics.median(r.median_tpot for r in rs) * 1e3:7.1f} ms")
-    _save(ns, "latency", dict(results=[r.as_dict() for r in res]))
+    _save(ns, "latency", dict(results=[r.as_dict() for r in res]) | _llama_info(srv))
     return 0
 
 def _bench_spec(ns) -> int:
