@@ -1,5 +1,12 @@
 # The GPU run (STAGE=tests|kernels|startup|bench): wheels, then the GPU tests, the kernel benchmarks, start-up and
 # end-to-end benchmarks on random SmolLM2-shaped weights (the real weights cannot travel to the GPU machine).
+# Not part of CI. Prepared on the CPU machine, in the repo root, both ignored by git and carried to the GPU machine:
+#   .gpu/tok/  the embedded model's tokenizer.json, tokenizer_config.json, chat_template.jinja, config.json and
+#              generation_config.json (from ~/.cache/minivllm/SmolLM2-135M-Instruct.*/)
+#   .whl/      cp312 wheels of what the GPU image lacks (pip download --no-deps --only-binary=:all: --python-version 3.12
+#              --platform manylinux2014_x86_64 ...): fastcore fastapi starlette pydantic pydantic_core annotated-types
+#              typing-inspection uvicorn gguf xgrammar apache-tvm-ffi openai jiter httpx2 httpcore2 truststore
+#              opentelemetry-api typing_extensions annotated-doc
 set -x
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=/tmp/site:$PWD HF_HUB_OFFLINE=1 MINIVLLM_TOKENIZER_DIR=$PWD/.gpu/tok PYTHONUNBUFFERED=1
