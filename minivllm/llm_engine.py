@@ -104,7 +104,7 @@ def kv_cache_manager(self: LLMEngine) -> KVCacheManager:
 # %% ../nbs/12_llm_engine.ipynb #ece2c851
 @patch
 def add_lora(self: LLMEngine, lora_request: LoRARequest) -> bool:
-    "Load a LoRA adapter now (vLLM's): later requests with its `lora_int_id` find it read."
+    "Load a LoRA adapter now (vLLM's): later requests with its `lora_int_id` find it loaded."
     return self.engine_core.add_lora(lora_request)
 @patch
 def remove_lora(self: LLMEngine, lora_id: int) -> bool:

@@ -415,8 +415,8 @@ def profile_num_blocks(self: ModelRunner) -> int:
     mc, n = self.config.model_config, self.config.scheduler_config.max_num_batched_tokens
     L, seqs, nb = min(n, mc.max_model_len), [], 0   # the budget as prompts of at most max_model_len tokens (positions exist)
     for i, s in enumerate(range(0, n, L)):
-        k = -(-min(L, n - s) // self.block_size)
-        seqs.append(ScheduledSeq(f"profile{i}", [0] * min(L, n - s), 0, list(range(nb, nb + k)), True, True)); nb += k
+        m = min(L, n - s); k = -(-m // self.block_size)
+        seqs.append(ScheduledSeq(f"profile{i}", [0] * m, 0, list(range(nb, nb + k)), True, True)); nb += k
     caches = [torch.zeros(2, nb, self.block_size, mc.get_num_kv_heads(), mc.get_head_size(), dtype=self.dtype,
                           device=self.device) for _ in range(mc.get_num_layers())]
     torch.cuda.reset_peak_memory_stats(self.device)
