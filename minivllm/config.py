@@ -770,8 +770,8 @@ def _dtype_and_quantization(self: EngineArgs, device: torch.device) -> tuple[tor
     if self.dtype in _DTYPES: return _DTYPES[self.dtype], gguf and str(gguf)
     if self.dtype != "auto": raise ValueError(f"dtype must be one of 'auto', {', '.join(map(repr, _DTYPES))}; got {self.dtype!r}.")
     if device.type != "cpu": dtype, why = torch.bfloat16, "a GPU"
-    elif self.quantization and cpu_has_bf16(): dtype, why = torch.bfloat16, "quantized weights on a CPU with bf16 (AVX512-BF16/AMX)"
-    else: dtype, why = torch.float32, "a CPU" + (" without native bf16" if self.quantization else "")
+    elif cpu_has_bf16(): dtype, why = torch.bfloat16, "a CPU with native bf16 (AVX512-BF16/AMX)"
+    else: dtype, why = torch.float32, "a CPU without native bf16"
     logging.getLogger("minivllm").info("dtype='auto' -> %s (%s)", str(dtype).removeprefix("torch."), why)
     return dtype, gguf and str(gguf)
 

@@ -19,7 +19,7 @@ WORDS = ("the quick brown fox jumps over a lazy dog while seven tired engineers 
 @pytest.fixture(scope="module")
 def llm_engine():
     "One sync engine, shared: the async engines below wrap it (one at a time), the reference runs on it directly."
-    return LLMEngine.from_engine_args(EngineArgs(max_model_len=MAX_LEN, num_gpu_blocks_override=300))
+    return LLMEngine.from_engine_args(EngineArgs(dtype="float32", max_model_len=MAX_LEN, num_gpu_blocks_override=300))
 
 
 def prompt(i: int) -> str:

@@ -38,7 +38,7 @@ def test_inductor_matches_eager_without_recompiling(tiny):
     "Inductor on a tiny Llama: chunked prefill, mixed and padded decode steps give the eager tokens, with one compiled graph."
     from torch._dynamo.utils import counters
     prompts = [list(range(100 + i, 100 + i + 5 * i + 1)) for i in range(7)]     # 1 to 31 tokens
-    kw = dict(model=tiny, num_gpu_blocks_override=64, max_model_len=128, max_num_batched_tokens=24)
+    kw = dict(model=tiny, dtype="float32", num_gpu_blocks_override=64, max_model_len=128, max_num_batched_tokens=24)
     eager = generate(LLM(enforce_eager=True, **kw), prompts)
     llm = LLM(compilation_config={"level": 3, "cudagraph_capture_sizes": [1, 2, 4, 8]}, **kw)
     graphs = counters["stats"]["unique_graphs"]
@@ -56,7 +56,7 @@ def test_smollm2_compiled_matches_hf(backend, tokenizer, hf_greedy):
     "The embedded SmolLM2 on the compiled path: greedy tokens equal HF transformers' `generate` (the HF-parity check)."
     from test_e2e_hf import PROMPTS, MAX_NEW
     ids = [tokenizer(p).input_ids for p in PROMPTS]
-    llm = LLM(max_model_len=1024, compilation_config={"level": 3, "backend": backend})
+    llm = LLM(max_model_len=1024, dtype="float32", compilation_config={"level": 3, "backend": backend})
     assert isinstance(llm.llm_engine.engine_core.model_runner, CompiledModelRunner)
     outs = llm.generate([TokensPrompt(prompt_token_ids=i) for i in ids], SamplingParams(temperature=0, max_tokens=MAX_NEW), use_tqdm=False)
     for i, o in zip(ids, outs): assert o.outputs[0].token_ids == hf_greedy(i, MAX_NEW), o.prompt

@@ -32,7 +32,7 @@ def run_engine(engine, prompt_ids, params):
 
 
 def test_greedy_batch_matches_hf(prompt_ids, hf_greedy):
-    llm = LLM(max_model_len=1024)
+    llm = LLM(dtype="float32", max_model_len=1024)
     outs = llm.generate([TokensPrompt(prompt_token_ids=i) for i in prompt_ids], SamplingParams(temperature=0, max_tokens=MAX_NEW), use_tqdm=False)
     for ids, o in zip(prompt_ids, outs):
         assert o.outputs[0].token_ids == hf_greedy(ids, MAX_NEW), o.prompt
@@ -41,7 +41,7 @@ def test_greedy_batch_matches_hf(prompt_ids, hf_greedy):
 
 def test_greedy_with_preemption_matches_hf(prompt_ids, hf_greedy):
     # 40 blocks of 16 tokens = 640 slots: far less than the ~1500 the 8 requests need together
-    engine = LLMEngine.from_engine_args(EngineArgs(num_gpu_blocks_override=40, max_model_len=640, max_num_batched_tokens=256))
+    engine = LLMEngine.from_engine_args(EngineArgs(dtype="float32", num_gpu_blocks_override=40, max_model_len=640, max_num_batched_tokens=256))
     got = run_engine(engine, prompt_ids, SamplingParams(temperature=0, max_tokens=MAX_NEW))
     assert engine.scheduler.num_preemptions > 0
     for ids, toks in zip(prompt_ids, got): assert toks == hf_greedy(ids, MAX_NEW)
@@ -50,13 +50,13 @@ def test_greedy_with_preemption_matches_hf(prompt_ids, hf_greedy):
 
 
 def test_greedy_chunked_prefill_without_prefix_caching(prompt_ids, hf_greedy):
-    engine = LLMEngine.from_engine_args(EngineArgs(max_num_batched_tokens=64, enable_prefix_caching=False, max_model_len=1024))
+    engine = LLMEngine.from_engine_args(EngineArgs(dtype="float32", max_num_batched_tokens=64, enable_prefix_caching=False, max_model_len=1024))
     got = run_engine(engine, prompt_ids[-2:], SamplingParams(temperature=0, max_tokens=8))
     for ids, toks in zip(prompt_ids[-2:], got): assert toks == hf_greedy(ids, 8)
 
 
 def test_abort_frees_blocks_and_others_continue(prompt_ids, hf_greedy):
-    engine = LLMEngine.from_engine_args(EngineArgs(max_model_len=1024))
+    engine = LLMEngine.from_engine_args(EngineArgs(dtype="float32", max_model_len=1024))
     params = SamplingParams(temperature=0, max_tokens=MAX_NEW)
     for i in range(3): engine.add_request(f"r{i}", TokensPrompt(prompt_token_ids=prompt_ids[i + 3]), params)
     outs = {}
@@ -71,7 +71,7 @@ def test_abort_frees_blocks_and_others_continue(prompt_ids, hf_greedy):
 
 
 def test_bad_input_fails_alone(prompt_ids, hf_greedy):
-    engine = LLMEngine.from_engine_args(EngineArgs(max_model_len=512))
+    engine = LLMEngine.from_engine_args(EngineArgs(dtype="float32", max_model_len=512))
     params = SamplingParams(temperature=0, max_tokens=8)
     engine.add_request("good", TokensPrompt(prompt_token_ids=prompt_ids[1]), params)
     with pytest.raises(TypeError, match="request_id"): engine.add_request(42, "hello", params)
@@ -88,7 +88,7 @@ def test_bad_input_fails_alone(prompt_ids, hf_greedy):
 
 
 def test_llm_generate_bad_prompt_leaves_nothing_running():
-    llm = LLM(max_model_len=256)
+    llm = LLM(dtype="float32", max_model_len=256)
     with pytest.raises(ValueError, match="maximum model length"):
         llm.generate(["fine", TokensPrompt(prompt_token_ids=[5] * 300)], SamplingParams(max_tokens=4), use_tqdm=False)
     kv = llm.llm_engine.kv_cache_manager
@@ -98,7 +98,7 @@ def test_llm_generate_bad_prompt_leaves_nothing_running():
 
 
 def test_seeded_sampling_is_reproducible_in_a_batch():
-    llm = LLM(max_model_len=256)
+    llm = LLM(dtype="float32", max_model_len=256)
     sp = SamplingParams(temperature=1.0, top_p=0.9, seed=1234, max_tokens=16)
     alone = llm.generate("Tell me a joke.", sp, use_tqdm=False)[0].outputs[0].token_ids
     mixed = llm.generate(["Hello", "Tell me a joke.", "Why?", "1, 2, 3,"],

@@ -28,12 +28,12 @@ def hf_hidden(hf_model, tokenizer):
 @pytest.fixture(scope="module")
 def llm():
     # a small token budget: the long prompt is read in chunks (chunked prefill) while pooling
-    return LLM(max_model_len=256, max_num_batched_tokens=16, num_gpu_blocks_override=64)
+    return LLM(dtype="float32", max_model_len=256, max_num_batched_tokens=16, num_gpu_blocks_override=64)
 
 
 @pytest.fixture(scope="module")
 def llm_mean():
-    return LLM(max_model_len=256, max_num_batched_tokens=16, num_gpu_blocks_override=64,
+    return LLM(dtype="float32", max_model_len=256, max_num_batched_tokens=16, num_gpu_blocks_override=64,
                pooler_config={"pooling_type": "MEAN"})
 
 
@@ -101,7 +101,7 @@ def test_server_embeddings_through_openai_client(model_dir, tokenizer, hf_hidden
     "`client.embeddings.create` of the official `openai` client against a real `minivllm serve`."
     openai = pytest.importorskip("openai")
     from conftest import running_server
-    with running_server("--max-model-len", "256", "--served-model-name", "smol") as base:
+    with running_server("--dtype", "float32", "--max-model-len", "256", "--served-model-name", "smol") as base:
         client = openai.OpenAI(base_url=base + "/v1", api_key="x")
         r = client.embeddings.create(model="smol", input=PROMPTS)          # the client asks for base64 and decodes it
         assert [d.index for d in r.data] == [0, 1, 2]

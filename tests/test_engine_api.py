@@ -13,13 +13,13 @@ EOS = 2
 
 @pytest.fixture(scope="module")
 def engine():
-    return LLMEngine.from_engine_args(EngineArgs(max_model_len=512, num_gpu_blocks_override=160))
+    return LLMEngine.from_engine_args(EngineArgs(dtype="float32", max_model_len=512, num_gpu_blocks_override=160))
 
 
 @pytest.fixture(scope="module")
 def small():
     "A tiny KV cache (12 blocks) to force preemptions, a 64-token budget, the priority policy, stats logging on."
-    return LLMEngine.from_engine_args(EngineArgs(num_gpu_blocks_override=12, max_model_len=160, max_num_batched_tokens=64,
+    return LLMEngine.from_engine_args(EngineArgs(dtype="float32", num_gpu_blocks_override=12, max_model_len=160, max_num_batched_tokens=64,
                                                  scheduling_policy="priority", disable_log_stats=False))
 
 

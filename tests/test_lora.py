@@ -46,7 +46,7 @@ def greedy(n): return SamplingParams(temperature=0, max_tokens=n, ignore_eos=Tru
 
 def test_tiny_each_adapter_matches_hf_peft(tiny):
     hf, path, loras = tiny
-    llm = LLM(model=path, enable_lora=True, max_loras=4, max_lora_rank=8, num_gpu_blocks_override=64, block_size=4, max_model_len=128)
+    llm = LLM(dtype="float32", model=path, enable_lora=True, max_loras=4, max_lora_rank=8, num_gpu_blocks_override=64, block_size=4, max_model_len=128)
     for lid in [None, 1, 2, 3, 4]:
         lr = loras[lid] if lid else None
         outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in PROMPTS[:2]], greedy(8), use_tqdm=False, lora_request=lr)
@@ -64,7 +64,7 @@ def solo(llm, prompt, lr, n):
 
 def test_tiny_mixed_batch_equals_solo(tiny):
     hf, path, loras = tiny
-    llm = LLM(model=path, enable_lora=True, max_loras=3, max_lora_rank=8, num_gpu_blocks_override=128, block_size=4, max_model_len=128)
+    llm = LLM(dtype="float32", model=path, enable_lora=True, max_loras=3, max_lora_rank=8, num_gpu_blocks_override=128, block_size=4, max_model_len=128)
     plan = [(p, l) for p in PROMPTS for l in (None, 1, 2, 3)]   # 3 adapters + base, each prompt under each
     outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p, _ in plan], greedy(10), use_tqdm=False,
                         lora_request=[loras[l] if l else None for _, l in plan])
@@ -75,7 +75,7 @@ def test_tiny_mixed_batch_equals_solo(tiny):
 
 def test_prefix_cache_keys_blocks_by_adapter(tiny):
     hf, path, loras = tiny
-    llm = LLM(model=path, enable_lora=True, max_loras=2, max_lora_rank=8, num_gpu_blocks_override=64, block_size=4, max_model_len=128)
+    llm = LLM(dtype="float32", model=path, enable_lora=True, max_loras=2, max_lora_rank=8, num_gpu_blocks_override=64, block_size=4, max_model_len=128)
     p = TokensPrompt(prompt_token_ids=list(range(1, 18)))    # 17 tokens: 4 full blocks
     first = llm.generate([p], greedy(2), use_tqdm=False, lora_request=loras[1])[0]
     other = llm.generate([p], greedy(2), use_tqdm=False, lora_request=loras[2])[0]
@@ -90,7 +90,7 @@ def test_prefix_cache_keys_blocks_by_adapter(tiny):
 
 def test_swapping_max_loras_2_with_4_adapters_in_flight(tiny):
     hf, path, loras = tiny
-    llm = LLM(model=path, enable_lora=True, max_loras=2, max_cpu_loras=3, max_lora_rank=8, num_gpu_blocks_override=128,
+    llm = LLM(dtype="float32", model=path, enable_lora=True, max_loras=2, max_cpu_loras=3, max_lora_rank=8, num_gpu_blocks_override=128,
               block_size=4, max_model_len=128)
     mgr = llm.llm_engine.engine_core.lora_manager
     seen, activate = [], mgr.activate
@@ -99,29 +99,29 @@ def test_swapping_max_loras_2_with_4_adapters_in_flight(tiny):
     outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p, _ in plan], greedy(6), use_tqdm=False,
                         lora_request=[loras[l] if l else None for _, l in plan])
     assert max(seen) == 2 and mgr.num_swaps >= 2          # never more than 2 adapters in a step; slots were swapped
-    ref = LLM(model=path, enable_lora=True, max_loras=4, max_lora_rank=8, num_gpu_blocks_override=64, block_size=4, max_model_len=128)
+    ref = LLM(dtype="float32", model=path, enable_lora=True, max_loras=4, max_lora_rank=8, num_gpu_blocks_override=64, block_size=4, max_model_len=128)
     for (p, l), o in zip(plan, outs): assert o.outputs[0].token_ids == solo(ref, p, loras[l] if l else None, 6), (p, l)
     for (p, l), o in zip(plan[:4], outs): assert o.outputs[0].token_ids == hf_peft_greedy(hf, loras[l].lora_path, p, 6)
 
 
 def test_bad_adapters_fail_alone(tiny, tmp_path):
     hf, path, loras = tiny
-    llm = LLM(model=path, enable_lora=True, max_loras=1, max_lora_rank=4, num_gpu_blocks_override=64, block_size=4, max_model_len=128)
+    llm = LLM(dtype="float32", model=path, enable_lora=True, max_loras=1, max_lora_rank=4, num_gpu_blocks_override=64, block_size=4, max_model_len=128)
     with pytest.raises(ValueError, match="max_lora_rank=4"): llm.generate("hi", greedy(2), use_tqdm=False, lora_request=loras[2])
     with pytest.raises(ValueError, match="adapter_config.json"):
         llm.generate("hi", greedy(2), use_tqdm=False, lora_request=LoRARequest("none", 9, str(tmp_path)))
     assert llm.llm_engine.get_num_unfinished_requests() == 0 and llm.llm_engine.kv_cache_manager.usage == 0
     assert llm.generate("hi", greedy(2), use_tqdm=False, lora_request=loras[1])[0].outputs[0].token_ids   # still serving
-    off = LLM(model=path, num_gpu_blocks_override=32, block_size=4, max_model_len=128)
+    off = LLM(dtype="float32", model=path, num_gpu_blocks_override=32, block_size=4, max_model_len=128)
     with pytest.raises(ValueError, match="enable_lora=True"): off.generate("hi", greedy(2), use_tqdm=False, lora_request=loras[1])
-    with pytest.raises(ValueError, match="max_cpu_loras"): LLM(model=path, enable_lora=True, max_loras=2, max_cpu_loras=1, max_model_len=128)
+    with pytest.raises(ValueError, match="max_cpu_loras"): LLM(dtype="float32", model=path, enable_lora=True, max_loras=2, max_cpu_loras=1, max_model_len=128)
 
 
 def test_smollm2_adapters_match_hf_peft(hf_model, model_dir, tmp_path, tokenizer):
     a = LoRARequest("qv", 1, make_adapter(hf_model, tmp_path / "qv", seed=1, r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"]))
     b = LoRARequest("all", 2, make_adapter(hf_model, tmp_path / "all", seed=2, r=4, lora_alpha=4, use_rslora=True,
                                            target_modules=TARGETS, lora_dropout=0.0))
-    llm = LLM(model=model_dir, enable_lora=True, max_loras=2, max_lora_rank=8, max_model_len=256, num_gpu_blocks_override=64)
+    llm = LLM(dtype="float32", model=model_dir, enable_lora=True, max_loras=2, max_lora_rank=8, max_model_len=256, num_gpu_blocks_override=64)
     ids = tokenizer("The capital of France is").input_ids
     outs = llm.generate([TokensPrompt(prompt_token_ids=ids)] * 3, greedy(6), use_tqdm=False, lora_request=[a, b, None])
     for o, lr in zip(outs, [a, b, None]):
@@ -134,11 +134,11 @@ def test_server_openai_client_selects_adapter_by_model_name(tiny):
     from conftest import running_server
     hf, path, loras = tiny
     flags = ["--max-lora-rank", "8", "--max-loras", "2", "--num-gpu-blocks-override", "64", "--block-size", "4", "--max-model-len", "128"]
-    offline = LLM(model=path, enable_lora=True, max_loras=4, max_lora_rank=8, num_gpu_blocks_override=64, block_size=4, max_model_len=128)
+    offline = LLM(dtype="float32", model=path, enable_lora=True, max_loras=4, max_lora_rank=8, num_gpu_blocks_override=64, block_size=4, max_model_len=128)
     want = {n: offline.generate("Hello there", greedy(8), use_tqdm=False, lora_request=lr)[0].outputs[0].text
             for n, lr in [("base", None), ("a1", loras[1]), ("a2", loras[2]), ("a3", loras[3])]}
     assert len(set(want.values())) == 4
-    with running_server(path, "--served-model-name", "base", "--lora-modules", f"a1={loras[1].lora_path}",
+    with running_server(path, "--dtype", "float32", "--served-model-name", "base", "--lora-modules", f"a1={loras[1].lora_path}",
                         f"a2={loras[2].lora_path}", *flags) as base:
         c = openai.OpenAI(base_url=base + "/v1", api_key="x", max_retries=0, timeout=300)
         assert [m.id for m in c.models.list().data] == ["base", "a1", "a2"]
@@ -161,7 +161,7 @@ def test_async_engine_generate_with_lora(tiny):
     import asyncio
     from minivllm import AsyncLLMEngine, EngineArgs
     hf, path, loras = tiny
-    eng = AsyncLLMEngine.from_engine_args(EngineArgs(model=path, enable_lora=True, max_loras=2, max_lora_rank=8,
+    eng = AsyncLLMEngine.from_engine_args(EngineArgs(dtype="float32", model=path, enable_lora=True, max_loras=2, max_lora_rank=8,
                                                      num_gpu_blocks_override=64, block_size=4, max_model_len=128))
     async def one(rid, lr):
         async for o in eng.generate(TokensPrompt(prompt_token_ids=PROMPTS[0]), greedy(6), rid, lora_request=lr): last = o

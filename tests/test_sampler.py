@@ -150,7 +150,7 @@ CHAT_YES_NO = "Reply with one word: yes or no. Is the sky blue?"
 
 @pytest.fixture(scope="module")
 def llm():
-    return LLM(max_model_len=512, kv_cache_memory_bytes=128 << 20)
+    return LLM(dtype="float32", max_model_len=512, kv_cache_memory_bytes=128 << 20)
 
 
 @pytest.fixture(scope="module")

@@ -198,7 +198,7 @@ STORY = "The old lighthouse keeper climbed the stairs every evening to light the
 @pytest.fixture(scope="module")
 def baseline():
     "Unconstrained: a big budget (no chunking), plenty of blocks, no prefix caching."
-    return LLMEngine.from_engine_args(EngineArgs(max_model_len=512, num_gpu_blocks_override=128, enable_prefix_caching=False))
+    return LLMEngine.from_engine_args(EngineArgs(dtype="float32", max_model_len=512, num_gpu_blocks_override=128, enable_prefix_caching=False))
 
 
 def run(engine, requests, arrivals=None):
@@ -221,7 +221,7 @@ def test_chunked_prefill_gives_the_unchunked_tokens(baseline, tokenizer):
     short_ids = tokenizer("The capital of France is").input_ids
     assert len(long_ids) >= 300, len(long_ids)
     sp = SamplingParams(temperature=0, max_tokens=10)
-    chunked = LLMEngine.from_engine_args(EngineArgs(max_model_len=512, num_gpu_blocks_override=64, max_num_batched_tokens=64,
+    chunked = LLMEngine.from_engine_args(EngineArgs(dtype="float32", max_model_len=512, num_gpu_blocks_override=64, max_num_batched_tokens=64,
                                                     enable_prefix_caching=False))
     got, trace = run(chunked, [("short", short_ids, sp, 0)], {1: [("long", long_ids, sp, 0)]})
     chunks = [(i, s) for i, o in enumerate(trace) for s in o.seqs if s.req_id == "long" and s.is_prefill]
@@ -245,7 +245,7 @@ def test_small_cache_with_priorities_gives_the_unconstrained_tokens(baseline, to
     urgent = ("urgent", chat("The tide tables of the harbour are printed every month by the port office. " * 4 +
                              "Explain in two sentences why the sea has two high tides every day."), 12)
     g = lambda n: SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
-    small = LLMEngine.from_engine_args(EngineArgs(num_gpu_blocks_override=18, block_size=16, max_model_len=288,
+    small = LLMEngine.from_engine_args(EngineArgs(dtype="float32", num_gpu_blocks_override=18, block_size=16, max_model_len=288,
                                                   max_num_batched_tokens=64, scheduling_policy="priority"))
     got, trace = run(small, [(r, ids, g(n), 1) for r, ids, n in lows], {12: [(urgent[0], urgent[1], g(urgent[2]), 0)]})
     admitted = next(i for i, o in enumerate(trace) if "urgent" in o.num_scheduled_tokens)

@@ -14,7 +14,7 @@ TEXT = ("Speculative decoding lets a cheap proposer guess several tokens, and th
 QUESTIONS = ["What is the capital of France?", f"Repeat this text exactly: {TEXT}", "Count from 1 to 12.",
              f"Summarise in one sentence: {TEXT}"]
 # a small KV cache (10 blocks of 16) for 4 requests of up to ~100 tokens: preemptions happen; a 48-token budget: chunked prefill
-KW = dict(max_model_len=160, num_gpu_blocks_override=10, block_size=16, max_num_batched_tokens=48,
+KW = dict(dtype="float32", max_model_len=160, num_gpu_blocks_override=10, block_size=16, max_num_batched_tokens=48,
           enable_prefix_caching=True, enable_chunked_prefill=True)
 MAX_TOKENS = 48
 

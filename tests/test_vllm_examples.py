@@ -315,7 +315,7 @@ def engine_example():
     def get():
         if not cache:
             mp = pytest.MonkeyPatch()
-            try: printed = run_script(port(VLLM_LLM_ENGINE_EXAMPLE), "llm_engine_example.py", ["--max_model_len", "512"], mp)
+            try: printed = run_script(port(VLLM_LLM_ENGINE_EXAMPLE), "llm_engine_example.py", ["--max_model_len", "512", "--dtype", "float32"], mp)
             finally: mp.undo()
             cache.update({o.request_id: o for o in printed if isinstance(o, RequestOutput)})
         return cache
@@ -678,7 +678,7 @@ def test_more_examples_change_only_imports_and_model():
 
 def test_generate_example(monkeypatch, hf_greedy, tokenizer):
     "generate.py: every engine flag through `LLM(**vars(args))`, sampling from `get_default_sampling_params()`; greedy = HF."
-    printed = run_script(port(VLLM_GENERATE), "generate.py", ["--max-model-len", "512", "--max-tokens", "8",
+    printed = run_script(port(VLLM_GENERATE), "generate.py", ["--max-model-len", "512", "--dtype", "float32", "--max-tokens", "8",
                                                                 "--temperature", "0", "--trust-remote-code"], monkeypatch)
     lines = [l for l in printed if isinstance(l, str) and l.startswith("Prompt: ")]
     assert len(lines) == 4
