@@ -76,7 +76,7 @@ class StaticInputs:
         self.query_start_loc = torch.arange(max_size + 1, dtype=torch.int32, device=device)
         self.scratch, self.block_size, self.max_size = scratch_block, block_size, max_size
 
-    def load(self, input_ids, positions, md: AttentionMetadata, b: int):
+    def load(self, input_ids, positions, md: AttentionMetadata, b: int, trim: bool = False):
         "Copy a decode step of n ≤ b sequences in; rows n..b: token 0 at position 0, writing to the scratch block."
         n, w = md.num_seqs, md.block_tables.shape[1]
         self.input_ids[:n].copy_(input_ids); self.input_ids[n:b].zero_()
@@ -85,8 +85,9 @@ class StaticInputs:
         self.seq_lens[:n].copy_(md.seq_lens); self.seq_lens[n:b].fill_(1)
         self.block_tables[:n, :w].copy_(md.block_tables); self.block_tables[n:b, 0].fill_(self.scratch)
         lens = None if md.seq_lens_cpu is None else list(md.seq_lens_cpu) + [1] * (b - n)
+        tables = self.block_tables[:b, :max(w, 1)] if trim else self.block_tables[:b]   # trim: no graph, only the step's width
         pmd = AttentionMetadata(self.slot_mapping[:b], self.query_start_loc[:b + 1], self.seq_lens[:b],
-                                self.block_tables[:b], b, list(range(b + 1)), lens)
+                                tables, b, list(range(b + 1)), lens)
         return self.input_ids[:b], self.positions[:b], pmd
 
 
@@ -166,7 +167,7 @@ def run_model(self: CompiledModelRunner, input_ids, positions, md: AttentionMeta
     n = input_ids.shape[0]
     if md.num_decodes == md.num_seqs and n <= self.static.max_size:
         b = padded_size(n, self.sizes, self.least)
-        ids, pos, pmd = self.static.load(input_ids, positions, md, b)
+        ids, pos, pmd = self.static.load(input_ids, positions, md, b, trim=b not in self.graphs)
         if b in self.graphs:
             g, out = self.graphs[b]
             g.replay()
