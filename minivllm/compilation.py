@@ -61,9 +61,9 @@ def attention_op(q, k, v, kv_cache, md, scale):
 
 
 # %% ../nbs/05b_compile.ipynb #c6f6a78e
-def padded_size(n: int, sizes: list[int]) -> int:
-    "The size a decode step of `n` tokens runs at: the smallest of `sizes` ≥ max(n, 2), else max(n, 2)."
-    return next((s for s in sorted(sizes) if s >= max(n, 2)), max(n, 2))
+def padded_size(n: int, sizes: list[int], least: int = 2) -> int:
+    "The size a decode step of `n` tokens runs at: the smallest of `sizes` ≥ max(n, least), else max(n, least)."
+    return next((s for s in sorted(sizes) if s >= max(n, least)), max(n, least))
 
 
 # %% ../nbs/05b_compile.ipynb #d2f08b75
@@ -76,7 +76,7 @@ class StaticInputs:
         self.query_start_loc = torch.arange(max_size + 1, dtype=torch.int32, device=device)
         self.scratch, self.block_size, self.max_size = scratch_block, block_size, max_size
 
-    def load(self, input_ids, positions, md: AttentionMetadata, b: int):
+    def load(self, input_ids, positions, md: AttentionMetadata, b: int, trim: bool = False):
         "Copy a decode step of n ≤ b sequences in; rows n..b: token 0 at position 0, writing to the scratch block."
         n, w = md.num_seqs, md.block_tables.shape[1]
         self.input_ids[:n].copy_(input_ids); self.input_ids[n:b].zero_()
@@ -85,8 +85,9 @@ class StaticInputs:
         self.seq_lens[:n].copy_(md.seq_lens); self.seq_lens[n:b].fill_(1)
         self.block_tables[:n, :w].copy_(md.block_tables); self.block_tables[n:b, 0].fill_(self.scratch)
         lens = None if md.seq_lens_cpu is None else list(md.seq_lens_cpu) + [1] * (b - n)
+        tables = self.block_tables[:b, :max(w, 1)] if trim else self.block_tables[:b]   # trim: no graph, only the step's width
         pmd = AttentionMetadata(self.slot_mapping[:b], self.query_start_loc[:b + 1], self.seq_lens[:b],
-                                self.block_tables[:b], b, list(range(b + 1)), lens)
+                                tables, b, list(range(b + 1)), lens)
         return self.input_ids[:b], self.positions[:b], pmd
 
 
@@ -113,13 +114,13 @@ class CompiledModelRunner(ModelRunner):
     def __init__(self, config: EngineConfig, device: torch.device | None = None):
         super().__init__(config, device)
         cc = self.cc = config.compilation_config
-        self.model.pack_weights(False)                    # Inductor picks its own kernels for plain weights
         self.attn_fn = self.model.layers[0].self_attn.attn_fn
         for layer in self.model.layers: layer.self_attn.attn_fn = attention_op
-        self.sizes = sorted({max(2, s) for s in cc.cudagraph_capture_sizes or []})
+        self.least = 4 if self.device.type == "cpu" else 2   # CPU: oneDNN's packed GEMM is quickest at 4 rows (see below)
+        self.sizes = sorted({max(self.least, s) for s in cc.cudagraph_capture_sizes or []})
         max_blocks = -(-config.model_config.max_model_len // self.block_size)
         with torch.inference_mode():   # inference tensors, like the steps' own inputs (else Dynamo recompiles)
-            self.static = StaticInputs(max(self.sizes, default=2), max_blocks, self.num_blocks, self.block_size, self.device)
+            self.static = StaticInputs(max(self.sizes, default=self.least), max_blocks, self.num_blocks, self.block_size, self.device)
         self.use_graphs = self.device.type == "cuda" and cc.cudagraph_mode == "FULL_DECODE_ONLY"
         self.graph_attn = graph_decode_attention(config.model_config.max_model_len) if self.use_graphs else self.attn_fn
         self.graphs: dict[int, tuple] = {}
@@ -146,7 +147,7 @@ def warm_up(self: CompiledModelRunner):
     "Compile before the first request (on CUDA also capture a graph per size): dummy decode steps on the scratch block."
     dummy = build_metadata([1], [1], [[self.num_blocks]], self.block_size, self.device)
     one = torch.zeros(1, dtype=torch.int64, device=self.device)
-    ids, pos, pmd = self.static.load(one, one, dummy, padded_size(1, self.sizes))
+    ids, pos, pmd = self.static.load(one, one, dummy, padded_size(1, self.sizes, self.least))
     torch._dynamo.mark_dynamic(ids, 0); torch._dynamo.mark_dynamic(pos, 0)   # one graph for every token count ≥ 2
     with set_forward_context(pmd, self.kv_caches, self.attn_fn): self.compiled(ids, pos)
     if not self.use_graphs: return
@@ -165,8 +166,8 @@ def run_model(self: CompiledModelRunner, input_ids, positions, md: AttentionMeta
     "Hidden states of one step; decode-only steps are padded to a bucket (and on CUDA replayed from its graph)."
     n = input_ids.shape[0]
     if md.num_decodes == md.num_seqs and n <= self.static.max_size:
-        b = padded_size(n, self.sizes)
-        ids, pos, pmd = self.static.load(input_ids, positions, md, b)
+        b = padded_size(n, self.sizes, self.least)
+        ids, pos, pmd = self.static.load(input_ids, positions, md, b, trim=b not in self.graphs)
         if b in self.graphs:
             g, out = self.graphs[b]
             g.replay()

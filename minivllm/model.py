@@ -4,7 +4,7 @@
 
 # %% ../nbs/05_model.ipynb #945a8757
 from __future__ import annotations
-import glob, math, os, time
+import glob, math, os, time, weakref
 from pathlib import Path
 import torch
 from torch import nn
@@ -15,9 +15,9 @@ from .attention import AttentionMetadata, build_metadata, torch_paged_attention
 from .scheduler import SchedulerOutput
 
 # %% auto #0
-__all__ = ['SUPPORTED_MODEL_TYPES', 'RMSNorm', 'row_bucket', 'Linear', 'rope_inv_freq', 'RotaryEmbedding', 'get_attention_fn',
-           'Attention', 'MLP', 'DecoderLayer', 'LlamaForCausalLM', 'iter_checkpoint_weights', 'load_model',
-           'load_gguf_model', 'tiny_config', 'make_tiny_checkpoint', 'ModelRunnerOutput', 'ModelRunner']
+__all__ = ['SUPPORTED_MODEL_TYPES', 'RMSNorm', 'row_bucket', 'Linear', 'packed_linear', 'rope_inv_freq', 'RotaryEmbedding',
+           'get_attention_fn', 'Attention', 'MLP', 'DecoderLayer', 'LlamaForCausalLM', 'iter_checkpoint_weights',
+           'load_model', 'load_gguf_model', 'tiny_config', 'make_tiny_checkpoint', 'ModelRunnerOutput', 'ModelRunner']
 
 # %% ../nbs/05_model.ipynb #8283517b
 class RMSNorm(nn.Module):
@@ -40,6 +40,8 @@ def row_bucket(m: int) -> int:
     step = 1 << ((m - 1).bit_length() - 4)
     return -(-m // step) * step
 
+_PACKED_LINEARS = weakref.WeakValueDictionary()   # key → packed `Linear`: how a compiled graph finds its packed weight
+
 class Linear(nn.Linear):
     "`nn.Linear` that multiplies with a oneDNN-prepacked copy of its weight once `pack()` made one (CPU)."
     packed: torch.Tensor | None = None
@@ -51,15 +53,19 @@ class Linear(nn.Linear):
                 p = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach())
                 x = torch.zeros(1, self.in_features, dtype=self.weight.dtype)
                 torch.ops.mkldnn._linear_pointwise(x, p, self.bias, "none", [], "")   # probe once
-                self.packed = p
+                self.packed, self.key = p, id(self)
+                _PACKED_LINEARS[self.key] = self
             except RuntimeError: pass
         return self.packed is not None
     def unpack(self):
         "Drop the packed copy (back to `F.linear`)."
-        self.packed = None
+        self.packed = None; _PACKED_LINEARS.pop(id(self), None)
     def forward(self, x):
         "`x @ W.T + b`, with the packed weight when there is one (at a bucketed number of rows, see `row_bucket`)."
         if self.packed is None or x.dtype != self.weight.dtype or x.device.type != "cpu": return F.linear(x, self.weight, self.bias)
+        if torch.compiler.is_compiling(): return torch.ops.minivllm.packed_linear(x, self.weight, self.bias, self.key)
+        return self._packed(x)
+    def _packed(self, x):
         rows = x.reshape(-1, self.in_features)
         out = torch.cat([self._packed_mm(c) for c in rows.split(256)]) if len(rows) > 256 else self._packed_mm(rows)
         return out.view(*x.shape[:-1], self.out_features)
@@ -67,6 +73,15 @@ class Linear(nn.Linear):
         m = len(rows); b = row_bucket(m)
         if b > m: rows = F.pad(rows, (0, 0, 0, b - m))
         return torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [], "")[:m]
+
+# %% ../nbs/05_model.ipynb #b7e2f9c3
+@torch.library.custom_op("minivllm::packed_linear", mutates_args=(), schema="(Tensor x, Tensor weight, Tensor? bias, int key) -> Tensor")
+def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, key: int) -> torch.Tensor:
+    "`x @ W.T + b` with the oneDNN-packed weight of the `Linear` registered under `key` (what a compiled graph calls)."
+    return _PACKED_LINEARS[key]._packed(x)
+
+@packed_linear.register_fake
+def _(x, weight, bias, key): return x.new_empty(*x.shape[:-1], weight.shape[0])
 
 # %% ../nbs/05_model.ipynb #36e2aa55
 def rope_inv_freq(config) -> tuple[torch.Tensor, float]:
