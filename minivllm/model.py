@@ -13,6 +13,8 @@ from fastcore.basics import patch
 from .config import EngineConfig
 from .attention import AttentionMetadata, build_metadata, torch_paged_attention
 from .scheduler import SchedulerOutput
+from .quantization import (GGUF_BLOCK_BYTES, INT4_MAX_ROWS, INT8_MAX_ROWS, dequantize, gguf_linear, read_gguf,
+                                   split_blocks, unpermute_rows)
 
 # %% auto #0
 __all__ = ['SUPPORTED_MODEL_TYPES', 'RMSNorm', 'row_bucket', 'Linear', 'packed_linear', 'rope_inv_freq', 'RotaryEmbedding',
@@ -282,7 +284,6 @@ def load_model(path, hf_config, dtype=torch.float32, device="cpu", attention_bac
 # %% ../nbs/05_model.ipynb #37496092
 def _gguf_float(kind: str, t: torch.Tensor) -> torch.Tensor:
     "A GGUF tensor (from `read_gguf`) as float32: float types as they are, quantized blocks de-quantized."
-    from minivllm.quantization import GGUF_BLOCK_BYTES, split_blocks, dequantize
     if kind in ("F32", "F16", "BF16"): return t.float()
     if kind in GGUF_BLOCK_BYTES: return dequantize(*split_blocks(t, kind), kind)
     import gguf
@@ -290,7 +291,6 @@ def _gguf_float(kind: str, t: torch.Tensor) -> torch.Tensor:
 
 def _gguf_module(parts: list[tuple[str, torch.Tensor]], dtype, device, max_int4_rows=None, max_int8_rows=None) -> nn.Module:
     "One linear layer from the rows of one or more GGUF tensors: quantized when they share a runnable block type."
-    from minivllm.quantization import GGUF_BLOCK_BYTES, gguf_linear
     kinds = {k for k, _ in parts}
     if len(kinds) == 1 and (kind := kinds.pop()) in GGUF_BLOCK_BYTES:
         return gguf_linear(torch.cat([t for _, t in parts]), kind, dtype, device, max_int4_rows, max_int8_rows)
@@ -301,13 +301,10 @@ def _gguf_module(parts: list[tuple[str, torch.Tensor]], dtype, device, max_int4_
 
 # %% ../nbs/05_model.ipynb #ccae8fb6
 def load_gguf_model(gguf_file, hf_config, dtype=torch.bfloat16, device="cpu", attention_backend="torch",
-                    max_pos=None, max_int4_rows="default", max_int8_rows="default") -> LlamaForCausalLM:
+                    max_pos=None, max_int4_rows: int | None = INT4_MAX_ROWS,
+                    max_int8_rows: int | None = INT8_MAX_ROWS) -> LlamaForCausalLM:
     """The model of a llama GGUF file with its Q4_0/Q4_1/Q8_0 linear weights kept quantized (lesson 04b); hybrid layers:
-    the int4 (int8) kernel up to `max_int4_rows` (`max_int8_rows`) rows — `INT4_MAX_ROWS` (`INT8_MAX_ROWS`) by
-    default — and a dense copy above (None: the quantized kernel only)."""
-    from minivllm.quantization import INT4_MAX_ROWS, INT8_MAX_ROWS, read_gguf, unpermute_rows
-    if max_int4_rows == "default": max_int4_rows = INT4_MAX_ROWS
-    if max_int8_rows == "default": max_int8_rows = INT8_MAX_ROWS
+    the int4 (int8) kernel up to `max_int4_rows` (`max_int8_rows`) rows and a dense copy above (None: the quantized kernel only)."""
     arch, ts = read_gguf(gguf_file)
     if arch != "llama": raise NotImplementedError(f"quantization='gguf' runs llama-architecture GGUF files, not {arch!r}.")
     c, device = hf_config, torch.device(device)
