@@ -13,7 +13,8 @@ import torch.nn.functional as F
 __all__ = ['DECODE_GROUP_COST', 'MAX_GATHER_BYTES', 'LOG2E', 'AttentionMetadata', 'build_metadata', 'write_kv_cache',
            'simple_paged_attention', 'reference_attention', 'make_paged_case', 'group_decodes', 'torch_paged_attention',
            'triton_write_kv_cache', 'online_softmax', 'paged_decode_attention', 'paged_prefill_attention',
-           'triton_paged_attention']
+           'triton_paged_attention', 'decode_in_place', 'decode_in_place_compiled', 'inductor_paged_attention',
+           'warm_up_decode_in_place']
 
 # %% ../nbs/04_paged_attention.ipynb #69264453
 @dataclass
@@ -179,7 +180,8 @@ def _workspace(numel: int, like: torch.Tensor) -> torch.Tensor:
     key = (str(like.device), like.dtype)
     buf = bufs.get(key)
     if buf is None or buf.numel() < numel:
-        buf = bufs[key] = torch.empty(max(numel, 0 if buf is None else buf.numel() * 5 // 4), dtype=like.dtype, device=like.device)
+        with torch.inference_mode(False):   # a normal tensor, usable in and out of inference mode whoever made it first
+            buf = bufs[key] = torch.empty(max(numel, 0 if buf is None else buf.numel() * 5 // 4), dtype=like.dtype, device=like.device)
     return buf[:numel]
 
 # %% ../nbs/04_paged_attention.ipynb #83d1aadf
@@ -215,6 +217,21 @@ def _torch_plan(md: AttentionMetadata, kv_cache: torch.Tensor) -> _TorchPlan:
     return plan
 
 # %% ../nbs/04_paged_attention.ipynb #bfe33d32
+def _attend_prefills(q, k, v, flat, plan: _TorchPlan, out, scale: float):
+    "SDPA for each prefill chunk of `plan` into `out`: this step's own keys, or (with cached context) the gathered blocks."
+    _, hkv, d = k.shape
+    G = q.shape[1] // hkv
+    for p in plan.prefills:
+        qi = q[p.start:p.end].transpose(0, 1).unflatten(0, (hkv, G))        # [Hkv, G, q, D]
+        if p.blocks is None:   # no cached context: this step's keys and values are the whole context
+            ki, vi = (x[p.start:p.end].transpose(0, 1).to(qi.dtype)[:, None].expand(hkv, G, p.L, d) for x in (k, v))
+            o = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=scale)
+        else:
+            kv = flat.index_select(1, p.blocks).view(2, -1, hkv, d)[:, :p.L].transpose(1, 2).to(qi.dtype)   # [2, Hkv, L, D]
+            o = F.scaled_dot_product_attention(qi, kv[0][:, None].expand(hkv, G, p.L, d), kv[1][:, None].expand(hkv, G, p.L, d),
+                                               attn_mask=p.mask, scale=scale)
+        out[p.start:p.end] = o.flatten(0, 1).transpose(0, 1)
+
 def torch_paged_attention(q, k, v, kv_cache, md: AttentionMetadata, scale: float) -> torch.Tensor:
     "Write this step's `k`, `v` into `kv_cache`, then attend. q: [T, H, D]; k, v: [T, Hkv, D]. Returns [T, H, D]."
     write_kv_cache(k, v, kv_cache, md.slot_mapping)
@@ -233,18 +250,9 @@ def torch_paged_attention(q, k, v, kv_cache, md: AttentionMetadata, scale: float
         qg = q[g.rows].view(g.n, hkv, H // hkv, d).to(kc.dtype)             # a KV head's query heads as rows
         o = F.scaled_dot_product_attention(qg, kc, vc, attn_mask=g.mask, scale=scale)
         out[g.rows] = o.reshape(g.n, H, d).to(q.dtype)
-    G = H // hkv
-    for p in plan.prefills:
-        qi = q[p.start:p.end].transpose(0, 1).unflatten(0, (hkv, G))        # [Hkv, G, q, D]
-        if p.blocks is None:   # no cached context: this step's keys and values are the whole context
-            ki, vi = (x[p.start:p.end].transpose(0, 1).to(qi.dtype)[:, None].expand(hkv, G, p.L, d) for x in (k, v))
-            o = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=scale)
-        else:
-            kv = flat.index_select(1, p.blocks).view(2, -1, hkv, d)[:, :p.L].transpose(1, 2).to(qi.dtype)   # [2, Hkv, L, D]
-            o = F.scaled_dot_product_attention(qi, kv[0][:, None].expand(hkv, G, p.L, d), kv[1][:, None].expand(hkv, G, p.L, d),
-                                               attn_mask=p.mask, scale=scale)
-        out[p.start:p.end] = o.flatten(0, 1).transpose(0, 1)
+    _attend_prefills(q, k, v, flat, plan, out, scale)
     return out
+
 
 # %% ../nbs/04_paged_attention.ipynb #726c03ab
 import functools
@@ -641,3 +649,82 @@ def triton_paged_attention(q, k, v, kv_cache, md: AttentionMetadata, scale: floa
     if md.num_decodes: _launch_decode(q, kv_cache, md, plan, scale, out)
     if plan.num_prefills: _launch_prefill(q, kv_cache, md, plan, scale, out)
     return out
+
+# %% ../nbs/04_paged_attention.ipynb #df402f2f
+def decode_in_place(q, kv_cache, block_tables, seq_lens, scale: float) -> torch.Tensor:
+    "Decode attention read from the paged cache. q: [n, H, D]; block_tables: [n, nb] int64 (padded with any block); seq_lens: [n]."
+    n, nb = block_tables.shape
+    _, _, bs, hkv, d = kv_cache.shape
+    G = q.shape[1] // hkv
+    kc = kv_cache[0][block_tables].float()                                     # [n, nb, bs, Hkv, D]: loads, once compiled
+    vc = kv_cache[1][block_tables].float()
+    s = (q.view(n, 1, 1, hkv, G, d).float() * kc[..., None, :]).sum(-1) * scale   # [n, nb, bs, Hkv, G]
+    pos = torch.arange(nb * bs, device=q.device).view(nb, bs)
+    s = s.masked_fill((pos[None] >= seq_lens[:, None, None])[..., None, None], float("-inf"))
+    e = torch.exp(s - s.amax(dim=(1, 2), keepdim=True))
+    o = (e[..., None] * vc[..., None, :]).sum(dim=(1, 2)) / e.sum(dim=(1, 2))[..., None]   # [n, Hkv, G, D]
+    return o.reshape(n, hkv * G, d).to(q.dtype)
+
+# %% ../nbs/04_paged_attention.ipynb #060e9d99
+@functools.cache
+def _compiled_decode():
+    "`decode_in_place` under `torch.compile`, made on first use (importing the compiler takes a moment)."
+    import torch._dynamo
+    return torch.compile(decode_in_place, dynamic=False)
+
+def decode_in_place_compiled(q, kv_cache, block_tables, seq_lens, scale: float) -> torch.Tensor:
+    "`decode_in_place`, compiled by Inductor once per model shape: decodes, table width and cache size may vary. Batches of one are padded."
+    n, q = q.shape[0], q.contiguous()   # a step's q is a view into the fused projection: one layout, one graph
+    if n == 1: q, block_tables, seq_lens = q.expand(2, -1, -1).contiguous(), block_tables.expand(2, -1).contiguous(), seq_lens.expand(2).contiguous()
+    if block_tables.shape[1] == 1: block_tables = F.pad(block_tables, (0, 1))
+    for t, dims in ((q, (0,)), (block_tables, (0, 1)), (seq_lens, (0,)), (kv_cache, (1,))):
+        for dim in dims: torch._dynamo.maybe_mark_dynamic(t, dim)
+    return _compiled_decode()(q, kv_cache, block_tables, seq_lens, scale)[:n]
+
+@dataclass
+class _InplacePlan:
+    "The inductor backend's plan of one step: the decodes' block tables and lengths, and the torch plan of its prefills."
+    key: tuple
+    block_tables: torch.Tensor | None   # [num_decodes, nb] int64, nb = the widest decode's blocks (None: no decodes)
+    seq_lens: torch.Tensor | None       # [num_decodes] int64
+    prefills: _TorchPlan
+
+def _inplace_plan(md: AttentionMetadata, kv_cache: torch.Tensor) -> _InplacePlan:
+    "The plan for `md` on this cache geometry, computed once and remembered on `md`."
+    _, nblk, bs, hkv, d = kv_cache.shape
+    key = (nblk, bs, hkv, d, kv_cache.dtype, str(kv_cache.device))
+    plan = getattr(md, "_inplace_plan", None)
+    if plan is not None and plan.key == key: return plan
+    nd, dev = md.num_decodes, kv_cache.device
+    seq_lens = md.seq_lens_cpu if md.seq_lens_cpu is not None else md.seq_lens.tolist()
+    bt = sl = None
+    if nd:
+        nb = -(-max(seq_lens[:nd]) // bs)
+        bt, sl = md.block_tables[:nd, :nb].to(dev, torch.int64), md.seq_lens[:nd].to(dev, torch.int64)
+    pre = _TorchPlan(key, [], _torch_plan(md, kv_cache).prefills, 0) if nd < md.num_seqs else _TorchPlan(key, [], [], 0)
+    plan = md._inplace_plan = _InplacePlan(key, bt, sl, pre)
+    return plan
+
+def inductor_paged_attention(q, k, v, kv_cache, md: AttentionMetadata, scale: float) -> torch.Tensor:
+    "The torch backend with its decodes attended in place by the Inductor kernel (`decode_in_place_compiled`); prefills as in `torch_paged_attention`."
+    if not kv_cache.is_contiguous() or kv_cache.requires_grad: return torch_paged_attention(q, k, v, kv_cache, md, scale)
+    write_kv_cache(k, v, kv_cache, md.slot_mapping)
+    plan = _inplace_plan(md, kv_cache)
+    nd = md.num_decodes
+    out = torch.empty_like(q)
+    if nd: out[:nd] = decode_in_place_compiled(q[:nd], kv_cache, plan.block_tables, plan.seq_lens, scale)
+    if plan.prefills.prefills: _attend_prefills(q, k, v, kv_cache.view(2, kv_cache.shape[1], -1), plan.prefills, out, scale)
+    return out
+
+# %% ../nbs/04_paged_attention.ipynb #bb18bacb
+def warm_up_decode_in_place(num_heads: int, num_kv_heads: int, head_dim: int, block_size: int, dtype, scale: float, device="cpu"):
+    "Compile the in-place decode kernel for this model shape now, as the engine will call it; raises what compiling raised."
+    import torch._dynamo
+    with torch.inference_mode(False):   # like the engine's cache, a normal tensor (even when a step calls this in inference mode)
+        cache = torch.zeros(2, 3, block_size, num_kv_heads, head_dim, dtype=dtype, device=device)
+    with torch.inference_mode():    # the engine's steps run in inference mode, and their tensors are inference tensors
+        q = torch.zeros(2, num_heads, head_dim, dtype=dtype, device=device)
+        bt, sl = torch.tensor([[0, 1, 2], [2, 1, 0]], device=device), torch.tensor([3 * block_size, 1], device=device)
+        with torch._dynamo.config.patch(recompile_limit=64, fail_on_recompile_limit_hit=True):   # (see below)
+            decode_in_place_compiled(q, cache, bt, sl, scale)
+

@@ -114,6 +114,7 @@ class CompiledModelRunner(ModelRunner):
     def __init__(self, config: EngineConfig, device: torch.device | None = None):
         super().__init__(config, device)
         cc = self.cc = config.compilation_config
+        self.switch_attention()   # the CPU's in-place kernel, compiled now (lesson 05): the op below calls it every step
         self.attn_fn = self.model.layers[0].self_attn.attn_fn
         for layer in self.model.layers: layer.self_attn.attn_fn = attention_op
         self.least = 4 if self.device.type == "cpu" else 2   # CPU: oneDNN's packed GEMM is quickest at 4 rows (see below)

@@ -11,15 +11,18 @@ from torch import nn
 import torch.nn.functional as F
 from fastcore.basics import patch
 from .config import EngineConfig
-from .attention import AttentionMetadata, build_metadata, torch_paged_attention
+import logging
+from .attention import (AttentionMetadata, build_metadata, inductor_paged_attention, torch_paged_attention,
+                                warm_up_decode_in_place)
 from .scheduler import SchedulerOutput
 from .quantization import (GGUF_BLOCK_BYTES, INT4_MAX_ROWS, INT8_MAX_ROWS, dequantize, gguf_linear, read_gguf,
                                    split_blocks, unpermute_rows)
 
 # %% auto #0
-__all__ = ['SUPPORTED_MODEL_TYPES', 'RMSNorm', 'row_bucket', 'Linear', 'packed_linear', 'rope_inv_freq', 'RotaryEmbedding',
-           'get_attention_fn', 'Attention', 'MLP', 'DecoderLayer', 'LlamaForCausalLM', 'iter_checkpoint_weights',
-           'load_model', 'load_gguf_model', 'tiny_config', 'make_tiny_checkpoint', 'ModelRunnerOutput', 'ModelRunner']
+__all__ = ['SUPPORTED_MODEL_TYPES', 'INPLACE_MIN_DECODES', 'RMSNorm', 'row_bucket', 'Linear', 'packed_linear', 'rope_inv_freq',
+           'RotaryEmbedding', 'get_attention_fn', 'Attention', 'MLP', 'DecoderLayer', 'LlamaForCausalLM',
+           'iter_checkpoint_weights', 'load_model', 'load_gguf_model', 'tiny_config', 'make_tiny_checkpoint',
+           'ModelRunnerOutput', 'ModelRunner']
 
 # %% ../nbs/05_model.ipynb #8283517b
 class RMSNorm(nn.Module):
@@ -133,8 +136,9 @@ class RotaryEmbedding(nn.Module):
 
 # %% ../nbs/05_model.ipynb #c95a6800
 def get_attention_fn(name: str):
-    "The attention backend: `torch` (reference, CPU) or `triton` (the kernels of the attention notebook)."
+    "The attention backend of lesson 04: `torch` (gather + SDPA), `inductor` (the CPU's: decodes read in place) or `triton` (GPU kernels)."
     if name == "torch": return torch_paged_attention
+    if name == "inductor": return inductor_paged_attention
     if name == "triton":
         from minivllm.attention import triton_paged_attention
         return triton_paged_attention
@@ -381,6 +385,9 @@ class ModelRunner:
         self.device, self.dtype, self.block_size = device or config.device_config.device, mc.dtype, cc.block_size
         torch.manual_seed(mc.seed)
         self.model = self.load_model()
+        self.attention_backend, self._attention_compiled, self._attention_switched = mc.attention_backend, False, False
+        if mc.attention_backend == "inductor":   # gather until a step is big enough to want the in-place kernel (below)
+            for layer in self.model.layers: layer.self_attn.attn_fn = torch_paged_attention
         if self.device.type == "cpu": self.model.pack_weights()   # oneDNN-prepacked linear weights (see `Linear`)
         self.num_blocks = self.agree_num_blocks(self.determine_num_blocks())   # (determine_num_blocks: below)
         cc.num_gpu_blocks = self.num_blocks
@@ -396,6 +403,25 @@ class ModelRunner:
         if mc.quantization == "gguf":   # the GGUF file's own quantized weights (lesson 04b)
             return load_gguf_model(mc.gguf_file, mc.hf_config, mc.dtype, self.device, mc.attention_backend, mc.max_model_len)
         return load_model(mc.model, mc.hf_config, mc.dtype, self.device, mc.attention_backend, mc.max_model_len)
+    def prepare_attention(self) -> bool:
+        "Compile the inductor backend's in-place decode kernel (lesson 04) now, once; False where it cannot be (it says why, and keeps the torch backend)."
+        if self.attention_backend != "inductor" or self._attention_compiled: return self._attention_compiled
+        a, t = self.model.layers[0].self_attn, time.perf_counter()
+        try: warm_up_decode_in_place(a.num_heads, a.num_kv_heads, a.head_dim, self.block_size, self.dtype, a.scale, self.device)
+        except Exception as e:   # typically no C++ compiler for Inductor: the torch backend needs none
+            logging.getLogger("minivllm").warning("attention_backend='inductor' could not compile its decode kernel (%s: %s); "
+                                                  "attending with the torch backend instead.", type(e).__name__, str(e)[:300])
+            self.attention_backend = "torch"
+            return False
+        logging.getLogger("minivllm").info("compiled the in-place decode attention in %.1f s", time.perf_counter() - t)
+        self._attention_compiled = True
+        return True
+    def switch_attention(self) -> str:
+        "Attend with the in-place kernel from now on (compiling it first if need be); the backend the layers use."
+        if self.attention_backend == "inductor" and not self._attention_switched and self.prepare_attention():
+            for layer in self.model.layers: layer.self_attn.attn_fn = inductor_paged_attention
+            self._attention_switched = True
+        return self.attention_backend
     def agree_num_blocks(self, n: int) -> int:
         "The number of KV blocks all processes can afford (one process: nobody to agree with)."
         return n
@@ -461,9 +487,13 @@ def prepare_inputs(self: ModelRunner, scheduler_output: SchedulerOutput):
             md, seqs)
 
 # %% ../nbs/05_model.ipynb #71e18409
+INPLACE_MIN_DECODES = 8   # the first step with this many decodes switches to the in-place kernel (see above)
+
 @patch
 def run_model(self: ModelRunner, input_ids, positions, md: AttentionMetadata) -> torch.Tensor:
     "The model's hidden states of one flattened step (the one call the compiled runner of lesson 05b replaces)."
+    if self.attention_backend == "inductor" and not self._attention_switched and md.num_decodes >= INPLACE_MIN_DECODES:
+        self.switch_attention()
     return self.model(input_ids, positions, self.kv_caches, md)
 
 @patch

@@ -606,6 +606,8 @@ def cmd_serve(ns) -> int:
     if loras: ea.enable_lora = True
     name = ns.served_model_name or (ea.model if ea.model else "SmolLM2-135M-Instruct")
     engine = AsyncLLMEngine.from_engine_args(ea)
+    runner = getattr(engine.engine.engine_core, "model_runner", None)
+    if hasattr(runner, "prepare_attention"): runner.prepare_attention()   # the CPU's attention kernel, compiled before serving (lesson 05)
     app = build_app(engine, served_model_name=name, api_key=ns.api_key, chat_template=ns.chat_template,
                     chat_template_content_format=ns.chat_template_content_format)
     for k, (n, path) in enumerate(loras, 1):   # read and checked before serving: a bad adapter stops the server here

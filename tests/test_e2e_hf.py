@@ -39,6 +39,17 @@ def test_greedy_batch_matches_hf(prompt_ids, hf_greedy):
     assert "Paris" in outs[1].outputs[0].text
 
 
+def test_greedy_in_place_attention_matches_hf(prompt_ids, hf_greedy):
+    "The CPU's default backend with its in-place decode kernel (lesson 04) from the first step on: still HF's greedy tokens."
+    llm = LLM(dtype="float32", max_model_len=1024)
+    runner = llm.llm_engine.engine_core.model_runner
+    assert runner.switch_attention() == "inductor"
+    outs = llm.generate([TokensPrompt(prompt_token_ids=i) for i in prompt_ids], SamplingParams(temperature=0, max_tokens=MAX_NEW), use_tqdm=False)
+    for ids, o in zip(prompt_ids, outs): assert o.outputs[0].token_ids == hf_greedy(ids, MAX_NEW), o.prompt
+    from minivllm.attention import inductor_paged_attention
+    assert {layer.self_attn.attn_fn for layer in runner.model.layers} == {inductor_paged_attention}
+
+
 def test_greedy_with_preemption_matches_hf(prompt_ids, hf_greedy):
     # 40 blocks of 16 tokens = 640 slots: far less than the ~1500 the 8 requests need together
     engine = LLMEngine.from_engine_args(EngineArgs(dtype="float32", num_gpu_blocks_override=40, max_model_len=640, max_num_batched_tokens=256))
