@@ -10,15 +10,19 @@ from pathlib import Path
 import torch
 from fastcore.basics import patch
 from .config import EngineConfig, CompilationConfig
-from .attention import AttentionMetadata, build_metadata, _LaunchPlan, _launch_decode, _launch_write
-from .model import ModelRunner
+from typing import NamedTuple
+import torch.nn.functional as F
+from .attention import AttentionMetadata, build_metadata, decode_in_place, _LaunchPlan, _launch_decode, _launch_write
+from .scheduler import SchedulerOutput
+from .model import Linear, ModelRunner, ModelRunnerOutput
 
 logger = logging.getLogger("minivllm")
 
 
 # %% auto #0
 __all__ = ['logger', 'ForwardContext', 'set_forward_context', 'get_forward_context', 'paged_attention', 'attention_op',
-           'padded_size', 'StaticInputs', 'graph_decode_attention', 'CompiledModelRunner']
+           'padded_size', 'StaticInputs', 'graph_decode_attention', 'CompiledModelRunner', 'DecodeBatch',
+           'decode_batch', 'in_graph_decode_attention']
 
 # %% ../nbs/05b_compile.ipynb #c4807074
 @dataclass
@@ -56,7 +60,9 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: in
 def _(q, k, v, layer, scale): return q.new_empty(q.shape)
 
 def attention_op(q, k, v, kv_cache, md, scale):
-    "An `attn_fn` for the model's layers that calls the op: here `kv_cache` is the layer's index and `md` is unused."
+    """An `attn_fn` for the model's layers that calls the op: here `kv_cache` is the layer's index and `md` is unused.
+    (In the CPU's compile-size graphs, at the end of this lesson, `md` is a `DecodeBatch` and attention stays in the graph.)"""
+    if md is not None: return in_graph_decode_attention(q, k, v, kv_cache, md, scale)
     return torch.ops.minivllm.paged_attention(q, k, v, kv_cache, scale)
 
 
@@ -131,9 +137,11 @@ class CompiledModelRunner(ModelRunner):
         self.compiled = torch.compile(forward, backend=cc.backend, fullgraph=True)
         t0 = time.perf_counter()
         self.warm_up()
+        self.size_graphs = self.compile_size_graphs()   # CPU: whole decode steps of `compile_sizes` in one graph (at the end)
         cc.compile_time = time.perf_counter() - t0
-        logger.info("compiled the model (torch.compile, %s backend) in %.1f s%s", cc.backend, cc.compile_time,
-                    f"; captured {len(self.graphs)} CUDA graphs" if self.graphs else "")
+        logger.info("compiled the model (torch.compile, %s backend) in %.1f s%s%s", cc.backend, cc.compile_time,
+                    f"; captured {len(self.graphs)} CUDA graphs" if self.graphs else "",
+                    f"; decode graphs of {self.size_graphs} sequences" if self.size_graphs else "")
 
     def kv_cache_shape(self) -> tuple[int, ...]:
         "One more block than the scheduler knows of: the scratch block that padding rows write to."
@@ -176,3 +184,86 @@ def run_model(self: CompiledModelRunner, input_ids, positions, md: AttentionMeta
         with set_forward_context(pmd, self.kv_caches, self.attn_fn): return self.compiled(ids, pos)[:n]
     with set_forward_context(md, self.kv_caches, self.attn_fn): return self.compiled(input_ids, positions)
 
+
+# %% ../nbs/05b_compile.ipynb #6f495a5a
+class DecodeBatch(NamedTuple):
+    "A decode step's attention inputs inside a graph: each row's new slot, its block table (int64, ≥ 2 wide), its length."
+    slot_mapping: torch.Tensor   # [n] int64
+    block_tables: torch.Tensor   # [n, nb] int64
+    seq_lens: torch.Tensor       # [n] int64
+
+def decode_batch(md: AttentionMetadata) -> DecodeBatch:
+    "The `DecodeBatch` of a decode-only step (a table one block wide is padded to two: a size-1 dimension would be a constant)."
+    bt = md.block_tables.long()
+    if bt.shape[1] < 2: bt = F.pad(bt, (0, 2 - bt.shape[1]))
+    return DecodeBatch(md.slot_mapping.long(), bt, md.seq_lens.long())
+
+def in_graph_decode_attention(q, k, v, kv_cache, db: DecodeBatch, scale: float) -> torch.Tensor:
+    "Decode attention as tensor code for a graph: write the step's keys and values in place, then read the pages in place (lesson 04)."
+    bs = kv_cache.shape[2]
+    blk, off = db.slot_mapping // bs, db.slot_mapping % bs
+    kv_cache.index_put_((torch.zeros_like(blk), blk, off), k.to(kv_cache.dtype))
+    kv_cache.index_put_((torch.ones_like(blk), blk, off), v.to(kv_cache.dtype))
+    return decode_in_place(q, kv_cache, db.block_tables, db.seq_lens, scale)
+
+# %% ../nbs/05b_compile.ipynb #1774025d
+_SIZE_INDUCTOR = dict(freezing=True, max_autotune=True, max_autotune_gemm_backends="CPP,ATEN")   # Inductor, for compile sizes
+
+@patch
+def _size_forward(self: CompiledModelRunner, input_ids, positions, kv_caches, db: DecodeBatch) -> torch.Tensor:
+    "One decode step of a compile size: every layer (attention in the graph) and the LM head; logits out."
+    return self.model.compute_logits(self.model(input_ids, positions, kv_caches, db))
+
+@patch
+def _call_size_graph(self: CompiledModelRunner, input_ids, positions, db: DecodeBatch, compiling: bool = False):
+    "Run the compile-size graph: while compiling under `_SIZE_INDUCTOR`, after that without Dynamo's guard check."
+    Linear.gemm_in_graph = True
+    try:
+        if compiling:
+            with torch._inductor.config.patch(_SIZE_INDUCTOR if self.cc.backend == "inductor" else {}):
+                return self.size_fn(input_ids, positions, self.kv_caches, db)
+        if len(self.size_graphs) > 1: return self.size_fn(input_ids, positions, self.kv_caches, db)   # (see below)
+        with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
+            return self.size_fn(input_ids, positions, self.kv_caches, db)
+    finally: Linear.gemm_in_graph = False
+
+@patch
+@torch.inference_mode()
+def compile_size_graphs(self: CompiledModelRunner) -> list[int]:
+    "Compile the graph of each of `compile_sizes` (CPU) with dummy decode steps on the scratch block; the sizes compiled."
+    sizes = list(self.cc.compile_sizes or []) if self.device.type == "cpu" else []
+    if not sizes: return []
+    self.size_fn = torch.compile(self._size_forward, backend=self.cc.backend, dynamic=False, fullgraph=True)
+    try:
+        for n in sizes:
+            md = build_metadata([2 * self.block_size + 1] * n, [1] * n, [[self.num_blocks] * 3] * n, self.block_size, self.device)
+            ids, pos = (torch.zeros(n, dtype=torch.int64, device=self.device) for _ in range(2))   # two tensors, as in a step
+            db = decode_batch(md)
+            torch._dynamo.mark_dynamic(db.block_tables, 1)   # one graph for every context length
+            self._call_size_graph(ids, pos, db, compiling=True)
+    except Exception as e:   # typically no C++ compiler: the general graph needs none of the template's kernels
+        logger.warning("compile_sizes %s could not be compiled (%s: %s); decoding through the general graph.",
+                       sizes, type(e).__name__, str(e)[:300])
+        return []
+    return sizes
+
+@patch
+@torch.inference_mode()
+def execute_model(self: CompiledModelRunner, scheduler_output: SchedulerOutput, **kw) -> ModelRunnerOutput:
+    "As `ModelRunner.execute_model`; a decode-only step of a compiled size runs as its graph, logits included."
+    seqs = scheduler_output.seqs
+    if (len(seqs) not in self.size_graphs or self.lora_manager is not None or kw.get("pooling_reqs")
+            or not all(s.num_tokens == 1 and s.sample and not s.spec_token_ids for s in seqs)):
+        return ModelRunner.execute_model(self, scheduler_output, **kw)
+    t0 = time.perf_counter()
+    input_ids, positions, md, seqs = self.prepare_inputs(scheduler_output)
+    t1 = time.perf_counter()
+    try: logits = self._call_size_graph(input_ids, positions, decode_batch(md))
+    except Exception as e:   # a step the warm-up did not foresee: skipping guards, Dynamo refuses to recompile
+        logger.warning("the decode graph of %d sequences failed (%s: %s); decoding through the general graph from now on.",
+                       len(seqs), type(e).__name__, str(e)[:300])
+        self.size_graphs = []
+        return ModelRunner.execute_model(self, scheduler_output, **kw)   # (rewrites the same K/V slots)
+    if (tm := self.timings) is not None:
+        for k, dt in (("prepare", t1 - t0), ("forward", time.perf_counter() - t1)): tm[k] = tm.get(k, 0.0) + dt
+    return ModelRunnerOutput([s.req_id for s in seqs], logits)

@@ -524,8 +524,8 @@ class ModelConfig:
 
 # %% ../nbs/00_config.ipynb #cc0d3b02
 _COMPILE_MODES = {"NONE": 0, "STOCK_TORCH_COMPILE": 1, "DYNAMO_TRACE_ONCE": 2, "VLLM_COMPILE": 3}
-_COMPILE_KEYS = ("level", "mode", "cudagraph_mode", "cudagraph_capture_sizes", "max_cudagraph_capture_size", "backend",
-                 "cache_dir", "use_cudagraph")
+_COMPILE_KEYS = ("level", "mode", "cudagraph_mode", "cudagraph_capture_sizes", "max_cudagraph_capture_size", "compile_sizes",
+                 "backend", "cache_dir", "use_cudagraph")
 
 @dataclass
 class CompilationConfig:
@@ -534,6 +534,7 @@ class CompilationConfig:
     cudagraph_mode: str | None = None               # "NONE" or "FULL_DECODE_ONLY" (None: FULL_DECODE_ONLY on CUDA)
     cudagraph_capture_sizes: list[int] | None = None   # decode batch sizes padded to and (on CUDA) captured
     max_cudagraph_capture_size: int | None = None
+    compile_sizes: list[int] | None = None          # decode sizes compiled as whole static graphs, GEMMs autotuned (None: [1] on the CPU)
     backend: str = "inductor"                       # torch.compile's backend ("eager"/"aot_eager" trace only: for tests)
     cache_dir: str = ""                             # "": ~/.cache/minivllm/torch_compile
     compile_time: float | None = None               # seconds the runner spent compiling at start-up
@@ -564,6 +565,9 @@ class CompilationConfig:
         sizes = d.get("cudagraph_capture_sizes")
         if sizes is not None and not (isinstance(sizes, (list, tuple)) and all(isinstance(s, int) and s > 0 for s in sizes)):
             raise ValueError(f"compilation_config cudagraph_capture_sizes must be a list of positive ints, got {sizes!r}.")
+        cs = d.get("compile_sizes")
+        if cs is not None and not (isinstance(cs, (list, tuple)) and all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in cs)):
+            raise ValueError(f"compilation_config compile_sizes must be a list of positive ints, got {cs!r}.")
         return cls(level=level, **d)
 
 
@@ -843,8 +847,12 @@ def _compilation(self: EngineArgs, device: torch.device) -> CompilationConfig:
     mode = cc.cudagraph_mode or ("FULL_DECODE_ONLY" if level and device.type == "cuda" else "NONE")
     top_size = cc.max_cudagraph_capture_size or min(512, self.max_num_seqs)
     sizes = sorted(set(cc.cudagraph_capture_sizes or [s for s in _CAPTURE_SIZES if s <= top_size]))
+    compile_sizes = sorted(set(cc.compile_sizes if cc.compile_sizes is not None else [1] if device.type == "cpu" else []))
+    if level and compile_sizes and device.type != "cpu":
+        raise NotImplementedError(f"compilation_config compile_sizes={compile_sizes} is implemented for the CPU in minivllm; "
+                                  f"on {device.type} the decode steps replay CUDA graphs (leave compile_sizes unset or []).")
     return dataclasses.replace(cc, level=level, cudagraph_mode=mode if level else "NONE", cudagraph_capture_sizes=sizes,
-                               max_cudagraph_capture_size=max(sizes) if sizes else 0)
+                               max_cudagraph_capture_size=max(sizes) if sizes else 0, compile_sizes=compile_sizes if level else [])
 
 
 # %% ../nbs/00_config.ipynb #a4582189

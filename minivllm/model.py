@@ -50,6 +50,7 @@ _PACKED_LINEARS = weakref.WeakValueDictionary()   # key → packed `Linear`: how
 class Linear(nn.Linear):
     "`nn.Linear` that multiplies with a oneDNN-prepacked copy of its weight once `pack()` made one (CPU)."
     packed: torch.Tensor | None = None
+    gemm_in_graph = False   # True while a graph that leaves the GEMMs to Inductor is traced (lesson 05b's compile sizes)
     def pack(self) -> bool:
         "Make the packed copy of the weight (call again after changing the weight). Returns whether it is used."
         self.packed = None
@@ -68,7 +69,9 @@ class Linear(nn.Linear):
     def forward(self, x):
         "`x @ W.T + b`, with the packed weight when there is one (at a bucketed number of rows, see `row_bucket`)."
         if self.packed is None or x.dtype != self.weight.dtype or x.device.type != "cpu": return F.linear(x, self.weight, self.bias)
-        if torch.compiler.is_compiling(): return torch.ops.minivllm.packed_linear(x, self.weight, self.bias, self.key)
+        if torch.compiler.is_compiling():
+            if Linear.gemm_in_graph: return F.linear(x, self.weight, self.bias)
+            return torch.ops.minivllm.packed_linear(x, self.weight, self.bias, self.key)
         return self._packed(x)
     def _packed(self, x):
         rows = x.reshape(-1, self.in_features)

@@ -60,3 +60,23 @@ def test_smollm2_compiled_matches_hf(backend, tokenizer, hf_greedy):
     assert isinstance(llm.llm_engine.engine_core.model_runner, CompiledModelRunner)
     outs = llm.generate([TokensPrompt(prompt_token_ids=i) for i in ids], SamplingParams(temperature=0, max_tokens=MAX_NEW), use_tqdm=False)
     for i, o in zip(ids, outs): assert o.outputs[0].token_ids == hf_greedy(i, MAX_NEW), o.prompt
+
+
+def test_compile_size_graph_with_inductor(tiny):
+    """The CPU's decode graph of one sequence (compile_sizes=[1]) compiled by Inductor with frozen weights and autotuned
+    GEMMs: the decode steps of a lone request run through it (guards skipped) and give the eager engine's tokens."""
+    kw = dict(model=tiny, dtype="float32", num_gpu_blocks_override=64, max_model_len=128)
+    prompts = [list(range(100, 131)), list(range(200, 207))]
+    eager = generate(LLM(enforce_eager=True, **kw), prompts)
+    llm = LLM(compilation_config={"level": 3, "compile_sizes": [1], "cudagraph_capture_sizes": [1, 2]}, **kw)
+    r = llm.llm_engine.engine_core.model_runner
+    assert r.size_graphs == [1]
+    calls = []
+    r._call_size_graph = (lambda f: lambda *a, **k: calls.append(len(a[0])) or f(*a, **k))(r._call_size_graph)
+    for p, e in zip(prompts, eager):   # one request at a time: every decode step is a step of one sequence
+        (c,) = generate(llm, [p])
+        assert c.token_ids == e.token_ids
+        lc = torch.tensor([lp[t].logprob for lp, t in zip(c.logprobs, c.token_ids)])
+        le = torch.tensor([lp[t].logprob for lp, t in zip(e.logprobs, e.token_ids)])
+        assert torch.allclose(lc, le, atol=1e-4), (lc - le).abs().max()
+    assert calls and set(calls) == {1} and r.size_graphs == [1]   # the graph ran, and never fell back
