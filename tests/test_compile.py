@@ -80,3 +80,17 @@ def test_compile_size_graph_with_inductor(tiny):
         le = torch.tensor([lp[t].logprob for lp, t in zip(e.logprobs, e.token_ids)])
         assert torch.allclose(lc, le, atol=1e-4), (lc - le).abs().max()
     assert calls and set(calls) == {1} and r.size_graphs == [1]   # the graph ran, and never fell back
+
+
+@pytest.mark.skipif(not SLOW, reason="compiles SmolLM2 with Inductor and autotuned GEMMs: minutes on 2 cores (MINIVLLM_SLOW=1)")
+def test_smollm2_size_graph_matches_hf(tokenizer, hf_greedy):
+    "The embedded SmolLM2, one prompt at a time through the CPU's decode graph of one sequence: HF transformers' greedy tokens."
+    from test_e2e_hf import PROMPTS, MAX_NEW
+    llm = LLM(max_model_len=1024, dtype="float32", compilation_config={"level": 3, "compile_sizes": [1]})
+    r = llm.llm_engine.engine_core.model_runner
+    assert r.size_graphs == [1]
+    for p in PROMPTS:
+        ids = tokenizer(p).input_ids
+        (o,) = llm.generate([TokensPrompt(prompt_token_ids=ids)], SamplingParams(temperature=0, max_tokens=MAX_NEW), use_tqdm=False)
+        assert o.outputs[0].token_ids == hf_greedy(ids, MAX_NEW), p
+    assert r.size_graphs == [1]   # never fell back to the general graph
