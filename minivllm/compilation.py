@@ -131,6 +131,8 @@ class CompiledModelRunner(ModelRunner):
         self.use_graphs = self.device.type == "cuda" and cc.cudagraph_mode == "FULL_DECODE_ONLY"
         self.graph_attn = graph_decode_attention(config.model_config.max_model_len) if self.use_graphs else self.attn_fn
         self.graphs: dict[int, tuple] = {}
+        # hybrid 4-bit layers (lesson 04b) multiply prompts by dense copies that a graph cannot call: prompts run eagerly
+        self.eager_prompts = self.device.type == "cpu" and any(getattr(m, "dense", None) is not None for m in self.model.modules())
         _cache_dir(cc)
         model, layer_ids = self.model, list(range(len(self.model.layers)))
         def forward(input_ids, positions): return model(input_ids, positions, layer_ids, None)   # caches: by index
@@ -182,7 +184,8 @@ def run_model(self: CompiledModelRunner, input_ids, positions, md: AttentionMeta
             g.replay()
             return out[:n]
         with set_forward_context(pmd, self.kv_caches, self.attn_fn): return self.compiled(ids, pos)[:n]
-    with set_forward_context(md, self.kv_caches, self.attn_fn): return self.compiled(input_ids, positions)
+    fn = self.compiled if not self.eager_prompts else lambda i, p: self.model(i, p, list(range(len(self.model.layers))), None)
+    with set_forward_context(md, self.kv_caches, self.attn_fn): return fn(input_ids, positions)   # (eager_prompts: below)
 
 
 # %% ../nbs/05b_compile.ipynb #6f495a5a

@@ -70,7 +70,7 @@ def test_compile_size_graph_with_inductor(tiny):
     eager = generate(LLM(enforce_eager=True, **kw), prompts)
     llm = LLM(compilation_config={"level": 3, "compile_sizes": [1], "cudagraph_capture_sizes": [1, 2]}, **kw)
     r = llm.llm_engine.engine_core.model_runner
-    assert r.size_graphs == [1]
+    assert r.size_graphs == [1] and not r.eager_prompts   # dense layers: prompts go through the general graph
     calls = []
     r._call_size_graph = (lambda f: lambda *a, **k: calls.append(len(a[0])) or f(*a, **k))(r._call_size_graph)
     for p, e in zip(prompts, eager):   # one request at a time: every decode step is a step of one sequence
@@ -101,19 +101,22 @@ def test_gguf_size_graph_close_to_eager():
     """The GGUF's own 4-bit weights (quantization="gguf", bf16 activations) through the CPU's decode graph of one sequence:
     as close to the eager 4-bit engine as bf16 rounding allows. Measured: the dense bf16 model, compiled vs eager, agrees
     token for token on 67 of 96 greedy tokens (4 prompts, each up to its first difference) with |Δ logprob| ≤ 0.15 there;
-    the 4-bit one on 49 of 96 with ≤ 0.11. A wrong weight layout would break agreement from the first decode step."""
+    the 4-bit one on 49 of 96 with ≤ 0.11; since its prompts run eagerly, one prompt parts at its third token (the second
+    token's log-probs agree within 0.005 there). A wrong weight layout would break agreement from the first decode step."""
     prompts = ["The capital of France is", "Write a short poem about the moon:", "def fibonacci(n):", "Explain why the sky is blue."]
     sp = SamplingParams(temperature=0, max_tokens=24, logprobs=0)
     outs = {}
     for name, kw in (("eager", dict(enforce_eager=True)), ("compiled", dict(enforce_eager=False))):
         llm = LLM(quantization="gguf", max_model_len=512, **kw)
         outs[name] = [llm.generate([p], sp, use_tqdm=False)[0].outputs[0] for p in prompts]
-        if name == "compiled": assert llm.llm_engine.engine_core.model_runner.size_graphs == [1]
+        if name == "compiled":   # hybrid 4-bit layers: the prompts run eagerly (their dense copies), the decodes as the graph
+            r = llm.llm_engine.engine_core.model_runner
+            assert r.size_graphs == [1] and r.eager_prompts
         del llm
     common, diffs = 0, []
     for a, b in zip(outs["eager"], outs["compiled"]):
         n = next((i for i, (x, y) in enumerate(zip(a.token_ids, b.token_ids)) if x != y), len(a.token_ids))
-        assert n >= 3, (a.text, b.text)          # the prefill's token and the first decode steps agree
+        assert n >= 2, (a.text, b.text)          # the prefill's token and the first decode step agree
         common += n
         diffs += [abs(a.logprobs[i][a.token_ids[i]].logprob - b.logprobs[i][b.token_ids[i]].logprob) for i in range(n)]
     assert common >= 0.3 * 4 * 24 and max(diffs) < 0.5 and sum(diffs) / len(diffs) < 0.05, (common, max(diffs))
