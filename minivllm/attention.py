@@ -188,12 +188,18 @@ def _workspace(numel: int, like: torch.Tensor) -> torch.Tensor:
 DECODE_GROUP_COST = 256      # keys: the padding worth one more group of calls (measured on a 2-core x86 CPU)
 MAX_GATHER_BYTES = 256 << 20 # a group's gathered keys + values stay below this
 
-def _torch_plan(md: AttentionMetadata, kv_cache: torch.Tensor) -> _TorchPlan:
-    "The torch backend's plan for `md` on this cache geometry, computed once and remembered on `md`."
+def _remembered(md: AttentionMetadata, attr: str, kv_cache: torch.Tensor):
+    "The cache geometry's key, and the plan remembered on `md` under `attr` for it (None: none yet, or for another cache)."
     _, nblk, bs, hkv, d = kv_cache.shape
     key = (nblk, bs, hkv, d, kv_cache.dtype, str(kv_cache.device))
-    plan = getattr(md, "_torch_plan", None)
-    if plan is not None and plan.key == key: return plan
+    plan = getattr(md, attr, None)
+    return key, (plan if plan is not None and plan.key == key else None)
+
+def _torch_plan(md: AttentionMetadata, kv_cache: torch.Tensor) -> _TorchPlan:
+    "The torch backend's plan for `md` on this cache geometry, computed once and remembered on `md`."
+    key, plan = _remembered(md, "_torch_plan", kv_cache)
+    if plan is not None: return plan
+    _, nblk, bs, hkv, d = kv_cache.shape
     dev, nd = kv_cache.device, md.num_decodes
     seq_lens = md.seq_lens_cpu if md.seq_lens_cpu is not None else md.seq_lens.tolist()
     qsl = md.query_start_loc_cpu if md.query_start_loc_cpu is not None else md.query_start_loc.tolist()
@@ -691,10 +697,9 @@ class _InplacePlan:
 
 def _inplace_plan(md: AttentionMetadata, kv_cache: torch.Tensor) -> _InplacePlan:
     "The plan for `md` on this cache geometry, computed once and remembered on `md`."
-    _, nblk, bs, hkv, d = kv_cache.shape
-    key = (nblk, bs, hkv, d, kv_cache.dtype, str(kv_cache.device))
-    plan = getattr(md, "_inplace_plan", None)
-    if plan is not None and plan.key == key: return plan
+    key, plan = _remembered(md, "_inplace_plan", kv_cache)
+    if plan is not None: return plan
+    bs = kv_cache.shape[2]
     nd, dev = md.num_decodes, kv_cache.device
     seq_lens = md.seq_lens_cpu if md.seq_lens_cpu is not None else md.seq_lens.tolist()
     bt = sl = None

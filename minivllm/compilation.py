@@ -135,6 +135,7 @@ class CompiledModelRunner(ModelRunner):
         self.eager_prompts = self.device.type == "cpu" and any(getattr(m, "dense", None) is not None for m in self.model.modules())
         _cache_dir(cc)
         model, layer_ids = self.model, list(range(len(self.model.layers)))
+        self.layer_ids = layer_ids
         def forward(input_ids, positions): return model(input_ids, positions, layer_ids, None)   # caches: by index
         self.compiled = torch.compile(forward, backend=cc.backend, fullgraph=True)
         t0 = time.perf_counter()
@@ -184,7 +185,7 @@ def run_model(self: CompiledModelRunner, input_ids, positions, md: AttentionMeta
             g.replay()
             return out[:n]
         with set_forward_context(pmd, self.kv_caches, self.attn_fn): return self.compiled(ids, pos)[:n]
-    fn = self.compiled if not self.eager_prompts else lambda i, p: self.model(i, p, list(range(len(self.model.layers))), None)
+    fn = self.compiled if not self.eager_prompts else lambda i, p: self.model(i, p, self.layer_ids, None)
     with set_forward_context(md, self.kv_caches, self.attn_fn): return fn(input_ids, positions)   # (eager_prompts: below)
 
 
