@@ -14,7 +14,7 @@ __all__ = ['DECODE_GROUP_COST', 'MAX_GATHER_BYTES', 'LOG2E', 'AttentionMetadata'
            'simple_paged_attention', 'reference_attention', 'make_paged_case', 'group_decodes', 'torch_paged_attention',
            'triton_write_kv_cache', 'online_softmax', 'paged_decode_attention', 'paged_prefill_attention',
            'triton_paged_attention', 'decode_in_place', 'decode_in_place_compiled', 'inductor_paged_attention',
-           'warm_up_decode_in_place']
+           'warm_up_decode_in_place', 'build_decode_kernel', 'decode_in_place_c', 'cpu_paged_attention']
 
 # %% ../nbs/04_paged_attention.ipynb #69264453
 @dataclass
@@ -694,6 +694,7 @@ class _InplacePlan:
     block_tables: torch.Tensor | None   # [num_decodes, nb] int64, nb = the widest decode's blocks (None: no decodes)
     seq_lens: torch.Tensor | None       # [num_decodes] int64
     prefills: _TorchPlan
+    checked: bool = False               # the C kernel's table check passed (below)
 
 def _inplace_plan(md: AttentionMetadata, kv_cache: torch.Tensor) -> _InplacePlan:
     "The plan for `md` on this cache geometry, computed once and remembered on `md`."
@@ -733,3 +734,141 @@ def warm_up_decode_in_place(num_heads: int, num_kv_heads: int, head_dim: int, bl
         with torch._dynamo.config.patch(recompile_limit=64, fail_on_recompile_limit_hit=True):   # (see below)
             decode_in_place_compiled(q, cache, bt, sl, scale)
 
+
+# %% ../nbs/04_paged_attention.ipynb #78b5e13d
+_DECODE_C = r"""
+#include <stdint.h>
+#include <math.h>
+/* Compile-time constants: BS (block size), G (query heads per KV head), D (head dim), BF16 (1: bfloat16, 0: float32). */
+#if BF16
+typedef uint16_t scalar_t;
+static inline float load(const scalar_t *p) { union { uint32_t u; float f; } v; v.u = (uint32_t)*p << 16; return v.f; }
+static inline void store(scalar_t *p, float x) {   /* round to nearest even, as torch does */
+    union { uint32_t u; float f; } v; v.f = x; *p = (uint16_t)((v.u + 0x7FFFu + ((v.u >> 16) & 1u)) >> 16); }
+#else
+typedef float scalar_t;
+static inline float load(const scalar_t *p) { return *p; }
+static inline void store(scalar_t *p, float x) { *p = x; }
+#endif
+
+void decode(const scalar_t *q, int64_t q_stride, const scalar_t *cache, int64_t num_blocks, int64_t hkv,
+            const int64_t *block_tables, int64_t bt_stride, const int64_t *seq_lens, int64_t n,
+            float scale, scalar_t *out, int64_t out_stride) {
+    const int64_t row = hkv * D;                              /* one token's keys (or values), all KV heads */
+    const scalar_t *values = cache + num_blocks * BS * row;  /* cache: [2, num_blocks, BS, hkv, D] */
+    #pragma omp parallel for collapse(2) schedule(dynamic, 1)
+    for (int64_t i = 0; i < n; i++)
+    for (int64_t h = 0; h < hkv; h++) {
+        float qs[G][D], acc[G][D], s[G][BS], x[D], m[G], l[G];
+        const int64_t len = seq_lens[i];
+        for (int g = 0; g < G; g++) {
+            m[g] = -3.0e38f; l[g] = 0.f;
+            for (int d = 0; d < D; d++) { qs[g][d] = load(q + i * q_stride + (h * G + g) * D + d) * scale; acc[g][d] = 0.f; }
+        }
+        for (int64_t t0 = 0; t0 < len; t0 += BS) {
+            const int64_t blk = block_tables[i * bt_stride + t0 / BS];
+            const int nt = len - t0 < BS ? (int)(len - t0) : BS;
+            const scalar_t *kb = cache + blk * BS * row + h * D, *vb = values + blk * BS * row + h * D;
+            for (int j = 0; j < nt; j++) {                   /* scores: each key converted once, for G query heads */
+                for (int d = 0; d < D; d++) x[d] = load(kb + j * row + d);
+                for (int g = 0; g < G; g++) {
+                    float dot = 0.f;
+                    for (int d = 0; d < D; d++) dot += qs[g][d] * x[d];
+                    s[g][j] = dot;
+                }
+            }
+            for (int g = 0; g < G; g++) {                    /* online softmax: a new maximum rescales the past */
+                float mx = m[g], sum = 0.f;
+                for (int j = 0; j < nt; j++) mx = s[g][j] > mx ? s[g][j] : mx;
+                for (int j = 0; j < nt; j++) { s[g][j] = expf(s[g][j] - mx); sum += s[g][j]; }
+                const float c = expf(m[g] - mx);
+                for (int d = 0; d < D; d++) acc[g][d] *= c;
+                l[g] = l[g] * c + sum; m[g] = mx;
+            }
+            for (int j = 0; j < nt; j++) {                   /* values: each converted once, added for G query heads */
+                for (int d = 0; d < D; d++) x[d] = load(vb + j * row + d);
+                for (int g = 0; g < G; g++) for (int d = 0; d < D; d++) acc[g][d] += s[g][j] * x[d];
+            }
+        }
+        for (int g = 0; g < G; g++)
+            for (int d = 0; d < D; d++) store(out + i * out_stride + (h * G + g) * D + d, acc[g][d] / l[g]);
+    }
+}
+"""
+
+# %% ../nbs/04_paged_attention.ipynb #91d94fd6
+import ctypes, hashlib, os, platform, shutil, subprocess, tempfile
+_C_FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-shared", "-fPIC"]
+_C_DTYPES = {torch.float32: 0, torch.bfloat16: 1}   # the cache dtypes the C kernel reads
+
+def _cpu_flags() -> str:
+    "This CPU's feature flags (what `-march=native` compiles for)."
+    try: return next(l for l in open("/proc/cpuinfo") if l.startswith("flags"))
+    except (OSError, StopIteration): return platform.processor()
+
+@functools.cache
+def build_decode_kernel(block_size: int, group: int, head_dim: int, dtype=torch.float32):
+    "The C decode kernel for this model shape and cache dtype, compiled on first use (or loaded from the cache); raises if it cannot be."
+    from minivllm.config import cache_dir
+    if dtype not in _C_DTYPES: raise NotImplementedError(f"the C decode kernel reads float32 or bfloat16 caches, not {dtype}")
+    cc = os.environ.get("CC") or shutil.which("gcc")
+    if not cc: raise RuntimeError("no C compiler (set $CC, or install gcc)")
+    defs = [f"-DBS={block_size}", f"-DG={group}", f"-DD={head_dim}", f"-DBF16={_C_DTYPES[dtype]}"]
+    key = hashlib.sha256("\n".join([_DECODE_C, cc, *_C_FLAGS, *defs, _cpu_flags()]).encode()).hexdigest()[:16]
+    path = cache_dir() / "kernels" / f"decode-{key}.so"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            src, so = os.path.join(tmp, "decode.c"), os.path.join(tmp, "decode.so")
+            open(src, "w").write(_DECODE_C)
+            r = subprocess.run([cc, *_C_FLAGS, *defs, src, "-o", so, "-lm"], capture_output=True, text=True)
+            if r.returncode: raise RuntimeError(f"{cc} could not compile the decode kernel: {r.stderr[-500:]}")
+            tmp_path = path.with_suffix(f".{os.getpid()}.tmp")
+            shutil.copyfile(so, tmp_path); os.replace(tmp_path, path)
+    fn = ctypes.CDLL(str(path)).decode
+    P, I = ctypes.c_void_p, ctypes.c_int64
+    fn.argtypes, fn.restype = [P, I, P, I, I, P, I, P, I, ctypes.c_float, P, I], None
+    return fn
+
+# %% ../nbs/04_paged_attention.ipynb #bba2aaff
+def _check_decode_tables(block_tables, seq_lens, num_blocks: int, block_size: int):
+    "Raise unless every decode's context fits its row of the block table and every block it reads is in the cache."
+    n, nb = block_tables.shape
+    if seq_lens.shape != (n,): raise ValueError(f"seq_lens must have shape ({n},), got {tuple(seq_lens.shape)}")
+    if n and not (1 <= int(seq_lens.min()) and int(seq_lens.max()) <= nb * block_size):
+        raise ValueError(f"decode context lengths must be in [1, {nb * block_size}] (the block table's width), got {seq_lens.tolist()}")
+    if n and not (0 <= int(block_tables.min()) and int(block_tables.max()) < num_blocks):
+        raise ValueError(f"block ids must be in [0, {num_blocks}), got {int(block_tables.min())}..{int(block_tables.max())}")
+
+def decode_in_place_c(q, kv_cache, block_tables, seq_lens, scale: float, out=None, checked: bool = False) -> torch.Tensor:
+    "`decode_in_place` by the C kernel. q: [n, H, D] (rows may be strided); block_tables: [n, nb] int64; seq_lens: [n] int64. `checked`: the tables were checked already."
+    n, H, D = q.shape
+    _, num_blocks, bs, hkv, _ = kv_cache.shape
+    if q.stride(2) != 1 or q.stride(1) != D: q = q.contiguous()
+    block_tables = block_tables.to(torch.int64)
+    if block_tables.stride(1) != 1: block_tables = block_tables.contiguous()
+    seq_lens = seq_lens.to(torch.int64).contiguous()
+    if not checked: _check_decode_tables(block_tables, seq_lens, num_blocks, bs)
+    if not (kv_cache.is_contiguous() and q.dtype == kv_cache.dtype and q.device.type == "cpu"):
+        raise ValueError("decode_in_place_c needs a contiguous CPU cache and queries of the cache's dtype")
+    out = torch.empty(n, H, D, dtype=q.dtype) if out is None else out
+    if n == 0: return out
+    fn = build_decode_kernel(bs, H // hkv, D, kv_cache.dtype)
+    fn(q.data_ptr(), q.stride(0), kv_cache.data_ptr(), num_blocks, hkv, block_tables.data_ptr(), block_tables.stride(0),
+       seq_lens.data_ptr(), n, scale, out.data_ptr(), out.stride(0))
+    return out
+
+# %% ../nbs/04_paged_attention.ipynb #79265ee5
+def cpu_paged_attention(q, k, v, kv_cache, md: AttentionMetadata, scale: float) -> torch.Tensor:
+    "The torch backend with its decodes attended in place by the C kernel (`decode_in_place_c`); prefills as in `torch_paged_attention`."
+    if not kv_cache.is_contiguous() or kv_cache.requires_grad or kv_cache.dtype not in _C_DTYPES:
+        return torch_paged_attention(q, k, v, kv_cache, md, scale)
+    write_kv_cache(k, v, kv_cache, md.slot_mapping)
+    plan = _inplace_plan(md, kv_cache)
+    nd = md.num_decodes
+    if nd and not plan.checked:
+        _check_decode_tables(plan.block_tables, plan.seq_lens, kv_cache.shape[1], kv_cache.shape[2]); plan.checked = True
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    if nd: decode_in_place_c(q[:nd], kv_cache, plan.block_tables, plan.seq_lens, scale, out=out[:nd], checked=True)
+    if plan.prefills.prefills: _attend_prefills(q, k, v, kv_cache.view(2, kv_cache.shape[1], -1), plan.prefills, out, scale)
+    return out

@@ -679,7 +679,7 @@ def get_diff_sampling_param(self: ModelConfig) -> dict:
 
 # %% ../nbs/00_config.ipynb #69219570
 _CPU_KV_CACHE_BYTES = 1 << 30
-_BACKENDS = ("torch", "inductor", "triton")
+_BACKENDS = ("torch", "cpu", "inductor", "triton")
 _QUANTIZATIONS = (None, "gguf")   # "gguf": the GGUF file's own quantized weights (lesson 04b)
 
 @dataclass
@@ -750,10 +750,10 @@ def _check(self: EngineArgs, device: torch.device) -> str:
         if self.max_cpu_loras is not None and (not isinstance(self.max_cpu_loras, int) or self.max_cpu_loras < self.max_loras):
             bad(f"max_cpu_loras ({self.max_cpu_loras!r}) must be an integer at least max_loras ({self.max_loras}).")
         if self.tensor_parallel_size > 1: raise NotImplementedError("enable_lora with tensor_parallel_size > 1 is not implemented in minivllm.")
-    backend = self.attention_backend or ("triton" if device.type == "cuda" else "inductor")
+    backend = self.attention_backend or ("triton" if device.type == "cuda" else "cpu")
     if backend not in _BACKENDS: bad(f"attention_backend must be one of {_BACKENDS}, got {backend!r}.")
-    if backend == "inductor" and device.type != "cpu":
-        bad(f"attention_backend='inductor' is the CPU's backend; on {device.type} use 'triton' or 'torch'.")
+    if backend in ("cpu", "inductor") and device.type != "cpu":
+        bad(f"attention_backend={backend!r} is a CPU backend; on {device.type} use 'triton' or 'torch'.")
     return backend
 
 # %% ../nbs/00_config.ipynb #29d76311

@@ -12,17 +12,17 @@ import torch.nn.functional as F
 from fastcore.basics import patch
 from .config import EngineConfig
 import logging
-from .attention import (AttentionMetadata, build_metadata, inductor_paged_attention, torch_paged_attention,
-                                warm_up_decode_in_place)
+from .attention import (AttentionMetadata, build_decode_kernel, build_metadata, cpu_paged_attention,
+                                inductor_paged_attention, torch_paged_attention, warm_up_decode_in_place)
 from .scheduler import SchedulerOutput
 from .quantization import (GGUF_BLOCK_BYTES, INT4_MAX_ROWS, INT8_MAX_ROWS, dequantize, gguf_linear, read_gguf,
                                    split_blocks, unpermute_rows)
 
 # %% auto #0
-__all__ = ['SUPPORTED_MODEL_TYPES', 'INPLACE_MIN_DECODES', 'RMSNorm', 'row_bucket', 'Linear', 'packed_linear', 'rope_inv_freq',
-           'RotaryEmbedding', 'get_attention_fn', 'Attention', 'MLP', 'DecoderLayer', 'LlamaForCausalLM',
-           'iter_checkpoint_weights', 'load_model', 'load_gguf_model', 'tiny_config', 'make_tiny_checkpoint',
-           'ModelRunnerOutput', 'ModelRunner']
+__all__ = ['SUPPORTED_MODEL_TYPES', 'IN_PLACE_BACKENDS', 'INPLACE_MIN_DECODES', 'RMSNorm', 'row_bucket', 'Linear',
+           'packed_linear', 'rope_inv_freq', 'RotaryEmbedding', 'get_attention_fn', 'Attention', 'MLP', 'DecoderLayer',
+           'LlamaForCausalLM', 'iter_checkpoint_weights', 'load_model', 'load_gguf_model', 'tiny_config',
+           'make_tiny_checkpoint', 'ModelRunnerOutput', 'ModelRunner']
 
 # %% ../nbs/05_model.ipynb #8283517b
 class RMSNorm(nn.Module):
@@ -139,8 +139,9 @@ class RotaryEmbedding(nn.Module):
 
 # %% ../nbs/05_model.ipynb #c95a6800
 def get_attention_fn(name: str):
-    "The attention backend of lesson 04: `torch` (gather + SDPA), `inductor` (the CPU's: decodes read in place) or `triton` (GPU kernels)."
+    "The attention backend of lesson 04: `torch` (gather + SDPA), `cpu` (the CPU's: decodes read in place by a C kernel), `inductor` (the same by Inductor's kernel) or `triton` (GPU kernels)."
     if name == "torch": return torch_paged_attention
+    if name == "cpu": return cpu_paged_attention
     if name == "inductor": return inductor_paged_attention
     if name == "triton":
         from minivllm.attention import triton_paged_attention
@@ -380,6 +381,8 @@ class ModelRunnerOutput:
     def __repr__(self): return f"ModelRunnerOutput(req_ids={self.req_ids}, logits={tuple(self.logits.shape)}, prompt_logits={list(self.prompt_logits)})"
 
 # %% ../nbs/05_model.ipynb #56500c62
+IN_PLACE_BACKENDS = {"cpu": cpu_paged_attention, "inductor": inductor_paged_attention}   # the CPU's backends that read decodes in place
+
 class ModelRunner:
     "Owns the model and its paged KV cache; turns a `SchedulerOutput` into logits."
     def __init__(self, config: EngineConfig, device: torch.device | None = None):
@@ -389,9 +392,10 @@ class ModelRunner:
         torch.manual_seed(mc.seed)
         self.model = self.load_model()
         self.attention_backend, self._attention_compiled, self._attention_switched = mc.attention_backend, False, False
-        if mc.attention_backend == "inductor":   # gather until a step is big enough to want the in-place kernel (below)
+        if mc.attention_backend in IN_PLACE_BACKENDS:   # gather until the in-place kernel is ready (below)
             for layer in self.model.layers: layer.self_attn.attn_fn = torch_paged_attention
         if self.device.type == "cpu": self.model.pack_weights()   # oneDNN-prepacked linear weights (see `Linear`)
+        if mc.attention_backend == "cpu": self.switch_attention()  # the C kernel: built (or loaded) now, used from the first step
         self.num_blocks = self.agree_num_blocks(self.determine_num_blocks())   # (determine_num_blocks: below)
         cc.num_gpu_blocks = self.num_blocks
         self.kv_caches = [torch.zeros(self.kv_cache_shape(), dtype=self.dtype, device=self.device)
@@ -407,22 +411,25 @@ class ModelRunner:
             return load_gguf_model(mc.gguf_file, mc.hf_config, mc.dtype, self.device, mc.attention_backend, mc.max_model_len)
         return load_model(mc.model, mc.hf_config, mc.dtype, self.device, mc.attention_backend, mc.max_model_len)
     def prepare_attention(self) -> bool:
-        "Compile the inductor backend's in-place decode kernel (lesson 04) now, once; False where it cannot be (it says why, and keeps the torch backend)."
-        if self.attention_backend != "inductor" or self._attention_compiled: return self._attention_compiled
+        "Compile the in-place decode kernel of the `cpu` or `inductor` backend (lesson 04) now, once; False where it cannot be (it says why, and keeps the torch backend)."
+        backend = self.attention_backend
+        if backend not in IN_PLACE_BACKENDS or self._attention_compiled: return self._attention_compiled
         a, t = self.model.layers[0].self_attn, time.perf_counter()
-        try: warm_up_decode_in_place(a.num_heads, a.num_kv_heads, a.head_dim, self.block_size, self.dtype, a.scale, self.device)
-        except Exception as e:   # typically no C++ compiler for Inductor: the torch backend needs none
-            logging.getLogger("minivllm").warning("attention_backend='inductor' could not compile its decode kernel (%s: %s); "
-                                                  "attending with the torch backend instead.", type(e).__name__, str(e)[:300])
+        try:
+            if backend == "cpu": build_decode_kernel(self.block_size, a.num_heads // a.num_kv_heads, a.head_dim, self.dtype)
+            else: warm_up_decode_in_place(a.num_heads, a.num_kv_heads, a.head_dim, self.block_size, self.dtype, a.scale, self.device)
+        except Exception as e:   # typically no C compiler: the torch backend needs none
+            logging.getLogger("minivllm").warning("attention_backend=%r could not compile its decode kernel (%s: %s); "
+                                                  "attending with the torch backend instead.", backend, type(e).__name__, str(e)[:300])
             self.attention_backend = "torch"
             return False
-        logging.getLogger("minivllm").info("compiled the in-place decode attention in %.1f s", time.perf_counter() - t)
+        logging.getLogger("minivllm").info("prepared the in-place decode attention (%s) in %.1f s", backend, time.perf_counter() - t)
         self._attention_compiled = True
         return True
     def switch_attention(self) -> str:
         "Attend with the in-place kernel from now on (compiling it first if need be); the backend the layers use."
-        if self.attention_backend == "inductor" and not self._attention_switched and self.prepare_attention():
-            for layer in self.model.layers: layer.self_attn.attn_fn = inductor_paged_attention
+        if self.attention_backend in IN_PLACE_BACKENDS and not self._attention_switched and self.prepare_attention():
+            for layer in self.model.layers: layer.self_attn.attn_fn = IN_PLACE_BACKENDS[self.attention_backend]
             self._attention_switched = True
         return self.attention_backend
     def agree_num_blocks(self, n: int) -> int:

@@ -39,15 +39,16 @@ def test_greedy_batch_matches_hf(prompt_ids, hf_greedy):
     assert "Paris" in outs[1].outputs[0].text
 
 
-def test_greedy_in_place_attention_matches_hf(prompt_ids, hf_greedy):
-    "The CPU's default backend with its in-place decode kernel (lesson 04) from the first step on: still HF's greedy tokens."
-    llm = LLM(dtype="float32", max_model_len=1024)
+@pytest.mark.parametrize("backend", ["cpu", "inductor"])
+def test_greedy_in_place_attention_matches_hf(prompt_ids, hf_greedy, backend):
+    "The CPU's in-place decode kernels (lesson 04: the C kernel, the default, and Inductor's) from the first step on: still HF's greedy tokens."
+    llm = LLM(dtype="float32", max_model_len=1024, attention_backend=backend)
     runner = llm.llm_engine.engine_core.model_runner
-    assert runner.switch_attention() == "inductor"
+    assert runner.switch_attention() == backend
     outs = llm.generate([TokensPrompt(prompt_token_ids=i) for i in prompt_ids], SamplingParams(temperature=0, max_tokens=MAX_NEW), use_tqdm=False)
     for ids, o in zip(prompt_ids, outs): assert o.outputs[0].token_ids == hf_greedy(ids, MAX_NEW), o.prompt
-    from minivllm.attention import inductor_paged_attention
-    assert {layer.self_attn.attn_fn for layer in runner.model.layers} == {inductor_paged_attention}
+    from minivllm.model import IN_PLACE_BACKENDS
+    assert {layer.self_attn.attn_fn for layer in runner.model.layers} == {IN_PLACE_BACKENDS[backend]}
 
 
 def test_greedy_with_preemption_matches_hf(prompt_ids, hf_greedy):
