@@ -14,7 +14,8 @@ __all__ = ['DECODE_GROUP_COST', 'MAX_GATHER_BYTES', 'LOG2E', 'AttentionMetadata'
            'simple_paged_attention', 'reference_attention', 'make_paged_case', 'group_decodes', 'torch_paged_attention',
            'triton_write_kv_cache', 'online_softmax', 'paged_decode_attention', 'paged_prefill_attention',
            'triton_paged_attention', 'decode_in_place', 'decode_in_place_compiled', 'inductor_paged_attention',
-           'warm_up_decode_in_place', 'build_decode_kernel', 'decode_in_place_c', 'cpu_paged_attention']
+           'warm_up_decode_in_place', 'build_c_library', 'build_decode_kernel', 'decode_in_place_c',
+           'cpu_paged_attention']
 
 # %% ../nbs/04_paged_attention.ipynb #69264453
 @dataclass
@@ -799,7 +800,7 @@ void decode(const scalar_t *q, int64_t q_stride, const scalar_t *cache, int64_t 
 # %% ../nbs/04_paged_attention.ipynb #91d94fd6
 import ctypes, hashlib, os, platform, shutil, subprocess, tempfile
 _C_FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-shared", "-fPIC"]
-_C_DTYPES = {torch.float32: 0, torch.bfloat16: 1}   # the cache dtypes the C kernel reads
+_C_DTYPES = {torch.float32: 0, torch.bfloat16: 1}   # the dtypes the C kernels read
 
 def _cpu_flags() -> str:
     "This CPU's feature flags (what `-march=native` compiles for)."
@@ -807,25 +808,30 @@ def _cpu_flags() -> str:
     except (OSError, StopIteration): return platform.processor()
 
 @functools.cache
-def build_decode_kernel(block_size: int, group: int, head_dim: int, dtype=torch.float32):
-    "The C decode kernel for this model shape and cache dtype, compiled on first use (or loaded from the cache); raises if it cannot be."
+def build_c_library(name: str, source: str, defines: tuple[str, ...] = ()) -> ctypes.CDLL:
+    "Compile C `source` with `defines` (`-DX=1` ...) into a shared library, on first use (or load it from the cache); raises if it cannot."
     from minivllm.config import cache_dir
-    if dtype not in _C_DTYPES: raise NotImplementedError(f"the C decode kernel reads float32 or bfloat16 caches, not {dtype}")
     cc = os.environ.get("CC") or shutil.which("gcc")
     if not cc: raise RuntimeError("no C compiler (set $CC, or install gcc)")
-    defs = [f"-DBS={block_size}", f"-DG={group}", f"-DD={head_dim}", f"-DBF16={_C_DTYPES[dtype]}"]
-    key = hashlib.sha256("\n".join([_DECODE_C, cc, *_C_FLAGS, *defs, _cpu_flags()]).encode()).hexdigest()[:16]
-    path = cache_dir() / "kernels" / f"decode-{key}.so"
+    key = hashlib.sha256("\n".join([source, cc, *_C_FLAGS, *defines, _cpu_flags()]).encode()).hexdigest()[:16]
+    path = cache_dir() / "kernels" / f"{name}-{key}.so"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory() as tmp:
-            src, so = os.path.join(tmp, "decode.c"), os.path.join(tmp, "decode.so")
-            open(src, "w").write(_DECODE_C)
-            r = subprocess.run([cc, *_C_FLAGS, *defs, src, "-o", so, "-lm"], capture_output=True, text=True)
-            if r.returncode: raise RuntimeError(f"{cc} could not compile the decode kernel: {r.stderr[-500:]}")
+            src, so = os.path.join(tmp, f"{name}.c"), os.path.join(tmp, f"{name}.so")
+            open(src, "w").write(source)
+            r = subprocess.run([cc, *_C_FLAGS, *defines, src, "-o", so, "-lm"], capture_output=True, text=True)
+            if r.returncode: raise RuntimeError(f"{cc} could not compile {name}: {r.stderr[-500:]}")
             tmp_path = path.with_suffix(f".{os.getpid()}.tmp")
             shutil.copyfile(so, tmp_path); os.replace(tmp_path, path)
-    fn = ctypes.CDLL(str(path)).decode
+    return ctypes.CDLL(str(path))
+
+@functools.cache
+def build_decode_kernel(block_size: int, group: int, head_dim: int, dtype=torch.float32):
+    "The C decode kernel for this model shape and cache dtype (a ctypes function); raises if it cannot be built."
+    if dtype not in _C_DTYPES: raise NotImplementedError(f"the C decode kernel reads float32 or bfloat16 caches, not {dtype}")
+    defs = (f"-DBS={block_size}", f"-DG={group}", f"-DD={head_dim}", f"-DBF16={_C_DTYPES[dtype]}")
+    fn = build_c_library("decode", _DECODE_C, defs).decode
     P, I = ctypes.c_void_p, ctypes.c_int64
     fn.argtypes, fn.restype = [P, I, P, I, I, P, I, P, I, ctypes.c_float, P, I], None
     return fn

@@ -4,7 +4,7 @@
 
 # %% ../nbs/05_model.ipynb #945a8757
 from __future__ import annotations
-import glob, math, os, time, weakref
+import functools, glob, math, os, time, weakref
 from pathlib import Path
 import torch
 from torch import nn
@@ -21,8 +21,8 @@ from .quantization import (GGUF_BLOCK_BYTES, INT4_MAX_ROWS, INT8_MAX_ROWS, dequa
 # %% auto #0
 __all__ = ['SUPPORTED_MODEL_TYPES', 'IN_PLACE_BACKENDS', 'INPLACE_MIN_DECODES', 'RMSNorm', 'row_bucket', 'Linear',
            'packed_linear', 'rope_inv_freq', 'RotaryEmbedding', 'get_attention_fn', 'Attention', 'MLP', 'DecoderLayer',
-           'LlamaForCausalLM', 'iter_checkpoint_weights', 'load_model', 'load_gguf_model', 'tiny_config',
-           'make_tiny_checkpoint', 'ModelRunnerOutput', 'ModelRunner']
+           'rms_norm_c', 'rotate_c', 'silu_and_mul_c', 'LlamaForCausalLM', 'iter_checkpoint_weights', 'load_model',
+           'load_gguf_model', 'tiny_config', 'make_tiny_checkpoint', 'ModelRunnerOutput', 'ModelRunner']
 
 # %% ../nbs/05_model.ipynb #8283517b
 class RMSNorm(nn.Module):
@@ -203,6 +203,135 @@ class DecoderLayer(nn.Module):
         "One layer over the flat batch."
         x = x + self.self_attn(self.input_layernorm(x), kv_cache, md, rope)
         return x + self.mlp(self.post_attention_layernorm(x))
+
+# %% ../nbs/05_model.ipynb #1697ee8b
+_GLUE_C = r"""
+#include <stdint.h>
+#include <math.h>
+#if BF16
+typedef uint16_t scalar_t;
+static inline float load(const scalar_t *p) { union { uint32_t u; float f; } v; v.u = (uint32_t)*p << 16; return v.f; }
+static inline uint16_t to_bf16(float x) { union { uint32_t u; float f; } v; v.f = x; return (uint16_t)((v.u + 0x7FFFu + ((v.u >> 16) & 1u)) >> 16); }
+static inline void store(scalar_t *p, float x) { *p = to_bf16(x); }
+static inline float rnd(float x) { const scalar_t b = to_bf16(x); return load(&b); }   /* x rounded to bfloat16 */
+#else
+typedef float scalar_t;
+static inline float load(const scalar_t *p) { return *p; }
+static inline void store(scalar_t *p, float x) { *p = x; }
+static inline float rnd(float x) { return x; }
+#endif
+#define BIG(work) if ((work) > 32768)   /* below this, one thread: forking costs more than it saves */
+
+/* out[t] = w * rms_norm(x[t]): rows of n, normalised in float32 and rounded, then times w and rounded again */
+void rms_norm(const scalar_t *x, int64_t x_stride, const scalar_t *w, int64_t n, float eps, scalar_t *out, int64_t rows) {
+    #pragma omp parallel for schedule(static) BIG(rows * n)
+    for (int64_t t = 0; t < rows; t++) {
+        const scalar_t *xr = x + t * x_stride; scalar_t *o = out + t * n;
+        float ss = 0.f;
+        for (int64_t i = 0; i < n; i++) { const float v = load(xr + i); ss += v * v; }
+        const float r = 1.f / sqrtf(ss / n + eps);
+        for (int64_t i = 0; i < n; i++) store(o + i, load(w + i) * rnd(load(xr + i) * r));
+    }
+}
+
+/* neox-style rotary: out[t, h] = x[t, h] * cos[t] + cat(-x2, x1)[t, h] * sin[t], heads of d dims, rows x_stride apart */
+void rotate(const scalar_t *x, int64_t x_stride, const scalar_t *cos, const scalar_t *sin, int64_t heads, int64_t d,
+            scalar_t *out, int64_t rows) {
+    const int64_t half = d / 2;
+    #pragma omp parallel for schedule(static) BIG(rows * heads * d)
+    for (int64_t t = 0; t < rows; t++)
+        for (int64_t h = 0; h < heads; h++) {
+            const scalar_t *xr = x + t * x_stride + h * d, *c = cos + t * d, *s = sin + t * d;
+            scalar_t *o = out + (t * heads + h) * d;
+            for (int64_t i = 0; i < half; i++) store(o + i, rnd(load(xr + i) * load(c + i)) - rnd(load(xr + half + i) * load(s + i)));
+            for (int64_t i = half; i < d; i++) store(o + i, rnd(load(xr + i) * load(c + i)) + rnd(load(xr + i - half) * load(s + i)));
+        }
+}
+
+/* SwiGLU's middle: out[t, j] = silu(x[t, j]) * x[t, inter + j], silu rounded before the product, as torch's two ops */
+void silu_and_mul(const scalar_t *x, int64_t inter, scalar_t *out, int64_t rows) {
+    #pragma omp parallel for schedule(static) BIG(rows * inter)
+    for (int64_t t = 0; t < rows; t++) {
+        const scalar_t *g = x + t * 2 * inter, *u = g + inter; scalar_t *o = out + t * inter;
+        for (int64_t j = 0; j < inter; j++) { const float a = load(g + j); store(o + j, rnd(a / (1.f + expf(-a))) * load(u + j)); }
+    }
+}
+"""
+
+# %% ../nbs/05_model.ipynb #f5c8c328
+import ctypes
+from .attention import build_c_library
+_GLUE_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
+
+@functools.cache
+def _glue(dtype):
+    "The C glue library for `dtype` (ctypes), or None where it cannot be built (said once)."
+    try: lib = build_c_library("glue", _GLUE_C, (f"-DBF16={_GLUE_DTYPES[dtype]}",))
+    except Exception as e:
+        logging.getLogger("minivllm").warning("the C glue kernels could not be built (%s: %s); using torch ops.", type(e).__name__, str(e)[:300])
+        return None
+    P, I = ctypes.c_void_p, ctypes.c_int64
+    lib.rms_norm.argtypes = [P, I, P, I, ctypes.c_float, P, I]
+    lib.rotate.argtypes = [P, I, P, P, I, I, P, I]
+    lib.silu_and_mul.argtypes = [P, I, P, I]
+    return lib
+
+def _glue_for(x: torch.Tensor):
+    "The library for `x`, or None where the C kernels do not apply."
+    if (x.device.type != "cpu" or x.dtype not in _GLUE_DTYPES or x.stride(-1) != 1 or torch.compiler.is_compiling()
+            or (x.requires_grad and torch.is_grad_enabled())): return None
+    return _glue(x.dtype)
+
+def rms_norm_c(x, weight, eps: float):
+    "`weight * rms_norm(x)` over the last dim by the C kernel (x: 2-D with strided rows, or contiguous); None where it does not apply."
+    lib, n = _glue_for(x), x.shape[-1]
+    if lib is None or weight.dtype != x.dtype or not weight.is_contiguous() or not (x.dim() == 2 or x.is_contiguous()): return None
+    rows = x if x.dim() == 2 else x.view(-1, n)
+    out = torch.empty(rows.shape, dtype=x.dtype)
+    lib.rms_norm(rows.data_ptr(), rows.stride(0), weight.data_ptr(), n, eps, out.data_ptr(), rows.shape[0])
+    return out.view(x.shape)
+
+def rotate_c(x, cos, sin):
+    "`RotaryEmbedding.rotate` by the C kernel. x: [T, heads, D] (rows may be strided); cos, sin: [T, 1, D] in x's dtype; None where it does not apply."
+    lib = _glue_for(x)
+    T, heads, d = x.shape
+    if lib is None or x.stride(1) != d or not (cos.is_contiguous() and sin.is_contiguous() and cos.dtype == sin.dtype == x.dtype): return None
+    out = torch.empty(T, heads, d, dtype=x.dtype)
+    lib.rotate(x.data_ptr(), x.stride(0), cos.data_ptr(), sin.data_ptr(), heads, d, out.data_ptr(), T)
+    return out
+
+def silu_and_mul_c(x):
+    "`silu(x[:, :I]) * x[:, I:]` by the C kernel (x: [T, 2I], contiguous); None where it does not apply."
+    lib = _glue_for(x)
+    if lib is None or x.dim() != 2 or not x.is_contiguous(): return None
+    out = torch.empty(x.shape[0], x.shape[1] // 2, dtype=x.dtype)
+    lib.silu_and_mul(x.data_ptr(), x.shape[1] // 2, out.data_ptr(), x.shape[0])
+    return out
+
+# %% ../nbs/05_model.ipynb #a4db6883
+_torch_rms_norm, _torch_rotate = RMSNorm.forward, RotaryEmbedding.rotate
+
+@patch
+def forward(self: RMSNorm, x):
+    "Normalise the last dimension of `x` (the C kernel on a CPU, else `F.rms_norm` as above)."
+    out = rms_norm_c(x, self.weight, self.eps)
+    return _torch_rms_norm(self, x) if out is None else out
+
+def _rotate(x, cos, sin):
+    "Rotate `x` `[T, heads, D]` (the C kernel on a CPU, else the torch ops above)."
+    out = rotate_c(x, cos, sin)
+    return _torch_rotate(x, cos, sin) if out is None else out
+RotaryEmbedding.rotate = staticmethod(_rotate)
+
+@patch
+def forward(self: MLP, x):
+    "The MLP of each token: `down(silu(gate) * up)`, the middle by the C kernel on a CPU."
+    gate_up = self.gate_up_proj(x)
+    h = silu_and_mul_c(gate_up)
+    if h is None:
+        gate, up = gate_up.split(self.inter, -1)
+        h = F.silu(gate) * up
+    return self.down_proj(h)
 
 # %% ../nbs/05_model.ipynb #ec48cb78
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
