@@ -752,6 +752,16 @@ static inline float load(const scalar_t *p) { return *p; }
 static inline void store(scalar_t *p, float x) { *p = x; }
 #endif
 
+/* Ask for a block's keys and values of KV head h before they are needed: blocks are scattered, so the hardware
+   prefetcher cannot guess where the next one is, but the block table says. */
+static inline void prefetch_block(const scalar_t *cache, const scalar_t *values, int64_t blk, int64_t row, int64_t h) {
+    const char *k = (const char *)(cache + blk * BS * row + h * D), *v = (const char *)(values + blk * BS * row + h * D);
+    for (int j = 0; j < BS; j++)
+        for (int c = 0; c < D * (int)sizeof(scalar_t); c += 64) {
+            __builtin_prefetch(k + j * row * sizeof(scalar_t) + c); __builtin_prefetch(v + j * row * sizeof(scalar_t) + c);
+        }
+}
+
 void decode(const scalar_t *q, int64_t q_stride, const scalar_t *cache, int64_t num_blocks, int64_t hkv,
             const int64_t *block_tables, int64_t bt_stride, const int64_t *seq_lens, int64_t n,
             float scale, scalar_t *out, int64_t out_stride) {
@@ -766,10 +776,12 @@ void decode(const scalar_t *q, int64_t q_stride, const scalar_t *cache, int64_t 
             m[g] = -3.0e38f; l[g] = 0.f;
             for (int d = 0; d < D; d++) { qs[g][d] = load(q + i * q_stride + (h * G + g) * D + d) * scale; acc[g][d] = 0.f; }
         }
+        prefetch_block(cache, values, block_tables[i * bt_stride], row, h);
         for (int64_t t0 = 0; t0 < len; t0 += BS) {
             const int64_t blk = block_tables[i * bt_stride + t0 / BS];
             const int nt = len - t0 < BS ? (int)(len - t0) : BS;
             const scalar_t *kb = cache + blk * BS * row + h * D, *vb = values + blk * BS * row + h * D;
+            if (t0 + BS < len) prefetch_block(cache, values, block_tables[i * bt_stride + t0 / BS + 1], row, h);
             for (int j = 0; j < nt; j++) {                   /* scores: each key converted once, for G query heads */
                 for (int d = 0; d < D; d++) x[d] = load(kb + j * row + d);
                 for (int g = 0; g < G; g++) {
