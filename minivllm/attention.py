@@ -712,16 +712,21 @@ def _inplace_plan(md: AttentionMetadata, kv_cache: torch.Tensor) -> _InplacePlan
     plan = md._inplace_plan = _InplacePlan(key, bt, sl, pre)
     return plan
 
-def inductor_paged_attention(q, k, v, kv_cache, md: AttentionMetadata, scale: float) -> torch.Tensor:
-    "The torch backend with its decodes attended in place by the Inductor kernel (`decode_in_place_compiled`); prefills as in `torch_paged_attention`."
-    if not kv_cache.is_contiguous() or kv_cache.requires_grad: return torch_paged_attention(q, k, v, kv_cache, md, scale)
+def _attend_in_place(q, k, v, kv_cache, md: AttentionMetadata, scale: float, decode) -> torch.Tensor:
+    "Write the step's keys and values; `decode(q_decodes, plan, out_decodes)` reads the decodes' pages in place; SDPA for the prefills."
     write_kv_cache(k, v, kv_cache, md.slot_mapping)
     plan = _inplace_plan(md, kv_cache)
     nd = md.num_decodes
-    out = torch.empty_like(q)
-    if nd: out[:nd] = decode_in_place_compiled(q[:nd], kv_cache, plan.block_tables, plan.seq_lens, scale)
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    if nd: decode(q[:nd], plan, out[:nd])
     if plan.prefills.prefills: _attend_prefills(q, k, v, kv_cache.view(2, kv_cache.shape[1], -1), plan.prefills, out, scale)
     return out
+
+def inductor_paged_attention(q, k, v, kv_cache, md: AttentionMetadata, scale: float) -> torch.Tensor:
+    "The torch backend with its decodes attended in place by the Inductor kernel (`decode_in_place_compiled`); prefills as in `torch_paged_attention`."
+    if not kv_cache.is_contiguous() or kv_cache.requires_grad: return torch_paged_attention(q, k, v, kv_cache, md, scale)
+    def decode(qd, plan, out): out.copy_(decode_in_place_compiled(qd, kv_cache, plan.block_tables, plan.seq_lens, scale))
+    return _attend_in_place(q, k, v, kv_cache, md, scale, decode)
 
 # %% ../nbs/04_paged_attention.ipynb #bb18bacb
 def warm_up_decode_in_place(num_heads: int, num_kv_heads: int, head_dim: int, block_size: int, dtype, scale: float, device="cpu"):
@@ -881,12 +886,8 @@ def cpu_paged_attention(q, k, v, kv_cache, md: AttentionMetadata, scale: float) 
     "The torch backend with its decodes attended in place by the C kernel (`decode_in_place_c`); prefills as in `torch_paged_attention`."
     if not kv_cache.is_contiguous() or kv_cache.requires_grad or kv_cache.dtype not in _C_DTYPES:
         return torch_paged_attention(q, k, v, kv_cache, md, scale)
-    write_kv_cache(k, v, kv_cache, md.slot_mapping)
-    plan = _inplace_plan(md, kv_cache)
-    nd = md.num_decodes
-    if nd and not plan.checked:
-        _check_decode_tables(plan.block_tables, plan.seq_lens, kv_cache.shape[1], kv_cache.shape[2]); plan.checked = True
-    out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    if nd: decode_in_place_c(q[:nd], kv_cache, plan.block_tables, plan.seq_lens, scale, out=out[:nd], checked=True)
-    if plan.prefills.prefills: _attend_prefills(q, k, v, kv_cache.view(2, kv_cache.shape[1], -1), plan.prefills, out, scale)
-    return out
+    def decode(qd, plan, out):
+        if not plan.checked:   # once per step's plan, not per layer
+            _check_decode_tables(plan.block_tables, plan.seq_lens, kv_cache.shape[1], kv_cache.shape[2]); plan.checked = True
+        decode_in_place_c(qd, kv_cache, plan.block_tables, plan.seq_lens, scale, out=out, checked=True)
+    return _attend_in_place(q, k, v, kv_cache, md, scale, decode)
