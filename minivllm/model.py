@@ -15,6 +15,7 @@ import logging
 from .attention import (AttentionMetadata, build_decode_kernel, build_metadata, cpu_paged_attention,
                                 inductor_paged_attention, torch_paged_attention, warm_up_decode_in_place)
 from .scheduler import SchedulerOutput
+from .gemm import GEMM_MAX_ROWS, gemm, gemm_copy, gemm_supported
 from .quantization import (GGUF_BLOCK_BYTES, INT4_MAX_ROWS, INT8_MAX_ROWS, dequantize, gguf_linear, read_gguf,
                                    split_blocks, unpermute_rows)
 
@@ -48,12 +49,13 @@ def row_bucket(m: int) -> int:
 _PACKED_LINEARS = weakref.WeakValueDictionary()   # key → packed `Linear`: how a compiled graph finds its packed weight
 
 class Linear(nn.Linear):
-    "`nn.Linear` that multiplies with a oneDNN-prepacked copy of its weight once `pack()` made one (CPU)."
-    packed: torch.Tensor | None = None
+    "`nn.Linear` that multiplies with prepacked copies of its weight once `pack()` made them (CPU): the C kernel's up to `GEMM_MAX_ROWS` rows, oneDNN's above."
+    packed: torch.Tensor | None = None        # oneDNN's layout
+    gemm_packed: torch.Tensor | None = None   # the C kernel's layout (lesson 04a)
     gemm_in_graph = False   # True while a graph that leaves the GEMMs to Inductor is traced (lesson 05b's compile sizes)
     def pack(self) -> bool:
-        "Make the packed copy of the weight (call again after changing the weight). Returns whether it is used."
-        self.packed = None
+        "Make the packed copies of the weight (call again after changing the weight). Returns whether they are used."
+        self.packed = self.gemm_packed = None
         if _can_pack(self.weight):
             try:
                 p = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach())
@@ -62,10 +64,11 @@ class Linear(nn.Linear):
                 self.packed, self.key = p, id(self)
                 _PACKED_LINEARS[self.key] = self
             except RuntimeError: pass
+        if self.packed is not None: self.gemm_packed = gemm_copy(self.weight.detach())
         return self.packed is not None
     def unpack(self):
-        "Drop the packed copy (back to `F.linear`)."
-        self.packed = None; _PACKED_LINEARS.pop(id(self), None)
+        "Drop the packed copies (back to `F.linear`)."
+        self.packed = self.gemm_packed = None; _PACKED_LINEARS.pop(id(self), None)
     def forward(self, x):
         "`x @ W.T + b`, with the packed weight when there is one (at a bucketed number of rows, see `row_bucket`)."
         if self.packed is None or x.dtype != self.weight.dtype or x.device.type != "cpu": return F.linear(x, self.weight, self.bias)
@@ -75,6 +78,8 @@ class Linear(nn.Linear):
         return self._packed(x)
     def _packed(self, x):
         rows = x.reshape(-1, self.in_features)
+        if self.gemm_packed is not None and len(rows) <= GEMM_MAX_ROWS and not (x.requires_grad and torch.is_grad_enabled()):
+            return gemm(rows, self.gemm_packed, self.bias).view(*x.shape[:-1], self.out_features)
         out = torch.cat([self._packed_mm(c) for c in rows.split(256)]) if len(rows) > 256 else self._packed_mm(rows)
         return out.view(*x.shape[:-1], self.out_features)
     def _packed_mm(self, rows):

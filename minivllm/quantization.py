@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 from torch import nn
 import torch.nn.functional as F
+from .gemm import GEMM_MAX_ROWS, gemm, gemm_copy, gemm_supported
 
 # %% auto #0
 __all__ = ['GROUP', 'GGUF_BLOCK_BYTES', 'INT4_MAX_ROWS', 'INT8_MAX_ROWS', 'GGUF_TO_HF', 'split_blocks', 'dequantize',
@@ -64,8 +65,9 @@ def _use_dense(m: nn.Module, rows: int, limit: int | None) -> bool:
     "Whether a hybrid layer takes its dense copy: more rows than `limit`, and not inside `torch.compile` (opaque copy)."
     return m.dense is not None and rows > limit and not torch.compiler.is_compiling()
 
-def _dense_mm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    "`x @ w.T` with a `_dense_copy`: rows padded to a multiple of 32 (few distinct oneDNN primitives)."
+def _dense_mm(x: torch.Tensor, w: torch.Tensor, wc: torch.Tensor | None = None) -> torch.Tensor:
+    "`x @ w.T` with a `_dense_copy`: by the C kernel's copy `wc` (lesson 04a) up to `GEMM_MAX_ROWS` rows, else oneDNN with rows padded to a multiple of 32 (few distinct primitives)."
+    if wc is not None and x.shape[0] <= GEMM_MAX_ROWS: return gemm(x, wc)
     if w.device.type != "cpu" or not hasattr(torch.ops.mkldnn, "_reorder_linear_weight") or w.is_meta: return F.linear(x, w)
     m = x.shape[0]
     if m % 32: x = F.pad(x, (0, 0, 0, 32 - m % 32))
@@ -86,14 +88,16 @@ class Int4Linear(nn.Module):
         self.register_buffer("scales_and_zeros", torch.stack([scale, zero], -1).transpose(0, 1).contiguous().to(dtype))
         self.bias = None if bias is None else nn.Parameter(bias.to(dtype), requires_grad=False)
         self.max_int4_rows = max_int4_rows
-        self.register_buffer("dense", None if max_int4_rows is None else _dense_copy(int4_reference(q, scale, zero, dtype)))
+        held = None if max_int4_rows is None else int4_reference(q, scale, zero, dtype)
+        self.register_buffer("dense", None if held is None else _dense_copy(held))
+        self.register_buffer("dense_c", None if held is None else gemm_copy(held), persistent=False)   # its C kernel's copy
 
     def forward(self, x):
         "`x @ W.T + b` in the kernel's dtype, returned in `x`'s dtype."
         shape, dt, kt = x.shape, x.dtype, self.scales_and_zeros.dtype
         if x.dim() != 2: x = x.reshape(-1, self.in_features)   # (no-op reshapes and casts skipped: a decode step
         if dt != kt: x = x.to(kt)                               #  makes 120 of these calls, ~1-2 µs each)
-        if _use_dense(self, x.shape[0], self.max_int4_rows): y = _dense_mm(x, self.dense)   # many rows: dense
+        if _use_dense(self, x.shape[0], self.max_int4_rows): y = _dense_mm(x, self.dense, self.dense_c)   # many rows: dense
         else:
             mm = torch.ops.aten._weight_int4pack_mm_for_cpu if x.device.type == "cpu" else torch.ops.aten._weight_int4pack_mm
             y = mm(x, self.packed, self.group_size, self.scales_and_zeros)
@@ -125,12 +129,13 @@ class Int8Linear(nn.Module):
         self.max_int8_rows = max_int8_rows
         held = None if max_int8_rows is None else (self.weight.float() * self.scales.float()[:, None]).to(dtype)
         self.register_buffer("dense", None if held is None else _dense_copy(held))
+        self.register_buffer("dense_c", None if held is None else gemm_copy(held), persistent=False)
 
     def forward(self, x):
         "`x @ W.T + b` in the scales' dtype, returned in `x`'s dtype."
         shape, dt = x.shape, x.dtype
         x = x.reshape(-1, self.in_features).to(self.scales.dtype)
-        if _use_dense(self, x.shape[0], self.max_int8_rows): y = _dense_mm(x, self.dense)   # many rows: dense
+        if _use_dense(self, x.shape[0], self.max_int8_rows): y = _dense_mm(x, self.dense, self.dense_c)   # many rows: dense
         elif x.device.type == "cpu": y = torch.ops.aten._weight_int8pack_mm(x, self.weight, self.scales)
         else: y = F.linear(x, self.weight.to(x.dtype)) * self.scales     # CUDA: no int8 weight-only kernel in aten
         if self.bias is not None: y = y + self.bias
@@ -140,8 +145,9 @@ class Int8Linear(nn.Module):
         f", dense above {self.max_int8_rows} rows" if self.dense is not None else "")
 
 # %% ../nbs/04b_quantization.ipynb #19ea85c2
-INT4_MAX_ROWS = 16   # the engine's 4-bit layers run the int4 kernel up to this many rows, the dense copy above (measured)
-INT8_MAX_ROWS = 8    # and its Q8_0 layers the int8 kernel (measured on the 49152×576 LM head)
+_C_DENSE = gemm_supported(torch.empty(16, 2, dtype=torch.bfloat16))   # whether dense copies get lesson 04a's kernel here
+INT4_MAX_ROWS = 4 if _C_DENSE else 16   # the engine's 4-bit layers run the int4 kernel up to this many rows, the dense copy above (measured)
+INT8_MAX_ROWS = 0 if _C_DENSE else 8    # and its Q8_0 layers the int8 kernel (measured on the 49152×576 LM head)
 
 def gguf_linear(raw: torch.Tensor, kind: str, dtype=torch.bfloat16, device="cpu", max_int4_rows: int | None = None,
                 max_int8_rows: int | None = None) -> nn.Module:
