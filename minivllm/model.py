@@ -20,7 +20,7 @@ from .quantization import (GGUF_BLOCK_BYTES, INT4_MAX_ROWS, INT8_MAX_ROWS, dequa
                                    split_blocks, unpermute_rows)
 
 # %% auto #0
-__all__ = ['SUPPORTED_MODEL_TYPES', 'IN_PLACE_BACKENDS', 'INPLACE_MIN_DECODES', 'RMSNorm', 'row_bucket', 'Linear',
+__all__ = ['PACKED_CHUNK', 'SUPPORTED_MODEL_TYPES', 'IN_PLACE_BACKENDS', 'INPLACE_MIN_DECODES', 'RMSNorm', 'row_bucket', 'Linear',
            'packed_linear', 'rope_inv_freq', 'RotaryEmbedding', 'get_attention_fn', 'Attention', 'MLP', 'DecoderLayer',
            'rms_norm_c', 'rotate_c', 'silu_and_mul_c', 'LlamaForCausalLM', 'iter_checkpoint_weights', 'load_model',
            'load_gguf_model', 'tiny_config', 'make_tiny_checkpoint', 'ModelRunnerOutput', 'ModelRunner']
@@ -46,6 +46,7 @@ def row_bucket(m: int) -> int:
     step = 1 << ((m - 1).bit_length() - 4)
     return -(-m // step) * step
 
+PACKED_CHUNK = 2048   # a packed GEMM of more rows runs in chunks of this many
 _PACKED_LINEARS = weakref.WeakValueDictionary()   # key → packed `Linear`: how a compiled graph finds its packed weight
 
 class Linear(nn.Linear):
@@ -80,7 +81,7 @@ class Linear(nn.Linear):
         rows = x.reshape(-1, self.in_features)
         if self.gemm_packed is not None and len(rows) <= GEMM_MAX_ROWS and not (x.requires_grad and torch.is_grad_enabled()):
             return gemm(rows, self.gemm_packed, self.bias).view(*x.shape[:-1], self.out_features)
-        out = torch.cat([self._packed_mm(c) for c in rows.split(256)]) if len(rows) > 256 else self._packed_mm(rows)
+        out = torch.cat([self._packed_mm(c) for c in rows.split(PACKED_CHUNK)]) if len(rows) > PACKED_CHUNK else self._packed_mm(rows)
         return out.view(*x.shape[:-1], self.out_features)
     def _packed_mm(self, rows):
         m = len(rows); b = row_bucket(m)
