@@ -131,7 +131,9 @@ def gemm(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None
     "`x [..., K] @ W.T (+ bias)` by the C kernel, with `packed = pack_weight(W)`; returns `[..., N]` in `x`'s dtype."
     nb, kn, _, ku = packed.shape
     N, K = nb * 16, kn * ku
+    if x.device.type != "cpu" or packed.device.type != "cpu": raise ValueError(f"the C GEMM runs on CPU tensors, got {x.device} and {packed.device}")
     if x.dtype != packed.dtype: raise TypeError(f"x is {x.dtype} but the packed weight is {packed.dtype}")
+    if not packed.is_contiguous(): raise ValueError("the packed weight must be contiguous (as pack_weight makes it)")
     if x.shape[-1] != K: raise ValueError(f"x has {x.shape[-1]} columns, the weight {K}")
     if bias is not None and (bias.shape != (N,) or bias.dtype != x.dtype): raise ValueError(f"bias must be [{N}] {x.dtype}")
     rows = x.reshape(-1, K)

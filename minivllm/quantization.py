@@ -67,7 +67,7 @@ def _use_dense(m: nn.Module, rows: int, limit: int | None) -> bool:
 
 def _dense_mm(x: torch.Tensor, w: torch.Tensor, wc: torch.Tensor | None = None) -> torch.Tensor:
     "`x @ w.T` with a `_dense_copy`: by the C kernel's copy `wc` (lesson 04a) up to `GEMM_MAX_ROWS` rows, else oneDNN with rows padded to a multiple of 32 (few distinct primitives)."
-    if wc is not None and x.shape[0] <= GEMM_MAX_ROWS: return gemm(x, wc)
+    if wc is not None and x.shape[0] <= GEMM_MAX_ROWS and x.device.type == wc.device.type == "cpu": return gemm(x, wc)
     if w.device.type != "cpu" or not hasattr(torch.ops.mkldnn, "_reorder_linear_weight") or w.is_meta: return F.linear(x, w)
     m = x.shape[0]
     if m % 32: x = F.pad(x, (0, 0, 0, 32 - m % 32))
