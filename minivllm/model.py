@@ -15,7 +15,7 @@ import logging
 from .attention import (AttentionMetadata, build_decode_kernel, build_metadata, cpu_paged_attention,
                                 inductor_paged_attention, torch_paged_attention, warm_up_decode_in_place)
 from .scheduler import SchedulerOutput
-from .gemm import GEMM_MAX_ROWS, gemm, gemm_copy, gemm_supported
+from .gemm import GEMM_MAX_ROWS, gemm, gemm_copy
 from .quantization import (GGUF_BLOCK_BYTES, INT4_MAX_ROWS, INT8_MAX_ROWS, dequantize, gguf_linear, read_gguf,
                                    split_blocks, unpermute_rows)
 
@@ -79,7 +79,7 @@ class Linear(nn.Linear):
         return self._packed(x)
     def _packed(self, x):
         rows = x.reshape(-1, self.in_features)
-        if self.gemm_packed is not None and len(rows) <= GEMM_MAX_ROWS and not (x.requires_grad and torch.is_grad_enabled()):
+        if self.gemm_packed is not None and len(rows) <= GEMM_MAX_ROWS:
             return gemm(rows, self.gemm_packed, self.bias).view(*x.shape[:-1], self.out_features)
         out = torch.cat([self._packed_mm(c) for c in rows.split(PACKED_CHUNK)]) if len(rows) > PACKED_CHUNK else self._packed_mm(rows)
         return out.view(*x.shape[:-1], self.out_features)
