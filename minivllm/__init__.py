@@ -10,14 +10,46 @@ __all__ = ['SamplingParams', 'EngineArgs', 'TextPrompt', 'TokensPrompt', 'Prompt
            'LoRARequest']
 
 # %% ../nbs/99_public_api.ipynb #7398815d
-from .config import (SamplingParams, EngineArgs, TextPrompt, TokensPrompt, PromptType, RequestOutput,
-                             CompletionOutput, RequestOutputKind, PoolingParams, PoolingRequestOutput,
-                             EmbeddingRequestOutput, PoolingOutput, EmbeddingOutput, LoRARequest)
+from minivllm.config import (
+    SamplingParams,
+    EngineArgs,
+    TextPrompt,
+    TokensPrompt,
+    PromptType,
+    RequestOutput,
+    CompletionOutput,
+    RequestOutputKind,
+    PoolingParams,
+    PoolingRequestOutput,
+    EmbeddingRequestOutput,
+    PoolingOutput,
+    EmbeddingOutput,
+    LoRARequest,
+)
 from .sampler import BeamSearchParams
 from .llm_engine import LLMEngine
 from .llm import LLM
 from .async_engine import AsyncLLMEngine, AsyncLLM, AsyncEngineArgs
 
-_all_ = ["SamplingParams", "EngineArgs", "TextPrompt", "TokensPrompt", "PromptType", "RequestOutput", "CompletionOutput",
-         "RequestOutputKind", "BeamSearchParams", "LLMEngine", "LLM", "AsyncLLMEngine", "AsyncLLM", "AsyncEngineArgs",
-         "PoolingParams", "PoolingRequestOutput", "EmbeddingRequestOutput", "PoolingOutput", "EmbeddingOutput", "LoRARequest"]
+_all_ = [
+    "SamplingParams",
+    "EngineArgs",
+    "TextPrompt",
+    "TokensPrompt",
+    "PromptType",
+    "RequestOutput",
+    "CompletionOutput",
+    "RequestOutputKind",
+    "BeamSearchParams",
+    "LLMEngine",
+    "LLM",
+    "AsyncLLMEngine",
+    "AsyncLLM",
+    "AsyncEngineArgs",
+    "PoolingParams",
+    "PoolingRequestOutput",
+    "EmbeddingRequestOutput",
+    "PoolingOutput",
+    "EmbeddingOutput",
+    "LoRARequest",
+]

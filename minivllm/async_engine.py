@@ -4,10 +4,21 @@
 
 # %% ../nbs/14_async_engine.ipynb #7d931965
 from __future__ import annotations
-import asyncio, logging, threading, time
+import asyncio
+import logging
+import threading
+import time
 from collections import deque
 from typing import AsyncIterator, Callable, Iterable
-from .config import EngineArgs, EngineConfig, SamplingParams, RequestOutput, CompletionOutput, RequestOutputKind, PromptType
+from minivllm.config import (
+    EngineArgs,
+    EngineConfig,
+    SamplingParams,
+    RequestOutput,
+    CompletionOutput,
+    RequestOutputKind,
+    PromptType,
+)
 from .config import PoolingParams, PoolingRequestOutput
 from fastcore.basics import patch
 from .llm_engine import LLMEngine
@@ -25,36 +36,70 @@ def merge_delta_outputs(a: RequestOutput, b: RequestOutput) -> RequestOutput:
     seqs = {c.index: c for c in a.outputs}
     for c in b.outputs:
         p = seqs.get(c.index)
-        if p is None: seqs[c.index] = c; continue
-        lps = None if p.logprobs is None and c.logprobs is None else (p.logprobs or []) + (c.logprobs or [])
-        seqs[c.index] = CompletionOutput(c.index, p.text + c.text, list(p.token_ids) + list(c.token_ids),
-                                         c.cumulative_logprob, lps, c.finish_reason, c.stop_reason)
-    return RequestOutput(b.request_id, b.prompt, b.prompt_token_ids,
-                         b.prompt_logprobs if b.prompt_logprobs is not None else a.prompt_logprobs,
-                         [seqs[i] for i in sorted(seqs)], b.finished, b.metrics, b.num_cached_tokens)
+        if p is None:
+            seqs[c.index] = c
+            continue
+        lps = (
+            None
+            if p.logprobs is None and c.logprobs is None
+            else (p.logprobs or []) + (c.logprobs or [])
+        )
+        seqs[c.index] = CompletionOutput(
+            c.index,
+            p.text + c.text,
+            list(p.token_ids) + list(c.token_ids),
+            c.cumulative_logprob,
+            lps,
+            c.finish_reason,
+            c.stop_reason,
+        )
+    return RequestOutput(
+        b.request_id,
+        b.prompt,
+        b.prompt_token_ids,
+        b.prompt_logprobs if b.prompt_logprobs is not None else a.prompt_logprobs,
+        [seqs[i] for i in sorted(seqs)],
+        b.finished,
+        b.metrics,
+        b.num_cached_tokens,
+    )
 
 # %% ../nbs/14_async_engine.ipynb #43587079
 class EngineDeadError(RuntimeError):
     "The engine loop has stopped (shut down, or failed): no request can run."
-    def __init__(self, msg: str = "The engine loop is not running (it was shut down or it failed); see the logs."):
+
+    def __init__(
+        self,
+        msg: str = "The engine loop is not running (it was shut down or it failed); see the logs.",
+    ):
         super().__init__(msg)
 
-AsyncEngineArgs = EngineArgs   # vLLM has a subclass with a few serving-only knobs; minivllm needs none
+
+AsyncEngineArgs = (
+    EngineArgs  # vLLM has a subclass with a few serving-only knobs; minivllm needs none
+)
+
 
 class _Stream:
     "The outputs of one request, on its caller's event loop; a consumer that falls behind gets them merged."
+
     def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop, delta: bool):
         self.request_id, self.loop, self.delta = request_id, loop, delta
-        self.items: deque = deque()          # RequestOutputs (and, at the end, maybe an exception); touched on `loop` only
+        self.items: deque = (
+            deque()
+        )  # RequestOutputs (and, at the end, maybe an exception); touched on `loop` only
         self.ready = asyncio.Event()
 
     def put_threadsafe(self, items: list):
         "(any thread) Hand over one step's outputs."
-        try: self.loop.call_soon_threadsafe(self._put, items)
-        except RuntimeError: pass   # that event loop is closed: nobody is listening
+        try:
+            self.loop.call_soon_threadsafe(self._put, items)
+        except RuntimeError:
+            pass  # that event loop is closed: nobody is listening
 
     def _put(self, items: list):
-        self.items.extend(items); self.ready.set()
+        self.items.extend(items)
+        self.ready.set()
 
     async def get(self) -> RequestOutput:
         "The next output — all the pending ones merged into one — or raise the exception that ended the stream."
@@ -62,40 +107,62 @@ class _Stream:
             self.ready.clear()
             await self.ready.wait()
         out = self.items.popleft()
-        if isinstance(out, BaseException): raise out
+        if isinstance(out, BaseException):
+            raise out
         while self.items and not out.finished and isinstance(self.items[0], RequestOutput):
             nxt = self.items.popleft()
-            out = merge_delta_outputs(out, nxt) if self.delta else nxt   # a cumulative output supersedes the older ones
+            out = (
+                merge_delta_outputs(out, nxt) if self.delta else nxt
+            )  # a cumulative output supersedes the older ones
         return out
 
 # %% ../nbs/14_async_engine.ipynb #96040659
 class AsyncLLMEngine:
     "An `LLMEngine` stepped by a background thread, driven from asyncio."
+
     def __init__(self, engine: LLMEngine, start_engine_loop: bool = True):
         self.engine = engine
         self.vllm_config, self.model_config = engine.vllm_config, engine.get_model_config()
         self.start_engine_loop = start_engine_loop
-        self._ops: deque = deque()                   # (fn, done) pairs, run by the engine thread in order
+        self._ops: deque = deque()  # (fn, done) pairs, run by the engine thread in order
         self._wake = threading.Event()
-        self._streams: dict[str, _Stream] = {}       # request id -> stream; only the engine thread touches it
+        self._streams: dict[
+            str, _Stream
+        ] = {}  # request id -> stream; only the engine thread touches it
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
         self._stopping = False
         self._dead: BaseException | None = None
-        self.step_times: deque = deque(maxlen=100_000)   # (start, end, number of outputs) of each step, perf_counter seconds
+        self.step_times: deque = deque(
+            maxlen=100_000
+        )  # (start, end, number of outputs) of each step, perf_counter seconds
 
     @classmethod
-    def from_engine_args(cls, engine_args: EngineArgs, start_engine_loop: bool = True, usage_context=None,
-                         stat_loggers=None, **kwargs) -> "AsyncLLMEngine":
+    def from_engine_args(
+        cls,
+        engine_args: EngineArgs,
+        start_engine_loop: bool = True,
+        usage_context=None,
+        stat_loggers=None,
+        **kwargs,
+    ) -> "AsyncLLMEngine":
         """Build the engine (load the model, allocate the KV cache); its thread starts with the first request.
         (`usage_context` is vLLM's telemetry label; vLLM v1's other options are refused by `LLMEngine.from_engine_args`.)"""
-        return cls(LLMEngine.from_engine_args(engine_args, usage_context, stat_loggers, **kwargs), start_engine_loop)
+        return cls(
+            LLMEngine.from_engine_args(engine_args, usage_context, stat_loggers, **kwargs),
+            start_engine_loop,
+        )
 
-    async def __aenter__(self) -> "AsyncLLMEngine": return self
-    async def __aexit__(self, *exc) -> None: self.shutdown()
+    async def __aenter__(self) -> "AsyncLLMEngine":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self.shutdown()
 
     @classmethod
-    def from_vllm_config(cls, vllm_config: EngineConfig, start_engine_loop: bool = True, log_stats: bool = False) -> "AsyncLLMEngine":
+    def from_vllm_config(
+        cls, vllm_config: EngineConfig, start_engine_loop: bool = True, log_stats: bool = False
+    ) -> "AsyncLLMEngine":
         "Build the engine from a whole engine config (vLLM's entry point for servers)."
         return cls(LLMEngine(vllm_config, log_stats=log_stats), start_engine_loop)
 
@@ -105,30 +172,40 @@ def is_running(self: AsyncLLMEngine) -> bool:
     "Whether the engine can take requests (not shut down, not failed)."
     return not self._stopping and self._dead is None
 
+
 @patch(as_prop=True)
 def is_stopped(self: AsyncLLMEngine) -> bool:
     "Whether the engine loop has stopped (vLLM's name)."
     return self.errored
+
 
 @patch(as_prop=True)
 def errored(self: AsyncLLMEngine) -> bool:
     "Whether the engine loop was shut down or failed."
     return self._stopping or self._dead is not None
 
+
 @patch(as_prop=True)
 def dead_error(self: AsyncLLMEngine) -> BaseException:
     "The `EngineDeadError` to raise now (naming the failure, if the loop failed)."
-    return EngineDeadError() if self._dead is None else EngineDeadError(f"The engine loop failed: {self._dead!r}")
+    return (
+        EngineDeadError()
+        if self._dead is None
+        else EngineDeadError(f"The engine loop failed: {self._dead!r}")
+    )
 
 # %% ../nbs/14_async_engine.ipynb #197b7dc6
 @patch
 def start_background_loop(self: AsyncLLMEngine):
     "Start the engine thread (done by the first request unless `start_engine_loop=False`)."
     with self._start_lock:
-        if self._thread is not None: return
-        if self.errored: raise self.dead_error
+        if self._thread is not None:
+            return
+        if self.errored:
+            raise self.dead_error
         self._thread = threading.Thread(target=self._loop, name="minivllm-engine", daemon=True)
         self._thread.start()
+
 
 @patch
 def _loop(self: AsyncLLMEngine):
@@ -137,27 +214,33 @@ def _loop(self: AsyncLLMEngine):
         while True:
             self._wake.clear()
             self._run_ops()
-            if self._stopping: break
+            if self._stopping:
+                break
             if self.engine.has_unfinished_requests():
                 t0 = time.perf_counter()
                 outs = self.engine.step()
                 self.step_times.append((t0, time.perf_counter(), len(outs)))
                 self._deliver(outs)
-            elif not self._ops: self._wake.wait()
+            elif not self._ops:
+                self._wake.wait()
     except BaseException as e:
         self._dead = e
         logger.exception("AsyncLLMEngine: the engine loop failed")
     finally:
         self._close()
 
+
 @patch
 def _run_ops(self: AsyncLLMEngine):
     "(engine thread) Run the queued operations in order, handing each its result or exception."
     while self._ops:
         fn, done = self._ops.popleft()
-        try: res, ok = fn(), True
-        except Exception as e: res, ok = e, False
-        if done is not None: done(ok, res)
+        try:
+            res, ok = fn(), True
+        except Exception as e:
+            res, ok = e, False
+        if done is not None:
+            done(ok, res)
 
 # %% ../nbs/14_async_engine.ipynb #3312e8f2
 @patch
@@ -166,78 +249,132 @@ def _deliver(self: AsyncLLMEngine, outputs: list[RequestOutput]):
     batches: dict[_Stream, list] = {}
     for o in outputs:
         s = self._streams.get(o.request_id)
-        if s is None: continue                     # nobody listens any more
-        if o.finished: del self._streams[o.request_id]
+        if s is None:
+            continue  # nobody listens any more
+        if o.finished:
+            del self._streams[o.request_id]
         batches.setdefault(s, []).append(o)
-    for s, items in batches.items(): s.put_threadsafe(items)
+    for s, items in batches.items():
+        s.put_threadsafe(items)
+
 
 @patch
 def _close(self: AsyncLLMEngine):
     "In the engine thread, once it stops: abort every request (their blocks are freed), end every stream."
     self._stopping = True
-    try: self.engine.abort_request(list(self.engine.children), final_output=False)
-    except Exception: logger.exception("AsyncLLMEngine: aborting requests at shutdown failed")
-    err = EngineDeadError() if self._dead is None else EngineDeadError(f"The engine loop failed: {self._dead!r}")
-    if self._dead is not None: err.__cause__ = self._dead
-    for s in self._streams.values(): s.put_threadsafe([err])
+    try:
+        self.engine.abort_request(list(self.engine.children), final_output=False)
+    except Exception:
+        logger.exception("AsyncLLMEngine: aborting requests at shutdown failed")
+    err = (
+        EngineDeadError()
+        if self._dead is None
+        else EngineDeadError(f"The engine loop failed: {self._dead!r}")
+    )
+    if self._dead is not None:
+        err.__cause__ = self._dead
+    for s in self._streams.values():
+        s.put_threadsafe([err])
     self._streams.clear()
     while self._ops:
         _, done = self._ops.popleft()
-        if done is not None: done(False, err)
+        if done is not None:
+            done(False, err)
 
 # %% ../nbs/14_async_engine.ipynb #15a0a0e1
 @patch
 def _post(self: AsyncLLMEngine, fn: Callable, done: Callable | None = None):
     "Queue `fn` for the engine thread (started on demand); `done(ok, result)` is called there with its outcome."
     if self.errored:
-        if done is not None: done(False, self.dead_error)
+        if done is not None:
+            done(False, self.dead_error)
         return
     self._ops.append((fn, done))
-    if self._thread is None and self.start_engine_loop: self.start_background_loop()
+    if self._thread is None and self.start_engine_loop:
+        self.start_background_loop()
     self._wake.set()
+
 
 @patch
 async def run_in_engine(self: AsyncLLMEngine, fn: Callable[[LLMEngine], object]):
     "Run `fn(engine)` in the engine thread, between two steps; return its result (or raise its exception)."
     loop = asyncio.get_running_loop()
     fut = loop.create_future()
+
     def settle(ok, value):
-        if not fut.done(): fut.set_result(value) if ok else fut.set_exception(value)
+        if not fut.done():
+            fut.set_result(value) if ok else fut.set_exception(value)
+
     def done(ok, value):
-        try: loop.call_soon_threadsafe(settle, ok, value)
-        except RuntimeError: pass
+        try:
+            loop.call_soon_threadsafe(settle, ok, value)
+        except RuntimeError:
+            pass
+
     self._post(lambda: fn(self.engine), done)
     return await fut
 
 # %% ../nbs/14_async_engine.ipynb #67e37a10
 @patch
-async def generate(self: AsyncLLMEngine, prompt: PromptType, sampling_params: SamplingParams | None, request_id: str, *,
-                   prompt_text: str | None = None, lora_request=None, tokenization_kwargs: dict | None = None,
-                   trace_headers=None, priority: int = 0, data_parallel_rank: int | None = None,
-                   arrival_time: float | None = None) -> AsyncIterator[RequestOutput]:
+async def generate(
+    self: AsyncLLMEngine,
+    prompt: PromptType,
+    sampling_params: SamplingParams | None,
+    request_id: str,
+    *,
+    prompt_text: str | None = None,
+    lora_request=None,
+    tokenization_kwargs: dict | None = None,
+    trace_headers=None,
+    priority: int = 0,
+    data_parallel_rank: int | None = None,
+    arrival_time: float | None = None,
+) -> AsyncIterator[RequestOutput]:
     "Add a request and yield its `RequestOutput`s as the engine makes them; leaving early aborts it."
-    if self.errored: raise self.dead_error
-    if tokenization_kwargs: raise NotImplementedError("tokenization_kwargs is not implemented in minivllm.")
-    if data_parallel_rank not in (None, 0): raise NotImplementedError("minivllm has no data parallelism (data_parallel_rank).")
-    if prompt_text is not None and isinstance(prompt, dict) and "prompt_token_ids" in prompt and not prompt.get("prompt"):
-        prompt = {**prompt, "prompt": prompt_text}   # the text to report as the output's `prompt`
+    if self.errored:
+        raise self.dead_error
+    if tokenization_kwargs:
+        raise NotImplementedError("tokenization_kwargs is not implemented in minivllm.")
+    if data_parallel_rank not in (None, 0):
+        raise NotImplementedError("minivllm has no data parallelism (data_parallel_rank).")
+    if (
+        prompt_text is not None
+        and isinstance(prompt, dict)
+        and "prompt_token_ids" in prompt
+        and not prompt.get("prompt")
+    ):
+        prompt = {**prompt, "prompt": prompt_text}  # the text to report as the output's `prompt`
     # trace_headers are accepted and ignored: minivllm has no OpenTelemetry tracing
-    delta = sampling_params is not None and getattr(sampling_params, 'output_kind', None) == RequestOutputKind.DELTA
+    delta = (
+        sampling_params is not None
+        and getattr(sampling_params, "output_kind", None) == RequestOutputKind.DELTA
+    )
     stream = _Stream(request_id, asyncio.get_running_loop(), delta)
+
     def add(engine: LLMEngine):
-        if request_id in self._streams: raise ValueError(f"request_id {request_id!r} is already in use.")
-        engine.add_request(request_id, prompt, sampling_params, arrival_time=arrival_time, lora_request=lora_request,
-                           priority=priority)
+        if request_id in self._streams:
+            raise ValueError(f"request_id {request_id!r} is already in use.")
+        engine.add_request(
+            request_id,
+            prompt,
+            sampling_params,
+            arrival_time=arrival_time,
+            lora_request=lora_request,
+            priority=priority,
+        )
         self._streams[request_id] = stream
+
     finished = False
     try:
-        await self.run_in_engine(add)              # bad input raises here, for this request only
+        await self.run_in_engine(add)  # bad input raises here, for this request only
         while not finished:
             out = await stream.get()
             finished = out.finished
             yield out
     finally:
-        if not finished: self._post(lambda: self._abort_stream(stream))
+        if not finished:
+            self._post(lambda: self._abort_stream(stream))
+
 
 @patch
 def _abort_stream(self: AsyncLLMEngine, stream: _Stream):
@@ -245,6 +382,7 @@ def _abort_stream(self: AsyncLLMEngine, stream: _Stream):
     if self._streams.get(stream.request_id) is stream:
         del self._streams[stream.request_id]
         self.engine.abort_request(stream.request_id, final_output=False)
+
 
 @patch
 async def abort(self: AsyncLLMEngine, request_id: str | Iterable[str]) -> None:
@@ -254,14 +392,36 @@ async def abort(self: AsyncLLMEngine, request_id: str | Iterable[str]) -> None:
 
 # %% ../nbs/14_async_engine.ipynb #p14b
 @patch
-async def encode(self: AsyncLLMEngine, prompt: PromptType, pooling_params: PoolingParams, request_id: str, *,
-                 lora_request=None, trace_headers=None, priority: int = 0, tokenization_kwargs: dict | None = None,
-                 truncate_prompt_tokens: int | None = None) -> AsyncIterator[PoolingRequestOutput]:
+async def encode(
+    self: AsyncLLMEngine,
+    prompt: PromptType,
+    pooling_params: PoolingParams,
+    request_id: str,
+    *,
+    lora_request=None,
+    trace_headers=None,
+    priority: int = 0,
+    tokenization_kwargs: dict | None = None,
+    truncate_prompt_tokens: int | None = None,
+) -> AsyncIterator[PoolingRequestOutput]:
     "Add a pooling request and yield its one `PoolingRequestOutput`; leaving early aborts it."
-    if not isinstance(pooling_params, PoolingParams): raise TypeError(f"pooling_params must be PoolingParams, got {type(pooling_params).__name__}")
-    if truncate_prompt_tokens is not None: pooling_params = PoolingParams(**{**vars(pooling_params), "truncate_prompt_tokens": truncate_prompt_tokens})
-    async for out in self.generate(prompt, pooling_params, request_id, lora_request=lora_request, trace_headers=trace_headers,
-                                   priority=priority, tokenization_kwargs=tokenization_kwargs):
+    if not isinstance(pooling_params, PoolingParams):
+        raise TypeError(
+            f"pooling_params must be PoolingParams, got {type(pooling_params).__name__}"
+        )
+    if truncate_prompt_tokens is not None:
+        pooling_params = PoolingParams(
+            **{**vars(pooling_params), "truncate_prompt_tokens": truncate_prompt_tokens}
+        )
+    async for out in self.generate(
+        prompt,
+        pooling_params,
+        request_id,
+        lora_request=lora_request,
+        trace_headers=trace_headers,
+        priority=priority,
+        tokenization_kwargs=tokenization_kwargs,
+    ):
         yield out
 
 # %% ../nbs/14_async_engine.ipynb #1385c296
@@ -270,50 +430,60 @@ async def get_tokenizer(self: AsyncLLMEngine):
     "The tokenizer of the engine's model."
     return self.engine.get_tokenizer()
 
+
 @patch
 async def get_model_config(self: AsyncLLMEngine):
     "The model's config."
     return self.model_config
+
 
 @patch
 async def get_vllm_config(self: AsyncLLMEngine):
     "The whole engine config (vLLM's name)."
     return self.vllm_config
 
+
 @patch(as_prop=True)
 def tokenizer(self: AsyncLLMEngine):
     "The tokenizer (a property, for code that reads it without awaiting)."
     return self.engine.get_tokenizer()
+
 
 @patch
 async def get_stats(self: AsyncLLMEngine) -> Stats:
     "The engine's `Stats`, read in the engine thread."
     return await self.run_in_engine(lambda e: e.get_stats())
 
+
 @patch
 async def do_log_stats(self: AsyncLLMEngine) -> None:
     "Log the stats line now."
     await self.run_in_engine(lambda e: e.do_log_stats())
+
 
 @patch
 async def reset_prefix_cache(self: AsyncLLMEngine) -> bool:
     "Forget the cached prefix blocks (False if blocks are in use)."
     return await self.run_in_engine(lambda e: e.reset_prefix_cache())
 
+
 @patch
 async def add_lora(self: AsyncLLMEngine, lora_request) -> bool:
     "Load a LoRA adapter (in the engine's thread; a bad one raises here)."
     return await self.run_in_engine(lambda e: e.add_lora(lora_request))
+
 
 @patch
 async def remove_lora(self: AsyncLLMEngine, lora_id: int) -> bool:
     "Forget a LoRA adapter by id (refused while requests run under it)."
     return await self.run_in_engine(lambda e: e.remove_lora(lora_id))
 
+
 @patch
 async def list_loras(self: AsyncLLMEngine) -> set[int]:
     "The ids of the loaded LoRA adapters."
     return await self.run_in_engine(lambda e: e.list_loras())
+
 
 @patch
 async def get_num_unfinished_requests(self: AsyncLLMEngine) -> int:
@@ -326,13 +496,16 @@ async def wait_for_requests_to_drain(self: AsyncLLMEngine, drain_timeout: float 
     "Wait until the engine has no request left (aborted ones included)."
     t0 = time.monotonic()
     while await self.run_in_engine(lambda e: e.has_unfinished_requests()):
-        if time.monotonic() - t0 > drain_timeout: raise TimeoutError(f"requests still running after {drain_timeout} s")
+        if time.monotonic() - t0 > drain_timeout:
+            raise TimeoutError(f"requests still running after {drain_timeout} s")
         await asyncio.sleep(0.01)
+
 
 @patch
 async def check_health(self: AsyncLLMEngine) -> None:
     "Raise `EngineDeadError` if the engine loop is not running."
-    if self.errored: raise self.dead_error
+    if self.errored:
+        raise self.dead_error
 
 # %% ../nbs/14_async_engine.ipynb #bbd8efbe
 @patch
@@ -341,12 +514,15 @@ def shutdown(self: AsyncLLMEngine, timeout: float | None = 60) -> None:
     Then the engine releases its worker processes, if it has any (tensor parallelism)."""
     self._stopping = True
     t = self._thread
-    if t is None:                                   # never started: clean up here
-        if self._dead is None: self._close()
+    if t is None:  # never started: clean up here
+        if self._dead is None:
+            self._close()
     else:
         self._wake.set()
-        if t is threading.current_thread(): return   # called from a step: the loop ends after it
+        if t is threading.current_thread():
+            return  # called from a step: the loop ends after it
         t.join(timeout)
     self.engine.shutdown()
 
-AsyncLLM = AsyncLLMEngine   # vLLM v1's name for the same class
+
+AsyncLLM = AsyncLLMEngine  # vLLM v1's name for the same class

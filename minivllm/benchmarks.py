@@ -4,7 +4,15 @@
 
 # %% ../nbs/16_benchmarks.ipynb #0388af5d
 from __future__ import annotations
-import dataclasses, datetime, json, os, platform, random, subprocess, sys, time
+import dataclasses
+import datetime
+import json
+import os
+import platform
+import random
+import subprocess
+import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 import torch
@@ -26,39 +34,76 @@ def machine_info() -> dict:
     cpu = platform.processor() or platform.machine()
     try:
         for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"): cpu = line.split(":", 1)[1].strip(); break
-    except OSError: pass
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
     try:
-        git = lambda *a: subprocess.run(["git", *a], capture_output=True, text=True, timeout=10,
-                                        cwd=Path(__file__).resolve().parent if "__file__" in globals() else None).stdout.strip()
+        git = lambda *a: subprocess.run(
+            ["git", *a],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            cwd=Path(__file__).resolve().parent if "__file__" in globals() else None,
+        ).stdout.strip()
         commit = git("rev-parse", "--short", "HEAD")
-        if commit and git("status", "--porcelain", "--untracked-files=no"): commit += "+dirty"   # uncommitted changes
-    except (OSError, subprocess.SubprocessError): commit = ""
+        if commit and git("status", "--porcelain", "--untracked-files=no"):
+            commit += "+dirty"  # uncommitted changes
+    except (OSError, subprocess.SubprocessError):
+        commit = ""
     import transformers
-    return dict(date=datetime.datetime.now().isoformat(timespec="seconds"), nproc=os.cpu_count(), cpu=cpu,
-                gpu=torch.cuda.get_device_name() if torch.cuda.is_available() else None, torch_threads=torch.get_num_threads(),
-                torch=torch.__version__, transformers=transformers.__version__, python=platform.python_version(),
-                commit=commit or None, load_avg=os.getloadavg()[0] if hasattr(os, "getloadavg") else None)
+
+    return dict(
+        date=datetime.datetime.now().isoformat(timespec="seconds"),
+        nproc=os.cpu_count(),
+        cpu=cpu,
+        gpu=torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+        torch_threads=torch.get_num_threads(),
+        torch=torch.__version__,
+        transformers=transformers.__version__,
+        python=platform.python_version(),
+        commit=commit or None,
+        load_avg=os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+    )
 
 # %% ../nbs/16_benchmarks.ipynb #aed4e360
 @dataclass
 class Workload:
     "Requests of fixed prompt token ids and fixed numbers of output tokens."
+
     prompts: list[list[int]]
     output_lens: list[int]
-    @property
-    def num_requests(self) -> int: return len(self.prompts)
-    @property
-    def num_prompt_tokens(self) -> int: return sum(map(len, self.prompts))
-    @property
-    def num_output_tokens(self) -> int: return sum(self.output_lens)
-    def __repr__(self):
-        pl = sorted(map(len, self.prompts)); ol = sorted(self.output_lens)
-        return (f"Workload({self.num_requests} requests, prompts {pl[0]}–{pl[-1]} (mean {self.num_prompt_tokens / self.num_requests:.0f}), "
-                f"outputs {ol[0]}–{ol[-1]} (mean {self.num_output_tokens / self.num_requests:.0f}))")
 
-def make_workload(num_requests: int = 64, seed: int = 0, prompt_len=(16, 512), output_len=(16, 256),
-                  vocab_size: int = 49152, low_id: int = 100) -> Workload:
+    @property
+    def num_requests(self) -> int:
+        return len(self.prompts)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return sum(map(len, self.prompts))
+
+    @property
+    def num_output_tokens(self) -> int:
+        return sum(self.output_lens)
+
+    def __repr__(self):
+        pl = sorted(map(len, self.prompts))
+        ol = sorted(self.output_lens)
+        return (
+            f"Workload({self.num_requests} requests, prompts {pl[0]}–{pl[-1]} (mean {self.num_prompt_tokens / self.num_requests:.0f}), "
+            f"outputs {ol[0]}–{ol[-1]} (mean {self.num_output_tokens / self.num_requests:.0f}))"
+        )
+
+
+def make_workload(
+    num_requests: int = 64,
+    seed: int = 0,
+    prompt_len=(16, 512),
+    output_len=(16, 256),
+    vocab_size: int = 49152,
+    low_id: int = 100,
+) -> Workload:
     "A seeded mix of random-token prompts and output lengths, uniform in `prompt_len` and `output_len` (inclusive ranges, or fixed ints)."
     rng = random.Random(seed)
     pick = lambda r: r if isinstance(r, int) else rng.randint(*r)
@@ -72,172 +117,309 @@ def make_workload(num_requests: int = 64, seed: int = 0, prompt_len=(16, 512), o
 @dataclass
 class BenchResult:
     "One system's run of one workload."
+
     system: str
     num_requests: int
     output_tokens: int
     prompt_tokens: int
     seconds: float
     extra: dict = field(default_factory=dict)
+
     @property
-    def tokens_per_s(self) -> float: return self.output_tokens / self.seconds
-    def as_dict(self) -> dict: return dataclasses.asdict(self) | dict(tokens_per_s=self.tokens_per_s)
+    def tokens_per_s(self) -> float:
+        return self.output_tokens / self.seconds
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self) | dict(tokens_per_s=self.tokens_per_s)
+
 
 def _check_lengths(system, got: list[int], want: list[int]):
     bad = [(i, g, w) for i, (g, w) in enumerate(zip(got, want)) if g != w]
-    if bad or len(got) != len(want): raise RuntimeError(f"{system}: wrong output lengths (request, got, wanted): {bad[:5]}")
+    if bad or len(got) != len(want):
+        raise RuntimeError(f"{system}: wrong output lengths (request, got, wanted): {bad[:5]}")
+
 
 def run_minivllm(llm, wl: Workload) -> BenchResult:
     "The workload through `LLM.generate` (greedy, ignore_eos, exact lengths)."
     from minivllm.config import SamplingParams, TokensPrompt
+
     prompts = [TokensPrompt(prompt_token_ids=p) for p in wl.prompts]
-    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, detokenize=True) for n in wl.output_lens]
+    params = [
+        SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, detokenize=True)
+        for n in wl.output_lens
+    ]
     eng = llm.llm_engine
-    eng.reset_prefix_cache()   # an earlier run of the same prompts must not make this one cheaper
+    eng.reset_prefix_cache()  # an earlier run of the same prompts must not make this one cheaper
     pre0 = eng.scheduler.num_preemptions
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)
     dt = time.perf_counter() - t0
     toks = [o.outputs[0].token_ids for o in outs]
     _check_lengths("minivllm", [len(t) for t in toks], wl.output_lens)
-    return BenchResult("minivllm", wl.num_requests, wl.num_output_tokens, wl.num_prompt_tokens, dt,
-                       dict(preemptions=eng.scheduler.num_preemptions - pre0, tokens=toks))
+    return BenchResult(
+        "minivllm",
+        wl.num_requests,
+        wl.num_output_tokens,
+        wl.num_prompt_tokens,
+        dt,
+        dict(preemptions=eng.scheduler.num_preemptions - pre0, tokens=toks),
+    )
 
 # %% ../nbs/16_benchmarks.ipynb #81a7f593
 def load_hf(model_dir, dtype=torch.float32, device="cpu"):
     "The HF transformers model of a checkpoint directory on `device` (the engine's), for the comparisons."
     from transformers import AutoModelForCausalLM
+
     return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
 
+
 @torch.inference_mode()
-def run_hf_generate(model, wl: Workload, batch_size: int = 16, sort: bool = False, pad_id: int | None = None) -> BenchResult:
+def run_hf_generate(
+    model, wl: Workload, batch_size: int = 16, sort: bool = False, pad_id: int | None = None
+) -> BenchResult:
     "The workload through HF `generate` in static left-padded batches of `batch_size` (greedy, ignore EOS)."
     pad_id = pad_id if pad_id is not None else (model.generation_config.pad_token_id or 0)
-    order = sorted(range(wl.num_requests), key=lambda i: len(wl.prompts[i])) if sort else list(range(wl.num_requests))
+    order = (
+        sorted(range(wl.num_requests), key=lambda i: len(wl.prompts[i]))
+        if sort
+        else list(range(wl.num_requests))
+    )
     got, computed = [0] * wl.num_requests, 0
     t0 = time.perf_counter()
     for b in range(0, len(order), batch_size):
-        idx = order[b:b + batch_size]
+        idx = order[b : b + batch_size]
         L, n = max(len(wl.prompts[i]) for i in idx), max(wl.output_lens[i] for i in idx)
-        ids = torch.tensor([[pad_id] * (L - len(wl.prompts[i])) + wl.prompts[i] for i in idx], device=model.device)
-        mask = torch.tensor([[0] * (L - len(wl.prompts[i])) + [1] * len(wl.prompts[i]) for i in idx], device=model.device)
-        out = model.generate(ids, attention_mask=mask, max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=pad_id)
-        for i in idx: got[i] = min(out.shape[1] - L, wl.output_lens[i])
+        ids = torch.tensor(
+            [[pad_id] * (L - len(wl.prompts[i])) + wl.prompts[i] for i in idx], device=model.device
+        )
+        mask = torch.tensor(
+            [[0] * (L - len(wl.prompts[i])) + [1] * len(wl.prompts[i]) for i in idx],
+            device=model.device,
+        )
+        out = model.generate(
+            ids,
+            attention_mask=mask,
+            max_new_tokens=n,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=pad_id,
+        )
+        for i in idx:
+            got[i] = min(out.shape[1] - L, wl.output_lens[i])
         computed += (out.shape[1] - L) * len(idx)
     dt = time.perf_counter() - t0
     _check_lengths("hf-generate", got, wl.output_lens)
-    return BenchResult(f"hf-generate b{batch_size}" + (" sorted" if sort else ""), wl.num_requests, wl.num_output_tokens,
-                       wl.num_prompt_tokens, dt, dict(batch_size=batch_size, sort=sort, computed_output_tokens=computed))
+    return BenchResult(
+        f"hf-generate b{batch_size}" + (" sorted" if sort else ""),
+        wl.num_requests,
+        wl.num_output_tokens,
+        wl.num_prompt_tokens,
+        dt,
+        dict(batch_size=batch_size, sort=sort, computed_output_tokens=computed),
+    )
 
 # %% ../nbs/16_benchmarks.ipynb #cc71b4f0
 def hf_cb_config(kv_tokens: int, max_batch_tokens: int = 2048, page_size: int = 256, **kw):
     "A `ContinuousBatchingConfig` with a KV cache of `kv_tokens` tokens and a token budget of `max_batch_tokens` per step."
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
-    return ContinuousBatchingConfig(page_size=page_size, num_blocks=-(-kv_tokens // page_size), max_batch_tokens=max_batch_tokens, **kw)
 
-def run_hf_continuous(model, wl: Workload, record_timestamps: bool = False, cb_config=None, warmup: bool = True) -> BenchResult:
+    return ContinuousBatchingConfig(
+        page_size=page_size,
+        num_blocks=-(-kv_tokens // page_size),
+        max_batch_tokens=max_batch_tokens,
+        **kw,
+    )
+
+
+def run_hf_continuous(
+    model, wl: Workload, record_timestamps: bool = False, cb_config=None, warmup: bool = True
+) -> BenchResult:
     "The workload through transformers' continuous batching (the manager behind `generate_batch`), greedy, no EOS."
     from transformers import GenerationConfig
+
     # (no inference_mode here: the manager's thread updates tensors made in this one, and runs under no_grad itself)
-    if cb_config is None: cb_config = hf_cb_config(wl.num_prompt_tokens + wl.num_output_tokens + 256 * wl.num_requests)
-    gc = GenerationConfig(do_sample=False, max_new_tokens=max(wl.output_lens), eos_token_id=-1,
-                          pad_token_id=model.generation_config.pad_token_id or 0)
-    with model.continuous_batching_context_manager(generation_config=gc, block=True, timeout=10, warmup=warmup,
-                                                   continuous_batching_config=cb_config) as mgr:
+    if cb_config is None:
+        cb_config = hf_cb_config(
+            wl.num_prompt_tokens + wl.num_output_tokens + 256 * wl.num_requests
+        )
+    gc = GenerationConfig(
+        do_sample=False,
+        max_new_tokens=max(wl.output_lens),
+        eos_token_id=-1,
+        pad_token_id=model.generation_config.pad_token_id or 0,
+    )
+    with model.continuous_batching_context_manager(
+        generation_config=gc,
+        block=True,
+        timeout=10,
+        warmup=warmup,
+        continuous_batching_config=cb_config,
+    ) as mgr:
         t0 = time.perf_counter()
-        ids = [mgr.add_request(p, request_id=f"r{i}", max_new_tokens=n, eos_token_id=-1, record_timestamps=record_timestamps)
-               for i, (p, n) in enumerate(zip(wl.prompts, wl.output_lens))]
+        ids = [
+            mgr.add_request(
+                p,
+                request_id=f"r{i}",
+                max_new_tokens=n,
+                eos_token_id=-1,
+                record_timestamps=record_timestamps,
+            )
+            for i, (p, n) in enumerate(zip(wl.prompts, wl.output_lens))
+        ]
         res = {}
         while len(res) < len(ids):
             r = mgr.get_result(timeout=1)
-            if r is not None and r.is_finished(): res[r.request_id] = r
-            elif r is None and not mgr.is_running(): raise RuntimeError("transformers' continuous batching stopped")
+            if r is not None and r.is_finished():
+                res[r.request_id] = r
+            elif r is None and not mgr.is_running():
+                raise RuntimeError("transformers' continuous batching stopped")
         dt = time.perf_counter() - t0
     outs = [res[i] for i in ids]
     _check_lengths("hf-generate_batch", [len(o.generated_tokens) for o in outs], wl.output_lens)
     extra = dict(tokens=[o.generated_tokens for o in outs])
-    if record_timestamps: extra["timing"] = [(o.created_time, o.timestamps) for o in outs]
-    return BenchResult("hf-generate_batch", wl.num_requests, wl.num_output_tokens, wl.num_prompt_tokens, dt, extra)
+    if record_timestamps:
+        extra["timing"] = [(o.created_time, o.timestamps) for o in outs]
+    return BenchResult(
+        "hf-generate_batch", wl.num_requests, wl.num_output_tokens, wl.num_prompt_tokens, dt, extra
+    )
 
 # %% ../nbs/16_benchmarks.ipynb #88e91212
 SYSTEMS = ("minivllm", "hf-generate", "hf-generate_batch")
 
-def bench_throughput(wl: Workload, systems=SYSTEMS, llm=None, hf=None, rounds: int = 1, hf_batch_size: int | list[int] = 16,
-                     hf_sort: bool = False, log=print, warmup: bool = True, others: dict | None = None) -> list[BenchResult]:
+
+def bench_throughput(
+    wl: Workload,
+    systems=SYSTEMS,
+    llm=None,
+    hf=None,
+    rounds: int = 1,
+    hf_batch_size: int | list[int] = 16,
+    hf_sort: bool = False,
+    log=print,
+    warmup: bool = True,
+    others: dict | None = None,
+) -> list[BenchResult]:
     """Run `systems` on `wl` for `rounds` rounds (order rotated each round); every `BenchResult`, with `extra['round']`.
     `others`: more systems, name → runner of a workload (e.g. llama.cpp's server: `run_llamacpp`, below)."""
     bad = [s for s in systems if s not in SYSTEMS]
-    if bad: raise ValueError(f"unknown systems {bad}; choose from {SYSTEMS}")
+    if bad:
+        raise ValueError(f"unknown systems {bad}; choose from {SYSTEMS}")
     cb_config = None
-    if llm is not None and "hf-generate_batch" in systems:   # transformers' paged cache: as big as minivllm's (at most what the whole workload needs), same token budget
+    if (
+        llm is not None and "hf-generate_batch" in systems
+    ):  # transformers' paged cache: as big as minivllm's (at most what the whole workload needs), same token budget
         cc, sc = llm.llm_engine.get_cache_config(), llm.llm_engine.get_scheduler_config()
         need = wl.num_prompt_tokens + wl.num_output_tokens + 256 * wl.num_requests
-        cb_config = hf_cb_config(min(cc.num_gpu_blocks * cc.block_size, need), sc.max_num_batched_tokens)
-    runs = []                                  # (system, runner of a workload); `hf-generate` once per batch size asked for
+        cb_config = hf_cb_config(
+            min(cc.num_gpu_blocks * cc.block_size, need), sc.max_num_batched_tokens
+        )
+    runs = []  # (system, runner of a workload); `hf-generate` once per batch size asked for
     for s in systems:
-        if s == "minivllm": runs.append((s, lambda w: run_minivllm(llm, w)))
+        if s == "minivllm":
+            runs.append((s, lambda w: run_minivllm(llm, w)))
         elif s == "hf-generate":
-            for bs in ([hf_batch_size] if isinstance(hf_batch_size, int) else hf_batch_size):
+            for bs in [hf_batch_size] if isinstance(hf_batch_size, int) else hf_batch_size:
                 runs.append((s, lambda w, bs=bs: run_hf_generate(hf, w, bs, sort=hf_sort)))
-        else: runs.append((s, lambda w: run_hf_continuous(hf, w, cb_config=cb_config)))   # (warms itself up, untimed)
+        else:
+            runs.append(
+                (s, lambda w: run_hf_continuous(hf, w, cb_config=cb_config))
+            )  # (warms itself up, untimed)
     runs += list((others or {}).items())
-    if warmup:   # first calls pay one-off costs (oneDNN primitives, allocator growth): pay them before the clock
+    if warmup:  # first calls pay one-off costs (oneDNN primitives, allocator growth): pay them before the clock
         _settle(llm)
         w = _warmup_workload(wl)
         for s, run in runs:
-            if s != "hf-generate_batch": run(w)
+            if s != "hf-generate_batch":
+                run(w)
     results = []
     for r in range(rounds):
         k = r % len(runs)
         for _, run in runs[k:] + runs[:k]:
-            res = run(wl); res.extra["round"] = r
-            res.extra.pop("tokens", None); res.extra["load_avg"] = os.getloadavg()[0]
+            res = run(wl)
+            res.extra["round"] = r
+            res.extra.pop("tokens", None)
+            res.extra["load_avg"] = os.getloadavg()[0]
             results.append(res)
-            if log: log(f"round {r}: {res.system:>20}: {res.output_tokens} tokens in {res.seconds:7.2f} s = {res.tokens_per_s:7.1f} tokens/s")
+            if log:
+                log(
+                    f"round {r}: {res.system:>20}: {res.output_tokens} tokens in {res.seconds:7.2f} s = {res.tokens_per_s:7.1f} tokens/s"
+                )
     return results
+
 
 def _settle(llm):
     "Compile what the engine would compile at its first big step (the CPU's in-place attention kernel, lesson 05): the clock times steady state."
-    runner = getattr(getattr(getattr(llm, "llm_engine", None), "engine_core", None), "model_runner", None)
-    if hasattr(runner, "prepare_attention"): runner.prepare_attention()
+    runner = getattr(
+        getattr(getattr(llm, "llm_engine", None), "engine_core", None), "model_runner", None
+    )
+    if hasattr(runner, "prepare_attention"):
+        runner.prepare_attention()
+
 
 def _warmup_workload(wl: Workload) -> Workload:
     "Two short requests made of the workload's own tokens (so valid ids for the model), for untimed warm-up runs."
     return Workload([p[:16] for p in wl.prompts[:2]], [min(4, n) for n in wl.output_lens[:2]])
 
-def summarize(results: list[BenchResult], base: str = "minivllm", key=lambda r: r.tokens_per_s) -> dict:
+
+def summarize(
+    results: list[BenchResult], base: str = "minivllm", key=lambda r: r.tokens_per_s
+) -> dict:
     "Median of `key` per system, and the median over rounds of `base`'s value / each other system's value."
     import statistics
+
     by = {}
-    for r in results: by.setdefault(r.system, []).append(r)
-    out = {s: dict(median=statistics.median(key(r) for r in rs), runs=[key(r) for r in rs]) for s, rs in by.items()}
+    for r in results:
+        by.setdefault(r.system, []).append(r)
+    out = {
+        s: dict(median=statistics.median(key(r) for r in rs), runs=[key(r) for r in rs])
+        for s, rs in by.items()
+    }
     if base in by:
         for s in by:
-            if s == base: continue
-            ratios = [key(a) / key(b) for a in by[base] for b in by[s] if a.extra.get("round") == b.extra.get("round")]
-            if ratios: out[s]["ratio"] = statistics.median(ratios)
+            if s == base:
+                continue
+            ratios = [
+                key(a) / key(b)
+                for a in by[base]
+                for b in by[s]
+                if a.extra.get("round") == b.extra.get("round")
+            ]
+            if ratios:
+                out[s]["ratio"] = statistics.median(ratios)
     return out
+
 
 def print_summary(summary: dict, unit: str = "tokens/s", base: str = "minivllm"):
     "Print a `summarize` result: each system's median and runs, and `base`'s ratio to it."
     for s, v in summary.items():
         rt = f"   {base} / this = {v['ratio']:.2f}x" if "ratio" in v else ""
-        print(f"{s:>20}: {v['median']:8.1f} {unit} (runs: {', '.join(f'{x:.1f}' for x in v['runs'])}){rt}")
+        print(
+            f"{s:>20}: {v['median']:8.1f} {unit} (runs: {', '.join(f'{x:.1f}' for x in v['runs'])}){rt}"
+        )
 
 # %% ../nbs/16_benchmarks.ipynb #f7eaeb37
 @dataclass
 class LatencyResult:
     "Time to first token and time per output token of each request of one run of one system."
+
     system: str
     concurrency: int
     prompt_len: int
     output_len: int
-    ttft: list[float]      # seconds, one per request
-    tpot: list[float]      # seconds per output token after the first, one per request
-    def as_dict(self) -> dict: return dataclasses.asdict(self)
+    ttft: list[float]  # seconds, one per request
+    tpot: list[float]  # seconds per output token after the first, one per request
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
     @property
-    def median_ttft(self) -> float: return sorted(self.ttft)[len(self.ttft) // 2]
+    def median_ttft(self) -> float:
+        return sorted(self.ttft)[len(self.ttft) // 2]
+
     @property
-    def median_tpot(self) -> float: return sorted(self.tpot)[len(self.tpot) // 2]
+    def median_tpot(self) -> float:
+        return sorted(self.tpot)[len(self.tpot) // 2]
+
 
 def _lat(ttft_tpot: list[tuple[float, float]], system, c, pl, ol) -> LatencyResult:
     "A `LatencyResult` from `(ttft, tpot)` pairs."
@@ -247,29 +429,48 @@ def _lat(ttft_tpot: list[tuple[float, float]], system, c, pl, ol) -> LatencyResu
 def latency_minivllm(engine, wl: Workload) -> LatencyResult:
     "TTFT/TPOT of the workload's requests submitted together to an `LLMEngine` (greedy, ignore_eos)."
     from minivllm.config import SamplingParams, TokensPrompt
+
     base = f"lat{time.perf_counter_ns()}-"
-    engine.reset_prefix_cache()   # the same prompts ran before (other rounds, other concurrencies): no free prefill
+    engine.reset_prefix_cache()  # the same prompts ran before (other rounds, other concurrencies): no free prefill
     t0 = time.perf_counter()
     for i, (p, n) in enumerate(zip(wl.prompts, wl.output_lens)):
-        engine.add_request(f"{base}{i}", TokensPrompt(prompt_token_ids=p), SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
+        engine.add_request(
+            f"{base}{i}",
+            TokensPrompt(prompt_token_ids=p),
+            SamplingParams(temperature=0, max_tokens=n, ignore_eos=True),
+        )
     first, last, count = {}, {}, {}
     while engine.has_unfinished_requests():
-        outs = engine.step(); now = time.perf_counter()
+        outs = engine.step()
+        now = time.perf_counter()
         for o in outs:
             n = len(o.outputs[0].token_ids)
-            if n and o.request_id not in first: first[o.request_id] = now
+            if n and o.request_id not in first:
+                first[o.request_id] = now
             last[o.request_id], count[o.request_id] = now, n
     ids = [f"{base}{i}" for i in range(wl.num_requests)]
     _check_lengths("minivllm", [count[i] for i in ids], wl.output_lens)
-    return _lat([(first[i] - t0, (last[i] - first[i]) / max(count[i] - 1, 1)) for i in ids], "minivllm",
-                wl.num_requests, len(wl.prompts[0]), wl.output_lens[0])
+    return _lat(
+        [(first[i] - t0, (last[i] - first[i]) / max(count[i] - 1, 1)) for i in ids],
+        "minivllm",
+        wl.num_requests,
+        len(wl.prompts[0]),
+        wl.output_lens[0],
+    )
 
 # %% ../nbs/16_benchmarks.ipynb #40708988
 class _TimingStreamer:
     "A transformers streamer that records when each step's tokens arrive."
-    def __init__(self): self.times = []
-    def put(self, value): self.times.append(time.perf_counter())
-    def end(self): pass
+
+    def __init__(self):
+        self.times = []
+
+    def put(self, value):
+        self.times.append(time.perf_counter())
+
+    def end(self):
+        pass
+
 
 @torch.inference_mode()
 def latency_hf_generate(model, wl: Workload, pad_id: int | None = None) -> LatencyResult:
@@ -277,12 +478,22 @@ def latency_hf_generate(model, wl: Workload, pad_id: int | None = None) -> Laten
     pad_id = pad_id if pad_id is not None else (model.generation_config.pad_token_id or 0)
     L, n = max(map(len, wl.prompts)), max(wl.output_lens)
     ids = torch.tensor([[pad_id] * (L - len(p)) + p for p in wl.prompts], device=model.device)
-    mask = torch.tensor([[0] * (L - len(p)) + [1] * len(p) for p in wl.prompts], device=model.device)
+    mask = torch.tensor(
+        [[0] * (L - len(p)) + [1] * len(p) for p in wl.prompts], device=model.device
+    )
     st = _TimingStreamer()
     t0 = time.perf_counter()
-    out = model.generate(ids, attention_mask=mask, max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=pad_id, streamer=st)
+    out = model.generate(
+        ids,
+        attention_mask=mask,
+        max_new_tokens=n,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=pad_id,
+        streamer=st,
+    )
     _check_lengths("hf-generate", [out.shape[1] - L] * wl.num_requests, [n] * wl.num_requests)
-    tok = st.times[1:]                       # times[0]: the prompt, put before the first step
+    tok = st.times[1:]  # times[0]: the prompt, put before the first step
     ttft, tpot = tok[0] - t0, (tok[-1] - tok[0]) / max(len(tok) - 1, 1)
     return _lat([(ttft, tpot)] * wl.num_requests, "hf-generate", wl.num_requests, L, n)
 
@@ -293,74 +504,129 @@ def latency_hf_continuous(model, wl: Workload, warmup: bool = True) -> LatencyRe
     lat = [(ts[0] - c, (ts[-1] - ts[0]) / max(len(ts) - 1, 1)) for c, ts in r.extra["timing"]]
     return _lat(lat, "hf-generate_batch", wl.num_requests, len(wl.prompts[0]), wl.output_lens[0])
 
-def bench_latency(systems=SYSTEMS, llm=None, hf=None, prompt_len: int = 128, output_len: int = 128,
-                  concurrency=(1, 8), rounds: int = 1, seed: int = 0, vocab_size: int = 49152, log=print,
-                  warmup: bool = True, others: dict | None = None) -> list[LatencyResult]:
+
+def bench_latency(
+    systems=SYSTEMS,
+    llm=None,
+    hf=None,
+    prompt_len: int = 128,
+    output_len: int = 128,
+    concurrency=(1, 8),
+    rounds: int = 1,
+    seed: int = 0,
+    vocab_size: int = 49152,
+    log=print,
+    warmup: bool = True,
+    others: dict | None = None,
+) -> list[LatencyResult]:
     "TTFT/TPOT of each system at each concurrency, `rounds` times (order rotated); `others`: more systems, name → runner."
-    runners = {"minivllm": lambda w: latency_minivllm(llm.llm_engine, w), "hf-generate": lambda w: latency_hf_generate(hf, w),
-               "hf-generate_batch": lambda w: latency_hf_continuous(hf, w)}
+    runners = {
+        "minivllm": lambda w: latency_minivllm(llm.llm_engine, w),
+        "hf-generate": lambda w: latency_hf_generate(hf, w),
+        "hf-generate_batch": lambda w: latency_hf_continuous(hf, w),
+    }
     bad = [s for s in systems if s not in runners]
-    if bad: raise ValueError(f"unknown systems {bad}; choose from {SYSTEMS}")
-    runners |= others or {}; systems = list(systems) + list(others or {})
-    if warmup:   # untimed: one-off first-call costs (hf-generate_batch warms itself up in every run)
+    if bad:
+        raise ValueError(f"unknown systems {bad}; choose from {SYSTEMS}")
+    runners |= others or {}
+    systems = list(systems) + list(others or {})
+    if warmup:  # untimed: one-off first-call costs (hf-generate_batch warms itself up in every run)
         _settle(llm)
-        w = _warmup_workload(make_workload(2, seed=seed, prompt_len=min(prompt_len, 16), output_len=min(output_len, 4), vocab_size=vocab_size))
+        w = _warmup_workload(
+            make_workload(
+                2,
+                seed=seed,
+                prompt_len=min(prompt_len, 16),
+                output_len=min(output_len, 4),
+                vocab_size=vocab_size,
+            )
+        )
         for s in systems:
-            if s != "hf-generate_batch": runners[s](w)
+            if s != "hf-generate_batch":
+                runners[s](w)
     out = []
     for c in concurrency:
-        wl = make_workload(c, seed=seed, prompt_len=prompt_len, output_len=output_len, vocab_size=vocab_size)
+        wl = make_workload(
+            c, seed=seed, prompt_len=prompt_len, output_len=output_len, vocab_size=vocab_size
+        )
         for r in range(rounds):
             k = r % len(systems)
             for s in list(systems[k:]) + list(systems[:k]):
-                res = runners[s](wl); out.append(res)
-                if log: log(f"concurrency {c:3d} round {r}: {s:>20}: TTFT {res.median_ttft * 1e3:8.1f} ms   TPOT {res.median_tpot * 1e3:7.1f} ms")
+                res = runners[s](wl)
+                out.append(res)
+                if log:
+                    log(
+                        f"concurrency {c:3d} round {r}: {s:>20}: TTFT {res.median_ttft * 1e3:8.1f} ms   TPOT {res.median_tpot * 1e3:7.1f} ms"
+                    )
     return out
 
 # %% ../nbs/16_benchmarks.ipynb #05b81850
 @dataclass
 class ServeRequestResult:
     "One streamed request, as the client saw it (seconds)."
+
     prompt_len: int
-    output_len: int                # requested
+    output_len: int  # requested
     ok: bool = False
-    output_tokens: int = 0         # generated, as the server counted them
-    send_time: float = 0.0         # relative to the start of the run
+    output_tokens: int = 0  # generated, as the server counted them
+    send_time: float = 0.0  # relative to the start of the run
     ttft: float = 0.0
     latency: float = 0.0
     itl: list[float] = field(default_factory=list)
     error: str = ""
+
     @property
     def tpot(self) -> float | None:
-        return (self.latency - self.ttft) / (self.output_tokens - 1) if self.ok and self.output_tokens > 1 else None
+        return (
+            (self.latency - self.ttft) / (self.output_tokens - 1)
+            if self.ok and self.output_tokens > 1
+            else None
+        )
+
 
 def poisson_arrivals(n: int, rate: float, seed: int = 0) -> list[float]:
     "Send times (seconds from the start) of `n` requests at `rate` requests/s: exponential gaps; all 0 when `rate` is inf."
-    if rate == float("inf"): return [0.0] * n
-    if rate <= 0: raise ValueError(f"request rate must be > 0, not {rate}")
+    if rate == float("inf"):
+        return [0.0] * n
+    if rate <= 0:
+        raise ValueError(f"request rate must be > 0, not {rate}")
     rng, t, out = random.Random(seed), 0.0, []
     for _ in range(n):
-        out.append(t); t += rng.expovariate(rate)
+        out.append(t)
+        t += rng.expovariate(rate)
     return out
 
 # %% ../nbs/16_benchmarks.ipynb #3912816a
-async def _serve_one(client, url: str, body: dict, t_start: float, res: ServeRequestResult, headers: dict) -> ServeRequestResult:
-    t0 = time.perf_counter(); res.send_time = t0 - t_start
+async def _serve_one(
+    client, url: str, body: dict, t_start: float, res: ServeRequestResult, headers: dict
+) -> ServeRequestResult:
+    t0 = time.perf_counter()
+    res.send_time = t0 - t_start
     stamps, usage = [], None
     try:
         async with client.stream("POST", url, json=body, headers=headers) as r:
             if r.status_code != 200:
-                res.error = f"HTTP {r.status_code}: {(await r.aread()).decode(errors='replace')[:300]}"; return res
+                res.error = (
+                    f"HTTP {r.status_code}: {(await r.aread()).decode(errors='replace')[:300]}"
+                )
+                return res
             async for line in r.aiter_lines():
-                if not line.startswith("data:"): continue
+                if not line.startswith("data:"):
+                    continue
                 data = line[5:].strip()
-                if data == "[DONE]": break
+                if data == "[DONE]":
+                    break
                 obj = json.loads(data)
-                if obj.get("choices"): stamps.append(time.perf_counter())
-                if obj.get("usage"): usage = obj["usage"]
-    except Exception as e:   # network errors, timeouts, bad JSON: this request failed
-        res.error = f"{type(e).__name__}: {e}"; return res
-    if not stamps: res.error = "no tokens streamed"; return res
+                if obj.get("choices"):
+                    stamps.append(time.perf_counter())
+                if obj.get("usage"):
+                    usage = obj["usage"]
+    except Exception as e:  # network errors, timeouts, bad JSON: this request failed
+        res.error = f"{type(e).__name__}: {e}"
+        return res
+    if not stamps:
+        res.error = "no tokens streamed"
+        return res
     res.ttft, res.latency = stamps[0] - t0, stamps[-1] - t0
     res.itl = [b - a for a, b in zip(stamps, stamps[1:])]
     res.output_tokens = usage["completion_tokens"] if usage else len(stamps)
@@ -368,22 +634,42 @@ async def _serve_one(client, url: str, body: dict, t_start: float, res: ServeReq
     return res
 
 # %% ../nbs/16_benchmarks.ipynb #b7390400
-async def bench_serve(base_url: str, wl: Workload, request_rate: float = float("inf"), seed: int = 0, model: str | None = None,
-                      api_key: str | None = None, max_concurrency: int | None = None, timeout: float = 600.0) -> dict:
+async def bench_serve(
+    base_url: str,
+    wl: Workload,
+    request_rate: float = float("inf"),
+    seed: int = 0,
+    model: str | None = None,
+    api_key: str | None = None,
+    max_concurrency: int | None = None,
+    timeout: float = 600.0,
+) -> dict:
     "Send `wl` to the OpenAI-compatible server at `base_url` at `request_rate` requests/s (Poisson); per-request results + summary."
-    import asyncio, httpx
+    import asyncio
+    import httpx
+
     base_url = base_url.rstrip("/").removesuffix("/v1")
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(timeout=httpx.Timeout(timeout), limits=limits) as client:
-        try: r = await client.get(base_url + "/v1/models", headers=headers)
-        except httpx.HTTPError as e: raise ValueError(f"cannot reach the server at {base_url}: {e!r}") from e
-        if r.status_code != 200: raise ValueError(f"{base_url}/v1/models answered HTTP {r.status_code}: {r.text[:300]}")
+        try:
+            r = await client.get(base_url + "/v1/models", headers=headers)
+        except httpx.HTTPError as e:
+            raise ValueError(f"cannot reach the server at {base_url}: {e!r}") from e
+        if r.status_code != 200:
+            raise ValueError(f"{base_url}/v1/models answered HTTP {r.status_code}: {r.text[:300]}")
         served = r.json()["data"][0]
         model = model or served["id"]
         mml = served.get("max_model_len")
-        too_long = [i for i, (p, n) in enumerate(zip(wl.prompts, wl.output_lens)) if mml and len(p) + n > mml]
-        if too_long: raise ValueError(f"{len(too_long)} requests exceed the server's max_model_len={mml} (e.g. request {too_long[0]})")
+        too_long = [
+            i
+            for i, (p, n) in enumerate(zip(wl.prompts, wl.output_lens))
+            if mml and len(p) + n > mml
+        ]
+        if too_long:
+            raise ValueError(
+                f"{len(too_long)} requests exceed the server's max_model_len={mml} (e.g. request {too_long[0]})"
+            )
         sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
         arrivals = poisson_arrivals(wl.num_requests, request_rate, seed)
         results = [ServeRequestResult(len(p), n) for p, n in zip(wl.prompts, wl.output_lens)]
@@ -391,132 +677,264 @@ async def bench_serve(base_url: str, wl: Workload, request_rate: float = float("
 
         async def launch(i):
             await asyncio.sleep(max(0.0, arrivals[i] - (time.perf_counter() - t_start)))
-            body = dict(model=model, prompt=wl.prompts[i], max_tokens=wl.output_lens[i], temperature=0, ignore_eos=True,
-                        stream=True, stream_options={"include_usage": True})
-            if sem is None: return await _serve_one(client, base_url + "/v1/completions", body, t_start, results[i], headers)
-            async with sem: return await _serve_one(client, base_url + "/v1/completions", body, t_start, results[i], headers)
+            body = dict(
+                model=model,
+                prompt=wl.prompts[i],
+                max_tokens=wl.output_lens[i],
+                temperature=0,
+                ignore_eos=True,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+            if sem is None:
+                return await _serve_one(
+                    client, base_url + "/v1/completions", body, t_start, results[i], headers
+                )
+            async with sem:
+                return await _serve_one(
+                    client, base_url + "/v1/completions", body, t_start, results[i], headers
+                )
 
         await asyncio.gather(*(launch(i) for i in range(wl.num_requests)))
         ends = [r.send_time + r.latency for r in results if r.ok]
         duration = max(ends) if ends else time.perf_counter() - t_start
-    return dict(results=results, summary=summarize_serve(results, duration), model=model, request_rate=request_rate,
-                max_concurrency=max_concurrency)
+    return dict(
+        results=results,
+        summary=summarize_serve(results, duration),
+        model=model,
+        request_rate=request_rate,
+        max_concurrency=max_concurrency,
+    )
 
 # %% ../nbs/16_benchmarks.ipynb #eb8483ef
 def _percentiles(xs, ps=(50, 90, 99)) -> dict:
     "Mean and percentiles (linear interpolation, as `numpy.percentile`) of `xs` in milliseconds; empty dict when no data."
-    if not xs: return {}
+    if not xs:
+        return {}
     s = sorted(xs)
+
     def pct(p):
-        k = (len(s) - 1) * p / 100; i = int(k); j = min(i + 1, len(s) - 1)
+        k = (len(s) - 1) * p / 100
+        i = int(k)
+        j = min(i + 1, len(s) - 1)
         return s[i] + (s[j] - s[i]) * (k - i)
+
     return dict(mean=sum(s) / len(s) * 1e3) | {f"p{p}": pct(p) * 1e3 for p in ps}
+
 
 def summarize_serve(results: list[ServeRequestResult], duration: float) -> dict:
     "Throughputs over the run and TTFT / TPOT / ITL / E2E latency percentiles (ms) of the requests that completed."
     ok = [r for r in results if r.ok]
     out_toks = sum(r.output_tokens for r in ok)
-    return dict(completed=len(ok), failed=len(results) - len(ok), duration_s=duration,
-                total_input_tokens=sum(r.prompt_len for r in ok), total_output_tokens=out_toks,
-                request_throughput=len(ok) / duration, output_throughput=out_toks / duration,
-                total_token_throughput=(out_toks + sum(r.prompt_len for r in ok)) / duration,
-                ttft_ms=_percentiles([r.ttft for r in ok]), tpot_ms=_percentiles([r.tpot for r in ok if r.tpot is not None]),
-                itl_ms=_percentiles([x for r in ok for x in r.itl]), e2el_ms=_percentiles([r.latency for r in ok]),
-                per_request_tokens_per_s=dict((k, v / 1e3) for k, v in _percentiles([r.output_tokens / r.latency for r in ok if r.latency > 0]).items()),
-                errors=sorted({r.error for r in results if not r.ok})[:5])
+    return dict(
+        completed=len(ok),
+        failed=len(results) - len(ok),
+        duration_s=duration,
+        total_input_tokens=sum(r.prompt_len for r in ok),
+        total_output_tokens=out_toks,
+        request_throughput=len(ok) / duration,
+        output_throughput=out_toks / duration,
+        total_token_throughput=(out_toks + sum(r.prompt_len for r in ok)) / duration,
+        ttft_ms=_percentiles([r.ttft for r in ok]),
+        tpot_ms=_percentiles([r.tpot for r in ok if r.tpot is not None]),
+        itl_ms=_percentiles([x for r in ok for x in r.itl]),
+        e2el_ms=_percentiles([r.latency for r in ok]),
+        per_request_tokens_per_s=dict(
+            (k, v / 1e3)
+            for k, v in _percentiles(
+                [r.output_tokens / r.latency for r in ok if r.latency > 0]
+            ).items()
+        ),
+        errors=sorted({r.error for r in results if not r.ok})[:5],
+    )
 
 # %% ../nbs/16_benchmarks.ipynb #0a6c2413
 def print_serve_summary(s: dict, file=None):
     "vLLM-style report of a `bench_serve` summary."
     p = lambda *a: print(*a, file=file)
-    p(f"{'successful requests':<32}{s['completed']:>12}\n{'failed requests':<32}{s['failed']:>12}\n{'duration (s)':<32}{s['duration_s']:>12.2f}")
-    p(f"{'total input tokens':<32}{s['total_input_tokens']:>12}\n{'total generated tokens':<32}{s['total_output_tokens']:>12}")
-    p(f"{'request throughput (req/s)':<32}{s['request_throughput']:>12.2f}\n{'output token throughput (tok/s)':<32}{s['output_throughput']:>12.2f}")
+    p(
+        f"{'successful requests':<32}{s['completed']:>12}\n{'failed requests':<32}{s['failed']:>12}\n{'duration (s)':<32}{s['duration_s']:>12.2f}"
+    )
+    p(
+        f"{'total input tokens':<32}{s['total_input_tokens']:>12}\n{'total generated tokens':<32}{s['total_output_tokens']:>12}"
+    )
+    p(
+        f"{'request throughput (req/s)':<32}{s['request_throughput']:>12.2f}\n{'output token throughput (tok/s)':<32}{s['output_throughput']:>12.2f}"
+    )
     p(f"{'total token throughput (tok/s)':<32}{s['total_token_throughput']:>12.2f}")
-    for key, name in [("ttft_ms", "time to first token (ms)"), ("tpot_ms", "time per output token (ms)"),
-                      ("itl_ms", "inter-token latency (ms)"), ("e2el_ms", "end-to-end latency (ms)")]:
-        if s[key]: p(f"{name:<32}" + "  ".join(f"{k} {v:9.1f}" for k, v in s[key].items()))
+    for key, name in [
+        ("ttft_ms", "time to first token (ms)"),
+        ("tpot_ms", "time per output token (ms)"),
+        ("itl_ms", "inter-token latency (ms)"),
+        ("e2el_ms", "end-to-end latency (ms)"),
+    ]:
+        if s[key]:
+            p(f"{name:<32}" + "  ".join(f"{k} {v:9.1f}" for k, v in s[key].items()))
     if s["per_request_tokens_per_s"]:
-        p(f"{'per-request tokens/s':<32}" + "  ".join(f"{k} {v:9.1f}" for k, v in s["per_request_tokens_per_s"].items()))
-    for e in s["errors"]: p(f"error: {e}")
+        p(
+            f"{'per-request tokens/s':<32}"
+            + "  ".join(f"{k} {v:9.1f}" for k, v in s["per_request_tokens_per_s"].items())
+        )
+    for e in s["errors"]:
+        p(f"error: {e}")
+
 
 def run_coroutine(coro):
     "Run `coro` to completion, also from inside a running event loop (a notebook): then in a thread of its own."
-    import asyncio, concurrent.futures
-    try: asyncio.get_running_loop()
-    except RuntimeError: return asyncio.run(coro)
-    with concurrent.futures.ThreadPoolExecutor(1) as ex: return ex.submit(asyncio.run, coro).result()
+    import asyncio
+    import concurrent.futures
+
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    with concurrent.futures.ThreadPoolExecutor(1) as ex:
+        return ex.submit(asyncio.run, coro).result()
 
 # %% ../nbs/16_benchmarks.ipynb #82deed14
 def gguf_file_type(path) -> str:
     "A GGUF file's weight type as llama.cpp names it (`F32`, `Q4_1`, ...), read from its `general.file_type` field."
     import gguf
+
     f = gguf.GGUFReader(str(path)).fields.get("general.file_type")
-    if f is None: return "unknown"
+    if f is None:
+        return "unknown"
     v = int(f.parts[f.data[0]][0])
-    try: return gguf.LlamaFileType(v).name.split("_", 1)[1]   # ALL_F32 -> F32, MOSTLY_Q4_1 -> Q4_1
-    except ValueError: return f"type {v}"
+    try:
+        return gguf.LlamaFileType(v).name.split("_", 1)[1]  # ALL_F32 -> F32, MOSTLY_Q4_1 -> Q4_1
+    except ValueError:
+        return f"type {v}"
+
 
 def _free_port() -> int:
     import socket
-    with socket.socket() as s: s.bind(("127.0.0.1", 0)); return s.getsockname()[1]
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
 
 def _die_with_parent():
     "In the child, before exec: ask Linux to end it when the benchmark process dies (a killed benchmark leaves no server behind)."
     try:
-        import ctypes, signal
-        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))   # PR_SET_PDEATHSIG
-    except (OSError, AttributeError): pass                                    # not Linux: `stop()` and the context manager still apply
+        import ctypes
+        import signal
 
-def llama_server_args(binary, gguf, port: int, n_parallel: int = 1, ctx_per_slot: int = 2048, threads: int | None = None) -> list[str]:
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: `stop()` and the context manager still apply
+
+
+def llama_server_args(
+    binary,
+    gguf,
+    port: int,
+    n_parallel: int = 1,
+    ctx_per_slot: int = 2048,
+    threads: int | None = None,
+) -> list[str]:
     "The command line of a `llama-server` for the benchmarks: loopback, no web UI, `n_parallel` slots of `ctx_per_slot` tokens each."
-    t = str(threads or torch.get_num_threads())   # the threads torch uses here: the same cores for both
-    return [str(binary), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "--no-webui", "-np", str(n_parallel),
-            "-c", str(n_parallel * ctx_per_slot), "-t", t, "-tb", t, "--cache-ram", "0"]
+    t = str(
+        threads or torch.get_num_threads()
+    )  # the threads torch uses here: the same cores for both
+    return [
+        str(binary),
+        "-m",
+        str(gguf),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--no-webui",
+        "-np",
+        str(n_parallel),
+        "-c",
+        str(n_parallel * ctx_per_slot),
+        "-t",
+        t,
+        "-tb",
+        t,
+        "--cache-ram",
+        "0",
+    ]
 
 # %% ../nbs/16_benchmarks.ipynb #8e23b0a2
 class LlamaServer:
     "llama.cpp's `llama-server` as a child process serving `gguf` (default: the embedded model) on a free loopback port."
-    def __init__(self, binary, gguf=None, n_parallel: int = 1, ctx_per_slot: int = 2048, threads: int | None = None,
-                 startup_timeout: float = 300.0):
+
+    def __init__(
+        self,
+        binary,
+        gguf=None,
+        n_parallel: int = 1,
+        ctx_per_slot: int = 2048,
+        threads: int | None = None,
+        startup_timeout: float = 300.0,
+    ):
         import shutil
         from minivllm.config import embedded_gguf_path
+
         found = shutil.which(str(binary)) if binary else None
-        if not found: raise FileNotFoundError(f"--llama-server: no llama.cpp server binary at {str(binary)!r} (how to build one: the benchmarks notebook)")
+        if not found:
+            raise FileNotFoundError(
+                f"--llama-server: no llama.cpp server binary at {str(binary)!r} (how to build one: the benchmarks notebook)"
+            )
         self.binary, self.gguf = found, Path(gguf).expanduser() if gguf else embedded_gguf_path()
-        if not self.gguf.is_file(): raise FileNotFoundError(f"--llama-gguf: no GGUF file at {str(self.gguf)!r}")
+        if not self.gguf.is_file():
+            raise FileNotFoundError(f"--llama-gguf: no GGUF file at {str(self.gguf)!r}")
         self.file_type = gguf_file_type(self.gguf)
         self.name = f"llama.cpp {self.file_type}"
-        self.n_parallel, self.ctx_per_slot, self.threads, self.startup_timeout = n_parallel, ctx_per_slot, threads, startup_timeout
+        self.n_parallel, self.ctx_per_slot, self.threads, self.startup_timeout = (
+            n_parallel,
+            ctx_per_slot,
+            threads,
+            startup_timeout,
+        )
         self.proc = self.url = self.log = None
 
     def start(self) -> "LlamaServer":
         "Start the server; return once its `/health` answers 200 (the model is loaded)."
-        import httpx, tempfile
+        import httpx
+        import tempfile
+
         port = _free_port()
-        self.args = llama_server_args(self.binary, self.gguf, port, self.n_parallel, self.ctx_per_slot, self.threads)
-        self.log = tempfile.NamedTemporaryFile("w+", prefix="llama-server-", suffix=".log", delete=False)
-        self.proc = subprocess.Popen(self.args, stdout=self.log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+        self.args = llama_server_args(
+            self.binary, self.gguf, port, self.n_parallel, self.ctx_per_slot, self.threads
+        )
+        self.log = tempfile.NamedTemporaryFile(
+            "w+", prefix="llama-server-", suffix=".log", delete=False
+        )
+        self.proc = subprocess.Popen(
+            self.args, stdout=self.log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
+        )
         self.url = f"http://127.0.0.1:{port}"
         t0 = time.perf_counter()
         while time.perf_counter() - t0 < self.startup_timeout and self.proc.poll() is None:
             try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200: return self
-            except httpx.HTTPError: pass
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
             time.sleep(0.2)
         self.stop()
-        raise RuntimeError(f"llama-server did not start ({' '.join(self.args)}); its log ends:\n{self.log_tail()}")
+        raise RuntimeError(
+            f"llama-server did not start ({' '.join(self.args)}); its log ends:\n{self.log_tail()}"
+        )
 
     def log_tail(self, n: int = 2000) -> str:
         "The end of the server's output."
-        self.log.flush(); return Path(self.log.name).read_text(errors="replace")[-n:]
+        self.log.flush()
+        return Path(self.log.name).read_text(errors="replace")[-n:]
 
     def stop(self):
         "Terminate the server (kill it if it has not exited after 10 s)."
         if self.proc is not None and self.proc.poll() is None:
             self.proc.terminate()
-            try: self.proc.wait(10)
-            except subprocess.TimeoutExpired: self.proc.kill(); self.proc.wait()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
         self.proc = None
 
     def version(self) -> str:
@@ -524,52 +942,94 @@ class LlamaServer:
         r = subprocess.run([self.binary, "--version"], capture_output=True, text=True, timeout=60)
         lines = (r.stdout + r.stderr).splitlines()
         return next((l for l in lines if l.startswith("version")), lines[0] if lines else "")
-    def __enter__(self): return self.start()
-    def __exit__(self, *exc): self.stop()
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
 
 # %% ../nbs/16_benchmarks.ipynb #93916469
 def _llama_body(prompt, n: int, **kw) -> dict:
     "A `/completion` request for exactly `n` greedy tokens after the token ids `prompt`, with no reuse of an earlier prefill."
-    return dict(prompt=list(prompt), n_predict=n, ignore_eos=True, cache_prompt=False, temperature=0, return_tokens=True) | kw
+    return (
+        dict(
+            prompt=list(prompt),
+            n_predict=n,
+            ignore_eos=True,
+            cache_prompt=False,
+            temperature=0,
+            return_tokens=True,
+        )
+        | kw
+    )
+
 
 def _llama_url_name(server, name=None) -> tuple[str, str]:
     "Base URL and system name of a `LlamaServer` or of a URL."
-    return (server, name or "llama.cpp") if isinstance(server, str) else (server.url, name or server.name)
+    return (
+        (server, name or "llama.cpp")
+        if isinstance(server, str)
+        else (server.url, name or server.name)
+    )
 
-def _llama_error(r_status, text) -> RuntimeError: return RuntimeError(f"llama.cpp /completion: HTTP {r_status}: {text[:300]}")
+
+def _llama_error(r_status, text) -> RuntimeError:
+    return RuntimeError(f"llama.cpp /completion: HTTP {r_status}: {text[:300]}")
+
 
 async def _llama_request(client, url: str, prompt, n: int, stream: bool = False, **kw) -> dict:
     "One `/completion` call: the final JSON object, plus `t_send` and, streamed, `t_first` (first token) and `t_last` (final chunk)."
     body, t0 = _llama_body(prompt, n, stream=stream, **kw), time.perf_counter()
     if not stream:
         r = await client.post(url + "/completion", json=body)
-        if r.status_code != 200: raise _llama_error(r.status_code, r.text)
+        if r.status_code != 200:
+            raise _llama_error(r.status_code, r.text)
         return r.json() | dict(t_send=t0)
     first, toks = None, []
     async with client.stream("POST", url + "/completion", json=body) as r:
-        if r.status_code != 200: raise _llama_error(r.status_code, (await r.aread()).decode(errors="replace"))
+        if r.status_code != 200:
+            raise _llama_error(r.status_code, (await r.aread()).decode(errors="replace"))
         async for line in r.aiter_lines():
-            if line.startswith("error:"): raise _llama_error(200, line)
-            if not line.startswith("data:"): continue
+            if line.startswith("error:"):
+                raise _llama_error(200, line)
+            if not line.startswith("data:"):
+                continue
             obj = json.loads(line[5:])
-            if "error" in obj: raise _llama_error(200, json.dumps(obj["error"]))
-            if obj.get("tokens") and first is None: first = time.perf_counter()
+            if "error" in obj:
+                raise _llama_error(200, json.dumps(obj["error"]))
+            if obj.get("tokens") and first is None:
+                first = time.perf_counter()
             toks += obj.get("tokens") or []
-            if obj.get("stop"): return obj | dict(t_send=t0, t_first=first, t_last=time.perf_counter(), tokens=toks)
+            if obj.get("stop"):
+                return obj | dict(t_send=t0, t_first=first, t_last=time.perf_counter(), tokens=toks)
     raise RuntimeError("llama.cpp /completion: the stream ended without its final chunk")
+
 
 async def _llama_all(url: str, wl: Workload, stream: bool) -> list[dict]:
     "Every request of `wl` sent at once; the answers in order."
-    import asyncio, httpx
+    import asyncio
+    import httpx
+
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(timeout=httpx.Timeout(3600.0), limits=limits) as client:
-        return await asyncio.gather(*(_llama_request(client, url, p, n, stream) for p, n in zip(wl.prompts, wl.output_lens)))
+        return await asyncio.gather(
+            *(_llama_request(client, url, p, n, stream) for p, n in zip(wl.prompts, wl.output_lens))
+        )
 
 # %% ../nbs/16_benchmarks.ipynb #0c10a449
 def _check_llama(name: str, outs: list[dict], wl: Workload):
     _check_lengths(name, [o["tokens_predicted"] for o in outs], wl.output_lens)
-    bad = [(i, o["tokens_evaluated"], len(p)) for i, (o, p) in enumerate(zip(outs, wl.prompts)) if o["tokens_evaluated"] != len(p)]
-    if bad: raise RuntimeError(f"{name}: prompt lengths evaluated differ from those sent (request, evaluated, sent): {bad[:5]}")
+    bad = [
+        (i, o["tokens_evaluated"], len(p))
+        for i, (o, p) in enumerate(zip(outs, wl.prompts))
+        if o["tokens_evaluated"] != len(p)
+    ]
+    if bad:
+        raise RuntimeError(
+            f"{name}: prompt lengths evaluated differ from those sent (request, evaluated, sent): {bad[:5]}"
+        )
+
 
 def run_llamacpp(server, wl: Workload, name: str | None = None) -> BenchResult:
     "The workload through llama.cpp's server (a `LlamaServer` or a base URL): all requests at once, greedy, exact lengths."
@@ -578,15 +1038,34 @@ def run_llamacpp(server, wl: Workload, name: str | None = None) -> BenchResult:
     outs = run_coroutine(_llama_all(url, wl, stream=False))
     dt = time.perf_counter() - t0
     _check_llama(name, outs, wl)
-    return BenchResult(name, wl.num_requests, wl.num_output_tokens, wl.num_prompt_tokens, dt, dict(tokens=[o["tokens"] for o in outs]))
+    return BenchResult(
+        name,
+        wl.num_requests,
+        wl.num_output_tokens,
+        wl.num_prompt_tokens,
+        dt,
+        dict(tokens=[o["tokens"] for o in outs]),
+    )
+
 
 def latency_llamacpp(server, wl: Workload, name: str | None = None) -> LatencyResult:
     "TTFT/TPOT of the workload's requests sent at once to llama.cpp's server, streamed."
     url, name = _llama_url_name(server, name)
     outs = run_coroutine(_llama_all(url, wl, stream=True))
     _check_llama(name, outs, wl)
-    return _lat([(o["t_first"] - o["t_send"], (o["t_last"] - o["t_first"]) / max(o["tokens_predicted"] - 1, 1)) for o in outs],
-                name, wl.num_requests, len(wl.prompts[0]), wl.output_lens[0])
+    return _lat(
+        [
+            (
+                o["t_first"] - o["t_send"],
+                (o["t_last"] - o["t_first"]) / max(o["tokens_predicted"] - 1, 1),
+            )
+            for o in outs
+        ],
+        name,
+        wl.num_requests,
+        len(wl.prompts[0]),
+        wl.output_lens[0],
+    )
 
 # %% ../nbs/16_benchmarks.ipynb #c40d53ea
 def compare_top_logprobs(a: tuple, b: tuple) -> dict:
@@ -598,240 +1077,466 @@ def compare_top_logprobs(a: tuple, b: tuple) -> dict:
         steps += 1
         agree += max(la[i], key=la[i].get) == max(lb[i], key=lb[i].get)
         diffs += [abs(la[i][t] - lb[i][t]) for t in la[i].keys() & lb[i].keys()]
-        if ta[i] != tb[i]: break
-    return dict(steps=steps, top1_agree=agree, compared=len(diffs), max_abs_diff=max(diffs, default=0.0),
-                mean_abs_diff=sum(diffs) / max(len(diffs), 1))
+        if ta[i] != tb[i]:
+            break
+    return dict(
+        steps=steps,
+        top1_agree=agree,
+        compared=len(diffs),
+        max_abs_diff=max(diffs, default=0.0),
+        mean_abs_diff=sum(diffs) / max(len(diffs), 1),
+    )
 
 # %% ../nbs/16_benchmarks.ipynb #c5ad7e00
-LOGIT_PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,",
-                 "The three primary colors are", "To make a cup of tea, first"]
+LOGIT_PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a small village,",
+    "The three primary colors are",
+    "To make a cup of tea, first",
+]
 
-def llamacpp_top_logprobs(server, prompt, n: int, k: int = 5) -> tuple[list[int], list[dict[int, float]]]:
+
+def llamacpp_top_logprobs(
+    server, prompt, n: int, k: int = 5
+) -> tuple[list[int], list[dict[int, float]]]:
     "llama.cpp's greedy continuation of the token ids `prompt` (`n` tokens) and the top-`k` raw log-probs at each step."
     import httpx
+
     url, _ = _llama_url_name(server)
-    r = httpx.post(url + "/completion", json=_llama_body(prompt, n, n_probs=k, post_sampling_probs=False), timeout=600)
-    if r.status_code != 200: raise _llama_error(r.status_code, r.text)
+    r = httpx.post(
+        url + "/completion",
+        json=_llama_body(prompt, n, n_probs=k, post_sampling_probs=False),
+        timeout=600,
+    )
+    if r.status_code != 200:
+        raise _llama_error(r.status_code, r.text)
     cp = r.json()["completion_probabilities"]
     return [p["id"] for p in cp], [{t["id"]: t["logprob"] for t in p["top_logprobs"]} for p in cp]
 
-def minivllm_top_logprobs(llm, prompt, n: int, k: int = 5) -> tuple[list[int], list[dict[int, float]]]:
+
+def minivllm_top_logprobs(
+    llm, prompt, n: int, k: int = 5
+) -> tuple[list[int], list[dict[int, float]]]:
     "minivllm's greedy continuation of the token ids `prompt` (`n` tokens) and its top-`k` log-probs (`SamplingParams(logprobs=k)`)."
     from minivllm.config import SamplingParams, TokensPrompt
-    c = llm.generate([TokensPrompt(prompt_token_ids=list(prompt))], SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, logprobs=k),
-                     use_tqdm=False)[0].outputs[0]
+
+    c = llm.generate(
+        [TokensPrompt(prompt_token_ids=list(prompt))],
+        SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, logprobs=k),
+        use_tqdm=False,
+    )[0].outputs[0]
     return list(c.token_ids), [{t: lp.logprob for t, lp in d.items()} for d in c.logprobs]
 
 # %% ../nbs/16_benchmarks.ipynb #c9ac71dc
-def compare_logprobs_llamacpp(server, gguf=None, prompts=LOGIT_PROMPTS, quantization: str | None = "gguf", k: int = 5,
-                              num_tokens: int = 16, llm=None, **llm_kwargs) -> dict:
+def compare_logprobs_llamacpp(
+    server,
+    gguf=None,
+    prompts=LOGIT_PROMPTS,
+    quantization: str | None = "gguf",
+    k: int = 5,
+    num_tokens: int = 16,
+    llm=None,
+    **llm_kwargs,
+) -> dict:
     """Top-`k` log-probs of llama.cpp (`server`: a `LlamaServer`, a base URL, or a `llama-server` binary started here on
     `gguf`) against minivllm's (`llm`, or the embedded model with `quantization`) on `prompts`: per prompt and summed up."""
     from minivllm.llm import LLM
+
     own = None
-    if not isinstance(server, LlamaServer) and not str(server).startswith("http"): own = server = LlamaServer(server, gguf).start()
+    if not isinstance(server, LlamaServer) and not str(server).startswith("http"):
+        own = server = LlamaServer(server, gguf).start()
     try:
         llm = llm or LLM(quantization=quantization, max_model_len=1024, **llm_kwargs)
         tok, rows = llm.get_tokenizer(), []
         for p in prompts:
             ids = list(p) if not isinstance(p, str) else tok.encode(p, add_special_tokens=False)
-            r = compare_top_logprobs(llamacpp_top_logprobs(server, ids, num_tokens, k), minivllm_top_logprobs(llm, ids, num_tokens, k))
+            r = compare_top_logprobs(
+                llamacpp_top_logprobs(server, ids, num_tokens, k),
+                minivllm_top_logprobs(llm, ids, num_tokens, k),
+            )
             rows.append(dict(prompt=p if isinstance(p, str) else None, prompt_len=len(ids)) | r)
     finally:
-        if own is not None: own.stop()
+        if own is not None:
+            own.stop()
     mc = llm.llm_engine.get_model_config()
     steps = sum(r["steps"] for r in rows)
-    summary = dict(steps=steps, top1_agreement=sum(r["top1_agree"] for r in rows) / max(steps, 1), compared=sum(r["compared"] for r in rows),
-                   max_abs_logprob_diff=max(r["max_abs_diff"] for r in rows),
-                   mean_abs_logprob_diff=sum(r["mean_abs_diff"] * r["compared"] for r in rows) / max(sum(r["compared"] for r in rows), 1))
-    return dict(llama_cpp=_llama_url_name(server)[1], minivllm=dict(quantization=mc.quantization, dtype=str(mc.dtype).removeprefix("torch.")),
-                k=k, num_tokens=num_tokens, prompts=rows, summary=summary)
+    summary = dict(
+        steps=steps,
+        top1_agreement=sum(r["top1_agree"] for r in rows) / max(steps, 1),
+        compared=sum(r["compared"] for r in rows),
+        max_abs_logprob_diff=max(r["max_abs_diff"] for r in rows),
+        mean_abs_logprob_diff=sum(r["mean_abs_diff"] * r["compared"] for r in rows)
+        / max(sum(r["compared"] for r in rows), 1),
+    )
+    return dict(
+        llama_cpp=_llama_url_name(server)[1],
+        minivllm=dict(quantization=mc.quantization, dtype=str(mc.dtype).removeprefix("torch.")),
+        k=k,
+        num_tokens=num_tokens,
+        prompts=rows,
+        summary=summary,
+    )
 
 # %% ../nbs/16_benchmarks.ipynb #505c1fa3
 PHASES = ("schedule", "prepare", "forward", "logits", "sampling", "update", "outputs", "other")
 OVERHEAD_PHASES = ("schedule", "prepare", "sampling", "update", "outputs", "other")
 
+
 def step_breakdown(llm, wl: Workload, warmup_steps: int = 0, decode_only: bool = False) -> dict:
     "Run `wl` through `llm`'s engine step by step; seconds per phase (summed over steps, from each `StepInfo`), steps, batch sizes."
     from minivllm.config import SamplingParams, TokensPrompt
+
     eng = llm.llm_engine
     eng.reset_prefix_cache()
     for i, (p, n) in enumerate(zip(wl.prompts, wl.output_lens)):
-        eng.add_request(f"bd{time.perf_counter_ns()}-{i}", TokensPrompt(prompt_token_ids=p), SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
+        eng.add_request(
+            f"bd{time.perf_counter_ns()}-{i}",
+            TokensPrompt(prompt_token_ids=p),
+            SamplingParams(temperature=0, max_tokens=n, ignore_eos=True),
+        )
     acc, total, steps, batch, seen = dict.fromkeys(PHASES, 0.0), 0.0, 0, [], []
-    eng.step_observers.append(seen.append)          # each step's StepInfo lands in `seen`
+    eng.step_observers.append(seen.append)  # each step's StepInfo lands in `seen`
     try:
         i = 0
         while eng.has_unfinished_requests():
             seen.clear()
-            t = time.perf_counter(); eng.step(); dt = time.perf_counter() - t
+            t = time.perf_counter()
+            eng.step()
+            dt = time.perf_counter() - t
             seqs = seen[-1].scheduler_output.seqs if seen else []
-            if i >= warmup_steps and seqs and not (decode_only and any(s.is_prefill for s in seqs)):   # counted
-                for k, v in seen[-1].timings.items(): acc[k] = acc.get(k, 0.0) + v
-                total += dt; steps += 1; batch.append(len(seqs))
+            if (
+                i >= warmup_steps and seqs and not (decode_only and any(s.is_prefill for s in seqs))
+            ):  # counted
+                for k, v in seen[-1].timings.items():
+                    acc[k] = acc.get(k, 0.0) + v
+                total += dt
+                steps += 1
+                batch.append(len(seqs))
             i += 1
-    finally: eng.step_observers.remove(seen.append)
+    finally:
+        eng.step_observers.remove(seen.append)
     acc["other"] = max(total - sum(v for k, v in acc.items() if k != "other"), 0.0)
-    return dict(phases={k: acc.get(k, 0.0) for k in PHASES}, total=total, steps=steps, mean_batch=sum(batch) / max(len(batch), 1),
-                overhead_fraction=sum(acc.get(k, 0.0) for k in OVERHEAD_PHASES) / max(total, 1e-12))
+    return dict(
+        phases={k: acc.get(k, 0.0) for k in PHASES},
+        total=total,
+        steps=steps,
+        mean_batch=sum(batch) / max(len(batch), 1),
+        overhead_fraction=sum(acc.get(k, 0.0) for k in OVERHEAD_PHASES) / max(total, 1e-12),
+    )
 
 # %% ../nbs/16_benchmarks.ipynb #e113ed67
-SO_SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "description": {"type": "string"},
-                                              "tags": {"type": "array", "items": {"type": "string"}}},
-             "required": ["name", "description", "tags"]}
+SO_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "description": {"type": "string"},
+        "tags": {"type": "array", "items": {"type": "string"}},
+    },
+    "required": ["name", "description", "tags"],
+}
 
-def structured_outputs_cost(llm, num_requests: int = 16, max_tokens: int = 48, schema: dict | None = None, warmup_steps: int = 2,
-                            rounds: int = 2) -> dict:
+
+def structured_outputs_cost(
+    llm,
+    num_requests: int = 16,
+    max_tokens: int = 48,
+    schema: dict | None = None,
+    warmup_steps: int = 2,
+    rounds: int = 2,
+) -> dict:
     """Mean ms per decode step of `num_requests` requests all constrained by the JSON `schema` against the same requests
     unconstrained: the whole step, its `sampling` phase and the structured-outputs mask (fill + apply) within it. A warm-up
     batch first, then `rounds` rounds alternating the two modes, so that neither gets the cold start or a quieter minute."""
     from minivllm.config import SamplingParams, StructuredOutputsParams
+
     eng = llm.llm_engine
     tok = eng.get_tokenizer()
-    prompts = [tok.apply_chat_template([{"role": "user", "content": f"Describe product number {i} as JSON, with a long description."}],
-                                       tokenize=False, add_generation_prompt=True) for i in range(num_requests)]
-    llm.generate(prompts, SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)   # warm-up
+    prompts = [
+        tok.apply_chat_template(
+            [
+                {
+                    "role": "user",
+                    "content": f"Describe product number {i} as JSON, with a long description.",
+                }
+            ],
+            tokenize=False,
+            add_generation_prompt=True,
+        )
+        for i in range(num_requests)
+    ]
+    llm.generate(prompts, SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)  # warm-up
     accs = {m: {"step": [], "sampling": [], "mask": []} for m in ("unconstrained", "constrained")}
-    for mode in ["unconstrained", "constrained", "constrained", "unconstrained"] * (rounds // 2) + ["unconstrained", "constrained"] * (rounds % 2):
+    for mode in ["unconstrained", "constrained", "constrained", "unconstrained"] * (rounds // 2) + [
+        "unconstrained",
+        "constrained",
+    ] * (rounds % 2):
         so = StructuredOutputsParams(json=schema or SO_SCHEMA) if mode == "constrained" else None
         for i, p in enumerate(prompts):
-            eng.add_request(f"so-{mode}-{i}-{time.perf_counter_ns()}", p, SamplingParams(temperature=0.8, seed=i, max_tokens=max_tokens,
-                                                                                          ignore_eos=so is None, structured_outputs=so))
+            eng.add_request(
+                f"so-{mode}-{i}-{time.perf_counter_ns()}",
+                p,
+                SamplingParams(
+                    temperature=0.8,
+                    seed=i,
+                    max_tokens=max_tokens,
+                    ignore_eos=so is None,
+                    structured_outputs=so,
+                ),
+            )
         mgr, seen, acc, k = eng.engine_core._so_manager, [], accs[mode], 0
         eng.step_observers.append(seen.append)
         try:
             while eng.has_unfinished_requests():
                 seen.clear()
                 m0 = mgr.mask_seconds if mgr is not None else 0.0
-                t = time.perf_counter(); eng.step(); dt = time.perf_counter() - t
+                t = time.perf_counter()
+                eng.step()
+                dt = time.perf_counter() - t
                 seqs = seen[-1].scheduler_output.seqs if seen else []
-                if k >= warmup_steps and len(seqs) == num_requests and not any(s.is_prefill for s in seqs):
-                    acc["step"].append(dt); acc["sampling"].append(seen[-1].timings["sampling"])
+                if (
+                    k >= warmup_steps
+                    and len(seqs) == num_requests
+                    and not any(s.is_prefill for s in seqs)
+                ):
+                    acc["step"].append(dt)
+                    acc["sampling"].append(seen[-1].timings["sampling"])
                     acc["mask"].append((mgr.mask_seconds - m0) if mgr is not None else 0.0)
                 k += 1
-        finally: eng.step_observers.remove(seen.append)
-    return {m: {f"{n}_ms": 1e3 * sum(v) / max(len(v), 1) for n, v in acc.items()} | {"steps": len(acc["step"])} for m, acc in accs.items()}
+        finally:
+            eng.step_observers.remove(seen.append)
+    return {
+        m: {f"{n}_ms": 1e3 * sum(v) / max(len(v), 1) for n, v in acc.items()}
+        | {"steps": len(acc["step"])}
+        for m, acc in accs.items()
+    }
 
 # %% ../nbs/16_benchmarks.ipynb #5567f46d
-_SPEC_TEXT = ("The library opens at nine in the morning and closes at six in the evening. Members may borrow up to five "
-              "books at a time for three weeks. Late returns cost ten cents a day per book. The reading room on the second "
-              "floor is quiet, and laptops are welcome there. Children's books are on the ground floor, next to the cafe.")
+_SPEC_TEXT = (
+    "The library opens at nine in the morning and closes at six in the evening. Members may borrow up to five "
+    "books at a time for three weeks. Late returns cost ten cents a day per book. The reading room on the second "
+    "floor is quiet, and laptops are welcome there. Children's books are on the ground floor, next to the cafe."
+)
 SPEC_PROMPTS = {
-    "grounded": [f"Repeat the following text exactly, word for word:\n\n{_SPEC_TEXT}",
-                 f"Rewrite the following text, replacing 'books' with 'novels' and changing nothing else:\n\n{_SPEC_TEXT}",
-                 f"Copy this text and fix nothing, then stop:\n\n{_SPEC_TEXT}"],
-    "free": ["Write a short story about a robot who learns to paint.", "Explain how an airplane wing creates lift.",
-             "Give me five tips for learning to cook at home."]}
+    "grounded": [
+        f"Repeat the following text exactly, word for word:\n\n{_SPEC_TEXT}",
+        f"Rewrite the following text, replacing 'books' with 'novels' and changing nothing else:\n\n{_SPEC_TEXT}",
+        f"Copy this text and fix nothing, then stop:\n\n{_SPEC_TEXT}",
+    ],
+    "free": [
+        "Write a short story about a robot who learns to paint.",
+        "Explain how an airplane wing creates lift.",
+        "Give me five tips for learning to cook at home.",
+    ],
+}
+
 
 def _decode_one(engine, prompt: str, max_tokens: int) -> tuple[list[int], float]:
     "Greedy tokens of one request alone in `engine`, and the seconds from its first token to its last."
     from minivllm.config import SamplingParams
+
     rid = f"spec{time.perf_counter_ns()}"
     engine.add_request(rid, prompt, SamplingParams(temperature=0, max_tokens=max_tokens))
-    first = last = None; toks = []
+    first = last = None
+    toks = []
     while engine.has_unfinished_requests():
         for o in engine.step():
             now = time.perf_counter()
-            if o.outputs[0].token_ids and first is None: first = now
+            if o.outputs[0].token_ids and first is None:
+                first = now
             last, toks = now, o.outputs[0].token_ids
     return list(toks), (last - first) if first is not None else 0.0
 
 # %% ../nbs/16_benchmarks.ipynb #c366839e
-def bench_spec_decode(speculative_config: dict, engine_kwargs: dict | None = None, output_len: int = 128, rounds: int = 1,
-                      log=print, prompts: dict | None = None) -> dict:
+def bench_spec_decode(
+    speculative_config: dict,
+    engine_kwargs: dict | None = None,
+    output_len: int = 128,
+    rounds: int = 1,
+    log=print,
+    prompts: dict | None = None,
+) -> dict:
     """Batch-1 decode tokens/s with and without `speculative_config`, same engine arguments, per workload of `prompts`
     (default `SPEC_PROMPTS`; a text is sent as a chat message, anything else, e.g. a `TokensPrompt`, as it is)."""
     from minivllm.llm import LLM
-    kw = dict(engine_kwargs or {}); kw.pop("speculative_config", None)
-    engines = {"plain": LLM(**kw).llm_engine, "spec": LLM(**kw, speculative_config=speculative_config).llm_engine}
+
+    kw = dict(engine_kwargs or {})
+    kw.pop("speculative_config", None)
+    engines = {
+        "plain": LLM(**kw).llm_engine,
+        "spec": LLM(**kw, speculative_config=speculative_config).llm_engine,
+    }
     tok = engines["plain"].get_tokenizer()
-    chat = lambda q: tok.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True) if isinstance(q, str) else q
+    chat = lambda q: (
+        tok.apply_chat_template(
+            [{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True
+        )
+        if isinstance(q, str)
+        else q
+    )
     prompts = SPEC_PROMPTS if prompts is None else prompts
     warm = chat(next(iter(prompts.values()))[0])
-    _decode_one(engines["plain"], warm, 4); _decode_one(engines["spec"], warm, 4)   # warm-up, untimed
+    _decode_one(engines["plain"], warm, 4)
+    _decode_one(engines["spec"], warm, 4)  # warm-up, untimed
     out = {}
     for wl, qs in prompts.items():
         acc = {m: dict(tokens=0, seconds=0.0) for m in engines}
         sd = engines["spec"].engine_core.spec_decoder.stats.copy()
         for r in range(rounds):
-            for m in (list(engines) if r % 2 == 0 else list(engines)[::-1]):
+            for m in list(engines) if r % 2 == 0 else list(engines)[::-1]:
                 for q in qs:
                     toks, dt = _decode_one(engines[m], chat(q), output_len)
-                    acc[m]["tokens"] += max(len(toks) - 1, 0); acc[m]["seconds"] += dt
+                    acc[m]["tokens"] += max(len(toks) - 1, 0)
+                    acc[m]["seconds"] += dt
                     acc[m].setdefault("outputs", []).append(toks)
-        assert acc["plain"]["outputs"] == acc["spec"]["outputs"], "speculation changed a greedy output"
+        assert acc["plain"]["outputs"] == acc["spec"]["outputs"], (
+            "speculation changed a greedy output"
+        )
         now = engines["spec"].engine_core.spec_decoder.stats
-        drafted, accepted = now.num_draft_tokens - sd.num_draft_tokens, now.num_accepted_tokens - sd.num_accepted_tokens
+        drafted, accepted = (
+            now.num_draft_tokens - sd.num_draft_tokens,
+            now.num_accepted_tokens - sd.num_accepted_tokens,
+        )
         res = {m: a["tokens"] / a["seconds"] if a["seconds"] else 0.0 for m, a in acc.items()}
-        out[wl] = dict(plain_tokens_per_s=res["plain"], spec_tokens_per_s=res["spec"], speedup=res["spec"] / res["plain"] if res["plain"] else 0.0,
-                       draft_tokens=drafted, accepted_tokens=accepted, acceptance_rate=accepted / drafted if drafted else 0.0,
-                       mean_acceptance_length=1 + accepted / max(now.num_drafts - sd.num_drafts, 1), tokens=acc["plain"]["tokens"])
-        if log: log(f"{wl:>9}: plain {res['plain']:.1f} tok/s, speculative {res['spec']:.1f} tok/s "
-                    f"({out[wl]['speedup']:.2f}x), acceptance {out[wl]['acceptance_rate']:.0%}")
+        out[wl] = dict(
+            plain_tokens_per_s=res["plain"],
+            spec_tokens_per_s=res["spec"],
+            speedup=res["spec"] / res["plain"] if res["plain"] else 0.0,
+            draft_tokens=drafted,
+            accepted_tokens=accepted,
+            acceptance_rate=accepted / drafted if drafted else 0.0,
+            mean_acceptance_length=1 + accepted / max(now.num_drafts - sd.num_drafts, 1),
+            tokens=acc["plain"]["tokens"],
+        )
+        if log:
+            log(
+                f"{wl:>9}: plain {res['plain']:.1f} tok/s, speculative {res['spec']:.1f} tok/s "
+                f"({out[wl]['speedup']:.2f}x), acceptance {out[wl]['acceptance_rate']:.0%}"
+            )
     return out
+
 
 def print_spec_summary(res: dict):
     "One line per workload of a `bench_spec_decode` result."
     for wl, r in res.items():
-        print(f"{wl:>9}: without {r['plain_tokens_per_s']:7.1f} tok/s   with {r['spec_tokens_per_s']:7.1f} tok/s   "
-              f"speedup {r['speedup']:.2f}x   accepted {r['accepted_tokens']}/{r['draft_tokens']} ({r['acceptance_rate']:.0%}), "
-              f"{r['mean_acceptance_length']:.2f} tokens per verify step")
+        print(
+            f"{wl:>9}: without {r['plain_tokens_per_s']:7.1f} tok/s   with {r['spec_tokens_per_s']:7.1f} tok/s   "
+            f"speedup {r['speedup']:.2f}x   accepted {r['accepted_tokens']}/{r['draft_tokens']} ({r['acceptance_rate']:.0%}), "
+            f"{r['mean_acceptance_length']:.2f} tokens per verify step"
+        )
 
 # %% ../nbs/16_benchmarks.ipynb #69c02d2d
-def random_peft_adapter(path, hf_config, r: int = 16, alpha: int = 32, seed: int = 0,
-                        targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")) -> str:
+def random_peft_adapter(
+    path,
+    hf_config,
+    r: int = 16,
+    alpha: int = 32,
+    seed: int = 0,
+    targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+) -> str:
     "Write a random LoRA adapter for a Llama-family `hf_config` in PEFT's format (config + safetensors) to `path`."
     from pathlib import Path
     from safetensors.torch import save_file
+
     c, g, path = hf_config, torch.Generator().manual_seed(seed), Path(path)
     hd = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    shapes = {"q_proj": (c.hidden_size, c.num_attention_heads * hd), "k_proj": (c.hidden_size, c.num_key_value_heads * hd),
-              "v_proj": (c.hidden_size, c.num_key_value_heads * hd), "o_proj": (c.num_attention_heads * hd, c.hidden_size),
-              "gate_proj": (c.hidden_size, c.intermediate_size), "up_proj": (c.hidden_size, c.intermediate_size),
-              "down_proj": (c.intermediate_size, c.hidden_size)}
+    shapes = {
+        "q_proj": (c.hidden_size, c.num_attention_heads * hd),
+        "k_proj": (c.hidden_size, c.num_key_value_heads * hd),
+        "v_proj": (c.hidden_size, c.num_key_value_heads * hd),
+        "o_proj": (c.num_attention_heads * hd, c.hidden_size),
+        "gate_proj": (c.hidden_size, c.intermediate_size),
+        "up_proj": (c.hidden_size, c.intermediate_size),
+        "down_proj": (c.intermediate_size, c.hidden_size),
+    }
     w = {}
     for i in range(c.num_hidden_layers):
         for t in targets:
             fin, fout = shapes[t]
             pre = f"base_model.model.model.layers.{i}.{'mlp' if t in ('gate_proj', 'up_proj', 'down_proj') else 'self_attn'}.{t}"
-            w[pre + ".lora_A.weight"] = torch.randn(r, fin, generator=g) / fin ** 0.5
+            w[pre + ".lora_A.weight"] = torch.randn(r, fin, generator=g) / fin**0.5
             w[pre + ".lora_B.weight"] = torch.randn(fout, r, generator=g) * 0.01
     path.mkdir(parents=True, exist_ok=True)
     save_file(w, str(path / "adapter_model.safetensors"))
-    (path / "adapter_config.json").write_text(json.dumps(dict(peft_type="LORA", r=r, lora_alpha=alpha, target_modules=list(targets),
-                                                              bias="none", use_rslora=False)))
+    (path / "adapter_config.json").write_text(
+        json.dumps(
+            dict(
+                peft_type="LORA",
+                r=r,
+                lora_alpha=alpha,
+                target_modules=list(targets),
+                bias="none",
+                use_rslora=False,
+            )
+        )
+    )
     return str(path)
 
 # %% ../nbs/16_benchmarks.ipynb #e6f88123
-def lora_step_cost(model=None, num_requests: int = 16, distinct=(0, 1, 2, 4), rank: int = 16, max_tokens: int = 24,
-                   warmup_steps: int = 2, rounds: int = 2, max_model_len: int = 512) -> dict:
+def lora_step_cost(
+    model=None,
+    num_requests: int = 16,
+    distinct=(0, 1, 2, 4),
+    rank: int = 16,
+    max_tokens: int = 24,
+    warmup_steps: int = 2,
+    rounds: int = 2,
+    max_model_len: int = 512,
+) -> dict:
     """Mean ms per decode step of `num_requests` requests with `k` distinct LoRA adapters among them, for each `k` of
     `distinct` (0: the base model only, on the same LoRA-enabled engine). Modes alternate over `rounds`."""
     import tempfile
     from minivllm.config import SamplingParams, LoRARequest
     from minivllm.llm import LLM
-    llm = LLM(model=model, enable_lora=True, max_loras=max(max(distinct), 1), max_lora_rank=rank, max_model_len=max_model_len)
+
+    llm = LLM(
+        model=model,
+        enable_lora=True,
+        max_loras=max(max(distinct), 1),
+        max_lora_rank=rank,
+        max_model_len=max_model_len,
+    )
     eng, d = llm.llm_engine, tempfile.mkdtemp()
-    loras = [LoRARequest(f"a{j}", j + 1, random_peft_adapter(f"{d}/a{j}", eng.get_model_config().hf_config, rank, 2 * rank, seed=j))
-             for j in range(max(distinct))]
+    loras = [
+        LoRARequest(
+            f"a{j}",
+            j + 1,
+            random_peft_adapter(
+                f"{d}/a{j}", eng.get_model_config().hf_config, rank, 2 * rank, seed=j
+            ),
+        )
+        for j in range(max(distinct))
+    ]
     prompts = [f"Write a short story about the number {i}." for i in range(num_requests)]
-    llm.generate(prompts, SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)   # warm-up
+    llm.generate(prompts, SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)  # warm-up
     acc = {k: [] for k in distinct}
     for _ in range(rounds):
         for k in distinct:
             for i, p in enumerate(prompts):
-                eng.add_request(f"lora{k}-{i}-{time.perf_counter_ns()}", p, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True),
-                                lora_request=loras[i % k] if k else None)
+                eng.add_request(
+                    f"lora{k}-{i}-{time.perf_counter_ns()}",
+                    p,
+                    SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True),
+                    lora_request=loras[i % k] if k else None,
+                )
             seen, n = [], 0
             eng.step_observers.append(seen.append)
             try:
                 while eng.has_unfinished_requests():
                     seen.clear()
-                    t = time.perf_counter(); eng.step(); dt = time.perf_counter() - t
+                    t = time.perf_counter()
+                    eng.step()
+                    dt = time.perf_counter() - t
                     seqs = seen[-1].scheduler_output.seqs if seen else []
-                    if n >= warmup_steps and len(seqs) == num_requests and not any(s.is_prefill for s in seqs): acc[k].append(dt)
+                    if (
+                        n >= warmup_steps
+                        and len(seqs) == num_requests
+                        and not any(s.is_prefill for s in seqs)
+                    ):
+                        acc[k].append(dt)
                     n += 1
-            finally: eng.step_observers.remove(seen.append)
+            finally:
+                eng.step_observers.remove(seen.append)
     base = 1e3 * sum(acc[distinct[0]]) / max(len(acc[distinct[0]]), 1)
     out = {}
     for k, v in acc.items():
@@ -840,25 +1545,56 @@ def lora_step_cost(model=None, num_requests: int = 16, distinct=(0, 1, 2, 4), ra
     return out
 
 # %% ../nbs/16_benchmarks.ipynb #16b1c48e
-def lora_swap_cost(model=None, num_requests: int = 16, num_adapters: int = 4, max_loras=(2, 4), rank: int = 16,
-                   max_tokens: int = 24, max_cpu_loras: int | None = None, max_model_len: int = 512) -> dict:
+def lora_swap_cost(
+    model=None,
+    num_requests: int = 16,
+    num_adapters: int = 4,
+    max_loras=(2, 4),
+    rank: int = 16,
+    max_tokens: int = 24,
+    max_cpu_loras: int | None = None,
+    max_model_len: int = 512,
+) -> dict:
     "Per `max_loras`: seconds for the whole run, slot loads, swaps, and ms spent per slot load (LoRAManager's counters)."
     import tempfile
     from minivllm.config import SamplingParams, LoRARequest
     from minivllm.llm import LLM
+
     d, out = tempfile.mkdtemp(), {}
     for m in max_loras:
-        llm = LLM(model=model, enable_lora=True, max_loras=m, max_lora_rank=rank, max_cpu_loras=max_cpu_loras or max(max_loras),
-                  max_model_len=max_model_len)
+        llm = LLM(
+            model=model,
+            enable_lora=True,
+            max_loras=m,
+            max_lora_rank=rank,
+            max_cpu_loras=max_cpu_loras or max(max_loras),
+            max_model_len=max_model_len,
+        )
         hf_config = llm.llm_engine.get_model_config().hf_config
-        loras = [LoRARequest(f"a{j}", j + 1, random_peft_adapter(f"{d}/a{j}", hf_config, rank, 2 * rank, seed=j)) for j in range(num_adapters)]
+        loras = [
+            LoRARequest(
+                f"a{j}", j + 1, random_peft_adapter(f"{d}/a{j}", hf_config, rank, 2 * rank, seed=j)
+            )
+            for j in range(num_adapters)
+        ]
         prompts = [f"Write a short story about the number {i}." for i in range(num_requests)]
-        llm.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)   # warm-up, base model
+        llm.generate(
+            prompts[:2], SamplingParams(temperature=0, max_tokens=2), use_tqdm=False
+        )  # warm-up, base model
         mgr = llm.llm_engine.engine_core.lora_manager
         t = time.perf_counter()
-        llm.generate(prompts, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True), use_tqdm=False,
-                     lora_request=[loras[i % num_adapters] for i in range(num_requests)])
-        out[m] = {"seconds": time.perf_counter() - t, "loads": mgr.num_loads, "swaps": mgr.num_swaps,
-                  "ms_per_load": 1e3 * mgr.load_seconds / max(mgr.num_loads, 1), "load_seconds": mgr.load_seconds}
+        llm.generate(
+            prompts,
+            SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True),
+            use_tqdm=False,
+            lora_request=[loras[i % num_adapters] for i in range(num_requests)],
+        )
+        out[m] = {
+            "seconds": time.perf_counter() - t,
+            "loads": mgr.num_loads,
+            "swaps": mgr.num_swaps,
+            "ms_per_load": 1e3 * mgr.load_seconds / max(mgr.num_loads, 1),
+            "load_seconds": mgr.load_seconds,
+        }
         llm.llm_engine.shutdown()
     return out

@@ -15,23 +15,33 @@ __all__ = ['KVBlock', 'FreeBlockQueue', 'hash_block_tokens', 'hash_request_block
 # %% ../nbs/02_block_manager.ipynb #3b9aff45
 class KVBlock:
     "Bookkeeping of one physical KV-cache block."
+
     __slots__ = ("block_id", "ref_cnt", "block_hash", "prev_free", "next_free")
+
     def __init__(self, block_id: int):
         self.block_id, self.ref_cnt, self.block_hash = block_id, 0, None
         self.prev_free = self.next_free = None
-    def __repr__(self): return f"KVBlock({self.block_id}, ref={self.ref_cnt}, hash={self.block_hash is not None})"
-    def __deepcopy__(self, memo):   # the links are rebuilt by FreeBlockQueue.__deepcopy__ (no recursion along the list)
+
+    def __repr__(self):
+        return f"KVBlock({self.block_id}, ref={self.ref_cnt}, hash={self.block_hash is not None})"
+
+    def __deepcopy__(
+        self, memo
+    ):  # the links are rebuilt by FreeBlockQueue.__deepcopy__ (no recursion along the list)
         b = memo[id(self)] = KVBlock(self.block_id)
         b.ref_cnt, b.block_hash = self.ref_cnt, self.block_hash
         return b
 
+
 class FreeBlockQueue:
     "Doubly linked queue of free blocks: pop from the head (least recently freed), append at the tail, remove anywhere."
+
     def __init__(self, blocks: list[KVBlock]):
-        self.head, self.tail = KVBlock(-1), KVBlock(-1)   # sentinels
+        self.head, self.tail = KVBlock(-1), KVBlock(-1)  # sentinels
         self.head.next_free, self.tail.prev_free = self.tail, self.head
         self.num_free_blocks = 0
-        for b in blocks: self.append(b)
+        for b in blocks:
+            self.append(b)
 
     def append(self, b: KVBlock):
         last = self.tail.prev_free
@@ -44,19 +54,24 @@ class FreeBlockQueue:
         self.num_free_blocks -= 1
 
     def popleft(self) -> KVBlock:
-        if self.num_free_blocks == 0: raise ValueError("no free blocks")
+        if self.num_free_blocks == 0:
+            raise ValueError("no free blocks")
         b = self.head.next_free
         self.remove(b)
         return b
 
     def __iter__(self):
         b = self.head.next_free
-        while b is not self.tail: yield b; b = b.next_free
+        while b is not self.tail:
+            yield b
+            b = b.next_free
 
     def __deepcopy__(self, memo):
         import copy
+
         q = memo[id(self)] = FreeBlockQueue([])
-        for b in self: q.append(copy.deepcopy(b, memo))
+        for b in self:
+            q.append(copy.deepcopy(b, memo))
         return q
 
 # %% ../nbs/02_block_manager.ipynb #4ec2e2e4
@@ -64,27 +79,41 @@ def hash_block_tokens(parent_hash: int | None, token_ids) -> int:
     "Hash of a full block: its tokens chained with its parent block's hash."
     return hash((parent_hash, tuple(token_ids)))
 
-def hash_request_blocks(token_ids: list[int], block_size: int, hashes: list[int], seed=None) -> list[int]:
+
+def hash_request_blocks(
+    token_ids: list[int], block_size: int, hashes: list[int], seed=None
+) -> list[int]:
     "Extend `hashes` with the hashes of the full blocks of `token_ids` not hashed yet (the chain starts from `seed`)."
     for i in range(len(hashes), len(token_ids) // block_size):
-        hashes.append(hash_block_tokens(hashes[-1] if hashes else seed, token_ids[i * block_size:(i + 1) * block_size]))
+        hashes.append(
+            hash_block_tokens(
+                hashes[-1] if hashes else seed, token_ids[i * block_size : (i + 1) * block_size]
+            )
+        )
     return hashes
 
 # %% ../nbs/02_block_manager.ipynb #78069fbf
 class BlockPool:
     "All KV blocks, the free queue and the prefix-cache dictionary."
+
     def __init__(self, num_blocks: int, enable_caching: bool = True):
         self.num_blocks, self.enable_caching = num_blocks, enable_caching
         self.blocks = [KVBlock(i) for i in range(num_blocks)]
         self.free_block_queue = FreeBlockQueue(self.blocks)
         self.cached_block_hash_to_block: dict[int, KVBlock] = {}
-        self.num_evictions = 0   # cached blocks whose contents were dropped to make room
+        self.num_evictions = 0  # cached blocks whose contents were dropped to make room
 
-    def get_num_free_blocks(self) -> int: return self.free_block_queue.num_free_blocks
-    def get_num_cached_blocks(self) -> int: return len(self.cached_block_hash_to_block)
-    def get_usage(self) -> float: return 1.0 - self.get_num_free_blocks() / self.num_blocks
+    def get_num_free_blocks(self) -> int:
+        return self.free_block_queue.num_free_blocks
 
-    def get_cached_block(self, block_hash: int) -> KVBlock | None: return self.cached_block_hash_to_block.get(block_hash)
+    def get_num_cached_blocks(self) -> int:
+        return len(self.cached_block_hash_to_block)
+
+    def get_usage(self) -> float:
+        return 1.0 - self.get_num_free_blocks() / self.num_blocks
+
+    def get_cached_block(self, block_hash: int) -> KVBlock | None:
+        return self.cached_block_hash_to_block.get(block_hash)
 
     def _uncache(self, b: KVBlock):
         del self.cached_block_hash_to_block[b.block_hash]
@@ -92,12 +121,14 @@ class BlockPool:
 
     def get_new_blocks(self, n: int) -> list[KVBlock]:
         "Pop `n` blocks from the head of the free queue (evicting their cached contents), each with `ref_cnt = 1`."
-        if n > self.get_num_free_blocks(): raise ValueError(f"cannot get {n} free blocks from the pool")
+        if n > self.get_num_free_blocks():
+            raise ValueError(f"cannot get {n} free blocks from the pool")
         out = []
         for _ in range(n):
             b = self.free_block_queue.popleft()
             if b.block_hash is not None:  # evict it from the prefix cache
-                self._uncache(b); self.num_evictions += 1
+                self._uncache(b)
+                self.num_evictions += 1
             b.ref_cnt = 1
             out.append(b)
         return out
@@ -105,7 +136,8 @@ class BlockPool:
     def touch(self, blocks: list[KVBlock]):
         "A request starts using cached `blocks`: pull the free ones out of the queue, count one more user each."
         for b in blocks:
-            if b.ref_cnt == 0: self.free_block_queue.remove(b)
+            if b.ref_cnt == 0:
+                self.free_block_queue.remove(b)
             b.ref_cnt += 1
 
     def free_blocks(self, ordered_blocks):
@@ -114,10 +146,13 @@ class BlockPool:
             b.ref_cnt -= 1
             assert b.ref_cnt >= 0, f"block {b.block_id} freed twice"
             if b.ref_cnt == 0:
-                if not self.enable_caching and b.block_hash is not None: self._uncache(b)  # live-only sharing
+                if not self.enable_caching and b.block_hash is not None:
+                    self._uncache(b)  # live-only sharing
                 self.free_block_queue.append(b)
 
-    def cache_full_blocks(self, blocks: list[KVBlock], block_hashes: list[int], num_cached: int, num_full: int):
+    def cache_full_blocks(
+        self, blocks: list[KVBlock], block_hashes: list[int], num_cached: int, num_full: int
+    ):
         "Register `blocks[num_cached:num_full]` (now full) under their hashes."
         for b, h in zip(blocks[num_cached:num_full], block_hashes[num_cached:num_full]):
             if b.block_hash is None and h not in self.cached_block_hash_to_block:
@@ -126,8 +161,10 @@ class BlockPool:
 
     def reset_prefix_cache(self) -> bool:
         "Forget every cached hash. Only possible when no request holds a block."
-        if self.get_num_free_blocks() != self.num_blocks: return False
-        for b in self.blocks: b.block_hash = None
+        if self.get_num_free_blocks() != self.num_blocks:
+            return False
+        for b in self.blocks:
+            b.block_hash = None
         self.cached_block_hash_to_block.clear()
         return True
 
@@ -136,6 +173,7 @@ def cdiv(a: int, b: int) -> int:
     "Ceiling division: the number of blocks of `b` slots that `a` tokens need."
     return -(-a // b)
 
+
 def sibling_group(request: Request) -> str | None:
     "The user request that `request` is one of the `n` samples of (its `parent_request_id`), or None."
     return request.parent_request_id
@@ -143,80 +181,124 @@ def sibling_group(request: Request) -> str | None:
 # %% ../nbs/02_block_manager.ipynb #b9e8206d
 class KVCacheManager:
     "Per-request block tables over a `BlockPool`, with automatic prefix caching and sharing among sibling samples."
+
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True):
         self.block_size, self.enable_caching = block_size, enable_caching
         self.block_pool = BlockPool(num_blocks, enable_caching)
         self.req_to_blocks: dict[str, list[KVBlock]] = {}
         self.req_to_block_hashes: dict[str, list[int]] = {}
         self.num_cached_block: dict[str, int] = {}
-        self.req_num_slots: dict[str, int] = {}      # tokens the request's blocks hold after its last allocation
-        self.prefix_cache_queries = self.prefix_cache_hits = 0   # in tokens, counted once per admission
+        self.req_num_slots: dict[
+            str, int
+        ] = {}  # tokens the request's blocks hold after its last allocation
+        self.prefix_cache_queries = self.prefix_cache_hits = (
+            0  # in tokens, counted once per admission
+        )
 
     @property
-    def num_blocks(self) -> int: return self.block_pool.num_blocks
+    def num_blocks(self) -> int:
+        return self.block_pool.num_blocks
+
     @property
-    def usage(self) -> float: return self.block_pool.get_usage()
+    def usage(self) -> float:
+        return self.block_pool.get_usage()
 
     def _hash_seed(self, request: Request):
         """Where the request's hash chain starts: shared by everyone with caching on, by its siblings only without;
         and per LoRA adapter (vLLM's extra key): the same tokens under another adapter have other K/V."""
         lora = getattr(request, "lora_int_id", 0) or None
-        if self.enable_caching: return None if lora is None else ("lora", lora)
+        if self.enable_caching:
+            return None if lora is None else ("lora", lora)
         g = sibling_group(request)
-        return None if g is None else ("siblings", g) if lora is None else ("siblings", g, "lora", lora)
+        return (
+            None
+            if g is None
+            else ("siblings", g)
+            if lora is None
+            else ("siblings", g, "lora", lora)
+        )
 
-    def _can_share(self, request: Request) -> bool: return self.enable_caching or sibling_group(request) is not None
+    def _can_share(self, request: Request) -> bool:
+        return self.enable_caching or sibling_group(request) is not None
 
     def _block_hashes(self, request: Request) -> list[int]:
         hashes = self.req_to_block_hashes.setdefault(request.request_id, [])
-        return hash_request_blocks(request.all_token_ids, self.block_size, hashes, self._hash_seed(request))
+        return hash_request_blocks(
+            request.all_token_ids, self.block_size, hashes, self._hash_seed(request)
+        )
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVBlock], int]:
         """Cached blocks matching the request's prefix (never its last token), and the tokens they cover. None for a
         request that asked for `prompt_logprobs` (as in vLLM): those need the logits of every prompt position; and none
         for a pooling request, which needs the hidden state of every prompt token (mean pooling)."""
-        if (not self._can_share(request) or getattr(request.sampling_params, "prompt_logprobs", None) is not None
-                or getattr(request, "pooling_params", None) is not None): return [], 0
+        if (
+            not self._can_share(request)
+            or getattr(request.sampling_params, "prompt_logprobs", None) is not None
+            or getattr(request, "pooling_params", None) is not None
+        ):
+            return [], 0
         hashes = self._block_hashes(request)
         max_blocks = (request.num_tokens - 1) // self.block_size
         hits = []
         for h in hashes[:max_blocks]:
             b = self.block_pool.get_cached_block(h)
-            if b is None: break
+            if b is None:
+                break
             hits.append(b)
         return hits, len(hits) * self.block_size
 
 # %% ../nbs/02_block_manager.ipynb #e79b4d4f
 @patch
-def num_blocks_needed(self: KVCacheManager, request: Request, num_new_tokens: int, new_computed_blocks: list[KVBlock] = ()) -> int:
+def num_blocks_needed(
+    self: KVCacheManager,
+    request: Request,
+    num_new_tokens: int,
+    new_computed_blocks: list[KVBlock] = (),
+) -> int:
     "How many blocks `allocate_slots` would take from the free queue (cached free blocks it reuses included)."
     have = len(self.req_to_blocks.get(request.request_id, ())) + len(new_computed_blocks)
     num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
     fresh = max(cdiv(num_computed + num_new_tokens, self.block_size) - have, 0)
     return fresh + sum(b.ref_cnt == 0 for b in new_computed_blocks)
 
+
 @patch
-def allocate_slots(self: KVCacheManager, request: Request, num_new_tokens: int,
-                   new_computed_blocks: list[KVBlock] = ()) -> list[KVBlock] | None:
+def allocate_slots(
+    self: KVCacheManager,
+    request: Request,
+    num_new_tokens: int,
+    new_computed_blocks: list[KVBlock] = (),
+) -> list[KVBlock] | None:
     "Blocks for the request's next `num_new_tokens` tokens, or None (and no change) if the pool is too small."
     rid = request.request_id
-    if self.num_blocks_needed(request, num_new_tokens, new_computed_blocks) > self.block_pool.get_num_free_blocks():
+    if (
+        self.num_blocks_needed(request, num_new_tokens, new_computed_blocks)
+        > self.block_pool.get_num_free_blocks()
+    ):
         return None
-    if rid not in self.req_to_blocks and self._can_share(request):   # an admission: count the prefix lookup
+    if rid not in self.req_to_blocks and self._can_share(
+        request
+    ):  # an admission: count the prefix lookup
         self.prefix_cache_queries += request.num_tokens
         self.prefix_cache_hits += len(new_computed_blocks) * self.block_size
     req_blocks = self.req_to_blocks.setdefault(rid, [])
     num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
     self.block_pool.touch(new_computed_blocks)
     req_blocks.extend(new_computed_blocks)
-    new_blocks = self.block_pool.get_new_blocks(max(cdiv(num_computed + num_new_tokens, self.block_size) - len(req_blocks), 0))
+    new_blocks = self.block_pool.get_new_blocks(
+        max(cdiv(num_computed + num_new_tokens, self.block_size) - len(req_blocks), 0)
+    )
     req_blocks.extend(new_blocks)
     self.req_num_slots[rid] = num_computed + num_new_tokens
     if self._can_share(request):
-        num_full = min(num_computed + num_new_tokens, request.num_tokens) // self.block_size   # known tokens only, never draft ones
+        num_full = (
+            min(num_computed + num_new_tokens, request.num_tokens) // self.block_size
+        )  # known tokens only, never draft ones
         num_cached = self.num_cached_block.get(rid, 0)
         if num_full > num_cached:
-            self.block_pool.cache_full_blocks(req_blocks, self._block_hashes(request), num_cached, num_full)
+            self.block_pool.cache_full_blocks(
+                req_blocks, self._block_hashes(request), num_cached, num_full
+            )
             self.num_cached_block[rid] = num_full
     return new_blocks
 
@@ -226,12 +308,15 @@ def free(self: KVCacheManager, request: Request):
     "Release all the request's blocks (tail first)."
     blocks = self.req_to_blocks.pop(request.request_id, [])
     self.block_pool.free_blocks(reversed(blocks))
-    for d in (self.num_cached_block, self.req_to_block_hashes, self.req_num_slots): d.pop(request.request_id, None)
+    for d in (self.num_cached_block, self.req_to_block_hashes, self.req_num_slots):
+        d.pop(request.request_id, None)
+
 
 @patch
 def get_block_ids(self: KVCacheManager, request_id: str) -> list[int]:
     "The request's block table: its physical block ids, in order."
     return [b.block_id for b in self.req_to_blocks.get(request_id, [])]
+
 
 @patch
 def reset_prefix_cache(self: KVCacheManager) -> bool:
@@ -244,12 +329,14 @@ def rollback_slots(self: KVCacheManager, request: Request, num_tokens: int):
     "Keep slots for the request's first `num_tokens` tokens only: free the whole blocks past them (tail first)."
     rid = request.request_id
     blocks = self.req_to_blocks.get(rid)
-    if blocks is None: return
+    if blocks is None:
+        return
     keep = cdiv(num_tokens, self.block_size)
     self.block_pool.free_blocks(reversed(blocks[keep:]))
     del blocks[keep:]
     self.req_num_slots[rid] = min(self.req_num_slots.get(rid, num_tokens), num_tokens)
-    if self.num_cached_block.get(rid, 0) > keep: self.num_cached_block[rid] = keep
+    if self.num_cached_block.get(rid, 0) > keep:
+        self.num_cached_block[rid] = keep
 
 # %% ../nbs/02_block_manager.ipynb #cac8f5d6
 def check_invariants(manager: KVCacheManager) -> dict[str, int]:
@@ -259,18 +346,34 @@ def check_invariants(manager: KVCacheManager) -> dict[str, int]:
     for rid, blocks in manager.req_to_blocks.items():
         ids = [b.block_id for b in blocks]
         assert len(ids) == len(set(ids)), f"{rid} holds a block twice: {ids}"
-        assert len(blocks) == cdiv(manager.req_num_slots[rid], bs), f"{rid}: {len(blocks)} blocks for {manager.req_num_slots[rid]} slots"
+        assert len(blocks) == cdiv(manager.req_num_slots[rid], bs), (
+            f"{rid}: {len(blocks)} blocks for {manager.req_num_slots[rid]} slots"
+        )
         owners.update(ids)
     for b in pool.blocks:
-        assert b.ref_cnt == owners[b.block_id], f"block {b.block_id}: ref_cnt {b.ref_cnt} but {owners[b.block_id]} owners"
+        assert b.ref_cnt == owners[b.block_id], (
+            f"block {b.block_id}: ref_cnt {b.ref_cnt} but {owners[b.block_id]} owners"
+        )
     queue = [b.block_id for b in pool.free_block_queue]
     assert len(queue) == len(set(queue)) == pool.get_num_free_blocks(), "free queue corrupt"
-    assert set(queue) == {b.block_id for b in pool.blocks if b.ref_cnt == 0}, "free queue != blocks with ref_cnt 0"
-    for h, b in pool.cached_block_hash_to_block.items(): assert b.block_hash == h, f"block {b.block_id} is under a hash it does not have"
-    assert sum(b.block_hash is not None for b in pool.blocks) == len(pool.cached_block_hash_to_block), "hashed blocks missing from the table"
-    if not pool.enable_caching: assert all(b.ref_cnt > 0 for b in pool.cached_block_hash_to_block.values()), "a free block kept its hash"
+    assert set(queue) == {b.block_id for b in pool.blocks if b.ref_cnt == 0}, (
+        "free queue != blocks with ref_cnt 0"
+    )
+    for h, b in pool.cached_block_hash_to_block.items():
+        assert b.block_hash == h, f"block {b.block_id} is under a hash it does not have"
+    assert sum(b.block_hash is not None for b in pool.blocks) == len(
+        pool.cached_block_hash_to_block
+    ), "hashed blocks missing from the table"
+    if not pool.enable_caching:
+        assert all(b.ref_cnt > 0 for b in pool.cached_block_hash_to_block.values()), (
+            "a free block kept its hash"
+        )
     used = sum(b.ref_cnt > 0 for b in pool.blocks)
     cached = sum(b.ref_cnt == 0 and b.block_hash is not None for b in pool.blocks)
     empty = sum(b.ref_cnt == 0 and b.block_hash is None for b in pool.blocks)
-    assert used == len(owners) and used + cached + empty == pool.num_blocks and cached + empty == len(queue)
+    assert (
+        used == len(owners)
+        and used + cached + empty == pool.num_blocks
+        and cached + empty == len(queue)
+    )
     return dict(used=used, cached_free=cached, free=empty)

@@ -4,78 +4,150 @@
 
 # %% ../nbs/17_cli.ipynb #49593625
 from __future__ import annotations
-import argparse, dataclasses, sys, time
-from .config import EngineArgs, FlexibleArgumentParser, SamplingParams   # FlexibleArgumentParser: re-exported for vLLM scripts
+import argparse
+import dataclasses
+import sys
+import time
+from minivllm.config import (
+    EngineArgs,
+    FlexibleArgumentParser,
+    SamplingParams,
+)  # FlexibleArgumentParser: re-exported for vLLM scripts
 
 # %% auto #0
 __all__ = ['DEMO_PROMPTS', 'BENCH_COMMANDS', 'generate_parser', 'cmd_generate', 'bench_parser', 'cmd_bench_throughput',
            'cmd_bench_latency', 'cmd_bench_serve', 'cmd_bench', 'main']
 
 # %% ../nbs/17_cli.ipynb #06cb4a92
-DEMO_PROMPTS = ["What is the capital of France?", "Write a haiku about the sea.",
-                "Give three tips for learning a new language.", "Explain what a KV cache is in one sentence."]
+DEMO_PROMPTS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Give three tips for learning a new language.",
+    "Explain what a KV cache is in one sentence.",
+]
+
 
 def generate_parser(sub=None) -> argparse.ArgumentParser:
     "The `generate` subcommand's parser (added to `sub`, a subparsers object, when given): sampling flags and every engine flag."
-    p = sub.add_parser("generate", help="generate text for prompts") if sub else argparse.ArgumentParser("minivllm generate")
+    p = (
+        sub.add_parser("generate", help="generate text for prompts")
+        if sub
+        else argparse.ArgumentParser("minivllm generate")
+    )
     p.add_argument("prompts", nargs="*", help="prompts (default: a few demo chat prompts)")
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--sampling-seed", type=int, default=None, help="per-request seed (SamplingParams.seed)")
+    p.add_argument(
+        "--sampling-seed", type=int, default=None, help="per-request seed (SamplingParams.seed)"
+    )
     p.add_argument("--n", type=int, default=1)
-    p.add_argument("--raw", action="store_true", help="send prompts as plain text, without the chat template")
+    p.add_argument(
+        "--raw", action="store_true", help="send prompts as plain text, without the chat template"
+    )
     return EngineArgs.add_cli_args(p)
+
 
 def cmd_generate(ns) -> int:
     "Run `minivllm generate`: build an `LLM` from the flags, generate (chat template unless `--raw`), print the completions."
     from minivllm.llm import LLM
-    sp = SamplingParams(n=ns.n, temperature=ns.temperature, top_p=ns.top_p, top_k=ns.top_k, seed=ns.sampling_seed,
-                        max_tokens=ns.max_tokens)
+
+    sp = SamplingParams(
+        n=ns.n,
+        temperature=ns.temperature,
+        top_p=ns.top_p,
+        top_k=ns.top_k,
+        seed=ns.sampling_seed,
+        max_tokens=ns.max_tokens,
+    )
     t0 = time.perf_counter()
     llm = LLM(**dataclasses.asdict(EngineArgs.from_cli_args(ns)))
     t1 = time.perf_counter()
     prompts = ns.prompts or DEMO_PROMPTS
-    if ns.raw: outs = llm.generate(prompts, sp, use_tqdm=False)
-    else: outs = llm.chat([[{"role": "user", "content": p}] for p in prompts], sp, use_tqdm=False)
+    if ns.raw:
+        outs = llm.generate(prompts, sp, use_tqdm=False)
+    else:
+        outs = llm.chat([[{"role": "user", "content": p}] for p in prompts], sp, use_tqdm=False)
     t2 = time.perf_counter()
     ntok = 0
     for p, o in zip(prompts, outs):
         print(f"\n### {p}")
         for c in o.outputs:
             ntok += len(c.token_ids)
-            print(("" if len(o.outputs) == 1 else f"[{c.index}] ") + c.text.strip() + f"   ({c.finish_reason})")
-    print(f"\n{len(prompts)} prompts, {ntok} tokens in {t2 - t1:.1f}s ({ntok / (t2 - t1):.1f} tokens/s); engine ready in {t1 - t0:.1f}s",
-          file=sys.stderr)
+            print(
+                ("" if len(o.outputs) == 1 else f"[{c.index}] ")
+                + c.text.strip()
+                + f"   ({c.finish_reason})"
+            )
+    print(
+        f"\n{len(prompts)} prompts, {ntok} tokens in {t2 - t1:.1f}s ({ntok / (t2 - t1):.1f} tokens/s); engine ready in {t1 - t0:.1f}s",
+        file=sys.stderr,
+    )
     return 0
 
 # %% ../nbs/17_cli.ipynb #b2c4e9f7
 def _bench_common(p: argparse.ArgumentParser, systems_default) -> argparse.ArgumentParser:
     "Flags every in-process benchmark takes: what to run, how often, where to save, and every engine flag."
     from minivllm.benchmarks import SYSTEMS
-    p.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(systems_default), help="what to run")
-    p.add_argument("--rounds", type=int, default=1, help="repeat, rotating the order of the systems")
-    p.add_argument("--json", default=None, help="save the results (with machine, date, commit) to this file")
-    p.add_argument("--llama-server", default=None, metavar="PATH", help="also run this llama.cpp server binary (llama-server)")
-    p.add_argument("--llama-gguf", default=None, metavar="PATH", help="the GGUF llama.cpp serves (default: the embedded model)")
+
+    p.add_argument(
+        "--systems", nargs="+", choices=SYSTEMS, default=list(systems_default), help="what to run"
+    )
+    p.add_argument(
+        "--rounds", type=int, default=1, help="repeat, rotating the order of the systems"
+    )
+    p.add_argument(
+        "--json", default=None, help="save the results (with machine, date, commit) to this file"
+    )
+    p.add_argument(
+        "--llama-server",
+        default=None,
+        metavar="PATH",
+        help="also run this llama.cpp server binary (llama-server)",
+    )
+    p.add_argument(
+        "--llama-gguf",
+        default=None,
+        metavar="PATH",
+        help="the GGUF llama.cpp serves (default: the embedded model)",
+    )
     return EngineArgs.add_cli_args(p)
+
 
 def _throughput_parser(bsub):
     "`bench throughput`: an offline workload of random prompt and output lengths."
     from minivllm.benchmarks import SYSTEMS
+
     t = bsub.add_parser("throughput", help="offline throughput of a mixed workload")
     t.add_argument("--num-prompts", type=int, default=64)
     t.add_argument("--prompt-len", type=int, nargs=2, default=[16, 512], metavar=("MIN", "MAX"))
     t.add_argument("--output-len", type=int, nargs=2, default=[16, 256], metavar=("MIN", "MAX"))
-    t.add_argument("--hf-batch-size", type=int, nargs="+", default=[32], help="HF generate's static batch size(s)")
-    t.add_argument("--hf-sort", action="store_true", help="sort requests by prompt length before batching them for HF generate")
-    t.add_argument("--llama-parallel", type=int, default=16, help="llama.cpp server slots (-np) for --llama-server")
+    t.add_argument(
+        "--hf-batch-size",
+        type=int,
+        nargs="+",
+        default=[32],
+        help="HF generate's static batch size(s)",
+    )
+    t.add_argument(
+        "--hf-sort",
+        action="store_true",
+        help="sort requests by prompt length before batching them for HF generate",
+    )
+    t.add_argument(
+        "--llama-parallel",
+        type=int,
+        default=16,
+        help="llama.cpp server slots (-np) for --llama-server",
+    )
     return _bench_common(t, SYSTEMS)
+
 
 def _latency_parser(bsub):
     "`bench latency`: time to first token and per output token at several concurrencies."
     from minivllm.benchmarks import SYSTEMS
+
     l = bsub.add_parser("latency", help="time to first token and per output token")
     l.add_argument("--prompt-len", type=int, default=128)
     l.add_argument("--output-len", type=int, default=128)
@@ -85,25 +157,43 @@ def _latency_parser(bsub):
 # %% ../nbs/17_cli.ipynb #1d9e8f4b
 def _serve_bench_parser(bsub):
     "`bench serve`: requests at a given rate against a running server."
-    v = bsub.add_parser("serve", help="requests at a given rate against a running server (TTFT/TPOT percentiles)")
-    v.add_argument("--base-url", default="http://127.0.0.1:8000", help="the server (e.g. `minivllm serve`)")
-    v.add_argument("--model", default=None, help="model name to send (default: the server's first model)")
+    v = bsub.add_parser(
+        "serve", help="requests at a given rate against a running server (TTFT/TPOT percentiles)"
+    )
+    v.add_argument(
+        "--base-url", default="http://127.0.0.1:8000", help="the server (e.g. `minivllm serve`)"
+    )
+    v.add_argument(
+        "--model", default=None, help="model name to send (default: the server's first model)"
+    )
     v.add_argument("--api-key", default=None)
     v.add_argument("--num-prompts", type=int, default=64)
-    v.add_argument("--request-rate", type=float, default=float("inf"), help="requests/s, Poisson arrivals (inf: all at once)")
+    v.add_argument(
+        "--request-rate",
+        type=float,
+        default=float("inf"),
+        help="requests/s, Poisson arrivals (inf: all at once)",
+    )
     v.add_argument("--max-concurrency", type=int, default=None, help="cap on requests in flight")
     v.add_argument("--prompt-len", type=int, nargs=2, default=[16, 512], metavar=("MIN", "MAX"))
     v.add_argument("--output-len", type=int, nargs=2, default=[16, 256], metavar=("MIN", "MAX"))
-    v.add_argument("--vocab-size", type=int, default=32000, help="random prompt token ids are drawn below this")
+    v.add_argument(
+        "--vocab-size", type=int, default=32000, help="random prompt token ids are drawn below this"
+    )
     v.add_argument("--seed", type=int, default=0, help="seeds the workload and the arrivals")
-    v.add_argument("--json", default=None, help="save the results (with machine, date, commit) to this file")
+    v.add_argument(
+        "--json", default=None, help="save the results (with machine, date, commit) to this file"
+    )
     return v
+
 
 def bench_parser(sub) -> argparse._SubParsersAction:
     "The `bench` subcommand and its own subcommands (returned, so that more can be added)."
     b = sub.add_parser("bench", help="benchmarks against HF transformers (and llama.cpp)")
     bsub = b.add_subparsers(dest="bench_command", required=True)
-    _throughput_parser(bsub); _latency_parser(bsub); _serve_bench_parser(bsub)
+    _throughput_parser(bsub)
+    _latency_parser(bsub)
+    _serve_bench_parser(bsub)
     return bsub
 
 # %% ../nbs/17_cli.ipynb #955ed16c
@@ -111,94 +201,185 @@ def _bench_setup(ns):
     "The `LLM` of the engine flags, the HF model when an HF system runs, and the model config."
     from minivllm.llm import LLM
     from minivllm.benchmarks import load_hf
+
     llm = LLM(**dataclasses.asdict(EngineArgs.from_cli_args(ns)))
     mc = llm.llm_engine.get_model_config()
     device = llm.llm_engine.vllm_config.device_config.device
     hf = load_hf(mc.model, mc.dtype, device) if any(s != "minivllm" for s in ns.systems) else None
     return llm, hf, mc
 
+
 def _save(ns, kind: str, payload: dict):
     "The results as one JSON document (the flags, the machine), written to `--json` when given."
     import json
     from minivllm.benchmarks import machine_info
-    args = {k: v for k, v in vars(ns).items() if isinstance(v, (int, float, str, list, bool, type(None)))}
+
+    args = {
+        k: v
+        for k, v in vars(ns).items()
+        if isinstance(v, (int, float, str, list, bool, type(None)))
+    }
     doc = dict(kind=kind, machine=machine_info(), args=args) | payload
     if ns.json:
-        with open(ns.json, "w") as f: json.dump(doc, f, indent=1)
+        with open(ns.json, "w") as f:
+            json.dump(doc, f, indent=1)
         print(f"saved to {ns.json}", file=sys.stderr)
     return doc
+
 
 def _llama_server(ns, n_parallel: int, max_len: int):
     "The (not yet started) `LlamaServer` of `--llama-server`/`--llama-gguf`, or None: checked before any model loads."
     from minivllm.benchmarks import LlamaServer
+
     if ns.llama_server is None:
-        if ns.llama_gguf is not None: raise ValueError("--llama-gguf needs --llama-server (the llama.cpp binary to run it)")
+        if ns.llama_gguf is not None:
+            raise ValueError("--llama-gguf needs --llama-server (the llama.cpp binary to run it)")
         return None
-    return LlamaServer(ns.llama_server, ns.llama_gguf, n_parallel, -(-(max_len + 1) // 256) * 256)   # context per slot
+    return LlamaServer(
+        ns.llama_server, ns.llama_gguf, n_parallel, -(-(max_len + 1) // 256) * 256
+    )  # context per slot
+
 
 def _llama_info(srv) -> dict:
     "What to save about the llama.cpp server that ran (nothing when none did)."
-    return {} if srv is None else dict(llama_cpp=dict(binary=srv.binary, gguf=str(srv.gguf), file_type=srv.file_type,
-                                                      version=srv.version(), args=srv.args))
+    return (
+        {}
+        if srv is None
+        else dict(
+            llama_cpp=dict(
+                binary=srv.binary,
+                gguf=str(srv.gguf),
+                file_type=srv.file_type,
+                version=srv.version(),
+                args=srv.args,
+            )
+        )
+    )
+
 
 def cmd_bench_throughput(ns) -> int:
     "Run `minivllm bench throughput` (with llama.cpp's server too when `--llama-server` is given)."
     import contextlib
-    from minivllm.benchmarks import make_workload, bench_throughput, summarize, print_summary, run_llamacpp
+    from minivllm.benchmarks import (
+        make_workload,
+        bench_throughput,
+        summarize,
+        print_summary,
+        run_llamacpp,
+    )
+
     srv = _llama_server(ns, ns.llama_parallel, ns.prompt_len[1] + ns.output_len[1])
     llm, hf, mc = _bench_setup(ns)
-    wl = make_workload(ns.num_prompts, ns.seed, tuple(ns.prompt_len), tuple(ns.output_len), mc.get_vocab_size())
+    wl = make_workload(
+        ns.num_prompts, ns.seed, tuple(ns.prompt_len), tuple(ns.output_len), mc.get_vocab_size()
+    )
     print(wl, file=sys.stderr)
     with srv or contextlib.nullcontext():
-        res = bench_throughput(wl, ns.systems, llm, hf, ns.rounds, ns.hf_batch_size, ns.hf_sort, log=lambda m: print(m, file=sys.stderr),
-                               others={srv.name: lambda w: run_llamacpp(srv, w)} if srv else None)
+        res = bench_throughput(
+            wl,
+            ns.systems,
+            llm,
+            hf,
+            ns.rounds,
+            ns.hf_batch_size,
+            ns.hf_sort,
+            log=lambda m: print(m, file=sys.stderr),
+            others={srv.name: lambda w: run_llamacpp(srv, w)} if srv else None,
+        )
     summary = summarize(res)
     print_summary(summary)
-    _save(ns, "throughput", dict(workload=repr(wl), results=[r.as_dict() for r in res], summary=summary) | _llama_info(srv))
+    _save(
+        ns,
+        "throughput",
+        dict(workload=repr(wl), results=[r.as_dict() for r in res], summary=summary)
+        | _llama_info(srv),
+    )
     return 0
 
 # %% ../nbs/17_cli.ipynb #9b341e68
 def cmd_bench_latency(ns) -> int:
     """Run `minivllm bench latency`. With `--speculative-config`: batch-1 decode tokens/s with and without it (same run,
     grounded and free workloads, `bench_spec_decode`) instead of the systems comparison."""
-    import contextlib, statistics
+    import contextlib
+    import statistics
     from minivllm.benchmarks import bench_latency, latency_llamacpp
-    if ns.speculative_config is not None: return _bench_spec(ns)
+
+    if ns.speculative_config is not None:
+        return _bench_spec(ns)
     srv = _llama_server(ns, max(ns.concurrency), ns.prompt_len + ns.output_len)
     llm, hf, mc = _bench_setup(ns)
     with srv or contextlib.nullcontext():
-        res = bench_latency(ns.systems, llm, hf, ns.prompt_len, ns.output_len, ns.concurrency, ns.rounds, ns.seed,
-                            mc.get_vocab_size(), log=lambda m: print(m, file=sys.stderr),
-                            others={srv.name: lambda w: latency_llamacpp(srv, w)} if srv else None)
+        res = bench_latency(
+            ns.systems,
+            llm,
+            hf,
+            ns.prompt_len,
+            ns.output_len,
+            ns.concurrency,
+            ns.rounds,
+            ns.seed,
+            mc.get_vocab_size(),
+            log=lambda m: print(m, file=sys.stderr),
+            others={srv.name: lambda w: latency_llamacpp(srv, w)} if srv else None,
+        )
     for c in ns.concurrency:
         for s in dict.fromkeys(r.system for r in res):
             rs = [r for r in res if r.system == s and r.concurrency == c]
-            print(f"concurrency {c:3d} {s:>20}: TTFT {statistics.median(r.median_ttft for r in rs) * 1e3:8.1f} ms"
-                  f"   TPOT {statistics.median(r.median_tpot for r in rs) * 1e3:7.1f} ms")
+            print(
+                f"concurrency {c:3d} {s:>20}: TTFT {statistics.median(r.median_ttft for r in rs) * 1e3:8.1f} ms"
+                f"   TPOT {statistics.median(r.median_tpot for r in rs) * 1e3:7.1f} ms"
+            )
     _save(ns, "latency", dict(results=[r.as_dict() for r in res]) | _llama_info(srv))
     return 0
+
 
 def _bench_spec(ns) -> int:
     "`bench latency --speculative-config ...`: speculative decoding against plain decoding at batch 1."
     from minivllm.benchmarks import bench_spec_decode, print_spec_summary
+
     kw = dataclasses.asdict(EngineArgs.from_cli_args(ns))
-    res = bench_spec_decode(ns.speculative_config, kw, ns.output_len, ns.rounds, log=lambda m: print(m, file=sys.stderr))
+    res = bench_spec_decode(
+        ns.speculative_config, kw, ns.output_len, ns.rounds, log=lambda m: print(m, file=sys.stderr)
+    )
     print_spec_summary(res)
     _save(ns, "spec_decode", dict(speculative_config=ns.speculative_config, results=res))
     return 0
 
+
 def cmd_bench_serve(ns) -> int:
     "Run `minivllm bench serve` against the server at `--base-url`."
     from minivllm.benchmarks import make_workload, bench_serve, print_serve_summary, run_coroutine
-    wl = make_workload(ns.num_prompts, ns.seed, tuple(ns.prompt_len), tuple(ns.output_len), ns.vocab_size)
+
+    wl = make_workload(
+        ns.num_prompts, ns.seed, tuple(ns.prompt_len), tuple(ns.output_len), ns.vocab_size
+    )
     print(wl, file=sys.stderr)
-    out = run_coroutine(bench_serve(ns.base_url, wl, ns.request_rate, ns.seed, ns.model, ns.api_key, ns.max_concurrency))
+    out = run_coroutine(
+        bench_serve(
+            ns.base_url, wl, ns.request_rate, ns.seed, ns.model, ns.api_key, ns.max_concurrency
+        )
+    )
     print_serve_summary(out["summary"])
-    _save(ns, "serve", dict(workload=repr(wl), model=out["model"], summary=out["summary"],
-                            results=[dataclasses.asdict(r) for r in out["results"]]))
+    _save(
+        ns,
+        "serve",
+        dict(
+            workload=repr(wl),
+            model=out["model"],
+            summary=out["summary"],
+            results=[dataclasses.asdict(r) for r in out["results"]],
+        ),
+    )
     return 0 if out["summary"]["failed"] == 0 else 1
 
-BENCH_COMMANDS = {"throughput": cmd_bench_throughput, "latency": cmd_bench_latency, "serve": cmd_bench_serve}
+
+BENCH_COMMANDS = {
+    "throughput": cmd_bench_throughput,
+    "latency": cmd_bench_latency,
+    "serve": cmd_bench_serve,
+}
+
+
 def cmd_bench(ns) -> int:
     "Run the `bench` subcommand chosen on the command line."
     return BENCH_COMMANDS[ns.bench_command](ns)
@@ -210,7 +391,11 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     generate_parser(sub)
     bench_parser(sub)
-    from minivllm.server import serve_parser, cmd_serve   # imported when needed: the web stack loads only for `serve`
+    from minivllm.server import (
+        serve_parser,
+        cmd_serve,
+    )  # imported when needed: the web stack loads only for `serve`
+
     serve_parser(sub)
     ns = parser.parse_args(argv)
     try:

@@ -4,7 +4,11 @@
 
 # %% ../nbs/05b_compile.ipynb #a39c4f11
 from __future__ import annotations
-import contextlib, logging, os, threading, time
+import contextlib
+import logging
+import os
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 import torch
@@ -12,12 +16,18 @@ from fastcore.basics import patch
 from .config import EngineConfig, CompilationConfig
 from typing import NamedTuple
 import torch.nn.functional as F
-from .attention import AttentionMetadata, build_metadata, decode_in_place, _LaunchPlan, _launch_decode, _launch_write
+from minivllm.attention import (
+    AttentionMetadata,
+    build_metadata,
+    decode_in_place,
+    _LaunchPlan,
+    _launch_decode,
+    _launch_write,
+)
 from .scheduler import SchedulerOutput
 from .model import Linear, ModelRunner, ModelRunnerOutput
 
 logger = logging.getLogger("minivllm")
-
 
 # %% auto #0
 __all__ = ['logger', 'ForwardContext', 'set_forward_context', 'get_forward_context', 'paged_attention', 'attention_op',
@@ -28,85 +38,113 @@ __all__ = ['logger', 'ForwardContext', 'set_forward_context', 'get_forward_conte
 @dataclass
 class ForwardContext:
     "What the attention op needs besides its tensors: this step's metadata, the layers' caches, the backend's function."
+
     md: AttentionMetadata
     kv_caches: list
     attn_fn: object
 
+
 _CTX = threading.local()
+
 
 @contextlib.contextmanager
 def set_forward_context(md: AttentionMetadata, kv_caches: list, attn_fn):
     "Inside the block, `paged_attention` ops attend with `attn_fn` over `kv_caches` as `md` describes."
     old = getattr(_CTX, "ctx", None)
     _CTX.ctx = ForwardContext(md, kv_caches, attn_fn)
-    try: yield
-    finally: _CTX.ctx = old
+    try:
+        yield
+    finally:
+        _CTX.ctx = old
+
 
 def get_forward_context() -> ForwardContext:
     "The innermost forward context (an error outside one)."
     ctx = getattr(_CTX, "ctx", None)
-    if ctx is None: raise RuntimeError("minivllm::paged_attention ran outside set_forward_context(...)")
+    if ctx is None:
+        raise RuntimeError("minivllm::paged_attention ran outside set_forward_context(...)")
     return ctx
-
 
 # %% ../nbs/05b_compile.ipynb #ca81dca4
 @torch.library.custom_op("minivllm::paged_attention", mutates_args=())
-def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, scale: float) -> torch.Tensor:
+def paged_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, scale: float
+) -> torch.Tensor:
     "Write `k`, `v` into layer `layer`'s cache and attend, with the forward context's backend. q: [T, H, D] → [T, H, D]."
     ctx = get_forward_context()
     return ctx.attn_fn(q, k, v, ctx.kv_caches[layer], ctx.md, scale).contiguous()
 
+
 @paged_attention.register_fake
-def _(q, k, v, layer, scale): return q.new_empty(q.shape)
+def _(q, k, v, layer, scale):
+    return q.new_empty(q.shape)
+
 
 def attention_op(q, k, v, kv_cache, md, scale):
     """An `attn_fn` for the model's layers that calls the op: here `kv_cache` is the layer's index and `md` is unused.
     (In the CPU's compile-size graphs, at the end of this lesson, `md` is a `DecodeBatch` and attention stays in the graph.)"""
-    if md is not None: return in_graph_decode_attention(q, k, v, kv_cache, md, scale)
+    if md is not None:
+        return in_graph_decode_attention(q, k, v, kv_cache, md, scale)
     return torch.ops.minivllm.paged_attention(q, k, v, kv_cache, scale)
-
 
 # %% ../nbs/05b_compile.ipynb #c6f6a78e
 def padded_size(n: int, sizes: list[int], least: int = 2) -> int:
     "The size a decode step of `n` tokens runs at: the smallest of `sizes` ≥ max(n, least), else max(n, least)."
     return next((s for s in sorted(sizes) if s >= max(n, least)), max(n, least))
 
-
 # %% ../nbs/05b_compile.ipynb #d2f08b75
 class StaticInputs:
     "Buffers for decode steps of up to `max_size` sequences: inputs and attention metadata, padded, at fixed addresses."
+
     def __init__(self, max_size: int, max_blocks: int, scratch_block: int, block_size: int, device):
         z = lambda *s, dt=torch.int64: torch.zeros(*s, dtype=dt, device=device)
         self.input_ids, self.positions, self.slot_mapping = z(max_size), z(max_size), z(max_size)
-        self.seq_lens, self.block_tables = z(max_size, dt=torch.int32), z(max_size, max_blocks, dt=torch.int32)
+        self.seq_lens, self.block_tables = (
+            z(max_size, dt=torch.int32),
+            z(max_size, max_blocks, dt=torch.int32),
+        )
         self.query_start_loc = torch.arange(max_size + 1, dtype=torch.int32, device=device)
         self.scratch, self.block_size, self.max_size = scratch_block, block_size, max_size
 
     def load(self, input_ids, positions, md: AttentionMetadata, b: int, trim: bool = False):
         "Copy a decode step of n ≤ b sequences in; rows n..b: token 0 at position 0, writing to the scratch block."
         n, w = md.num_seqs, md.block_tables.shape[1]
-        self.input_ids[:n].copy_(input_ids); self.input_ids[n:b].zero_()
-        self.positions[:n].copy_(positions); self.positions[n:b].zero_()
-        self.slot_mapping[:n].copy_(md.slot_mapping); self.slot_mapping[n:b].fill_(self.scratch * self.block_size)
-        self.seq_lens[:n].copy_(md.seq_lens); self.seq_lens[n:b].fill_(1)
-        self.block_tables[:n, :w].copy_(md.block_tables); self.block_tables[n:b, 0].fill_(self.scratch)
+        self.input_ids[:n].copy_(input_ids)
+        self.input_ids[n:b].zero_()
+        self.positions[:n].copy_(positions)
+        self.positions[n:b].zero_()
+        self.slot_mapping[:n].copy_(md.slot_mapping)
+        self.slot_mapping[n:b].fill_(self.scratch * self.block_size)
+        self.seq_lens[:n].copy_(md.seq_lens)
+        self.seq_lens[n:b].fill_(1)
+        self.block_tables[:n, :w].copy_(md.block_tables)
+        self.block_tables[n:b, 0].fill_(self.scratch)
         lens = None if md.seq_lens_cpu is None else list(md.seq_lens_cpu) + [1] * (b - n)
-        tables = self.block_tables[:b, :max(w, 1)] if trim else self.block_tables[:b]   # trim: no graph, only the step's width
-        pmd = AttentionMetadata(self.slot_mapping[:b], self.query_start_loc[:b + 1], self.seq_lens[:b],
-                                tables, b, list(range(b + 1)), lens)
+        tables = (
+            self.block_tables[:b, : max(w, 1)] if trim else self.block_tables[:b]
+        )  # trim: no graph, only the step's width
+        pmd = AttentionMetadata(
+            self.slot_mapping[:b],
+            self.query_start_loc[: b + 1],
+            self.seq_lens[:b],
+            tables,
+            b,
+            list(range(b + 1)),
+            lens,
+        )
         return self.input_ids[:b], self.positions[:b], pmd
-
 
 # %% ../nbs/05b_compile.ipynb #8c6a5710
 def graph_decode_attention(max_len: int):
     "Decode-only attention with its launch fixed by `max_len` (no host sync: capturable in a CUDA graph). Triton, CUDA."
     plan = _LaunchPlan(max_len, 0, 0)
+
     def attn(q, k, v, kv_cache, md, scale):
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
         _launch_write(k, v, kv_cache, md.slot_mapping)
         return _launch_decode(q, kv_cache, md, plan, scale, out)
-    return attn
 
+    return attn
 
 # %% ../nbs/05b_compile.ipynb #470320da
 def _cache_dir(cc: CompilationConfig) -> str:
@@ -115,42 +153,69 @@ def _cache_dir(cc: CompilationConfig) -> str:
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = d
     return d
 
+
 class CompiledModelRunner(ModelRunner):
     "A `ModelRunner` whose forward is compiled with `torch.compile`; on CUDA, decode steps replay CUDA graphs."
+
     def __init__(self, config: EngineConfig, device: torch.device | None = None):
         super().__init__(config, device)
         cc = self.cc = config.compilation_config
-        self.switch_attention()   # the CPU's in-place kernel, compiled now (lesson 05): the op below calls it every step
+        self.switch_attention()  # the CPU's in-place kernel, compiled now (lesson 05): the op below calls it every step
         self.attn_fn = self.model.layers[0].self_attn.attn_fn
-        for layer in self.model.layers: layer.self_attn.attn_fn = attention_op
-        self.least = 4 if self.device.type == "cpu" else 2   # CPU: oneDNN's packed GEMM is quickest at 4 rows (see below)
+        for layer in self.model.layers:
+            layer.self_attn.attn_fn = attention_op
+        self.least = (
+            4 if self.device.type == "cpu" else 2
+        )  # CPU: oneDNN's packed GEMM is quickest at 4 rows (see below)
         self.sizes = sorted({max(self.least, s) for s in cc.cudagraph_capture_sizes or []})
         max_blocks = -(-config.model_config.max_model_len // self.block_size)
-        with torch.inference_mode():   # inference tensors, like the steps' own inputs (else Dynamo recompiles)
-            self.static = StaticInputs(max(self.sizes, default=self.least), max_blocks, self.num_blocks, self.block_size, self.device)
+        with (
+            torch.inference_mode()
+        ):  # inference tensors, like the steps' own inputs (else Dynamo recompiles)
+            self.static = StaticInputs(
+                max(self.sizes, default=self.least),
+                max_blocks,
+                self.num_blocks,
+                self.block_size,
+                self.device,
+            )
         self.use_graphs = self.device.type == "cuda" and cc.cudagraph_mode == "FULL_DECODE_ONLY"
-        self.graph_attn = graph_decode_attention(config.model_config.max_model_len) if self.use_graphs else self.attn_fn
+        self.graph_attn = (
+            graph_decode_attention(config.model_config.max_model_len)
+            if self.use_graphs
+            else self.attn_fn
+        )
         self.graphs: dict[int, tuple] = {}
         # hybrid 4-bit layers (lesson 04b) multiply prompts by dense copies that a graph cannot call: prompts run eagerly
-        self.eager_prompts = self.device.type == "cpu" and any(getattr(m, "dense", None) is not None for m in self.model.modules())
+        self.eager_prompts = self.device.type == "cpu" and any(
+            getattr(m, "dense", None) is not None for m in self.model.modules()
+        )
         _cache_dir(cc)
         model, layer_ids = self.model, list(range(len(self.model.layers)))
         self.layer_ids = layer_ids
-        def forward(input_ids, positions): return model(input_ids, positions, layer_ids, None)   # caches: by index
+
+        def forward(input_ids, positions):
+            return model(input_ids, positions, layer_ids, None)  # caches: by index
+
         self.compiled = torch.compile(forward, backend=cc.backend, fullgraph=True)
         t0 = time.perf_counter()
         self.warm_up()
-        self.size_graphs = self.compile_size_graphs()   # CPU: whole decode steps of `compile_sizes` in one graph (at the end)
+        self.size_graphs = (
+            self.compile_size_graphs()
+        )  # CPU: whole decode steps of `compile_sizes` in one graph (at the end)
         cc.compile_time = time.perf_counter() - t0
-        logger.info("compiled the model (torch.compile, %s backend) in %.1f s%s%s", cc.backend, cc.compile_time,
-                    f"; captured {len(self.graphs)} CUDA graphs" if self.graphs else "",
-                    f"; decode graphs of {self.size_graphs} sequences" if self.size_graphs else "")
+        logger.info(
+            "compiled the model (torch.compile, %s backend) in %.1f s%s%s",
+            cc.backend,
+            cc.compile_time,
+            f"; captured {len(self.graphs)} CUDA graphs" if self.graphs else "",
+            f"; decode graphs of {self.size_graphs} sequences" if self.size_graphs else "",
+        )
 
     def kv_cache_shape(self) -> tuple[int, ...]:
         "One more block than the scheduler knows of: the scratch block that padding rows write to."
         s = super().kv_cache_shape()
         return (s[0], s[1] + 1, *s[2:])
-
 
 # %% ../nbs/05b_compile.ipynb #28214a2e
 @patch
@@ -160,21 +225,30 @@ def warm_up(self: CompiledModelRunner):
     dummy = build_metadata([1], [1], [[self.num_blocks]], self.block_size, self.device)
     one = torch.zeros(1, dtype=torch.int64, device=self.device)
     ids, pos, pmd = self.static.load(one, one, dummy, padded_size(1, self.sizes, self.least))
-    torch._dynamo.mark_dynamic(ids, 0); torch._dynamo.mark_dynamic(pos, 0)   # one graph for every token count ≥ 2
-    with set_forward_context(pmd, self.kv_caches, self.attn_fn): self.compiled(ids, pos)
-    if not self.use_graphs: return
+    torch._dynamo.mark_dynamic(ids, 0)
+    torch._dynamo.mark_dynamic(pos, 0)  # one graph for every token count ≥ 2
+    with set_forward_context(pmd, self.kv_caches, self.attn_fn):
+        self.compiled(ids, pos)
+    if not self.use_graphs:
+        return
     self.pool = torch.cuda.graph_pool_handle()
-    for b in sorted(self.sizes, reverse=True):           # the largest first: the smaller ones reuse its memory
+    for b in sorted(
+        self.sizes, reverse=True
+    ):  # the largest first: the smaller ones reuse its memory
         ids, pos, pmd = self.static.load(one, one, dummy, b)
         with set_forward_context(pmd, self.kv_caches, self.graph_attn):
-            self.compiled(ids, pos)                      # warm (Triton autotuning, allocations) before capturing
+            self.compiled(ids, pos)  # warm (Triton autotuning, allocations) before capturing
             torch.cuda.synchronize(self.device)
             g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=self.pool): out = self.compiled(ids, pos)
+            with torch.cuda.graph(g, pool=self.pool):
+                out = self.compiled(ids, pos)
         self.graphs[b] = (g, out)
 
+
 @patch
-def run_model(self: CompiledModelRunner, input_ids, positions, md: AttentionMetadata) -> torch.Tensor:
+def run_model(
+    self: CompiledModelRunner, input_ids, positions, md: AttentionMetadata
+) -> torch.Tensor:
     "Hidden states of one step; decode-only steps are padded to a bucket (and on CUDA replayed from its graph)."
     n = input_ids.shape[0]
     if md.num_decodes == md.num_seqs and n <= self.static.max_size:
@@ -184,23 +258,32 @@ def run_model(self: CompiledModelRunner, input_ids, positions, md: AttentionMeta
             g, out = self.graphs[b]
             g.replay()
             return out[:n]
-        with set_forward_context(pmd, self.kv_caches, self.attn_fn): return self.compiled(ids, pos)[:n]
-    fn = self.compiled if not self.eager_prompts else lambda i, p: self.model(i, p, self.layer_ids, None)
-    with set_forward_context(md, self.kv_caches, self.attn_fn): return fn(input_ids, positions)   # (eager_prompts: below)
-
+        with set_forward_context(pmd, self.kv_caches, self.attn_fn):
+            return self.compiled(ids, pos)[:n]
+    fn = (
+        self.compiled
+        if not self.eager_prompts
+        else lambda i, p: self.model(i, p, self.layer_ids, None)
+    )
+    with set_forward_context(md, self.kv_caches, self.attn_fn):
+        return fn(input_ids, positions)  # (eager_prompts: below)
 
 # %% ../nbs/05b_compile.ipynb #6f495a5a
 class DecodeBatch(NamedTuple):
     "A decode step's attention inputs inside a graph: each row's new slot, its block table (int64, ≥ 2 wide), its length."
-    slot_mapping: torch.Tensor   # [n] int64
-    block_tables: torch.Tensor   # [n, nb] int64
-    seq_lens: torch.Tensor       # [n] int64
+
+    slot_mapping: torch.Tensor  # [n] int64
+    block_tables: torch.Tensor  # [n, nb] int64
+    seq_lens: torch.Tensor  # [n] int64
+
 
 def decode_batch(md: AttentionMetadata) -> DecodeBatch:
     "The `DecodeBatch` of a decode-only step (a table one block wide is padded to two: a size-1 dimension would be a constant)."
     bt = md.block_tables.long()
-    if bt.shape[1] < 2: bt = F.pad(bt, (0, 2 - bt.shape[1]))
+    if bt.shape[1] < 2:
+        bt = F.pad(bt, (0, 2 - bt.shape[1]))
     return DecodeBatch(md.slot_mapping.long(), bt, md.seq_lens.long())
+
 
 def in_graph_decode_attention(q, k, v, kv_cache, db: DecodeBatch, scale: float) -> torch.Tensor:
     "Decode attention as tensor code for a graph: write the step's keys and values in place, then read the pages in place (lesson 04)."
@@ -211,63 +294,110 @@ def in_graph_decode_attention(q, k, v, kv_cache, db: DecodeBatch, scale: float) 
     return decode_in_place(q, kv_cache, db.block_tables, db.seq_lens, scale)
 
 # %% ../nbs/05b_compile.ipynb #1774025d
-_SIZE_INDUCTOR = dict(freezing=True, max_autotune=True, max_autotune_gemm_backends="CPP,ATEN")   # Inductor, for compile sizes
+_SIZE_INDUCTOR = dict(
+    freezing=True, max_autotune=True, max_autotune_gemm_backends="CPP,ATEN"
+)  # Inductor, for compile sizes
+
 
 @patch
-def _size_forward(self: CompiledModelRunner, input_ids, positions, kv_caches, db: DecodeBatch) -> torch.Tensor:
+def _size_forward(
+    self: CompiledModelRunner, input_ids, positions, kv_caches, db: DecodeBatch
+) -> torch.Tensor:
     "One decode step of a compile size: every layer (attention in the graph) and the LM head; logits out."
     return self.model.compute_logits(self.model(input_ids, positions, kv_caches, db))
 
+
 @patch
-def _call_size_graph(self: CompiledModelRunner, input_ids, positions, db: DecodeBatch, compiling: bool = False):
+def _call_size_graph(
+    self: CompiledModelRunner, input_ids, positions, db: DecodeBatch, compiling: bool = False
+):
     "Run the compile-size graph: while compiling under `_SIZE_INDUCTOR`, after that without Dynamo's guard check."
     Linear.gemm_in_graph = True
     try:
         if compiling:
-            with torch._inductor.config.patch(_SIZE_INDUCTOR if self.cc.backend == "inductor" else {}):
+            with torch._inductor.config.patch(
+                _SIZE_INDUCTOR if self.cc.backend == "inductor" else {}
+            ):
                 return self.size_fn(input_ids, positions, self.kv_caches, db)
-        if len(self.size_graphs) > 1: return self.size_fn(input_ids, positions, self.kv_caches, db)   # (see below)
+        if len(self.size_graphs) > 1:
+            return self.size_fn(input_ids, positions, self.kv_caches, db)  # (see below)
         with torch.compiler.set_stance("default", skip_guard_eval_unsafe=True):
             return self.size_fn(input_ids, positions, self.kv_caches, db)
-    finally: Linear.gemm_in_graph = False
+    finally:
+        Linear.gemm_in_graph = False
+
 
 @patch
 @torch.inference_mode()
 def compile_size_graphs(self: CompiledModelRunner) -> list[int]:
     "Compile the graph of each of `compile_sizes` (CPU) with dummy decode steps on the scratch block; the sizes compiled."
     sizes = list(self.cc.compile_sizes or []) if self.device.type == "cpu" else []
-    if not sizes: return []
-    self.size_fn = torch.compile(self._size_forward, backend=self.cc.backend, dynamic=False, fullgraph=True)
+    if not sizes:
+        return []
+    self.size_fn = torch.compile(
+        self._size_forward, backend=self.cc.backend, dynamic=False, fullgraph=True
+    )
     try:
         for n in sizes:
-            md = build_metadata([2 * self.block_size + 1] * n, [1] * n, [[self.num_blocks] * 3] * n, self.block_size, self.device)
-            ids, pos = (torch.zeros(n, dtype=torch.int64, device=self.device) for _ in range(2))   # two tensors, as in a step
+            md = build_metadata(
+                [2 * self.block_size + 1] * n,
+                [1] * n,
+                [[self.num_blocks] * 3] * n,
+                self.block_size,
+                self.device,
+            )
+            ids, pos = (
+                torch.zeros(n, dtype=torch.int64, device=self.device) for _ in range(2)
+            )  # two tensors, as in a step
             db = decode_batch(md)
-            torch._dynamo.mark_dynamic(db.block_tables, 1)   # one graph for every context length
+            torch._dynamo.mark_dynamic(db.block_tables, 1)  # one graph for every context length
             self._call_size_graph(ids, pos, db, compiling=True)
-    except Exception as e:   # typically no C++ compiler: the general graph needs none of the template's kernels
-        logger.warning("compile_sizes %s could not be compiled (%s: %s); decoding through the general graph.",
-                       sizes, type(e).__name__, str(e)[:300])
+    except (
+        Exception
+    ) as e:  # typically no C++ compiler: the general graph needs none of the template's kernels
+        logger.warning(
+            "compile_sizes %s could not be compiled (%s: %s); decoding through the general graph.",
+            sizes,
+            type(e).__name__,
+            str(e)[:300],
+        )
         return []
     return sizes
 
+
 @patch
 @torch.inference_mode()
-def execute_model(self: CompiledModelRunner, scheduler_output: SchedulerOutput, **kw) -> ModelRunnerOutput:
+def execute_model(
+    self: CompiledModelRunner, scheduler_output: SchedulerOutput, **kw
+) -> ModelRunnerOutput:
     "As `ModelRunner.execute_model`; a decode-only step of a compiled size runs as its graph, logits included."
     seqs = scheduler_output.seqs
-    if (len(seqs) not in self.size_graphs or self.lora_manager is not None or kw.get("pooling_reqs")
-            or not all(s.num_tokens == 1 and s.sample and not s.spec_token_ids for s in seqs)):
+    if (
+        len(seqs) not in self.size_graphs
+        or self.lora_manager is not None
+        or kw.get("pooling_reqs")
+        or not all(s.num_tokens == 1 and s.sample and not s.spec_token_ids for s in seqs)
+    ):
         return ModelRunner.execute_model(self, scheduler_output, **kw)
     t0 = time.perf_counter()
     input_ids, positions, md, seqs = self.prepare_inputs(scheduler_output)
     t1 = time.perf_counter()
-    try: logits = self._call_size_graph(input_ids, positions, decode_batch(md))
-    except Exception as e:   # a step the warm-up did not foresee: skipping guards, Dynamo refuses to recompile
-        logger.warning("the decode graph of %d sequences failed (%s: %s); decoding through the general graph from now on.",
-                       len(seqs), type(e).__name__, str(e)[:300])
+    try:
+        logits = self._call_size_graph(input_ids, positions, decode_batch(md))
+    except (
+        Exception
+    ) as e:  # a step the warm-up did not foresee: skipping guards, Dynamo refuses to recompile
+        logger.warning(
+            "the decode graph of %d sequences failed (%s: %s); decoding through the general graph from now on.",
+            len(seqs),
+            type(e).__name__,
+            str(e)[:300],
+        )
         self.size_graphs = []
-        return ModelRunner.execute_model(self, scheduler_output, **kw)   # (rewrites the same K/V slots)
+        return ModelRunner.execute_model(
+            self, scheduler_output, **kw
+        )  # (rewrites the same K/V slots)
     if (tm := self.timings) is not None:
-        for k, dt in (("prepare", t1 - t0), ("forward", time.perf_counter() - t1)): tm[k] = tm.get(k, 0.0) + dt
+        for k, dt in (("prepare", t1 - t0), ("forward", time.perf_counter() - t1)):
+            tm[k] = tm.get(k, 0.0) + dt
     return ModelRunnerOutput([s.req_id for s in seqs], logits)

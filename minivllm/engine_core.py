@@ -14,7 +14,13 @@ from .request import Request, RequestStatus
 from .block_manager import KVCacheManager
 from .scheduler import Scheduler, SchedulerOutput
 from .model import ModelRunner
-from .sampler import Sampler, SamplingMetadata, LogprobsTensors, logprobs_dict, PromptLogprobsCollector
+from minivllm.sampler import (
+    Sampler,
+    SamplingMetadata,
+    LogprobsTensors,
+    logprobs_dict,
+    PromptLogprobsCollector,
+)
 from .structured_outputs import StructuredOutputManager
 from .spec_decode import SpecDecoder, SpecDecodingStats
 
@@ -25,32 +31,45 @@ __all__ = ['PHASES', 'EngineCoreOutput', 'StepInfo', 'EngineCoreOutputs', 'Sched
 @dataclass
 class EngineCoreOutput:
     "What one step did to one request (one sequence): its new tokens and, if the core ended it, why."
+
     request_id: str
     new_token_ids: list[int]
-    finish_reason: str | None = None           # "stop" (EOS or a stop token) or "length"
-    stop_reason: int | str | None = None       # the stop token id; None for EOS
-    num_cached_tokens: int = 0                 # prompt tokens found in the prefix cache
-    new_logprobs: list | None = None           # one entry per new token, when the sampler computes logprobs
-    new_prompt_logprobs: list | None = None    # once, with the first token, when prompt logprobs are asked for
-    pooling_output: torch.Tensor | None = None # a pooling request's pooled vector, when its prompt has been read
+    finish_reason: str | None = None  # "stop" (EOS or a stop token) or "length"
+    stop_reason: int | str | None = None  # the stop token id; None for EOS
+    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache
+    new_logprobs: list | None = None  # one entry per new token, when the sampler computes logprobs
+    new_prompt_logprobs: list | None = (
+        None  # once, with the first token, when prompt logprobs are asked for
+    )
+    pooling_output: torch.Tensor | None = (
+        None  # a pooling request's pooled vector, when its prompt has been read
+    )
+
     @property
-    def finished(self) -> bool: return self.finish_reason is not None
+    def finished(self) -> bool:
+        return self.finish_reason is not None
 
 # %% ../nbs/09_engine_core.ipynb #47f14ebc
 PHASES = ("schedule", "prepare", "forward", "logits", "sampling", "update")
 
+
 @dataclass
 class StepInfo:
     "What one engine step did: the scheduler's decision, what was sampled, and how long each phase took."
-    step: int                              # 0, 1, 2, ... per engine
+
+    step: int  # 0, 1, 2, ... per engine
     scheduler_output: SchedulerOutput
-    sampled: dict[str, list[int]]          # request id -> tokens sampled this step
-    timings: dict[str, float]              # seconds per phase (`PHASES`; the engine adds "outputs")
-    spec: dict[str, tuple[int, int]] = field(default_factory=dict)   # speculative decoding: request id -> (guesses verified, kept)
+    sampled: dict[str, list[int]]  # request id -> tokens sampled this step
+    timings: dict[str, float]  # seconds per phase (`PHASES`; the engine adds "outputs")
+    spec: dict[str, tuple[int, int]] = field(
+        default_factory=dict
+    )  # speculative decoding: request id -> (guesses verified, kept)
+
 
 @dataclass
 class EngineCoreOutputs:
     "Everything one core step produced: the per-request outputs, the scheduler's decision, and the `StepInfo`."
+
     outputs: list[EngineCoreOutput]
     scheduler_output: SchedulerOutput
     timestamp: float
@@ -60,33 +79,48 @@ class EngineCoreOutputs:
 @dataclass
 class SchedulerStats:
     "The scheduler's state after a step (gauges) and its lifetime counters."
+
     num_running_reqs: int = 0
     num_waiting_reqs: int = 0
     kv_cache_usage: float = 0.0
     num_preemptions: int = 0
-    prefix_cache_queries: int = 0    # tokens looked up in the prefix cache
-    prefix_cache_hits: int = 0       # tokens found there
-    spec_decoding_stats: SpecDecodingStats | None = None   # speculative decoding's counters (None: off)
+    prefix_cache_queries: int = 0  # tokens looked up in the prefix cache
+    prefix_cache_hits: int = 0  # tokens found there
+    spec_decoding_stats: SpecDecodingStats | None = (
+        None  # speculative decoding's counters (None: off)
+    )
 
 # %% ../nbs/09_engine_core.ipynb #p09b
 class Pooler:
     """Pools each pooling request's final-norm hidden rows into one vector (`pooler_config`: LAST, MEAN or CLS), then
     keeps its first `dimensions` values and L2-normalises it (`normalize`, else the config's default)."""
+
     def __init__(self, pooler_config=None):
         self.pooling_type, self.normalize = pooler_settings(pooler_config)
-        self.partial: dict[str, torch.Tensor] = {}   # request id -> running sum (MEAN) or first row (CLS)
+        self.partial: dict[
+            str, torch.Tensor
+        ] = {}  # request id -> running sum (MEAN) or first row (CLS)
 
-    def pool(self, req_id: str, start_pos: int, rows: torch.Tensor, params, last: bool) -> torch.Tensor | None:
+    def pool(
+        self, req_id: str, start_pos: int, rows: torch.Tensor, params, last: bool
+    ) -> torch.Tensor | None:
         "Fold one chunk (`rows` `[n, hidden]` from prompt position `start_pos`) in; the pooled vector after the `last` one."
-        prev = None if start_pos == 0 else self.partial.pop(req_id, None)   # a chunk from 0: a fresh start (e.g. after preemption)
-        if self.pooling_type == "MEAN": acc = rows.float().sum(0) + (0 if prev is None else prev)
-        elif self.pooling_type == "CLS": acc = rows[0].float() if prev is None else prev
-        else: acc = rows[-1].float()
+        prev = (
+            None if start_pos == 0 else self.partial.pop(req_id, None)
+        )  # a chunk from 0: a fresh start (e.g. after preemption)
+        if self.pooling_type == "MEAN":
+            acc = rows.float().sum(0) + (0 if prev is None else prev)
+        elif self.pooling_type == "CLS":
+            acc = rows[0].float() if prev is None else prev
+        else:
+            acc = rows[-1].float()
         if not last:
-            if self.pooling_type != "LAST": self.partial[req_id] = acc
+            if self.pooling_type != "LAST":
+                self.partial[req_id] = acc
             return None
         v = acc / (start_pos + len(rows)) if self.pooling_type == "MEAN" else acc
-        if params.dimensions is not None: v = v[:params.dimensions]
+        if params.dimensions is not None:
+            v = v[: params.dimensions]
         normalize = self.normalize if params.normalize is None else params.normalize
         return (F.normalize(v, dim=-1) if normalize else v).cpu()
 
@@ -97,35 +131,55 @@ class Pooler:
 # %% ../nbs/09_engine_core.ipynb #a4ec0eea
 class EngineCore:
     "The inner loop of the engine: schedule → execute → sample → update, on token ids only."
+
     def __init__(self, config: EngineConfig):
         self.config = config
-        if config.parallel_config.tensor_parallel_size > 1:   # the model is split over worker processes
+        if (
+            config.parallel_config.tensor_parallel_size > 1
+        ):  # the model is split over worker processes
             from minivllm.parallel import TPModelRunner
+
             self.model_runner = TPModelRunner(config)
-        elif config.compilation_config.level:                  # torch.compile (and CUDA graphs): lesson 05b
+        elif config.compilation_config.level:  # torch.compile (and CUDA graphs): lesson 05b
             from minivllm.compilation import CompiledModelRunner
+
             self.model_runner = CompiledModelRunner(config)
-        else: self.model_runner = ModelRunner(config)
+        else:
+            self.model_runner = ModelRunner(config)
         cc = config.cache_config
         if cc.num_gpu_blocks * cc.block_size < config.model_config.max_model_len:
-            raise ValueError(f"The KV cache holds {cc.num_gpu_blocks * cc.block_size} tokens, fewer than "
-                             f"max_model_len={config.model_config.max_model_len}: lower max_model_len or give the cache more memory.")
-        self.kv_cache_manager = KVCacheManager(cc.num_gpu_blocks, cc.block_size, cc.enable_prefix_caching)
+            raise ValueError(
+                f"The KV cache holds {cc.num_gpu_blocks * cc.block_size} tokens, fewer than "
+                f"max_model_len={config.model_config.max_model_len}: lower max_model_len or give the cache more memory."
+            )
+        self.kv_cache_manager = KVCacheManager(
+            cc.num_gpu_blocks, cc.block_size, cc.enable_prefix_caching
+        )
         self.scheduler = Scheduler(config.scheduler_config, self.kv_cache_manager)
         self.sampler = Sampler()
         self.prompt_logprobs = PromptLogprobsCollector()
-        self._so_manager: StructuredOutputManager | None = None   # built when the first constrained request arrives
-        self.pooler = Pooler(config.model_config.pooler_config)   # pooling requests' vectors
+        self._so_manager: StructuredOutputManager | None = (
+            None  # built when the first constrained request arrives
+        )
+        self.pooler = Pooler(config.model_config.pooler_config)  # pooling requests' vectors
         self.lora_manager = None
-        if config.lora_config is not None:   # LoRA (lesson 05c): adapters in device slots, each step's rows told their slot
+        if (
+            config.lora_config is not None
+        ):  # LoRA (lesson 05c): adapters in device slots, each step's rows told their slot
             from minivllm.lora import LoRAManager
-            self.lora_manager = self.model_runner.lora_manager = LoRAManager(self.model_runner.model, config.lora_config)
-        self.spec_decoder = None if config.speculative_config is None else SpecDecoder(config)   # lesson 07b
+
+            self.lora_manager = self.model_runner.lora_manager = LoRAManager(
+                self.model_runner.model, config.lora_config
+            )
+        self.spec_decoder = (
+            None if config.speculative_config is None else SpecDecoder(config)
+        )  # lesson 07b
         self.num_steps = 0
 
     def add_request(self, request: Request):
         "Queue a request (checked and tokenized by the processor) in the scheduler; a constrained one starts compiling its grammar."
-        if request.sampling_params.structured_outputs is not None: self.structured_output_manager.add_request(request)
+        if request.sampling_params.structured_outputs is not None:
+            self.structured_output_manager.add_request(request)
         self.scheduler.add_request(request)
 
     def has_unfinished_requests(self) -> bool:
@@ -134,8 +188,9 @@ class EngineCore:
 
 # %% ../nbs/09_engine_core.ipynb #5358b662
 @patch
-def execute(self: EngineCore, out: SchedulerOutput, timings: dict[str, float] | None = None
-            ) -> tuple[dict[str, int], dict[str, dict], dict[str, list], dict[str, torch.Tensor]]:
+def execute(
+    self: EngineCore, out: SchedulerOutput, timings: dict[str, float] | None = None
+) -> tuple[dict[str, int], dict[str, dict], dict[str, list], dict[str, torch.Tensor]]:
     """Run the model on the scheduled batch and sample one token for each request that reached its last token.
     Returns the sampled tokens, their logprob dicts (requests with `logprobs`), the prompt logprobs of the
     prompts finished this step (requests with `prompt_logprobs`) and the pooled vectors of the pooling requests
@@ -143,39 +198,67 @@ def execute(self: EngineCore, out: SchedulerOutput, timings: dict[str, float] | 
     tm = {} if timings is None else timings
     requests = self.scheduler.requests
     want = self.prompt_logprobs.wanted(out, requests)
-    self.model_runner.timings = tm            # the runner adds "prepare", "forward" and "logits" there
-    pool = {s.req_id for s in out.seqs if getattr(requests[s.req_id], "pooling_params", None) is not None}
+    self.model_runner.timings = tm  # the runner adds "prepare", "forward" and "logits" there
+    pool = {
+        s.req_id
+        for s in out.seqs
+        if getattr(requests[s.req_id], "pooling_params", None) is not None
+    }
     extra = {"pooling_reqs": pool} if pool else {}
-    try: res = self.model_runner.execute_model(out, prompt_logprobs_reqs=want, **extra)
-    finally: self.model_runner.timings = None
+    try:
+        res = self.model_runner.execute_model(out, prompt_logprobs_reqs=want, **extra)
+    finally:
+        self.model_runner.timings = None
     t0 = time.perf_counter()
     prompt_lps = self.prompt_logprobs.collect(out, requests, res.prompt_logits) if want else {}
     sampled, lps = {}, {}
     if res.req_ids:
         reqs = [requests[r] for r in res.req_ids]
-        logits = res.logits if self._so_manager is None else self._so_manager.mask_logits(reqs, res.logits)   # structured outputs
-        if res.spec_logits:   # speculative decoding: verify the guesses, several tokens per request
-            sampled, lps, self._step_spec = self.spec_decoder.verify(self.sampler, reqs, logits, out, res.spec_logits)
+        logits = (
+            res.logits
+            if self._so_manager is None
+            else self._so_manager.mask_logits(reqs, res.logits)
+        )  # structured outputs
+        if res.spec_logits:  # speculative decoding: verify the guesses, several tokens per request
+            sampled, lps, self._step_spec = self.spec_decoder.verify(
+                self.sampler, reqs, logits, out, res.spec_logits
+            )
         else:
             so = self.sampler(logits, SamplingMetadata.from_requests(reqs, logits.device))
             sampled = dict(zip(res.req_ids, so.sampled_token_ids.tolist()))
             lps = self._sample_logprobs(reqs, so.logprobs_tensors)
     pooled = {}
     for s in out.seqs:
-        if s.req_id not in pool: continue
-        v = self.pooler.pool(s.req_id, s.start_pos, res.hidden_states[s.req_id], requests[s.req_id].pooling_params, s.sample)
-        if v is not None: pooled[s.req_id] = v
+        if s.req_id not in pool:
+            continue
+        v = self.pooler.pool(
+            s.req_id,
+            s.start_pos,
+            res.hidden_states[s.req_id],
+            requests[s.req_id].pooling_params,
+            s.sample,
+        )
+        if v is not None:
+            pooled[s.req_id] = v
     tm["sampling"] = tm.get("sampling", 0.0) + time.perf_counter() - t0
     return sampled, lps, prompt_lps, pooled
 
+
 @patch
-def _sample_logprobs(self: EngineCore, reqs: list[Request], lt: LogprobsTensors | None) -> dict[str, dict]:
+def _sample_logprobs(
+    self: EngineCore, reqs: list[Request], lt: LogprobsTensors | None
+) -> dict[str, dict]:
     "The logprob dict of each sampled token of the requests that asked (the sampler's tensors, rows that asked only)."
-    if lt is None: return {}
+    if lt is None:
+        return {}
     rows = [i for i, r in enumerate(reqs) if r.sampling_params.logprobs is not None]
     ids, lps, ranks = LogprobsTensors(*(x[rows] for x in lt)).tolists()
-    return {reqs[i].request_id: logprobs_dict(ids[j], lps[j], ranks[j], reqs[i].sampling_params.logprobs)
-            for j, i in enumerate(rows)}
+    return {
+        reqs[i].request_id: logprobs_dict(
+            ids[j], lps[j], ranks[j], reqs[i].sampling_params.logprobs
+        )
+        for j, i in enumerate(rows)
+    }
 
 # %% ../nbs/09_engine_core.ipynb #d14c60e8
 @patch(as_prop=True)
@@ -183,25 +266,35 @@ def structured_output_manager(self: EngineCore) -> StructuredOutputManager:
     "The grammars and matchers of the constrained requests (lesson 06b), built with the model's tokenizer on first use."
     if self._so_manager is None:
         from transformers import AutoTokenizer
+
         mc = self.config.model_config
         tok = AutoTokenizer.from_pretrained(mc.tokenizer)
         eos = getattr(mc.hf_config, "eos_token_id", None)
         eos = tok.eos_token_id if eos is None else eos
-        self._so_manager = StructuredOutputManager(tok, mc.get_vocab_size(), list(eos) if isinstance(eos, (list, tuple)) else [eos])
+        self._so_manager = StructuredOutputManager(
+            tok, mc.get_vocab_size(), list(eos) if isinstance(eos, (list, tuple)) else [eos]
+        )
     return self._so_manager
+
 
 @patch
 def _advance_grammars(self: EngineCore, out: SchedulerOutput, updated: list[Request]):
-    "Accept this step's tokens in the matchers; end the requests whose grammar terminated (\"stop\"), abort any whose token was rejected."
+    'Accept this step\'s tokens in the matchers; end the requests whose grammar terminated ("stop"), abort any whose token was rejected.'
     mgr = self._so_manager
     done, failed = mgr.advance([r for r in updated if not r.is_finished()])
-    for reqs, status in ((done, RequestStatus.FINISHED_STOPPED), (failed, RequestStatus.FINISHED_ABORTED)):
+    for reqs, status in (
+        (done, RequestStatus.FINISHED_STOPPED),
+        (failed, RequestStatus.FINISHED_ABORTED),
+    ):
         ended = self.scheduler.finish_requests([r.request_id for r in reqs], status)
         out.finished_after_step.extend(r.request_id for r in ended)
     if failed:
         import logging
-        logging.getLogger("minivllm").warning("structured outputs: a token the grammar rejects was sampled for %s; aborted.",
-                                              [r.request_id for r in failed])
+
+        logging.getLogger("minivllm").warning(
+            "structured outputs: a token the grammar rejects was sampled for %s; aborted.",
+            [r.request_id for r in failed],
+        )
     mgr.remove_requests([rid for rid in mgr.states if rid not in self.scheduler.requests])
 
 # %% ../nbs/09_engine_core.ipynb #cca21d4c
@@ -229,68 +322,108 @@ def step(self: EngineCore) -> EngineCoreOutputs:
     sampled, lps, prompt_lps, pooled = self.execute(out, timings) if out.seqs else ({}, {}, {}, {})
     t1 = time.perf_counter()
     updated = self.scheduler.update_from_output(out, sampled)
-    if self._so_manager is not None: self._advance_grammars(out, updated)
-    toks = {rid: t if isinstance(t, list) else [t] for rid, t in sampled.items()}   # (lists cut at a stop by the update)
-    lps = {rid: (lp if isinstance(lp, list) else [lp])[:len(toks[rid])] for rid, lp in lps.items()}
-    outputs = [EngineCoreOutput(request_id=r.request_id, new_token_ids=toks.get(r.request_id, []),
-                                finish_reason=r.status.finish_reason, stop_reason=r.stop_reason,
-                                num_cached_tokens=max(r.num_cached_tokens, 0), new_logprobs=lps.get(r.request_id),
-                                new_prompt_logprobs=prompt_lps.get(r.request_id), pooling_output=pooled.get(r.request_id))
-               for r in updated]
+    if self._so_manager is not None:
+        self._advance_grammars(out, updated)
+    toks = {
+        rid: t if isinstance(t, list) else [t] for rid, t in sampled.items()
+    }  # (lists cut at a stop by the update)
+    lps = {rid: (lp if isinstance(lp, list) else [lp])[: len(toks[rid])] for rid, lp in lps.items()}
+    outputs = [
+        EngineCoreOutput(
+            request_id=r.request_id,
+            new_token_ids=toks.get(r.request_id, []),
+            finish_reason=r.status.finish_reason,
+            stop_reason=r.stop_reason,
+            num_cached_tokens=max(r.num_cached_tokens, 0),
+            new_logprobs=lps.get(r.request_id),
+            new_prompt_logprobs=prompt_lps.get(r.request_id),
+            pooling_output=pooled.get(r.request_id),
+        )
+        for r in updated
+    ]
     timings["update"] = time.perf_counter() - t1
-    if self.spec_decoder is not None:   # guesses for the next step (lesson 07b)
-        t2 = time.perf_counter(); self.spec_decoder.propose(self.scheduler); timings["propose"] = time.perf_counter() - t2
-    info = StepInfo(step=self.num_steps, scheduler_output=out, sampled=toks, timings=timings, spec=self._step_spec)
+    if self.spec_decoder is not None:  # guesses for the next step (lesson 07b)
+        t2 = time.perf_counter()
+        self.spec_decoder.propose(self.scheduler)
+        timings["propose"] = time.perf_counter() - t2
+    info = StepInfo(
+        step=self.num_steps,
+        scheduler_output=out,
+        sampled=toks,
+        timings=timings,
+        spec=self._step_spec,
+    )
     self.num_steps += 1
-    return EngineCoreOutputs(outputs=outputs, scheduler_output=out, timestamp=time.time(), step_info=info)
+    return EngineCoreOutputs(
+        outputs=outputs, scheduler_output=out, timestamp=time.time(), step_info=info
+    )
 
 # %% ../nbs/09_engine_core.ipynb #cd416ad6
 @patch
 def finish_requests(self: EngineCore, request_ids: str | list[str], status: RequestStatus):
     "End requests from outside with `status` (unknown or finished ids are ignored); their blocks are freed now."
     request_ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
-    for rid in request_ids: self.prompt_logprobs.discard(rid); self.pooler.discard(rid)
+    for rid in request_ids:
+        self.prompt_logprobs.discard(rid)
+        self.pooler.discard(rid)
     self.scheduler.finish_requests(request_ids, status)
+
 
 @patch
 def abort_requests(self: EngineCore, request_ids: list[str]):
     "Abort requests (unknown or finished ids are ignored); their blocks are freed now."
     self.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
 
+
 @patch
 def add_lora(self: EngineCore, lora_request) -> bool:
     "Register a LoRA adapter (read and checked now: a bad one raises `ValueError` here)."
-    if self.lora_manager is None: raise ValueError(f"LoRA adapter {lora_request.lora_name!r}: LoRA is off (start the engine with enable_lora=True).")
+    if self.lora_manager is None:
+        raise ValueError(
+            f"LoRA adapter {lora_request.lora_name!r}: LoRA is off (start the engine with enable_lora=True)."
+        )
     return self.lora_manager.add_lora(lora_request)
+
 
 @patch
 def remove_lora(self: EngineCore, lora_id: int) -> bool:
     "Forget an adapter; refused (`ValueError`) while a request still runs under it. False if unknown."
-    if self.lora_manager is None: return False
+    if self.lora_manager is None:
+        return False
     if any(r.lora_int_id == lora_id for r in self.scheduler.requests.values()):
         raise ValueError(f"LoRA adapter {lora_id} is in use by unfinished requests.")
     return self.lora_manager.remove_lora(lora_id)
+
 
 @patch
 def list_loras(self: EngineCore) -> set[int]:
     "The ids of the adapters added."
     return set() if self.lora_manager is None else self.lora_manager.list_loras()
 
+
 @patch
 def reset_prefix_cache(self: EngineCore) -> bool:
     "Forget the cached blocks (False if some are still in use)."
     return self.kv_cache_manager.reset_prefix_cache()
 
+
 @patch
 def shutdown(self: EngineCore):
     "Stop the model runner's worker processes, if it has any (tensor parallelism)."
-    if hasattr(self.model_runner, "shutdown"): self.model_runner.shutdown()
+    if hasattr(self.model_runner, "shutdown"):
+        self.model_runner.shutdown()
+
 
 @patch
 def get_scheduler_stats(self: EngineCore) -> SchedulerStats:
     "The scheduler's gauges now and its lifetime counters."
     s, kv = self.scheduler, self.kv_cache_manager
-    return SchedulerStats(num_running_reqs=len(s.running), num_waiting_reqs=len(s.waiting), kv_cache_usage=kv.usage,
-                          num_preemptions=s.num_preemptions, prefix_cache_queries=kv.prefix_cache_queries,
-                          prefix_cache_hits=kv.prefix_cache_hits,
-                          spec_decoding_stats=None if self.spec_decoder is None else self.spec_decoder.stats.copy())
+    return SchedulerStats(
+        num_running_reqs=len(s.running),
+        num_waiting_reqs=len(s.waiting),
+        kv_cache_usage=kv.usage,
+        num_preemptions=s.num_preemptions,
+        prefix_cache_queries=kv.prefix_cache_queries,
+        prefix_cache_hits=kv.prefix_cache_hits,
+        spec_decoding_stats=None if self.spec_decoder is None else self.spec_decoder.stats.copy(),
+    )

@@ -4,7 +4,9 @@
 
 # %% ../nbs/04a_cpu_gemm.ipynb #b1f5bab8
 from __future__ import annotations
-import ctypes, functools, logging
+import ctypes
+import functools
+import logging
 import torch
 from .attention import _cpu_flags, build_c_library
 
@@ -12,13 +14,18 @@ from .attention import _cpu_flags, build_c_library
 __all__ = ['GEMM_UNITS', 'GEMM_MAX_ROWS', 'pack_weight', 'gemm_supported', 'build_gemm_kernel', 'gemm', 'gemm_copy']
 
 # %% ../nbs/04a_cpu_gemm.ipynb #130a5e29
-GEMM_UNITS = {torch.float32: 1, torch.bfloat16: 2}   # elements of K per 32-bit lane of a weight vector
+GEMM_UNITS = {
+    torch.float32: 1,
+    torch.bfloat16: 2,
+}  # elements of K per 32-bit lane of a weight vector
+
 
 def pack_weight(w: torch.Tensor) -> torch.Tensor:
     "`W [N, K]` in the kernel's layout `[N/16, K/KU, 16, KU]` (contiguous; `KU` = 2 for bfloat16, 1 for float32)."
     N, K = w.shape
     ku = GEMM_UNITS[w.dtype]
-    if N % 16 or K % ku: raise ValueError(f"the C GEMM needs N % 16 == 0 and K % {ku} == 0, got a [{N}, {K}] weight")
+    if N % 16 or K % ku:
+        raise ValueError(f"the C GEMM needs N % 16 == 0 and K % {ku} == 0, got a [{N}, {K}] weight")
     return w.detach().reshape(N // 16, 16, K // ku, ku).permute(0, 2, 1, 3).contiguous()
 
 # %% ../nbs/04a_cpu_gemm.ipynb #27bef8b2
@@ -110,17 +117,22 @@ int gemm(const T *x, int64_t M, int64_t K, const T *w, int64_t N, const T *bias,
 # %% ../nbs/04a_cpu_gemm.ipynb #6a74168c
 _GEMM_CPU_FLAGS = {torch.float32: ("avx512f",), torch.bfloat16: ("avx512f", "avx512_bf16")}
 
+
 def gemm_supported(w: torch.Tensor) -> bool:
     "Whether `gemm` can multiply by `w`: a float32 or bfloat16 `[N, K]` CPU tensor, `N % 16 == 0` (bfloat16: `K` even), on a CPU with the instructions."
-    if w.dim() != 2 or w.device.type != "cpu" or w.dtype not in GEMM_UNITS: return False
-    if w.shape[0] % 16 or w.shape[1] % GEMM_UNITS[w.dtype]: return False
+    if w.dim() != 2 or w.device.type != "cpu" or w.dtype not in GEMM_UNITS:
+        return False
+    if w.shape[0] % 16 or w.shape[1] % GEMM_UNITS[w.dtype]:
+        return False
     flags = _cpu_flags().split()
     return all(f in flags for f in _GEMM_CPU_FLAGS[w.dtype])
+
 
 @functools.cache
 def build_gemm_kernel(dtype=torch.bfloat16):
     "The C GEMM for `dtype` (a ctypes function); raises if it cannot be built."
-    if dtype not in GEMM_UNITS: raise NotImplementedError(f"the C GEMM multiplies float32 or bfloat16, not {dtype}")
+    if dtype not in GEMM_UNITS:
+        raise NotImplementedError(f"the C GEMM multiplies float32 or bfloat16, not {dtype}")
     fn = build_c_library("gemm", _GEMM_C, (f"-DBF16={int(dtype == torch.bfloat16)}",)).gemm
     P, I = ctypes.c_void_p, ctypes.c_int64
     fn.argtypes, fn.restype = [P, I, I, P, I, P, P], ctypes.c_int
@@ -131,32 +143,52 @@ def gemm(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None
     "`x [..., K] @ W.T (+ bias)` by the C kernel, with `packed = pack_weight(W)`; returns `[..., N]` in `x`'s dtype."
     nb, kn, _, ku = packed.shape
     N, K = nb * 16, kn * ku
-    if x.device.type != "cpu" or packed.device.type != "cpu": raise ValueError(f"the C GEMM runs on CPU tensors, got {x.device} and {packed.device}")
-    if x.dtype != packed.dtype: raise TypeError(f"x is {x.dtype} but the packed weight is {packed.dtype}")
-    if not packed.is_contiguous(): raise ValueError("the packed weight must be contiguous (as pack_weight makes it)")
-    if x.shape[-1] != K: raise ValueError(f"x has {x.shape[-1]} columns, the weight {K}")
-    if bias is not None and (bias.shape != (N,) or bias.dtype != x.dtype): raise ValueError(f"bias must be [{N}] {x.dtype}")
+    if x.device.type != "cpu" or packed.device.type != "cpu":
+        raise ValueError(f"the C GEMM runs on CPU tensors, got {x.device} and {packed.device}")
+    if x.dtype != packed.dtype:
+        raise TypeError(f"x is {x.dtype} but the packed weight is {packed.dtype}")
+    if not packed.is_contiguous():
+        raise ValueError("the packed weight must be contiguous (as pack_weight makes it)")
+    if x.shape[-1] != K:
+        raise ValueError(f"x has {x.shape[-1]} columns, the weight {K}")
+    if bias is not None and (bias.shape != (N,) or bias.dtype != x.dtype):
+        raise ValueError(f"bias must be [{N}] {x.dtype}")
     rows = x.reshape(-1, K)
-    if not rows.is_contiguous(): rows = rows.contiguous()
+    if not rows.is_contiguous():
+        rows = rows.contiguous()
     y = torch.empty(rows.shape[0], N, dtype=x.dtype)
     if rows.shape[0]:
         b = None if bias is None else bias.contiguous()
-        if build_gemm_kernel(x.dtype)(rows.data_ptr(), rows.shape[0], K, packed.data_ptr(), N,
-                                      None if b is None else b.data_ptr(), y.data_ptr()):
+        if build_gemm_kernel(x.dtype)(
+            rows.data_ptr(),
+            rows.shape[0],
+            K,
+            packed.data_ptr(),
+            N,
+            None if b is None else b.data_ptr(),
+            y.data_ptr(),
+        ):
             raise MemoryError("the C GEMM could not allocate its scratch buffer")
     return y.view(*x.shape[:-1], N)
 
 # %% ../nbs/04a_cpu_gemm.ipynb #51d16d99
-GEMM_MAX_ROWS = 64   # lesson 05's Linear multiplies calls of up to this many rows with the C kernel, more with oneDNN
+GEMM_MAX_ROWS = 64  # lesson 05's Linear multiplies calls of up to this many rows with the C kernel, more with oneDNN
 
 # %% ../nbs/04a_cpu_gemm.ipynb #08747813
 @functools.cache
 def _gemm_built(dtype) -> bool:
     "Whether the C GEMM for `dtype` builds here (the first failure is logged)."
-    try: build_gemm_kernel(dtype); return True
+    try:
+        build_gemm_kernel(dtype)
+        return True
     except Exception as e:
-        logging.getLogger("minivllm").warning("the C GEMM could not be built (%s: %s); linear layers use oneDNN.", type(e).__name__, str(e)[:300])
+        logging.getLogger("minivllm").warning(
+            "the C GEMM could not be built (%s: %s); linear layers use oneDNN.",
+            type(e).__name__,
+            str(e)[:300],
+        )
         return False
+
 
 def gemm_copy(w: torch.Tensor) -> torch.Tensor | None:
     "`pack_weight(w)` where the C kernel can multiply by `w` on this machine, else None."

@@ -4,11 +4,22 @@
 
 # %% ../nbs/13_llm.ipynb #9302be48
 from __future__ import annotations
-import dataclasses, itertools, re, time
+import dataclasses
+import itertools
+import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
-from .config import SamplingParams, RequestOutput, RequestOutputKind, PromptType, TokensPrompt, EngineArgs, engine_args_from_kwargs
+from minivllm.config import (
+    SamplingParams,
+    RequestOutput,
+    RequestOutputKind,
+    PromptType,
+    TokensPrompt,
+    EngineArgs,
+    engine_args_from_kwargs,
+)
 from .config import PoolingParams, PoolingRequestOutput, EmbeddingRequestOutput
 from fastcore.basics import patch
 from .llm_engine import LLMEngine
@@ -20,22 +31,32 @@ __all__ = ['load_chat_template', 'LLM', 'resolve_content_format', 'convert_conte
 # %% ../nbs/13_llm.ipynb #44cd7931
 def load_chat_template(chat_template: str | None) -> str | None:
     "A chat template given inline, or the text of the file it names (vLLM's `--chat-template` takes both)."
-    if chat_template is None: return None
-    try: p = Path(chat_template).expanduser()
-    except (OSError, ValueError): return chat_template
-    try: return p.read_text() if len(chat_template) < 4096 and p.is_file() else chat_template
-    except OSError: return chat_template
+    if chat_template is None:
+        return None
+    try:
+        p = Path(chat_template).expanduser()
+    except (OSError, ValueError):
+        return chat_template
+    try:
+        return p.read_text() if len(chat_template) < 4096 and p.is_file() else chat_template
+    except OSError:
+        return chat_template
+
 
 class LLM:
     "Offline inference: `generate` prompts or `chat` conversations with one engine."
+
     def __init__(self, model: str | None = None, *, chat_template: str | None = None, **kwargs):
-        self._setup(LLMEngine.from_engine_args(engine_args_from_kwargs(model=model, **kwargs)), chat_template)
+        self._setup(
+            LLMEngine.from_engine_args(engine_args_from_kwargs(model=model, **kwargs)),
+            chat_template,
+        )
 
     def _setup(self, engine: LLMEngine, chat_template: str | None = None):
         "Hold `engine`; the default chat template (None: the tokenizer's)."
         self.llm_engine, self.chat_template = engine, load_chat_template(chat_template)
         self.request_counter = itertools.count()
-        self._done: dict[str, RequestOutput] = {}     # finished outputs nobody has collected yet
+        self._done: dict[str, RequestOutput] = {}  # finished outputs nobody has collected yet
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs, chat_template: str | None = None) -> "LLM":
@@ -47,6 +68,7 @@ class LLM:
     def get_tokenizer(self):
         "The tokenizer of the engine's model."
         return self.llm_engine.get_tokenizer()
+
     def get_default_sampling_params(self) -> SamplingParams:
         "The `SamplingParams` used when a call gives none: vLLM's defaults, with the model's generation config on top."
         diff = self.llm_engine.get_model_config().get_diff_sampling_param()
@@ -56,30 +78,57 @@ class LLM:
 @patch
 def _params_list(self: LLM, n: int, sampling_params) -> list[SamplingParams]:
     "One `SamplingParams` per prompt: the default, the one given for all, or the list given (of the right length)."
-    if sampling_params is None: sampling_params = self.get_default_sampling_params()
-    params = [sampling_params] * n if isinstance(sampling_params, (SamplingParams, PoolingParams)) else list(sampling_params)
-    if len(params) != n: raise ValueError(f"got {n} prompts but {len(params)} sampling_params: give one, or one per prompt.")
+    if sampling_params is None:
+        sampling_params = self.get_default_sampling_params()
+    params = (
+        [sampling_params] * n
+        if isinstance(sampling_params, (SamplingParams, PoolingParams))
+        else list(sampling_params)
+    )
+    if len(params) != n:
+        raise ValueError(
+            f"got {n} prompts but {len(params)} sampling_params: give one, or one per prompt."
+        )
     return params
 
+
 @patch
-def _add_requests(self: LLM, prompts, sampling_params, priority, lora_request, final_only: bool) -> list[str]:
+def _add_requests(
+    self: LLM, prompts, sampling_params, priority, lora_request, final_only: bool
+) -> list[str]:
     "Add every prompt (with its `lora_request`: one for all, or one per prompt); if one is bad, take back the ones added and raise."
-    if isinstance(prompts, (str, dict)): prompts = [prompts]
+    if isinstance(prompts, (str, dict)):
+        prompts = [prompts]
     prompts = list(prompts)
     params = self._params_list(len(prompts), sampling_params)
-    loras = list(lora_request) if isinstance(lora_request, (list, tuple)) else [lora_request] * len(prompts)
-    if len(loras) != len(prompts): raise ValueError(f"got {len(prompts)} prompts but {len(loras)} lora_requests.")
+    loras = (
+        list(lora_request)
+        if isinstance(lora_request, (list, tuple))
+        else [lora_request] * len(prompts)
+    )
+    if len(loras) != len(prompts):
+        raise ValueError(f"got {len(prompts)} prompts but {len(loras)} lora_requests.")
     if priority is not None and len(priority) != len(prompts):
         raise ValueError(f"got {len(prompts)} prompts but {len(priority)} priorities.")
     ids = []
     try:
         for i, (p, sp) in enumerate(zip(prompts, params)):
             if final_only and isinstance(sp, SamplingParams):
-                sp = sp.clone(); sp.output_kind = RequestOutputKind.FINAL_ONLY
-            ids.append(self.llm_engine.add_request(str(next(self.request_counter)), p, sp, lora_request=loras[i],
-                                                   priority=priority[i] if priority else 0))
+                sp = sp.clone()
+                sp.output_kind = RequestOutputKind.FINAL_ONLY
+            ids.append(
+                self.llm_engine.add_request(
+                    str(next(self.request_counter)),
+                    p,
+                    sp,
+                    lora_request=loras[i],
+                    priority=priority[i] if priority else 0,
+                )
+            )
     except Exception:
-        self.llm_engine.abort_request(ids, final_output=False)   # a bad prompt fails the call and leaves nothing running
+        self.llm_engine.abort_request(
+            ids, final_output=False
+        )  # a bad prompt fails the call and leaves nothing running
         raise
     return ids
 
@@ -88,10 +137,14 @@ def _add_requests(self: LLM, prompts, sampling_params, priority, lora_request, f
 def add_lora(self: LLM, lora_request) -> bool:
     "Load a LoRA adapter (vLLM's `LLM.add_lora`); requests name it with the same `LoRARequest`."
     return self.llm_engine.add_lora(lora_request)
+
+
 @patch
 def remove_lora(self: LLM, lora_id: int) -> bool:
     "Forget a LoRA adapter by id."
     return self.llm_engine.remove_lora(lora_id)
+
+
 @patch
 def list_loras(self: LLM) -> set[int]:
     "The ids of the loaded LoRA adapters."
@@ -102,20 +155,29 @@ def list_loras(self: LLM) -> set[int]:
 def _run_engine(self: LLM, use_tqdm: bool = True, wanted: int | None = None) -> None:
     "Step until the engine is idle, keeping every finished output; a progress bar with input/output speeds."
     from tqdm.auto import tqdm
+
     total = wanted if wanted is not None else self.llm_engine.get_num_unfinished_requests()
     bar = tqdm(total=total, desc="Processed prompts", dynamic_ncols=True, disable=not use_tqdm)
     t0, n_in, n_out = time.perf_counter(), 0, 0
     try:
         while self.llm_engine.has_unfinished_requests():
             for o in self.llm_engine.step():
-                if not o.finished: continue
+                if not o.finished:
+                    continue
                 self._done[o.request_id] = o
-                n_in += len(o.prompt_token_ids); n_out += sum(len(c.token_ids) for c in o.outputs) if isinstance(o, RequestOutput) else 0
+                n_in += len(o.prompt_token_ids)
+                n_out += (
+                    sum(len(c.token_ids) for c in o.outputs) if isinstance(o, RequestOutput) else 0
+                )
                 dt = max(time.perf_counter() - t0, 1e-9)
-                bar.set_postfix_str(f"est. speed input: {n_in / dt:.2f} toks/s, output: {n_out / dt:.2f} toks/s", refresh=False)
+                bar.set_postfix_str(
+                    f"est. speed input: {n_in / dt:.2f} toks/s, output: {n_out / dt:.2f} toks/s",
+                    refresh=False,
+                )
                 bar.update(1)
     finally:
         bar.close()
+
 
 @patch
 def _collect(self: LLM, ids: list[str]) -> list[RequestOutput]:
@@ -124,36 +186,69 @@ def _collect(self: LLM, ids: list[str]) -> list[RequestOutput]:
 
 # %% ../nbs/13_llm.ipynb #5c6cd57c
 @patch
-def generate(self: LLM, prompts: PromptType | Sequence[PromptType], sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-             use_tqdm: bool = True, lora_request=None, priority: list[int] | None = None) -> list[RequestOutput]:
+def generate(
+    self: LLM,
+    prompts: PromptType | Sequence[PromptType],
+    sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+    use_tqdm: bool = True,
+    lora_request=None,
+    priority: list[int] | None = None,
+) -> list[RequestOutput]:
     "Generate completions for `prompts` (one `SamplingParams` for all, or one each); outputs in prompt order."
     ids = self._add_requests(prompts, sampling_params, priority, lora_request, final_only=True)
     self._run_engine(use_tqdm, wanted=self.llm_engine.get_num_unfinished_requests())
     return self._collect(ids)
 
+
 @patch
-def enqueue(self: LLM, prompts: PromptType | Sequence[PromptType], sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-            lora_request=None, priority: list[int] | None = None, use_tqdm: bool = False) -> list[str]:
+def enqueue(
+    self: LLM,
+    prompts: PromptType | Sequence[PromptType],
+    sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+    lora_request=None,
+    priority: list[int] | None = None,
+    use_tqdm: bool = False,
+) -> list[str]:
     "Add prompts to the engine without running it; returns their request ids. `wait_for_completion` runs them."
     return self._add_requests(prompts, sampling_params, priority, lora_request, final_only=True)
 
+
 @patch
-def wait_for_completion(self: LLM, *args, use_tqdm: bool = True, output_type: type | None = None) -> list[RequestOutput]:
+def wait_for_completion(
+    self: LLM, *args, use_tqdm: bool = True, output_type: type | None = None
+) -> list[RequestOutput]:
     "Run the engine until every enqueued request is done; their outputs, in the order they were enqueued."
-    if len(args) == 1 and isinstance(args[0], type): output_type, args = args[0], ()   # vLLM's positional output_type
-    if args: raise TypeError(f"wait_for_completion takes use_tqdm and output_type by keyword, got positional {args!r}")
+    if len(args) == 1 and isinstance(args[0], type):
+        output_type, args = args[0], ()  # vLLM's positional output_type
+    if args:
+        raise TypeError(
+            f"wait_for_completion takes use_tqdm and output_type by keyword, got positional {args!r}"
+        )
     if output_type not in (None, RequestOutput):
-        raise NotImplementedError(f"wait_for_completion(output_type={output_type.__name__}): enqueued requests give RequestOutputs.")
+        raise NotImplementedError(
+            f"wait_for_completion(output_type={output_type.__name__}): enqueued requests give RequestOutputs."
+        )
     self._run_engine(use_tqdm)
-    return self._collect(sorted(self._done, key=lambda k: (0, int(k), k) if k.isdigit() else (1, 0, k)))
+    return self._collect(
+        sorted(self._done, key=lambda k: (0, int(k), k) if k.isdigit() else (1, 0, k))
+    )
 
 # %% ../nbs/13_llm.ipynb #f168e196
 def resolve_content_format(chat_template: str | None, fmt: str = "auto") -> str:
     """vLLM's `chat_template_content_format`: "string" (content parts joined into one text) or "openai" (the list of
     parts, for templates that loop over them); "auto" reads the template: a `for` over a message's content means "openai"."""
-    if fmt not in ("auto", "string", "openai"): raise ValueError(f"chat_template_content_format must be 'auto', 'string' or 'openai', got {fmt!r}")
-    if fmt != "auto": return fmt
-    return "openai" if chat_template and re.search(r"for\s+\w+\s+in\s+[\w.\[\]'\"]*content", chat_template) else "string"
+    if fmt not in ("auto", "string", "openai"):
+        raise ValueError(
+            f"chat_template_content_format must be 'auto', 'string' or 'openai', got {fmt!r}"
+        )
+    if fmt != "auto":
+        return fmt
+    return (
+        "openai"
+        if chat_template and re.search(r"for\s+\w+\s+in\s+[\w.\[\]'\"]*content", chat_template)
+        else "string"
+    )
+
 
 def convert_content_parts(messages: list[dict], fmt: str) -> list[dict]:
     "OpenAI content-part lists (`[{'type': 'text', 'text': ...}]`) as the template wants them: one string, or text parts."
@@ -163,53 +258,114 @@ def convert_content_parts(messages: list[dict], fmt: str) -> list[dict]:
         if isinstance(c, list):
             texts = []
             for p in c:
-                if isinstance(p, str): texts.append(p); continue
+                if isinstance(p, str):
+                    texts.append(p)
+                    continue
                 kind = p.get("type") if isinstance(p, dict) else type(p).__name__
                 if kind not in ("text", "input_text") or not isinstance(p.get("text"), str):
-                    raise NotImplementedError(f"content part of type {kind!r}: minivllm serves text-only models")
+                    raise NotImplementedError(
+                        f"content part of type {kind!r}: minivllm serves text-only models"
+                    )
                 texts.append(p["text"])
-            m = {**m, "content": "\n".join(texts) if fmt == "string" else [{"type": "text", "text": t} for t in texts]}
+            m = {
+                **m,
+                "content": "\n".join(texts)
+                if fmt == "string"
+                else [{"type": "text", "text": t} for t in texts],
+            }
         out.append(m)
     return out
 
 # %% ../nbs/13_llm.ipynb #5da9da8c
 @patch
-def _chat_prompts(self: LLM, messages, chat_template=None, add_generation_prompt=True, continue_final_message=False,
-                  chat_template_kwargs=None, tools=None, chat_template_content_format="auto") -> list[dict]:
+def _chat_prompts(
+    self: LLM,
+    messages,
+    chat_template=None,
+    add_generation_prompt=True,
+    continue_final_message=False,
+    chat_template_kwargs=None,
+    tools=None,
+    chat_template_content_format="auto",
+) -> list[dict]:
     "One `TokensPrompt` (with its text) per conversation, rendered with the chat template."
     if add_generation_prompt and continue_final_message:
-        raise ValueError("add_generation_prompt and continue_final_message cannot both be True: a continued message "
-                         "must not be followed by a new assistant turn (pass add_generation_prompt=False).")
+        raise ValueError(
+            "add_generation_prompt and continue_final_message cannot both be True: a continued message "
+            "must not be followed by a new assistant turn (pass add_generation_prompt=False)."
+        )
     convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
     tok = self.get_tokenizer()
     template = load_chat_template(chat_template) or self.chat_template
     fmt = resolve_content_format(template or tok.chat_template, chat_template_content_format)
     prompts = []
     for conv in convs:
-        text = tok.apply_chat_template(convert_content_parts(conv, fmt), chat_template=template, tokenize=False,
-                                       add_generation_prompt=add_generation_prompt, continue_final_message=continue_final_message,
-                                       tools=tools, **(chat_template_kwargs or {}))
-        prompts.append({"prompt_token_ids": tok(text, add_special_tokens=False).input_ids, "prompt": text})
+        text = tok.apply_chat_template(
+            convert_content_parts(conv, fmt),
+            chat_template=template,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+            tools=tools,
+            **(chat_template_kwargs or {}),
+        )
+        prompts.append(
+            {"prompt_token_ids": tok(text, add_special_tokens=False).input_ids, "prompt": text}
+        )
     return prompts
 
-@patch
-def chat(self: LLM, messages, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, use_tqdm: bool = True,
-         lora_request=None, chat_template: str | None = None, chat_template_content_format: str = "auto",
-         add_generation_prompt: bool = True, continue_final_message: bool = False, chat_template_kwargs: dict | None = None,
-         tools: list[dict] | None = None) -> list[RequestOutput]:
-    "Generate replies to one conversation (a list of `{'role', 'content'}` messages) or to a list of them."
-    prompts = self._chat_prompts(messages, chat_template, add_generation_prompt, continue_final_message,
-                                 chat_template_kwargs, tools, chat_template_content_format)
-    return self.generate(prompts, sampling_params, use_tqdm=use_tqdm, lora_request=lora_request)
 
 @patch
-def enqueue_chat(self: LLM, messages, sampling_params=None, lora_request=None, chat_template: str | None = None,
-                 chat_template_content_format: str = "auto", add_generation_prompt: bool = True,
-                 continue_final_message: bool = False, chat_template_kwargs: dict | None = None, tools=None,
-                 priority: list[int] | None = None) -> list[str]:
+def chat(
+    self: LLM,
+    messages,
+    sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+    use_tqdm: bool = True,
+    lora_request=None,
+    chat_template: str | None = None,
+    chat_template_content_format: str = "auto",
+    add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
+    chat_template_kwargs: dict | None = None,
+    tools: list[dict] | None = None,
+) -> list[RequestOutput]:
+    "Generate replies to one conversation (a list of `{'role', 'content'}` messages) or to a list of them."
+    prompts = self._chat_prompts(
+        messages,
+        chat_template,
+        add_generation_prompt,
+        continue_final_message,
+        chat_template_kwargs,
+        tools,
+        chat_template_content_format,
+    )
+    return self.generate(prompts, sampling_params, use_tqdm=use_tqdm, lora_request=lora_request)
+
+
+@patch
+def enqueue_chat(
+    self: LLM,
+    messages,
+    sampling_params=None,
+    lora_request=None,
+    chat_template: str | None = None,
+    chat_template_content_format: str = "auto",
+    add_generation_prompt: bool = True,
+    continue_final_message: bool = False,
+    chat_template_kwargs: dict | None = None,
+    tools=None,
+    priority: list[int] | None = None,
+) -> list[str]:
     "`chat`'s conversations added without running them (like `enqueue`); `wait_for_completion` runs them."
-    prompts = self._chat_prompts(messages, chat_template, add_generation_prompt, continue_final_message,
-                                 chat_template_kwargs, tools, chat_template_content_format)
+    prompts = self._chat_prompts(
+        messages,
+        chat_template,
+        add_generation_prompt,
+        continue_final_message,
+        chat_template_kwargs,
+        tools,
+        chat_template_content_format,
+    )
     return self.enqueue(prompts, sampling_params, lora_request=lora_request, priority=priority)
 
 # %% ../nbs/13_llm.ipynb #be26ad35
@@ -218,13 +374,16 @@ def reset_prefix_cache(self: LLM, device=None) -> bool:
     "Forget every cached prefix block (see the block manager); False if blocks are still in use. `device`: as `LLMEngine`'s."
     return self.llm_engine.reset_prefix_cache(device)
 
+
 @dataclass
 class Metric:
     "One metric of `LLM.get_metrics()` (vLLM's reader shape): its name, labels, kind ('counter' or 'gauge') and value."
+
     name: str
     labels: dict
     kind: str
     value: float
+
 
 @patch
 def get_metrics(self: LLM) -> list[Metric]:
@@ -232,47 +391,93 @@ def get_metrics(self: LLM) -> list[Metric]:
     s = self.llm_engine.get_stats()
     g = lambda n, v: Metric(f"vllm:{n}", {}, "gauge", v)
     c = lambda n, v, **l: Metric(f"vllm:{n}", l, "counter", v)
-    return [g("num_requests_running", s.num_running_reqs), g("num_requests_waiting", s.num_waiting_reqs),
-            g("kv_cache_usage_perc", s.kv_cache_usage), c("prompt_tokens", s.num_prompt_tokens),
-            c("generation_tokens", s.num_generation_tokens), c("num_preemptions", s.num_preemptions),
-            c("prefix_cache_queries", s.prefix_cache_queries), c("prefix_cache_hits", s.prefix_cache_hits),
-            *[c("request_success", n, finished_reason=r) for r, n in s.num_finished.items()], *_spec_metrics(s, c)]
+    return [
+        g("num_requests_running", s.num_running_reqs),
+        g("num_requests_waiting", s.num_waiting_reqs),
+        g("kv_cache_usage_perc", s.kv_cache_usage),
+        c("prompt_tokens", s.num_prompt_tokens),
+        c("generation_tokens", s.num_generation_tokens),
+        c("num_preemptions", s.num_preemptions),
+        c("prefix_cache_queries", s.prefix_cache_queries),
+        c("prefix_cache_hits", s.prefix_cache_hits),
+        *[c("request_success", n, finished_reason=r) for r, n in s.num_finished.items()],
+        *_spec_metrics(s, c),
+    ]
+
 
 def _spec_metrics(s, c) -> list[Metric]:
     "vLLM's speculative-decoding counters, when speculation is on."
     sd = s.spec_decoding
-    if sd is None: return []
-    return [c("spec_decode_num_drafts", sd.num_drafts), c("spec_decode_num_draft_tokens", sd.num_draft_tokens),
-            c("spec_decode_num_accepted_tokens", sd.num_accepted_tokens),
-            *[c("spec_decode_num_accepted_tokens_per_pos", n, position=str(j)) for j, n in enumerate(sd.num_accepted_tokens_per_pos)]]
+    if sd is None:
+        return []
+    return [
+        c("spec_decode_num_drafts", sd.num_drafts),
+        c("spec_decode_num_draft_tokens", sd.num_draft_tokens),
+        c("spec_decode_num_accepted_tokens", sd.num_accepted_tokens),
+        *[
+            c("spec_decode_num_accepted_tokens_per_pos", n, position=str(j))
+            for j, n in enumerate(sd.num_accepted_tokens_per_pos)
+        ],
+    ]
+
 
 def _not_here(name: str, why: str):
     "A method of vLLM's `LLM` that means nothing on minivllm's one process: a clear `NotImplementedError`."
-    def method(self, *args, **kwargs): raise NotImplementedError(f"LLM.{name} is not implemented in minivllm: {why}.")
+
+    def method(self, *args, **kwargs):
+        raise NotImplementedError(f"LLM.{name} is not implemented in minivllm: {why}.")
+
     method.__name__, method.__doc__ = name, f"Not implemented in minivllm: {why}."
     return method
 
-for _name, _why in [("sleep", "there is no GPU memory to release (sleep mode)"), ("wake_up", "there is no sleep mode"),
-                    ("start_profile", "no profiler is built in"), ("stop_profile", "no profiler is built in"),
-                    ("collective_rpc", "there are no worker processes to call (except tensor-parallel ones, not exposed)"),
-                    ("apply_model", "the model runs in the engine, not in workers"),
-                    ("score", "no cross-encoder / scoring models"), ("classify", "no classification models"),
-                    ("reward", "no reward models")]:
+
+for _name, _why in [
+    ("sleep", "there is no GPU memory to release (sleep mode)"),
+    ("wake_up", "there is no sleep mode"),
+    ("start_profile", "no profiler is built in"),
+    ("stop_profile", "no profiler is built in"),
+    (
+        "collective_rpc",
+        "there are no worker processes to call (except tensor-parallel ones, not exposed)",
+    ),
+    ("apply_model", "the model runs in the engine, not in workers"),
+    ("score", "no cross-encoder / scoring models"),
+    ("classify", "no classification models"),
+    ("reward", "no reward models"),
+]:
     setattr(LLM, _name, _not_here(_name, _why))
 
 # %% ../nbs/13_llm.ipynb #7b38c105
 @patch
-def beam_search(self: LLM, prompts: PromptType | Sequence[PromptType], params: BeamSearchParams, lora_request=None,
-                use_tqdm: bool = False, concurrency_limit: int | None = None) -> list[BeamSearchOutput]:
+def beam_search(
+    self: LLM,
+    prompts: PromptType | Sequence[PromptType],
+    params: BeamSearchParams,
+    lora_request=None,
+    use_tqdm: bool = False,
+    concurrency_limit: int | None = None,
+) -> list[BeamSearchOutput]:
     """vLLM's beam search: the best `params.beam_width` sequences of each prompt, best first. Each step runs every
     live beam one token further through `generate` (`logprobs = 2 · beam_width`, `max_tokens=1`)."""
-    if lora_request is not None: raise NotImplementedError("LoRA is not implemented in minivllm (lora_request must be None).")
-    if not isinstance(params, BeamSearchParams): raise TypeError(f"params must be BeamSearchParams, got {type(params).__name__}")
-    if isinstance(prompts, (str, dict)): prompts = [prompts]
-    token_ids = [self.llm_engine.processor.tokenize_prompt(p)[1] for p in prompts]   # tokenized and checked
+    if lora_request is not None:
+        raise NotImplementedError(
+            "LoRA is not implemented in minivllm (lora_request must be None)."
+        )
+    if not isinstance(params, BeamSearchParams):
+        raise TypeError(f"params must be BeamSearchParams, got {type(params).__name__}")
+    if isinstance(prompts, (str, dict)):
+        prompts = [prompts]
+    token_ids = [
+        self.llm_engine.processor.tokenize_prompt(p)[1] for p in prompts
+    ]  # tokenized and checked
     limit = concurrency_limit or len(token_ids) or 1
     from tqdm.auto import tqdm
-    bar = tqdm(total=params.max_tokens * -(-len(token_ids) // limit), desc="Beam search", disable=not use_tqdm)
+
+    bar = tqdm(
+        total=params.max_tokens * -(-len(token_ids) // limit),
+        desc="Beam search",
+        disable=not use_tqdm,
+    )
 
     def next_logprobs(seqs: list[list[int]], k: int, temperature: float):
         sp = SamplingParams(logprobs=k, max_tokens=1, temperature=temperature)
@@ -282,33 +487,71 @@ def beam_search(self: LLM, prompts: PromptType | Sequence[PromptType], params: B
 
     tok, out = self.get_tokenizer(), []
     try:
-        for i in range(0, len(token_ids), limit):   # `concurrency_limit` prompts at a time
-            out += beam_search(next_logprobs, token_ids[i:i + limit], params, self.llm_engine.processor.eos_token_id, tok.decode)
-    finally: bar.close()
+        for i in range(0, len(token_ids), limit):  # `concurrency_limit` prompts at a time
+            out += beam_search(
+                next_logprobs,
+                token_ids[i : i + limit],
+                params,
+                self.llm_engine.processor.eos_token_id,
+                tok.decode,
+            )
+    finally:
+        bar.close()
     return out
 
 # %% ../nbs/13_llm.ipynb #p13b
 @patch
-def encode(self: LLM, prompts: PromptType | Sequence[PromptType], pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
-           *, truncate_prompt_tokens: int | None = None, use_tqdm: bool = True, lora_request=None, pooling_task: str | None = None,
-           tokenization_kwargs: dict | None = None) -> list[PoolingRequestOutput]:
+def encode(
+    self: LLM,
+    prompts: PromptType | Sequence[PromptType],
+    pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+    *,
+    truncate_prompt_tokens: int | None = None,
+    use_tqdm: bool = True,
+    lora_request=None,
+    pooling_task: str | None = None,
+    tokenization_kwargs: dict | None = None,
+) -> list[PoolingRequestOutput]:
     "Pool each prompt's hidden states (the model's `pooler_config`: LAST by default, normalised); outputs in prompt order."
-    if tokenization_kwargs: raise NotImplementedError("tokenization_kwargs is not implemented in minivllm.")
+    if tokenization_kwargs:
+        raise NotImplementedError("tokenization_kwargs is not implemented in minivllm.")
     n = 1 if isinstance(prompts, (str, dict)) else len(prompts)
-    if pooling_params is None: pooling_params = PoolingParams()
-    params = [pooling_params] * n if isinstance(pooling_params, PoolingParams) else list(pooling_params)
-    if not all(isinstance(p, PoolingParams) for p in params): raise TypeError("pooling_params must be PoolingParams (or a list of them).")
+    if pooling_params is None:
+        pooling_params = PoolingParams()
+    params = (
+        [pooling_params] * n if isinstance(pooling_params, PoolingParams) else list(pooling_params)
+    )
+    if not all(isinstance(p, PoolingParams) for p in params):
+        raise TypeError("pooling_params must be PoolingParams (or a list of them).")
     task = pooling_task or "encode"
-    params = [dataclasses.replace(p, task=p.task or task, truncate_prompt_tokens=truncate_prompt_tokens) for p in params]
+    params = [
+        dataclasses.replace(p, task=p.task or task, truncate_prompt_tokens=truncate_prompt_tokens)
+        for p in params
+    ]
     ids = self._add_requests(prompts, params, None, lora_request, final_only=False)
     self._run_engine(use_tqdm, wanted=self.llm_engine.get_num_unfinished_requests())
     return self._collect(ids)
 
+
 @patch
-def embed(self: LLM, prompts: PromptType | Sequence[PromptType], *, truncate_prompt_tokens: int | None = None,
-          use_tqdm: bool = True, pooling_params: PoolingParams | Sequence[PoolingParams] | None = None, lora_request=None,
-          tokenization_kwargs: dict | None = None) -> list[EmbeddingRequestOutput]:
-    "One embedding per prompt (`outputs.embedding`, a list of floats): `encode` with the task \"embed\"."
-    outs = self.encode(prompts, pooling_params, truncate_prompt_tokens=truncate_prompt_tokens, use_tqdm=use_tqdm,
-                       lora_request=lora_request, pooling_task="embed", tokenization_kwargs=tokenization_kwargs)
+def embed(
+    self: LLM,
+    prompts: PromptType | Sequence[PromptType],
+    *,
+    truncate_prompt_tokens: int | None = None,
+    use_tqdm: bool = True,
+    pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+    lora_request=None,
+    tokenization_kwargs: dict | None = None,
+) -> list[EmbeddingRequestOutput]:
+    'One embedding per prompt (`outputs.embedding`, a list of floats): `encode` with the task "embed".'
+    outs = self.encode(
+        prompts,
+        pooling_params,
+        truncate_prompt_tokens=truncate_prompt_tokens,
+        use_tqdm=use_tqdm,
+        lora_request=lora_request,
+        pooling_task="embed",
+        tokenization_kwargs=tokenization_kwargs,
+    )
     return [EmbeddingRequestOutput.from_base(o) for o in outs]

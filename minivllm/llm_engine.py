@@ -7,7 +7,14 @@ from __future__ import annotations
 import time
 from typing import Callable, Iterable
 from fastcore.basics import patch
-from .config import EngineArgs, EngineConfig, SamplingParams, RequestOutput, PromptType, LoRARequest
+from minivllm.config import (
+    EngineArgs,
+    EngineConfig,
+    SamplingParams,
+    RequestOutput,
+    PromptType,
+    LoRARequest,
+)
 from .request import RequestStatus
 from .block_manager import KVCacheManager
 from .scheduler import Scheduler
@@ -23,15 +30,34 @@ __all__ = ['LLMEngine']
 class LLMEngine:
     """vLLM's `LLMEngine`: add requests, `step()` until done, abort what you no longer need. `last_step` is the
     `StepInfo` of the latest step; each callable of `step_observers` is called with it at the end of every step."""
-    def __init__(self, vllm_config: EngineConfig, executor_class=None, log_stats: bool = False, usage_context=None,
-                 stat_loggers=None, mm_registry=None, use_cached_outputs: bool = False, multiprocess_mode: bool = False,
-                 *, log_stats_interval: float | None = None):
-        if executor_class is not None:   # vLLM's signature, positions included: nothing is absorbed into another argument
-            raise NotImplementedError(f"executor_class={executor_class!r}: minivllm has one executor (in process, or its TP workers).")
-        if not isinstance(log_stats, bool): raise TypeError(f"log_stats must be a bool, got {log_stats!r}")
+
+    def __init__(
+        self,
+        vllm_config: EngineConfig,
+        executor_class=None,
+        log_stats: bool = False,
+        usage_context=None,
+        stat_loggers=None,
+        mm_registry=None,
+        use_cached_outputs: bool = False,
+        multiprocess_mode: bool = False,
+        *,
+        log_stats_interval: float | None = None,
+    ):
+        if (
+            executor_class is not None
+        ):  # vLLM's signature, positions included: nothing is absorbed into another argument
+            raise NotImplementedError(
+                f"executor_class={executor_class!r}: minivllm has one executor (in process, or its TP workers)."
+            )
+        if not isinstance(log_stats, bool):
+            raise TypeError(f"log_stats must be a bool, got {log_stats!r}")
         if stat_loggers is not None or multiprocess_mode:
-            raise NotImplementedError("custom stat_loggers and multiprocess_mode are not implemented in minivllm.")
+            raise NotImplementedError(
+                "custom stat_loggers and multiprocess_mode are not implemented in minivllm."
+            )
         from transformers import AutoTokenizer
+
         self.vllm_config = vllm_config
         self.model_config, self.cache_config = vllm_config.model_config, vllm_config.cache_config
         self.tokenizer = AutoTokenizer.from_pretrained(vllm_config.model_config.tokenizer)
@@ -40,19 +66,34 @@ class LLMEngine:
         self.output_processor = OutputProcessor(self.tokenizer)
         self.log_stats = log_stats
         self.stat_logger = StatLogger(log_stats_interval)
-        self._pending: list[RequestOutput] = []    # final outputs of aborted requests, returned by the next step()
-        self.children: dict[str, list[str]] = {}   # user request id -> ids of its sequences in the core
-        self.last_step: StepInfo | None = None     # what the latest step did
-        self.step_observers: list[Callable[[StepInfo], None]] = []   # called with each step's StepInfo, after the step
-        self._lora_of: dict = {}                   # user request id -> its LoRARequest
+        self._pending: list[
+            RequestOutput
+        ] = []  # final outputs of aborted requests, returned by the next step()
+        self.children: dict[
+            str, list[str]
+        ] = {}  # user request id -> ids of its sequences in the core
+        self.last_step: StepInfo | None = None  # what the latest step did
+        self.step_observers: list[
+            Callable[[StepInfo], None]
+        ] = []  # called with each step's StepInfo, after the step
+        self._lora_of: dict = {}  # user request id -> its LoRARequest
 
     @classmethod
-    def from_engine_args(cls, engine_args: EngineArgs, usage_context=None, stat_loggers=None,
-                         enable_multiprocessing: bool = False) -> "LLMEngine":
+    def from_engine_args(
+        cls,
+        engine_args: EngineArgs,
+        usage_context=None,
+        stat_loggers=None,
+        enable_multiprocessing: bool = False,
+    ) -> "LLMEngine":
         """Build the configs from `engine_args`, load the model, allocate the KV cache. (`usage_context` is vLLM's
         telemetry label and means nothing here; custom `stat_loggers` and a multiprocess engine core are not implemented.)"""
-        if stat_loggers is not None: raise NotImplementedError("custom stat_loggers are not implemented in minivllm.")
-        if enable_multiprocessing: raise NotImplementedError("enable_multiprocessing is not implemented: the engine core runs in-process.")
+        if stat_loggers is not None:
+            raise NotImplementedError("custom stat_loggers are not implemented in minivllm.")
+        if enable_multiprocessing:
+            raise NotImplementedError(
+                "enable_multiprocessing is not implemented: the engine core runs in-process."
+            )
         return cls(engine_args.create_engine_config(), log_stats=not engine_args.disable_log_stats)
 
 # %% ../nbs/12_llm_engine.ipynb #f253a122
@@ -60,42 +101,62 @@ class LLMEngine:
 def get_vllm_config(self: LLMEngine) -> EngineConfig:
     "All the engine's configs in one `EngineConfig`."
     return self.vllm_config
+
+
 @patch
 def get_model_config(self: LLMEngine):
     "The model's config: weights, dtype, `max_model_len`."
     return self.vllm_config.model_config
+
+
 @patch
 def get_scheduler_config(self: LLMEngine):
     "The scheduler's config: token budget, `max_num_seqs`, chunked prefill, policy."
     return self.vllm_config.scheduler_config
+
+
 @patch
 def get_cache_config(self: LLMEngine):
     "The KV cache's config: block size, number of blocks, prefix caching."
     return self.vllm_config.cache_config
+
+
 @patch
 def get_parallel_config(self: LLMEngine):
     "The parallel config (`tensor_parallel_size`)."
     return self.vllm_config.parallel_config
+
+
 @patch
 def get_device_config(self: LLMEngine):
     "The device the model runs on."
     return self.vllm_config.device_config
+
+
 @patch
 def get_lora_config(self: LLMEngine):
     "The `LoRAConfig` (`max_loras`, `max_lora_rank`, `max_cpu_loras`), None when LoRA is off (as vLLM)."
     return self.vllm_config.lora_config
+
+
 @patch
 def get_speculative_config(self: LLMEngine):
     "The `SpeculativeConfig` (lesson 07b), or None when speculative decoding is off (as vLLM returns)."
     return self.vllm_config.speculative_config
+
+
 @patch
 def get_tokenizer(self: LLMEngine):
     "The Hugging Face tokenizer the engine uses."
     return self.tokenizer
+
+
 @patch(as_prop=True)
 def scheduler(self: LLMEngine) -> Scheduler:
     "The engine core's `Scheduler`."
     return self.engine_core.scheduler
+
+
 @patch(as_prop=True)
 def kv_cache_manager(self: LLMEngine) -> KVCacheManager:
     "The engine core's `KVCacheManager` (the block pool and block tables)."
@@ -106,14 +167,20 @@ def kv_cache_manager(self: LLMEngine) -> KVCacheManager:
 def add_lora(self: LLMEngine, lora_request: LoRARequest) -> bool:
     "Load a LoRA adapter now (vLLM's): later requests with its `lora_int_id` find it loaded."
     return self.engine_core.add_lora(lora_request)
+
+
 @patch
 def remove_lora(self: LLMEngine, lora_id: int) -> bool:
     "Forget an adapter by id (refused while requests run under it)."
     return self.engine_core.remove_lora(lora_id)
+
+
 @patch
 def list_loras(self: LLMEngine) -> set[int]:
     "The ids of the adapters loaded."
     return self.engine_core.list_loras()
+
+
 @patch
 def pin_lora(self: LLMEngine, lora_id: int) -> bool:
     "vLLM's pinning (never evict an adapter): not implemented."
@@ -121,42 +188,69 @@ def pin_lora(self: LLMEngine, lora_id: int) -> bool:
 
 # %% ../nbs/12_llm_engine.ipynb #dd9aa71f
 @patch
-def add_request(self: LLMEngine, request_id: str, prompt: PromptType, params: SamplingParams | None = None,
-                arrival_time: float | None = None, lora_request=None, tokenization_kwargs: dict | None = None,
-                trace_headers=None, priority: int = 0) -> str:
+def add_request(
+    self: LLMEngine,
+    request_id: str,
+    prompt: PromptType,
+    params: SamplingParams | None = None,
+    arrival_time: float | None = None,
+    lora_request=None,
+    tokenization_kwargs: dict | None = None,
+    trace_headers=None,
+    priority: int = 0,
+) -> str:
     """Validate, tokenize and queue a request. Raises (and queues nothing) on bad input. vLLM's signature:
     `trace_headers` only feed OpenTelemetry tracing, which minivllm does not have (vLLM ignores them too when no
     tracing endpoint is configured); `tokenization_kwargs` raises `NotImplementedError`. A `lora_request` (a
     `LoRARequest`, engine built with `enable_lora=True`) runs the request under that adapter."""
-    if tokenization_kwargs: raise NotImplementedError("tokenization_kwargs is not implemented in minivllm.")
-    if request_id in self.children: raise ValueError(f"request_id {request_id!r} is already in use.")
+    if tokenization_kwargs:
+        raise NotImplementedError("tokenization_kwargs is not implemented in minivllm.")
+    if request_id in self.children:
+        raise ValueError(f"request_id {request_id!r} is already in use.")
     if lora_request is not None:
-        if not isinstance(lora_request, LoRARequest): raise TypeError(f"lora_request must be a LoRARequest, got {type(lora_request).__name__}")
-        self.engine_core.add_lora(lora_request)   # read and checked: a bad adapter fails this request alone
-    children = self.processor.process(request_id, prompt, params, arrival_time, priority, in_use=self.output_processor.seq_of)
-    for c in children: c.lora_request = lora_request
-    if lora_request is not None: self._lora_of[request_id] = lora_request
+        if not isinstance(lora_request, LoRARequest):
+            raise TypeError(
+                f"lora_request must be a LoRARequest, got {type(lora_request).__name__}"
+            )
+        self.engine_core.add_lora(
+            lora_request
+        )  # read and checked: a bad adapter fails this request alone
+    children = self.processor.process(
+        request_id, prompt, params, arrival_time, priority, in_use=self.output_processor.seq_of
+    )
+    for c in children:
+        c.lora_request = lora_request
+    if lora_request is not None:
+        self._lora_of[request_id] = lora_request
     self.children[request_id] = [c.request_id for c in children]
     self.output_processor.add_request(request_id, children)
-    for c in children: self.engine_core.add_request(c)
+    for c in children:
+        self.engine_core.add_request(c)
     return request_id
 
+
 @patch
-def abort_request(self: LLMEngine, request_id: str | Iterable[str], *, final_output: bool = True) -> None:
+def abort_request(
+    self: LLMEngine, request_id: str | Iterable[str], *, final_output: bool = True
+) -> None:
     "Abort requests by id (unknown ids are ignored): blocks freed now, final output with the next `step()`."
     it = IterationStats(time.time())
-    for rid in ([request_id] if isinstance(request_id, str) else list(request_id)):
+    for rid in [request_id] if isinstance(request_id, str) else list(request_id):
         kids = self.children.pop(rid, None)
-        if kids is None: continue
+        if kids is None:
+            continue
         self.engine_core.abort_requests(kids)
         out = self.output_processor.abort(rid, it)
-        if out is not None and final_output: self._pending.append(out)
+        if out is not None and final_output:
+            self._pending.append(out)
     self.stat_logger.record(self.engine_core.get_scheduler_stats(), it)
+
 
 @patch
 def has_unfinished_requests(self: LLMEngine) -> bool:
     "Whether a request is still running (or an aborted one's final output is still to be returned)."
     return bool(self.children) or bool(self._pending)
+
 
 @patch
 def get_num_unfinished_requests(self: LLMEngine) -> int:
@@ -168,28 +262,38 @@ def get_num_unfinished_requests(self: LLMEngine) -> int:
 def step(self: LLMEngine) -> list[RequestOutput]:
     "One engine step; returns the outputs of the requests that progressed (or finished, or were aborted)."
     outputs, self._pending = self._pending, []
-    if not self.engine_core.has_unfinished_requests(): return outputs
+    if not self.engine_core.has_unfinished_requests():
+        return outputs
     core_out = self.engine_core.step()
     t0 = time.perf_counter()
     self.output_processor.note_scheduled(core_out.scheduler_output, core_out.timestamp)
     it = IterationStats(core_out.timestamp)
     res = self.output_processor.process(core_out, it)
-    if res.reqs_to_abort: self.engine_core.finish_requests(res.reqs_to_abort, RequestStatus.FINISHED_STOPPED)
+    if res.reqs_to_abort:
+        self.engine_core.finish_requests(res.reqs_to_abort, RequestStatus.FINISHED_STOPPED)
     for o in res.request_outputs:
-        if o.finished: self.children.pop(o.request_id, None)
+        if o.finished:
+            self.children.pop(o.request_id, None)
     info = core_out.step_info
     info.timings["outputs"] = time.perf_counter() - t0
     it.phase_seconds = info.timings
     self.stat_logger.record(self.engine_core.get_scheduler_stats(), it)
-    if self.log_stats: self.stat_logger.maybe_log(time.time())
+    if self.log_stats:
+        self.stat_logger.maybe_log(time.time())
     self.last_step = info
-    for observe in self.step_observers: observe(info)
+    for observe in self.step_observers:
+        observe(info)
     outputs += res.request_outputs
-    if self._lora_of:   # vLLM's RequestOutput.lora_request (and each CompletionOutput's)
+    if self._lora_of:  # vLLM's RequestOutput.lora_request (and each CompletionOutput's)
         for o in outputs:
-            lr = self._lora_of.pop(o.request_id, None) if o.finished else self._lora_of.get(o.request_id)
+            lr = (
+                self._lora_of.pop(o.request_id, None)
+                if o.finished
+                else self._lora_of.get(o.request_id)
+            )
             o.lora_request = lr
-            for c in getattr(o, "outputs", ()): c.lora_request = lr
+            for c in getattr(o, "outputs", ()):
+                c.lora_request = lr
     return outputs
 
 # %% ../nbs/12_llm_engine.ipynb #4349e2b8
@@ -199,11 +303,13 @@ def get_stats(self: LLMEngine) -> Stats:
     self.stat_logger.record(self.engine_core.get_scheduler_stats(), None)
     return self.stat_logger.snapshot()
 
+
 @patch
 def do_log_stats(self: LLMEngine) -> Stats:
     "Log the stats line now (whatever `log_stats` says) and start a new interval."
     self.stat_logger.record(self.engine_core.get_scheduler_stats(), None)
     return self.stat_logger.log()
+
 
 @patch
 def reset_prefix_cache(self: LLMEngine, device=None) -> bool:
@@ -214,10 +320,12 @@ def reset_prefix_cache(self: LLMEngine, device=None) -> bool:
         raise ValueError(f"reset_prefix_cache: unknown device {device!r}")
     return self.engine_core.reset_prefix_cache()
 
+
 @patch
 def get_decoding_config(self: LLMEngine):
     "The structured-output (decoding) config (vLLM's accessor): the engine config's, None when it has none."
     return getattr(self.vllm_config, "structured_outputs_config", None)
+
 
 @patch
 def shutdown(self: LLMEngine):

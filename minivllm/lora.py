@@ -4,7 +4,10 @@
 
 # %% ../nbs/05c_lora.ipynb #b54f7385
 from __future__ import annotations
-import json, math, re, time
+import json
+import math
+import re
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,56 +24,87 @@ __all__ = ['TARGET_MODULES', 'PEFT_TO_FUSED', 'LoRAAdapter', 'load_peft_adapter'
 # %% ../nbs/05c_lora.ipynb #7d228384
 TARGET_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
+
 @dataclass
 class LoRAAdapter:
     "An adapter in memory: `weights[(layer, module)] = (A [r, in], B [out, r])` and its scale `lora_alpha / r` (or `/ √r`)."
+
     lora_int_id: int
     rank: int
     scaling: float
     weights: dict = field(default_factory=dict)
+
     @property
-    def num_bytes(self) -> int: return sum(a.nbytes + b.nbytes for a, b in self.weights.values())
+    def num_bytes(self) -> int:
+        return sum(a.nbytes + b.nbytes for a, b in self.weights.values())
+
 
 def _lora_key(name: str):
     "`(layer, module, 'A' or 'B')` of a PEFT weight name, or None."
-    m = re.search(r"layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.default)?\.weight$", name)
+    m = re.search(
+        r"layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.default)?\.weight$", name
+    )
     return (int(m.group(1)), m.group(2), m.group(3)) if m else None
 
 # %% ../nbs/05c_lora.ipynb #7c3906a7
 def _check_peft_config(cfg: dict, max_rank: int):
     "Refuse, by name, what a PEFT LoRA config asks for that minivllm cannot apply."
-    def no(msg): raise ValueError(f"LoRA adapter: {msg}")
-    if cfg.get("peft_type", "LORA") != "LORA": no(f"peft_type={cfg.get('peft_type')!r}; only LORA adapters are supported.")
+
+    def no(msg):
+        raise ValueError(f"LoRA adapter: {msg}")
+
+    if cfg.get("peft_type", "LORA") != "LORA":
+        no(f"peft_type={cfg.get('peft_type')!r}; only LORA adapters are supported.")
     r = cfg.get("r")
-    if not isinstance(r, int) or r < 1: no(f"r={r!r} must be a positive integer.")
-    if r > max_rank: no(f"rank r={r} is larger than max_lora_rank={max_rank}.")
-    if cfg.get("bias", "none") != "none": no(f"bias={cfg.get('bias')!r} is not supported (only 'none').")
+    if not isinstance(r, int) or r < 1:
+        no(f"r={r!r} must be a positive integer.")
+    if r > max_rank:
+        no(f"rank r={r} is larger than max_lora_rank={max_rank}.")
+    if cfg.get("bias", "none") != "none":
+        no(f"bias={cfg.get('bias')!r} is not supported (only 'none').")
     for k in ("use_dora", "fan_in_fan_out"):
-        if cfg.get(k): no(f"{k}=True is not supported.")
-    for k in ("modules_to_save", "rank_pattern", "alpha_pattern", "layers_to_transform", "trainable_token_indices"):
-        if cfg.get(k): no(f"{k}={cfg[k]!r} is not supported.")
+        if cfg.get(k):
+            no(f"{k}=True is not supported.")
+    for k in (
+        "modules_to_save",
+        "rank_pattern",
+        "alpha_pattern",
+        "layers_to_transform",
+        "trainable_token_indices",
+    ):
+        if cfg.get(k):
+            no(f"{k}={cfg[k]!r} is not supported.")
 
 # %% ../nbs/05c_lora.ipynb #6e382e6a
 def load_peft_adapter(path, lora_int_id: int = 1, max_rank: int = 64) -> LoRAAdapter:
     "Read a PEFT LoRA adapter directory into a `LoRAAdapter` (float32, on the CPU), checking what it asks for."
     from safetensors.torch import load_file
+
     path = Path(path)
-    if not (path / "adapter_config.json").is_file(): raise ValueError(f"LoRA adapter: no adapter_config.json in {str(path)!r}.")
+    if not (path / "adapter_config.json").is_file():
+        raise ValueError(f"LoRA adapter: no adapter_config.json in {str(path)!r}.")
     cfg = json.loads((path / "adapter_config.json").read_text())
     _check_peft_config(cfg, max_rank)
     files = [path / "adapter_model.safetensors"]
-    if not files[0].is_file(): raise ValueError(f"LoRA adapter: no adapter_model.safetensors in {str(path)!r}.")
+    if not files[0].is_file():
+        raise ValueError(f"LoRA adapter: no adapter_model.safetensors in {str(path)!r}.")
     r, alpha = cfg["r"], cfg.get("lora_alpha", cfg["r"])
     scaling = alpha / math.sqrt(r) if cfg.get("use_rslora") else alpha / r
     parts = {}
     for name, w in load_file(str(files[0])).items():
         key = _lora_key(name)
-        if key is None or key[1] not in TARGET_MODULES: raise ValueError(f"LoRA adapter: weight {name!r} is not supported "
-                                                                         f"(minivllm adapts {', '.join(TARGET_MODULES)}).")
+        if key is None or key[1] not in TARGET_MODULES:
+            raise ValueError(
+                f"LoRA adapter: weight {name!r} is not supported "
+                f"(minivllm adapts {', '.join(TARGET_MODULES)})."
+            )
         parts.setdefault(key[:2], {})[key[2]] = w.float()
     weights = {}
     for k, ab in parts.items():
-        if set(ab) != {"A", "B"}: raise ValueError(f"LoRA adapter: layer {k[0]} {k[1]} lacks lora_{'B' if 'A' in ab else 'A'}.")
+        if set(ab) != {"A", "B"}:
+            raise ValueError(
+                f"LoRA adapter: layer {k[0]} {k[1]} lacks lora_{'B' if 'A' in ab else 'A'}."
+            )
         weights[k] = (ab["A"], ab["B"])
     return LoRAAdapter(lora_int_id, r, scaling, weights)
 
@@ -79,32 +113,53 @@ def bgmv_shrink(x: torch.Tensor, a: torch.Tensor, idx: torch.Tensor) -> torch.Te
     "`h[t] = a[idx[t]] @ x[t]`: gather each row's `[r, in]` matrix, one batched product. x `[T, in]` → `[T, r]`."
     return torch.bmm(a.index_select(0, idx), x.unsqueeze(-1)).squeeze(-1)
 
+
 def bgmv_expand(h: torch.Tensor, b: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     "`y[t] = b[idx[t]] @ h[t]`: h `[T, r]`, b `[slots, out, r]` → `[T, out]`."
     return torch.bmm(b.index_select(0, idx), h.unsqueeze(-1)).squeeze(-1)
 
+
 def sgmv_shrink(x: torch.Tensor, a: torch.Tensor, segments) -> torch.Tensor:
     "The same product, one matmul per adapter: `segments` is `[(slot, rows)]`; rows of no segment get zeros."
     h = x.new_zeros(x.shape[0], a.shape[1])
-    for s, rows in segments: h[rows] = x[rows] @ a[s].T
+    for s, rows in segments:
+        h[rows] = x[rows] @ a[s].T
     return h
+
 
 def sgmv_expand(h: torch.Tensor, b: torch.Tensor, segments) -> torch.Tensor:
     "`y[rows] = h[rows] @ b[s].T` per segment `(s, rows)`."
     y = h.new_zeros(h.shape[0], b.shape[1])
-    for s, rows in segments: y[rows] = h[rows] @ b[s].T
+    for s, rows in segments:
+        y[rows] = h[rows] @ b[s].T
     return y
+
 
 def segments_of(idx: torch.Tensor, skip: int | None = None) -> list[tuple[int, torch.Tensor]]:
     "`[(slot, rows with that slot)]` for the slots in `idx` (without `skip`, the base model's zero slot)."
-    return [(int(s), (idx == s).nonzero().squeeze(1)) for s in torch.unique(idx).tolist() if s != skip]
+    return [
+        (int(s), (idx == s).nonzero().squeeze(1)) for s in torch.unique(idx).tolist() if s != skip
+    ]
 
 # %% ../nbs/05c_lora.ipynb #ad897c6d
 from .attention import triton, tl, HAS_TRITON, _check_device
 
+
 @triton.jit
-def _bgmv_shrink_kernel(x_ptr, a_ptr, idx_ptr, out_ptr, IN, R, stride_x, stride_a0, stride_a1, stride_o,
-                        BLOCK_IN: tl.constexpr, BLOCK_R: tl.constexpr):
+def _bgmv_shrink_kernel(
+    x_ptr,
+    a_ptr,
+    idx_ptr,
+    out_ptr,
+    IN,
+    R,
+    stride_x,
+    stride_a0,
+    stride_a1,
+    stride_o,
+    BLOCK_IN: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+):
     t = tl.program_id(0)
     s = tl.load(idx_ptr + t).to(tl.int64)
     rr = tl.arange(0, BLOCK_R)
@@ -112,20 +167,39 @@ def _bgmv_shrink_kernel(x_ptr, a_ptr, idx_ptr, out_ptr, IN, R, stride_x, stride_
     for k0 in range(0, IN, BLOCK_IN):
         kk = k0 + tl.arange(0, BLOCK_IN)
         xv = tl.load(x_ptr + t * stride_x + kk, mask=kk < IN, other=0.0).to(tl.float32)
-        av = tl.load(a_ptr + s * stride_a0 + rr[:, None] * stride_a1 + kk[None, :],
-                     mask=(rr[:, None] < R) & (kk[None, :] < IN), other=0.0).to(tl.float32)
+        av = tl.load(
+            a_ptr + s * stride_a0 + rr[:, None] * stride_a1 + kk[None, :],
+            mask=(rr[:, None] < R) & (kk[None, :] < IN),
+            other=0.0,
+        ).to(tl.float32)
         acc += tl.sum(av * xv[None, :], axis=1)
     tl.store(out_ptr + t * stride_o + rr, acc, mask=rr < R)
 
+
 @triton.jit
-def _bgmv_expand_kernel(h_ptr, b_ptr, idx_ptr, out_ptr, OUT, R, stride_h, stride_b0, stride_b1, stride_o,
-                        BLOCK_OUT: tl.constexpr, BLOCK_R: tl.constexpr):
+def _bgmv_expand_kernel(
+    h_ptr,
+    b_ptr,
+    idx_ptr,
+    out_ptr,
+    OUT,
+    R,
+    stride_h,
+    stride_b0,
+    stride_b1,
+    stride_o,
+    BLOCK_OUT: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+):
     t, pid = tl.program_id(0), tl.program_id(1)
     s = tl.load(idx_ptr + t).to(tl.int64)
     oo, rr = pid * BLOCK_OUT + tl.arange(0, BLOCK_OUT), tl.arange(0, BLOCK_R)
     hv = tl.load(h_ptr + t * stride_h + rr, mask=rr < R, other=0.0).to(tl.float32)
-    bv = tl.load(b_ptr + s * stride_b0 + oo[:, None] * stride_b1 + rr[None, :],
-                 mask=(oo[:, None] < OUT) & (rr[None, :] < R), other=0.0).to(tl.float32)
+    bv = tl.load(
+        b_ptr + s * stride_b0 + oo[:, None] * stride_b1 + rr[None, :],
+        mask=(oo[:, None] < OUT) & (rr[None, :] < R),
+        other=0.0,
+    ).to(tl.float32)
     tl.store(out_ptr + t * stride_o + oo, tl.sum(bv * hv[None, :], axis=1), mask=oo < OUT)
 
 # %% ../nbs/05c_lora.ipynb #c376cf99
@@ -135,9 +209,23 @@ def triton_bgmv_shrink(x: torch.Tensor, a: torch.Tensor, idx: torch.Tensor) -> t
     x, a = x.contiguous(), a.contiguous()
     T, R, IN = x.shape[0], a.shape[1], a.shape[2]
     out = torch.empty(T, R, dtype=torch.float32, device=x.device)
-    if T: _bgmv_shrink_kernel[(T,)](x, a, idx.contiguous(), out, IN, R, x.stride(0), a.stride(0), a.stride(1), out.stride(0),
-                                    BLOCK_IN=min(128, triton.next_power_of_2(IN)), BLOCK_R=triton.next_power_of_2(R))
+    if T:
+        _bgmv_shrink_kernel[(T,)](
+            x,
+            a,
+            idx.contiguous(),
+            out,
+            IN,
+            R,
+            x.stride(0),
+            a.stride(0),
+            a.stride(1),
+            out.stride(0),
+            BLOCK_IN=min(128, triton.next_power_of_2(IN)),
+            BLOCK_R=triton.next_power_of_2(R),
+        )
     return out.to(x.dtype)
+
 
 def triton_bgmv_expand(h: torch.Tensor, b: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     "Triton `bgmv_expand`: h `[T, r]`, b `[slots, out, r]`, idx `[T]` → `[T, out]`."
@@ -146,38 +234,77 @@ def triton_bgmv_expand(h: torch.Tensor, b: torch.Tensor, idx: torch.Tensor) -> t
     T, OUT, R = h.shape[0], b.shape[1], b.shape[2]
     out = torch.empty(T, OUT, dtype=torch.float32, device=h.device)
     block_out = min(64, triton.next_power_of_2(OUT))
-    if T: _bgmv_expand_kernel[(T, triton.cdiv(OUT, block_out))](h, b, idx.contiguous(), out, OUT, R, h.stride(0), b.stride(0),
-                                                                  b.stride(1), out.stride(0), BLOCK_OUT=block_out,
-                                                                  BLOCK_R=triton.next_power_of_2(R))
+    if T:
+        _bgmv_expand_kernel[(T, triton.cdiv(OUT, block_out))](
+            h,
+            b,
+            idx.contiguous(),
+            out,
+            OUT,
+            R,
+            h.stride(0),
+            b.stride(0),
+            b.stride(1),
+            out.stride(0),
+            BLOCK_OUT=block_out,
+            BLOCK_R=triton.next_power_of_2(R),
+        )
     return out.to(h.dtype)
 
 # %% ../nbs/05c_lora.ipynb #7f700b97
 class LoRAStepState:
     "Each token row's adapter slot for the current step, shared by every `LoRALinear` of the model (None: base model only)."
-    def __init__(self, backend: str = "torch"): self.idx, self.segments, self.base_slot, self.backend = None, None, 0, backend
+
+    def __init__(self, backend: str = "torch"):
+        self.idx, self.segments, self.base_slot, self.backend = None, None, 0, backend
+
     def set(self, idx: torch.Tensor | None, base_slot: int, bgmv_max_rows: int | None = None):
         "Set the rows' slots (`base_slot`: no adapter); small GPU steps gather per row (BGMV), others group by slot (SGMV)."
-        if bgmv_max_rows is None: bgmv_max_rows = 32 if idx is not None and idx.device.type == "cuda" else 0
+        if bgmv_max_rows is None:
+            bgmv_max_rows = 32 if idx is not None and idx.device.type == "cuda" else 0
         self.idx, self.base_slot = idx, base_slot
-        self.segments = (None if idx is None or idx.numel() <= bgmv_max_rows or self.backend == "triton"
-                         else segments_of(idx, skip=base_slot))
+        self.segments = (
+            None
+            if idx is None or idx.numel() <= bgmv_max_rows or self.backend == "triton"
+            else segments_of(idx, skip=base_slot)
+        )
+
 
 class LoRALinear(nn.Module):
     "`base(x)` plus the LoRA delta of each row's adapter; `slices`: the output sizes of the fused projections (q, k, v)."
-    def __init__(self, base: nn.Module, slices: list[int], in_features: int, max_loras: int, max_rank: int, state: LoRAStepState):
+
+    def __init__(
+        self,
+        base: nn.Module,
+        slices: list[int],
+        in_features: int,
+        max_loras: int,
+        max_rank: int,
+        state: LoRAStepState,
+    ):
         super().__init__()
         self.base, self.slices, self.max_rank, self.state = base, list(slices), max_rank, state
         p = next(base.parameters())
         n, out = len(slices), sum(slices)
-        self.register_buffer("lora_a", torch.zeros(max_loras + 1, n * max_rank, in_features, dtype=p.dtype, device=p.device))
-        self.register_buffer("lora_b", torch.zeros(max_loras + 1, out, n * max_rank, dtype=p.dtype, device=p.device))
+        self.register_buffer(
+            "lora_a",
+            torch.zeros(max_loras + 1, n * max_rank, in_features, dtype=p.dtype, device=p.device),
+        )
+        self.register_buffer(
+            "lora_b", torch.zeros(max_loras + 1, out, n * max_rank, dtype=p.dtype, device=p.device)
+        )
 
     def forward(self, x):
         "The base output plus each row's delta (rows of the base slot get zeros)."
         y, st = self.base(x), self.state
-        if st.idx is None: return y
-        if st.backend == "triton": return y + triton_bgmv_expand(triton_bgmv_shrink(x, self.lora_a, st.idx), self.lora_b, st.idx)
-        if st.segments is None: return y + bgmv_expand(bgmv_shrink(x, self.lora_a, st.idx), self.lora_b, st.idx)
+        if st.idx is None:
+            return y
+        if st.backend == "triton":
+            return y + triton_bgmv_expand(
+                triton_bgmv_shrink(x, self.lora_a, st.idx), self.lora_b, st.idx
+            )
+        if st.segments is None:
+            return y + bgmv_expand(bgmv_shrink(x, self.lora_a, st.idx), self.lora_b, st.idx)
         return y + sgmv_expand(sgmv_shrink(x, self.lora_a, st.segments), self.lora_b, st.segments)
 
 # %% ../nbs/05c_lora.ipynb #26f006ab
@@ -185,35 +312,53 @@ class LoRALinear(nn.Module):
 @torch.no_grad()
 def set_slot(self: LoRALinear, slot: int, parts: list, scaling: float = 1.0):
     "Write one adapter into `slot`: `parts[j]` is slice `j`'s `(A [r, in], B [out_j, r])` or None (slice not adapted)."
-    self.lora_a[slot].zero_(); self.lora_b[slot].zero_()
+    self.lora_a[slot].zero_()
+    self.lora_b[slot].zero_()
     R, off = self.max_rank, 0
     for j, (size, ab) in enumerate(zip(self.slices, parts)):
         if ab is not None:
             A, B = ab
             r = A.shape[0]
             if B.shape != (size, r) or A.shape[1] != self.lora_a.shape[2]:
-                raise ValueError(f"LoRA weights of shape {tuple(A.shape)}, {tuple(B.shape)} do not fit a projection {A.shape[1]}→{size}.")
-            self.lora_a[slot, j * R:j * R + r] = A.to(self.lora_a)
-            self.lora_b[slot, off:off + size, j * R:j * R + r] = (B * scaling).to(self.lora_b)
+                raise ValueError(
+                    f"LoRA weights of shape {tuple(A.shape)}, {tuple(B.shape)} do not fit a projection {A.shape[1]}→{size}."
+                )
+            self.lora_a[slot, j * R : j * R + r] = A.to(self.lora_a)
+            self.lora_b[slot, off : off + size, j * R : j * R + r] = (B * scaling).to(self.lora_b)
         off += size
 
 # %% ../nbs/05c_lora.ipynb #eeb7e916
-PEFT_TO_FUSED = {"q_proj": ("self_attn.qkv_proj", 0), "k_proj": ("self_attn.qkv_proj", 1), "v_proj": ("self_attn.qkv_proj", 2),
-                 "o_proj": ("self_attn.o_proj", 0), "gate_proj": ("mlp.gate_up_proj", 0), "up_proj": ("mlp.gate_up_proj", 1),
-                 "down_proj": ("mlp.down_proj", 0)}
+PEFT_TO_FUSED = {
+    "q_proj": ("self_attn.qkv_proj", 0),
+    "k_proj": ("self_attn.qkv_proj", 1),
+    "v_proj": ("self_attn.qkv_proj", 2),
+    "o_proj": ("self_attn.o_proj", 0),
+    "gate_proj": ("mlp.gate_up_proj", 0),
+    "up_proj": ("mlp.gate_up_proj", 1),
+    "down_proj": ("mlp.down_proj", 0),
+}
+
 
 def _in_features(m: nn.Module) -> int:
     return getattr(m, "in_features", None) or next(m.parameters()).shape[-1]
 
-def add_lora_layers(model: nn.Module, max_loras: int, max_rank: int, state: LoRAStepState) -> dict[str, LoRALinear]:
+
+def add_lora_layers(
+    model: nn.Module, max_loras: int, max_rank: int, state: LoRAStepState
+) -> dict[str, LoRALinear]:
     "Wrap the q/k/v, o, gate/up and down projections of every layer of `model` in `LoRALinear`s (in place)."
     out = {}
     for i, layer in enumerate(model.layers):
         at, mlp = layer.self_attn, layer.mlp
-        for parent, attr, slices in ((at, "qkv_proj", [at.q_size, at.kv_size, at.kv_size]), (at, "o_proj", [at.o_proj.out_features]),
-                                     (mlp, "gate_up_proj", [mlp.inter, mlp.inter]), (mlp, "down_proj", [mlp.down_proj.out_features])):
+        for parent, attr, slices in (
+            (at, "qkv_proj", [at.q_size, at.kv_size, at.kv_size]),
+            (at, "o_proj", [at.o_proj.out_features]),
+            (mlp, "gate_up_proj", [mlp.inter, mlp.inter]),
+            (mlp, "down_proj", [mlp.down_proj.out_features]),
+        ):
             base = getattr(parent, attr)
-            if isinstance(base, LoRALinear): raise ValueError("the model already has LoRA layers")
+            if isinstance(base, LoRALinear):
+                raise ValueError("the model already has LoRA layers")
             w = LoRALinear(base, slices, _in_features(base), max_loras, max_rank, state)
             setattr(parent, attr, w)
             out[f"layers.{i}.{'self_attn' if parent is at else 'mlp'}.{attr}"] = w
@@ -222,27 +367,40 @@ def add_lora_layers(model: nn.Module, max_loras: int, max_rank: int, state: LoRA
 # %% ../nbs/05c_lora.ipynb #90bd44c8
 class LoRAManager:
     "Adapters known, read (CPU LRU of `max_cpu_loras`) and on the device (LRU slots of `max_loras`); sets each step's row slots."
+
     def __init__(self, model: nn.Module, config: LoRAConfig):
         self.config, self.max_loras, self.max_rank = config, config.max_loras, config.max_lora_rank
         self.state = LoRAStepState()
         self.layers = add_lora_layers(model, self.max_loras, self.max_rank, self.state)
-        self.base_slot = self.max_loras                             # the all-zero slot of the base model's rows
+        self.base_slot = self.max_loras  # the all-zero slot of the base model's rows
         self.device = next(iter(self.layers.values())).lora_a.device
         self.state.backend = "triton" if self.device.type == "cuda" and HAS_TRITON else "torch"
-        self.requests: dict[int, LoRARequest] = {}                   # every adapter added, by id
-        self.cpu: OrderedDict[int, LoRAAdapter] = OrderedDict()      # read into memory, least recently used first
-        self.slots: OrderedDict[int, int] = OrderedDict()            # id -> device slot, least recently used first
-        self.num_loads = self.num_swaps = 0                          # adapters written into a slot; of them, evicting another
-        self.load_seconds = 0.0                                      # time spent loading slots (reading evicted adapters again included)
+        self.requests: dict[int, LoRARequest] = {}  # every adapter added, by id
+        self.cpu: OrderedDict[int, LoRAAdapter] = (
+            OrderedDict()
+        )  # read into memory, least recently used first
+        self.slots: OrderedDict[int, int] = (
+            OrderedDict()
+        )  # id -> device slot, least recently used first
+        self.num_loads = self.num_swaps = (
+            0  # adapters written into a slot; of them, evicting another
+        )
+        self.load_seconds = (
+            0.0  # time spent loading slots (reading evicted adapters again included)
+        )
 
     def add_lora(self, lora_request: LoRARequest) -> bool:
         "Register an adapter (read and checked now, so a bad one fails here). Re-adding a known id is a no-op."
         old = self.requests.get(lora_request.lora_int_id)
         if old is not None:
             if old.lora_path != lora_request.lora_path:
-                raise ValueError(f"lora_int_id {lora_request.lora_int_id} is already used by adapter {old.lora_name!r} ({old.lora_path}).")
+                raise ValueError(
+                    f"lora_int_id {lora_request.lora_int_id} is already used by adapter {old.lora_name!r} ({old.lora_path})."
+                )
             return True
-        self._remember(load_peft_adapter(lora_request.lora_path, lora_request.lora_int_id, self.max_rank))
+        self._remember(
+            load_peft_adapter(lora_request.lora_path, lora_request.lora_int_id, self.max_rank)
+        )
         self.requests[lora_request.lora_int_id] = lora_request
         return True
 
@@ -250,17 +408,25 @@ class LoRAManager:
 @patch
 def _remember(self: LoRAManager, ad: LoRAAdapter):
     "Put an adapter in the CPU cache, dropping the least recently used beyond `max_cpu_loras`."
-    self.cpu[ad.lora_int_id] = ad; self.cpu.move_to_end(ad.lora_int_id)
-    while len(self.cpu) > self.config.max_cpu_loras: self.cpu.popitem(last=False)
+    self.cpu[ad.lora_int_id] = ad
+    self.cpu.move_to_end(ad.lora_int_id)
+    while len(self.cpu) > self.config.max_cpu_loras:
+        self.cpu.popitem(last=False)
+
 
 @patch
 def _adapter(self: LoRAManager, lora_id: int) -> LoRAAdapter:
     "The adapter's weights: from the CPU cache, else read again from its directory."
-    if lora_id in self.cpu: self.cpu.move_to_end(lora_id); return self.cpu[lora_id]
-    if lora_id not in self.requests: raise KeyError(f"LoRA adapter id {lora_id} was never added (or was removed).")
+    if lora_id in self.cpu:
+        self.cpu.move_to_end(lora_id)
+        return self.cpu[lora_id]
+    if lora_id not in self.requests:
+        raise KeyError(f"LoRA adapter id {lora_id} was never added (or was removed).")
     r = self.requests[lora_id]
-    ad = load_peft_adapter(r.lora_path, lora_id, self.max_rank); self._remember(ad)
+    ad = load_peft_adapter(r.lora_path, lora_id, self.max_rank)
+    self._remember(ad)
     return ad
+
 
 @patch
 def _load_slot(self: LoRAManager, lora_id: int, slot: int):
@@ -271,33 +437,45 @@ def _load_slot(self: LoRAManager, lora_id: int, slot: int):
         i, fused = int(name.split(".")[1]), name.split(".", 2)[2]
         parts = [None] * len(w.slices)
         for peft, (target, j) in PEFT_TO_FUSED.items():
-            if target == fused and (i, peft) in ad.weights: parts[j] = ad.weights[(i, peft)]
+            if target == fused and (i, peft) in ad.weights:
+                parts[j] = ad.weights[(i, peft)]
         w.set_slot(slot, parts, ad.scaling)
-    if self.device.type == "cuda": torch.cuda.synchronize(self.device)
-    self.num_loads += 1; self.load_seconds += time.perf_counter() - t0
+    if self.device.type == "cuda":
+        torch.cuda.synchronize(self.device)
+    self.num_loads += 1
+    self.load_seconds += time.perf_counter() - t0
 
 # %% ../nbs/05c_lora.ipynb #cbdebe7e
 @patch
 def activate(self: LoRAManager, lora_ids) -> dict[int, int]:
     "Make sure every adapter in `lora_ids` is in a device slot (LRU eviction of the others); return id -> slot."
     ids = list(dict.fromkeys(i for i in lora_ids if i))
-    if len(ids) > self.max_loras: raise RuntimeError(f"{len(ids)} adapters in one step, but max_loras={self.max_loras}.")
+    if len(ids) > self.max_loras:
+        raise RuntimeError(f"{len(ids)} adapters in one step, but max_loras={self.max_loras}.")
     for i in ids:
-        if i in self.slots: self.slots.move_to_end(i); continue
+        if i in self.slots:
+            self.slots.move_to_end(i)
+            continue
         used = set(self.slots.values())
         free = [s for s in range(self.max_loras) if s not in used]
-        if free: slot = free[0]
-        else:   # evict the least recently used adapter that this step does not need
+        if free:
+            slot = free[0]
+        else:  # evict the least recently used adapter that this step does not need
             victim = next(v for v in self.slots if v not in ids)
-            slot = self.slots.pop(victim); self.num_swaps += 1
-        self._load_slot(i, slot); self.slots[i] = slot
+            slot = self.slots.pop(victim)
+            self.num_swaps += 1
+        self._load_slot(i, slot)
+        self.slots[i] = slot
     return {i: self.slots[i] for i in ids}
+
 
 @patch
 def prepare_step(self: LoRAManager, seqs, query_start_loc) -> None:
     "Before a step: load its adapters into slots and give each token row its slot (`ScheduledSeq.lora_int_id`; 0: base)."
     ids = [getattr(s, "lora_int_id", 0) for s in seqs]
-    if not any(ids): self.state.set(None, self.base_slot); return
+    if not any(ids):
+        self.state.set(None, self.base_slot)
+        return
     slot_of = self.activate(ids)
     q = [int(v) for v in query_start_loc]
     counts = torch.tensor([q[k + 1] - q[k] for k in range(len(seqs))])
@@ -308,12 +486,17 @@ def prepare_step(self: LoRAManager, seqs, query_start_loc) -> None:
 @patch
 def remove_lora(self: LoRAManager, lora_id: int) -> bool:
     "Forget an adapter (its slot is freed, its weights dropped). False if it was not known."
-    if lora_id not in self.requests: return False
-    del self.requests[lora_id]; self.cpu.pop(lora_id, None)
+    if lora_id not in self.requests:
+        return False
+    del self.requests[lora_id]
+    self.cpu.pop(lora_id, None)
     slot = self.slots.pop(lora_id, None)
     if slot is not None:
-        for w in self.layers.values(): w.lora_a[slot].zero_(); w.lora_b[slot].zero_()
+        for w in self.layers.values():
+            w.lora_a[slot].zero_()
+            w.lora_b[slot].zero_()
     return True
+
 
 @patch
 def list_loras(self: LoRAManager) -> set[int]:

@@ -4,7 +4,10 @@
 
 # %% ../nbs/11_metrics.ipynb #832b753c
 from __future__ import annotations
-import copy, logging, os, time
+import copy
+import logging
+import os
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from .engine_core import SchedulerStats
@@ -18,63 +21,100 @@ logger = logging.getLogger("minivllm")
 # %% ../nbs/11_metrics.ipynb #f7d725ad
 class LatencyStats:
     "Count, sum, max and the last `keep` values of a latency (seconds)."
-    def __init__(self, keep: int = 1000): self.count, self.sum, self.max, self.recent = 0, 0.0, 0.0, deque(maxlen=keep)
+
+    def __init__(self, keep: int = 1000):
+        self.count, self.sum, self.max, self.recent = 0, 0.0, 0.0, deque(maxlen=keep)
+
     def add(self, v: float):
         "Record one value."
-        self.count += 1; self.sum += v; self.max = max(self.max, v); self.recent.append(v)
+        self.count += 1
+        self.sum += v
+        self.max = max(self.max, v)
+        self.recent.append(v)
+
     @property
-    def mean(self) -> float: return self.sum / self.count if self.count else 0.0
+    def mean(self) -> float:
+        return self.sum / self.count if self.count else 0.0
+
     def percentile(self, q: float) -> float:
         "The q-th percentile (0–100) of the recent values."
-        if not self.recent: return 0.0
+        if not self.recent:
+            return 0.0
         v = sorted(self.recent)
         return v[min(len(v) - 1, int(round(q / 100 * (len(v) - 1))))]
-    def __repr__(self): return f"LatencyStats(count={self.count}, mean={self.mean:.4f}, max={self.max:.4f})"
+
+    def __repr__(self):
+        return f"LatencyStats(count={self.count}, mean={self.mean:.4f}, max={self.max:.4f})"
 
 # %% ../nbs/11_metrics.ipynb #c31b0a2e
 @dataclass
 class FinishedRequestStats:
     "What we know of a sequence when it finishes."
+
     finish_reason: str
     e2e_latency: float
     num_prompt_tokens: int
     num_generation_tokens: int
-    queued_time: float | None            # arrival → first scheduled
+    queued_time: float | None  # arrival → first scheduled
     mean_time_per_output_token: float | None
+
 
 @dataclass
 class IterationStats:
     "What one engine step produced (filled by the output processor and the engine)."
+
     timestamp: float
     num_prompt_tokens: int = 0
     num_generation_tokens: int = 0
     time_to_first_tokens: list[float] = field(default_factory=list)
     inter_token_latencies: list[float] = field(default_factory=list)
     finished_requests: list[FinishedRequestStats] = field(default_factory=list)
-    phase_seconds: dict[str, float] = field(default_factory=dict)   # the step's `StepInfo.timings`
+    phase_seconds: dict[str, float] = field(default_factory=dict)  # the step's `StepInfo.timings`
 
-    def update_from_output(self, num_new_tokens: int, num_prompt_tokens: int, first_token_latency: float | None = None,
-                           inter_token_latency: float | None = None):
+    def update_from_output(
+        self,
+        num_new_tokens: int,
+        num_prompt_tokens: int,
+        first_token_latency: float | None = None,
+        inter_token_latency: float | None = None,
+    ):
         "A sequence got `num_new_tokens` tokens: its first ones (with `first_token_latency`) also count its prompt."
         self.num_generation_tokens += num_new_tokens
         if first_token_latency is not None:
             self.num_prompt_tokens += num_prompt_tokens
             self.time_to_first_tokens.append(first_token_latency)
-        if inter_token_latency is not None: self.inter_token_latencies.append(inter_token_latency)
+        if inter_token_latency is not None:
+            self.inter_token_latencies.append(inter_token_latency)
 
-    def update_from_finished_request(self, finish_reason: str, e2e_latency: float, num_prompt_tokens: int,
-                                     num_generation_tokens: int, queued_time: float | None, mean_time_per_output_token: float | None):
+    def update_from_finished_request(
+        self,
+        finish_reason: str,
+        e2e_latency: float,
+        num_prompt_tokens: int,
+        num_generation_tokens: int,
+        queued_time: float | None,
+        mean_time_per_output_token: float | None,
+    ):
         "A sequence finished."
-        self.finished_requests.append(FinishedRequestStats(finish_reason, e2e_latency, num_prompt_tokens, num_generation_tokens,
-                                                           queued_time, mean_time_per_output_token))
+        self.finished_requests.append(
+            FinishedRequestStats(
+                finish_reason,
+                e2e_latency,
+                num_prompt_tokens,
+                num_generation_tokens,
+                queued_time,
+                mean_time_per_output_token,
+            )
+        )
 
 # %% ../nbs/11_metrics.ipynb #28a848f6
 @dataclass
 class Stats:
     "A snapshot of the engine's numbers."
+
     timestamp: float
-    interval: float                       # seconds covered by the throughputs
-    prompt_throughput: float              # tokens/s over the interval
+    interval: float  # seconds covered by the throughputs
+    prompt_throughput: float  # tokens/s over the interval
     generation_throughput: float
     num_running_reqs: int
     num_waiting_reqs: int
@@ -90,16 +130,29 @@ class Stats:
     time_per_output_token: LatencyStats
     e2e_latency: LatencyStats
     queued_time: LatencyStats
-    phase_seconds: dict[str, float] = field(default_factory=dict)   # seconds per step phase, summed over all steps
-    spec_decoding: object | None = None   # speculative decoding's `SpecDecodingStats` (lesson 07b); None: off
+    phase_seconds: dict[str, float] = field(
+        default_factory=dict
+    )  # seconds per step phase, summed over all steps
+    spec_decoding: object | None = (
+        None  # speculative decoding's `SpecDecodingStats` (lesson 07b); None: off
+    )
+
     @property
-    def prefix_cache_hit_rate(self) -> float: return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
+    def prefix_cache_hit_rate(self) -> float:
+        return (
+            self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0
+        )
 
 # %% ../nbs/11_metrics.ipynb #c4e4da78
 class StatLogger:
     "Accumulate each step's stats; log one line per interval (vLLM's `LoggingStatLogger`)."
+
     def __init__(self, interval: float | None = None):
-        self.interval = float(os.environ.get("MINIVLLM_LOG_STATS_INTERVAL", 10.0)) if interval is None else interval
+        self.interval = (
+            float(os.environ.get("MINIVLLM_LOG_STATS_INTERVAL", 10.0))
+            if interval is None
+            else interval
+        )
         self.last_log_time = time.time()
         self.scheduler_stats = SchedulerStats()
         self.num_prompt_tokens = self.num_generation_tokens = 0
@@ -110,44 +163,85 @@ class StatLogger:
 
     def record(self, scheduler_stats: SchedulerStats | None, it: IterationStats | None):
         "Take the scheduler's latest state and one step's `IterationStats` (either may be None)."
-        if scheduler_stats is not None: self.scheduler_stats = scheduler_stats
-        if it is None: return
-        self.num_prompt_tokens += it.num_prompt_tokens; self.interval_prompt_tokens += it.num_prompt_tokens
-        self.num_generation_tokens += it.num_generation_tokens; self.interval_generation_tokens += it.num_generation_tokens
-        for k, v in it.phase_seconds.items(): self.phase_seconds[k] = self.phase_seconds.get(k, 0.0) + v
-        for v in it.time_to_first_tokens: self.ttft.add(v)
-        for v in it.inter_token_latencies: self.itl.add(v)
+        if scheduler_stats is not None:
+            self.scheduler_stats = scheduler_stats
+        if it is None:
+            return
+        self.num_prompt_tokens += it.num_prompt_tokens
+        self.interval_prompt_tokens += it.num_prompt_tokens
+        self.num_generation_tokens += it.num_generation_tokens
+        self.interval_generation_tokens += it.num_generation_tokens
+        for k, v in it.phase_seconds.items():
+            self.phase_seconds[k] = self.phase_seconds.get(k, 0.0) + v
+        for v in it.time_to_first_tokens:
+            self.ttft.add(v)
+        for v in it.inter_token_latencies:
+            self.itl.add(v)
         for f in it.finished_requests:
             self.num_finished[f.finish_reason] = self.num_finished.get(f.finish_reason, 0) + 1
             self.e2e.add(f.e2e_latency)
-            if f.queued_time is not None: self.queued.add(f.queued_time)
-            if f.mean_time_per_output_token is not None: self.tpot.add(f.mean_time_per_output_token)
+            if f.queued_time is not None:
+                self.queued.add(f.queued_time)
+            if f.mean_time_per_output_token is not None:
+                self.tpot.add(f.mean_time_per_output_token)
 
     def snapshot(self, now: float | None = None) -> Stats:
         "The numbers now (throughputs over the current interval)."
         now = time.time() if now is None else now
         dt, s = max(now - self.last_log_time, 1e-9), self.scheduler_stats
-        return Stats(now, dt, self.interval_prompt_tokens / dt, self.interval_generation_tokens / dt, s.num_running_reqs,
-                     s.num_waiting_reqs, s.kv_cache_usage, s.num_preemptions, self.num_prompt_tokens, self.num_generation_tokens,
-                     dict(self.num_finished), s.prefix_cache_queries, s.prefix_cache_hits,
-                     *map(copy.copy, (self.ttft, self.itl, self.tpot, self.e2e, self.queued)), phase_seconds=dict(self.phase_seconds),
-                     spec_decoding=getattr(s, "spec_decoding_stats", None))
+        return Stats(
+            now,
+            dt,
+            self.interval_prompt_tokens / dt,
+            self.interval_generation_tokens / dt,
+            s.num_running_reqs,
+            s.num_waiting_reqs,
+            s.kv_cache_usage,
+            s.num_preemptions,
+            self.num_prompt_tokens,
+            self.num_generation_tokens,
+            dict(self.num_finished),
+            s.prefix_cache_queries,
+            s.prefix_cache_hits,
+            *map(copy.copy, (self.ttft, self.itl, self.tpot, self.e2e, self.queued)),
+            phase_seconds=dict(self.phase_seconds),
+            spec_decoding=getattr(s, "spec_decoding_stats", None),
+        )
 
     def log(self, now: float | None = None) -> Stats:
         "Log one line now and start a new interval."
         st = self.snapshot(now)
-        logger.info("Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f tokens/s, Running: %d reqs, "
-                    "Waiting: %d reqs, KV cache usage: %.1f%%, Prefix cache hit rate: %.1f%%, Preemptions: %d, "
-                    "Mean TTFT: %.1f ms, Mean TPOT: %.1f ms", st.prompt_throughput, st.generation_throughput,
-                    st.num_running_reqs, st.num_waiting_reqs, 100 * st.kv_cache_usage, 100 * st.prefix_cache_hit_rate,
-                    st.num_preemptions, 1000 * st.time_to_first_token.mean, 1000 * st.time_per_output_token.mean)
+        logger.info(
+            "Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f tokens/s, Running: %d reqs, "
+            "Waiting: %d reqs, KV cache usage: %.1f%%, Prefix cache hit rate: %.1f%%, Preemptions: %d, "
+            "Mean TTFT: %.1f ms, Mean TPOT: %.1f ms",
+            st.prompt_throughput,
+            st.generation_throughput,
+            st.num_running_reqs,
+            st.num_waiting_reqs,
+            100 * st.kv_cache_usage,
+            100 * st.prefix_cache_hit_rate,
+            st.num_preemptions,
+            1000 * st.time_to_first_token.mean,
+            1000 * st.time_per_output_token.mean,
+        )
         if (sd := st.spec_decoding) is not None and sd.num_drafts:
-            logger.info("SpecDecoding metrics: Mean acceptance length: %.2f, Accepted: %d tokens, Drafted: %d tokens, "
-                        "Draft acceptance rate: %.1f%%", sd.mean_acceptance_length, sd.num_accepted_tokens, sd.num_draft_tokens,
-                        100 * sd.acceptance_rate)
-        self.last_log_time, self.interval_prompt_tokens, self.interval_generation_tokens = st.timestamp, 0, 0
+            logger.info(
+                "SpecDecoding metrics: Mean acceptance length: %.2f, Accepted: %d tokens, Drafted: %d tokens, "
+                "Draft acceptance rate: %.1f%%",
+                sd.mean_acceptance_length,
+                sd.num_accepted_tokens,
+                sd.num_draft_tokens,
+                100 * sd.acceptance_rate,
+            )
+        self.last_log_time, self.interval_prompt_tokens, self.interval_generation_tokens = (
+            st.timestamp,
+            0,
+            0,
+        )
         return st
 
     def maybe_log(self, now: float):
         "Log if the interval has passed."
-        if now - self.last_log_time >= self.interval: self.log(now)
+        if now - self.last_log_time >= self.interval:
+            self.log(now)

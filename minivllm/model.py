@@ -4,7 +4,12 @@
 
 # %% ../nbs/05_model.ipynb #945a8757
 from __future__ import annotations
-import functools, glob, math, os, time, weakref
+import functools
+import glob
+import math
+import os
+import time
+import weakref
 from pathlib import Path
 import torch
 from torch import nn
@@ -12,12 +17,27 @@ import torch.nn.functional as F
 from fastcore.basics import patch
 from .config import EngineConfig
 import logging
-from .attention import (AttentionMetadata, build_decode_kernel, build_metadata, cpu_paged_attention,
-                                inductor_paged_attention, torch_paged_attention, warm_up_decode_in_place)
+from minivllm.attention import (
+    AttentionMetadata,
+    build_decode_kernel,
+    build_metadata,
+    cpu_paged_attention,
+    inductor_paged_attention,
+    torch_paged_attention,
+    warm_up_decode_in_place,
+)
 from .scheduler import SchedulerOutput
 from .gemm import GEMM_MAX_ROWS, gemm, gemm_copy
-from .quantization import (GGUF_BLOCK_BYTES, INT4_MAX_ROWS, INT8_MAX_ROWS, dequantize, gguf_linear, read_gguf,
-                                   split_blocks, unpermute_rows)
+from minivllm.quantization import (
+    GGUF_BLOCK_BYTES,
+    INT4_MAX_ROWS,
+    INT8_MAX_ROWS,
+    dequantize,
+    gguf_linear,
+    read_gguf,
+    split_blocks,
+    unpermute_rows,
+)
 
 # %% auto #0
 __all__ = ['PACKED_CHUNK', 'SUPPORTED_MODEL_TYPES', 'IN_PLACE_BACKENDS', 'INPLACE_MIN_DECODES', 'RMSNorm', 'row_bucket', 'Linear',
@@ -28,32 +48,46 @@ __all__ = ['PACKED_CHUNK', 'SUPPORTED_MODEL_TYPES', 'IN_PLACE_BACKENDS', 'INPLAC
 # %% ../nbs/05_model.ipynb #8283517b
 class RMSNorm(nn.Module):
     "Root-mean-square normalisation with a learned scale, computed in float32."
+
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.weight, self.eps = nn.Parameter(torch.ones(dim)), eps
+
     def forward(self, x):
         "Normalise the last dimension of `x`: `x · rsqrt(mean(x²) + eps)` in float32 (one fused `F.rms_norm` call, the same bits)."
         return self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
 
 # %% ../nbs/05_model.ipynb #8d8fb724
 def _can_pack(w: torch.Tensor) -> bool:
-    return (w.device.type == "cpu" and torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight") and w.dtype in (torch.float32, torch.bfloat16))
+    return (
+        w.device.type == "cpu"
+        and torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+        and w.dtype in (torch.float32, torch.bfloat16)
+    )
+
 
 def row_bucket(m: int) -> int:
     "The number of rows a packed GEMM of `m` rows runs at: `m` up to 16, then rounded up to 8 sizes per doubling."
-    if m <= 16: return m
+    if m <= 16:
+        return m
     step = 1 << ((m - 1).bit_length() - 4)
     return -(-m // step) * step
 
-PACKED_CHUNK = 2048   # a packed GEMM of more rows runs in chunks of this many
-_PACKED_LINEARS = weakref.WeakValueDictionary()   # key → packed `Linear`: how a compiled graph finds its packed weight
+
+PACKED_CHUNK = 2048  # a packed GEMM of more rows runs in chunks of this many
+_PACKED_LINEARS = (
+    weakref.WeakValueDictionary()
+)  # key → packed `Linear`: how a compiled graph finds its packed weight
+
 
 class Linear(nn.Linear):
     "`nn.Linear` that multiplies with prepacked copies of its weight once `pack()` made them (CPU): the C kernel's up to `GEMM_MAX_ROWS` rows, oneDNN's above."
-    packed: torch.Tensor | None = None        # oneDNN's layout
-    gemm_packed: torch.Tensor | None = None   # the C kernel's layout (lesson 04a)
-    gemm_in_graph = False   # True while a graph that leaves the GEMMs to Inductor is traced (lesson 05b's compile sizes)
+
+    packed: torch.Tensor | None = None  # oneDNN's layout
+    gemm_packed: torch.Tensor | None = None  # the C kernel's layout (lesson 04a)
+    gemm_in_graph = False  # True while a graph that leaves the GEMMs to Inductor is traced (lesson 05b's compile sizes)
+
     def pack(self) -> bool:
         "Make the packed copies of the weight (call again after changing the weight). Returns whether they are used."
         self.packed = self.gemm_packed = None
@@ -61,53 +95,83 @@ class Linear(nn.Linear):
             try:
                 p = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach())
                 x = torch.zeros(1, self.in_features, dtype=self.weight.dtype)
-                torch.ops.mkldnn._linear_pointwise(x, p, self.bias, "none", [], "")   # probe once
+                torch.ops.mkldnn._linear_pointwise(x, p, self.bias, "none", [], "")  # probe once
                 self.packed, self.key = p, id(self)
                 _PACKED_LINEARS[self.key] = self
-            except RuntimeError: pass
-        if self.packed is not None: self.gemm_packed = gemm_copy(self.weight.detach())
+            except RuntimeError:
+                pass
+        if self.packed is not None:
+            self.gemm_packed = gemm_copy(self.weight.detach())
         return self.packed is not None
+
     def unpack(self):
         "Drop the packed copies (back to `F.linear`)."
-        self.packed = self.gemm_packed = None; _PACKED_LINEARS.pop(id(self), None)
+        self.packed = self.gemm_packed = None
+        _PACKED_LINEARS.pop(id(self), None)
+
     def forward(self, x):
         "`x @ W.T + b`, with the packed weight when there is one (at a bucketed number of rows, see `row_bucket`)."
-        if self.packed is None or x.dtype != self.weight.dtype or x.device.type != "cpu": return F.linear(x, self.weight, self.bias)
+        if self.packed is None or x.dtype != self.weight.dtype or x.device.type != "cpu":
+            return F.linear(x, self.weight, self.bias)
         if torch.compiler.is_compiling():
-            if Linear.gemm_in_graph: return F.linear(x, self.weight, self.bias)
+            if Linear.gemm_in_graph:
+                return F.linear(x, self.weight, self.bias)
             return torch.ops.minivllm.packed_linear(x, self.weight, self.bias, self.key)
         return self._packed(x)
+
     def _packed(self, x):
         rows = x.reshape(-1, self.in_features)
         if self.gemm_packed is not None and len(rows) <= GEMM_MAX_ROWS:
             return gemm(rows, self.gemm_packed, self.bias).view(*x.shape[:-1], self.out_features)
-        out = torch.cat([self._packed_mm(c) for c in rows.split(PACKED_CHUNK)]) if len(rows) > PACKED_CHUNK else self._packed_mm(rows)
+        out = (
+            torch.cat([self._packed_mm(c) for c in rows.split(PACKED_CHUNK)])
+            if len(rows) > PACKED_CHUNK
+            else self._packed_mm(rows)
+        )
         return out.view(*x.shape[:-1], self.out_features)
+
     def _packed_mm(self, rows):
-        m = len(rows); b = row_bucket(m)
-        if b > m: rows = F.pad(rows, (0, 0, 0, b - m))
+        m = len(rows)
+        b = row_bucket(m)
+        if b > m:
+            rows = F.pad(rows, (0, 0, 0, b - m))
         return torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [], "")[:m]
 
 # %% ../nbs/05_model.ipynb #b7e2f9c3
-@torch.library.custom_op("minivllm::packed_linear", mutates_args=(), schema="(Tensor x, Tensor weight, Tensor? bias, int key) -> Tensor")
-def packed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, key: int) -> torch.Tensor:
+@torch.library.custom_op(
+    "minivllm::packed_linear",
+    mutates_args=(),
+    schema="(Tensor x, Tensor weight, Tensor? bias, int key) -> Tensor",
+)
+def packed_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, key: int
+) -> torch.Tensor:
     "`x @ W.T + b` with the oneDNN-packed weight of the `Linear` registered under `key` (what a compiled graph calls)."
     return _PACKED_LINEARS[key]._packed(x)
 
+
 @packed_linear.register_fake
-def _(x, weight, bias, key): return x.new_empty(*x.shape[:-1], weight.shape[0])
+def _(x, weight, bias, key):
+    return x.new_empty(*x.shape[:-1], weight.shape[0])
 
 # %% ../nbs/05_model.ipynb #36e2aa55
 def rope_inv_freq(config) -> tuple[torch.Tensor, float]:
     "Inverse frequencies and attention scaling of the rotary embedding described by an HF config."
-    rp = dict(getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {})
+    rp = dict(
+        getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    )
     theta = rp.get("rope_theta", getattr(config, "rope_theta", 10000.0))
     dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     dim = int(dim * rp.get("partial_rotary_factor", 1.0))
     inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
     kind = rp.get("rope_type", rp.get("type", "default"))
     if kind == "llama3":
-        factor, lo, hi, old = rp["factor"], rp["low_freq_factor"], rp["high_freq_factor"], rp["original_max_position_embeddings"]
+        factor, lo, hi, old = (
+            rp["factor"],
+            rp["low_freq_factor"],
+            rp["high_freq_factor"],
+            rp["original_max_position_embeddings"],
+        )
         wavelen = 2 * math.pi / inv_freq
         scaled = torch.where(wavelen > old / lo, inv_freq / factor, inv_freq)
         smooth = (old / wavelen - lo) / (hi - lo)
@@ -118,8 +182,10 @@ def rope_inv_freq(config) -> tuple[torch.Tensor, float]:
         raise NotImplementedError(f"rope_type={kind!r} is not implemented in minivllm.")
     return inv_freq, 1.0
 
+
 class RotaryEmbedding(nn.Module):
     "cos/sin table for all positions up to `max_pos`; applied per token (neox style: rotate the two halves)."
+
     def __init__(self, config, max_pos: int):
         super().__init__()
         inv_freq, scaling = rope_inv_freq(config)
@@ -146,65 +212,96 @@ class RotaryEmbedding(nn.Module):
 # %% ../nbs/05_model.ipynb #c95a6800
 def get_attention_fn(name: str):
     "The attention backend of lesson 04: `torch` (gather + SDPA), `cpu` (the CPU's: decodes read in place by a C kernel), `inductor` (the same by Inductor's kernel) or `triton` (GPU kernels)."
-    if name == "torch": return torch_paged_attention
-    if name == "cpu": return cpu_paged_attention
-    if name == "inductor": return inductor_paged_attention
+    if name == "torch":
+        return torch_paged_attention
+    if name == "cpu":
+        return cpu_paged_attention
+    if name == "inductor":
+        return inductor_paged_attention
     if name == "triton":
         from minivllm.attention import triton_paged_attention
+
         return triton_paged_attention
     raise ValueError(f"unknown attention backend {name!r}")
 
+
 class Attention(nn.Module):
     "Fused q/k/v projection, rotary embedding (and Qwen3's q/k norms), paged attention through `attn_fn`, output projection."
+
     def __init__(self, config, attn_fn):
         super().__init__()
         c = config
         self.num_heads, self.num_kv_heads = c.num_attention_heads, c.num_key_value_heads
         self.head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-        self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.q_size, self.kv_size = (
+            self.num_heads * self.head_dim,
+            self.num_kv_heads * self.head_dim,
+        )
         qkv_bias = c.model_type == "qwen2" or getattr(c, "attention_bias", False)
         o_bias = c.model_type != "qwen2" and getattr(c, "attention_bias", False)
         self.qkv_proj = Linear(c.hidden_size, self.q_size + 2 * self.kv_size, bias=qkv_bias)
         self.o_proj = Linear(self.q_size, c.hidden_size, bias=o_bias)
         self.qk_norm = c.model_type == "qwen3"
-        if self.qk_norm: self.q_norm, self.k_norm = RMSNorm(self.head_dim, c.rms_norm_eps), RMSNorm(self.head_dim, c.rms_norm_eps)
-        self.scale, self.attn_fn = self.head_dim ** -0.5, attn_fn
+        if self.qk_norm:
+            self.q_norm, self.k_norm = (
+                RMSNorm(self.head_dim, c.rms_norm_eps),
+                RMSNorm(self.head_dim, c.rms_norm_eps),
+            )
+        self.scale, self.attn_fn = self.head_dim**-0.5, attn_fn
 
     def forward(self, x, kv_cache, md: AttentionMetadata, rope: tuple[torch.Tensor, torch.Tensor]):
         "Attention output `[T, hidden]` of the flat tokens `x`; writes their keys and values into `kv_cache`."
         T, H, Hkv, D = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         qkv = self.qkv_proj(x)
-        v = qkv[:, self.q_size + self.kv_size:].view(T, Hkv, D)
+        v = qkv[:, self.q_size + self.kv_size :].view(T, Hkv, D)
         if self.qk_norm:
-            q, k = qkv[:, :self.q_size].view(T, H, D), qkv[:, self.q_size:self.q_size + self.kv_size].view(T, Hkv, D)
-            q, k = RotaryEmbedding.rotate(self.q_norm(q), *rope), RotaryEmbedding.rotate(self.k_norm(k), *rope)
-        else:   # q and k side by side: one rotation for both
-            q, k = RotaryEmbedding.rotate(qkv[:, :self.q_size + self.kv_size].view(T, H + Hkv, D), *rope).split([H, Hkv], 1)
+            q, k = (
+                qkv[:, : self.q_size].view(T, H, D),
+                qkv[:, self.q_size : self.q_size + self.kv_size].view(T, Hkv, D),
+            )
+            q, k = (
+                RotaryEmbedding.rotate(self.q_norm(q), *rope),
+                RotaryEmbedding.rotate(self.k_norm(k), *rope),
+            )
+        else:  # q and k side by side: one rotation for both
+            q, k = RotaryEmbedding.rotate(
+                qkv[:, : self.q_size + self.kv_size].view(T, H + Hkv, D), *rope
+            ).split([H, Hkv], 1)
         o = self.attn_fn(q, k, v, kv_cache, md, self.scale)
         return self.o_proj(o.reshape(T, self.q_size))
 
 # %% ../nbs/05_model.ipynb #7df27b30
 class MLP(nn.Module):
     "SwiGLU feed-forward: `down(silu(gate(x)) * up(x))`, gate and up fused into one matmul."
+
     def __init__(self, config):
         super().__init__()
-        if config.hidden_act != "silu": raise NotImplementedError(f"hidden_act={config.hidden_act!r} is not implemented.")
+        if config.hidden_act != "silu":
+            raise NotImplementedError(f"hidden_act={config.hidden_act!r} is not implemented.")
         self.inter = config.intermediate_size
-        self.gate_up_proj = Linear(config.hidden_size, 2 * self.inter, bias=getattr(config, "mlp_bias", False))
-        self.down_proj = Linear(self.inter, config.hidden_size, bias=getattr(config, "mlp_bias", False))
+        self.gate_up_proj = Linear(
+            config.hidden_size, 2 * self.inter, bias=getattr(config, "mlp_bias", False)
+        )
+        self.down_proj = Linear(
+            self.inter, config.hidden_size, bias=getattr(config, "mlp_bias", False)
+        )
+
     def forward(self, x):
         "The MLP of each token."
         gate, up = self.gate_up_proj(x).split(self.inter, -1)
         return self.down_proj(F.silu(gate) * up)
 
+
 class DecoderLayer(nn.Module):
     "One pre-norm transformer block: `x + attn(norm(x))`, then `x + mlp(norm(x))`."
+
     def __init__(self, config, attn_fn):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.self_attn = Attention(config, attn_fn)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
+
     def forward(self, x, kv_cache, md, rope):
         "One layer over the flat batch."
         x = x + self.self_attn(self.input_layernorm(x), kv_cache, md, rope)
@@ -267,14 +364,21 @@ void silu_and_mul(const scalar_t *x, int64_t inter, scalar_t *out, int64_t rows)
 # %% ../nbs/05_model.ipynb #f5c8c328
 import ctypes
 from .attention import build_c_library
+
 _GLUE_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
+
 
 @functools.cache
 def _glue(dtype):
     "The C glue library for `dtype` (ctypes), or None where it cannot be built (said once)."
-    try: lib = build_c_library("glue", _GLUE_C, (f"-DBF16={_GLUE_DTYPES[dtype]}",))
+    try:
+        lib = build_c_library("glue", _GLUE_C, (f"-DBF16={_GLUE_DTYPES[dtype]}",))
     except Exception as e:
-        logging.getLogger("minivllm").warning("the C glue kernels could not be built (%s: %s); using torch ops.", type(e).__name__, str(e)[:300])
+        logging.getLogger("minivllm").warning(
+            "the C glue kernels could not be built (%s: %s); using torch ops.",
+            type(e).__name__,
+            str(e)[:300],
+        )
         return None
     P, I = ctypes.c_void_p, ctypes.c_int64
     lib.rms_norm.argtypes = [P, I, P, I, ctypes.c_float, P, I]
@@ -282,34 +386,60 @@ def _glue(dtype):
     lib.silu_and_mul.argtypes = [P, I, P, I]
     return lib
 
+
 def _glue_for(x: torch.Tensor):
     "The library for `x`, or None where the C kernels do not apply."
-    if (x.device.type != "cpu" or x.dtype not in _GLUE_DTYPES or x.stride(-1) != 1 or torch.compiler.is_compiling()
-            or (x.requires_grad and torch.is_grad_enabled())): return None
+    if (
+        x.device.type != "cpu"
+        or x.dtype not in _GLUE_DTYPES
+        or x.stride(-1) != 1
+        or torch.compiler.is_compiling()
+        or (x.requires_grad and torch.is_grad_enabled())
+    ):
+        return None
     return _glue(x.dtype)
+
 
 def rms_norm_c(x, weight, eps: float):
     "`weight * rms_norm(x)` over the last dim by the C kernel (x: 2-D with strided rows, or contiguous); None where it does not apply."
     lib, n = _glue_for(x), x.shape[-1]
-    if lib is None or weight.dtype != x.dtype or not weight.is_contiguous() or not (x.dim() == 2 or x.is_contiguous()): return None
+    if (
+        lib is None
+        or weight.dtype != x.dtype
+        or not weight.is_contiguous()
+        or not (x.dim() == 2 or x.is_contiguous())
+    ):
+        return None
     rows = x if x.dim() == 2 else x.view(-1, n)
     out = torch.empty(rows.shape, dtype=x.dtype)
-    lib.rms_norm(rows.data_ptr(), rows.stride(0), weight.data_ptr(), n, eps, out.data_ptr(), rows.shape[0])
+    lib.rms_norm(
+        rows.data_ptr(), rows.stride(0), weight.data_ptr(), n, eps, out.data_ptr(), rows.shape[0]
+    )
     return out.view(x.shape)
+
 
 def rotate_c(x, cos, sin):
     "`RotaryEmbedding.rotate` by the C kernel. x: [T, heads, D] (rows may be strided); cos, sin: [T, 1, D] in x's dtype; None where it does not apply."
     lib = _glue_for(x)
     T, heads, d = x.shape
-    if lib is None or x.stride(1) != d or not (cos.is_contiguous() and sin.is_contiguous() and cos.dtype == sin.dtype == x.dtype): return None
+    if (
+        lib is None
+        or x.stride(1) != d
+        or not (cos.is_contiguous() and sin.is_contiguous() and cos.dtype == sin.dtype == x.dtype)
+    ):
+        return None
     out = torch.empty(T, heads, d, dtype=x.dtype)
-    lib.rotate(x.data_ptr(), x.stride(0), cos.data_ptr(), sin.data_ptr(), heads, d, out.data_ptr(), T)
+    lib.rotate(
+        x.data_ptr(), x.stride(0), cos.data_ptr(), sin.data_ptr(), heads, d, out.data_ptr(), T
+    )
     return out
+
 
 def silu_and_mul_c(x):
     "`silu(x[:, :I]) * x[:, I:]` by the C kernel (x: [T, 2I], contiguous); None where it does not apply."
     lib = _glue_for(x)
-    if lib is None or x.dim() != 2 or not x.is_contiguous(): return None
+    if lib is None or x.dim() != 2 or not x.is_contiguous():
+        return None
     out = torch.empty(x.shape[0], x.shape[1] // 2, dtype=x.dtype)
     lib.silu_and_mul(x.data_ptr(), x.shape[1] // 2, out.data_ptr(), x.shape[0])
     return out
@@ -317,17 +447,22 @@ def silu_and_mul_c(x):
 # %% ../nbs/05_model.ipynb #a4db6883
 _torch_rms_norm, _torch_rotate = RMSNorm.forward, RotaryEmbedding.rotate
 
+
 @patch
 def forward(self: RMSNorm, x):
     "Normalise the last dimension of `x` (the C kernel on a CPU, else `F.rms_norm` as above)."
     out = rms_norm_c(x, self.weight, self.eps)
     return _torch_rms_norm(self, x) if out is None else out
 
+
 def _rotate(x, cos, sin):
     "Rotate `x` `[T, heads, D]` (the C kernel on a CPU, else the torch ops above)."
     out = rotate_c(x, cos, sin)
     return _torch_rotate(x, cos, sin) if out is None else out
+
+
 RotaryEmbedding.rotate = staticmethod(_rotate)
+
 
 @patch
 def forward(self: MLP, x):
@@ -342,28 +477,38 @@ def forward(self: MLP, x):
 # %% ../nbs/05_model.ipynb #ec48cb78
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
+
 class LlamaForCausalLM(nn.Module):
     "Llama-family decoder over a paged KV cache. Parameter names follow HF's, with q/k/v and gate/up fused."
+
     def __init__(self, config, attention_backend: str = "torch", max_pos: int | None = None):
         super().__init__()
         if config.model_type not in SUPPORTED_MODEL_TYPES:
-            raise NotImplementedError(f"model_type={config.model_type!r} is not supported; minivllm runs {SUPPORTED_MODEL_TYPES}.")
-        if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", config.model_type == "mistral"):
+            raise NotImplementedError(
+                f"model_type={config.model_type!r} is not supported; minivllm runs {SUPPORTED_MODEL_TYPES}."
+            )
+        if getattr(config, "sliding_window", None) and getattr(
+            config, "use_sliding_window", config.model_type == "mistral"
+        ):
             raise NotImplementedError("sliding-window attention is not implemented in minivllm.")
         self.config = config
         attn_fn = get_attention_fn(attention_backend)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, attn_fn) for _ in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, attn_fn) for _ in range(config.num_hidden_layers)
+        )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
-        if config.tie_word_embeddings: self.lm_head.weight = self.embed_tokens.weight
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
         self.rotary = RotaryEmbedding(config, max_pos or config.max_position_embeddings)
 
     def forward(self, input_ids, positions, kv_caches: list[torch.Tensor], md: AttentionMetadata):
         "Hidden states `[T, hidden]` of the flat batch; every layer writes its K/V to its cache."
         x = self.embed_tokens(input_ids)
         rope = self.rotary.cos_sin(positions, x.dtype)
-        for layer, cache in zip(self.layers, kv_caches): x = layer(x, cache, md, rope)
+        for layer, cache in zip(self.layers, kv_caches):
+            x = layer(x, cache, md, rope)
         return self.norm(x)
 
     def compute_logits(self, hidden):
@@ -374,7 +519,8 @@ class LlamaForCausalLM(nn.Module):
         "Prepack (or with `enable=False` drop the packed copies of) every linear layer's weight; returns how many are packed."
         n = 0
         for m in self.modules():
-            if isinstance(m, Linear): n += m.pack() if enable else (m.unpack() or 0)
+            if isinstance(m, Linear):
+                n += m.pack() if enable else (m.unpack() or 0)
         return n
 
 # %% ../nbs/05_model.ipynb #625f3e18
@@ -382,83 +528,131 @@ class LlamaForCausalLM(nn.Module):
 def load_weights(self: LlamaForCausalLM, weights):
     "Load `(name, tensor)` pairs with HF names (`model.layers.0.self_attn.q_proj.weight`, …) into the fused layout."
     params = dict(self.named_parameters())
-    fused = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
-             "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+    fused = {
+        "q_proj": ("qkv_proj", 0),
+        "k_proj": ("qkv_proj", 1),
+        "v_proj": ("qkv_proj", 2),
+        "gate_proj": ("gate_up_proj", 0),
+        "up_proj": ("gate_up_proj", 1),
+    }
     loaded = set()
     for name, w in weights:
         name = name.removeprefix("model.")
-        if "rotary_emb" in name: continue
-        if name == "lm_head.weight" and self.config.tie_word_embeddings: name = "embed_tokens.weight"  # tied: one tensor
+        if "rotary_emb" in name:
+            continue
+        if name == "lm_head.weight" and self.config.tie_word_embeddings:
+            name = "embed_tokens.weight"  # tied: one tensor
         parts = name.split(".")
         hit = next(((i, fused[p]) for i, p in enumerate(parts) if p in fused), None)
         if hit:
             i, (target, shard) = hit
-            pname = ".".join(parts[:i] + [target] + parts[i + 1:])
+            pname = ".".join(parts[:i] + [target] + parts[i + 1 :])
             p = params[pname]
-            sizes = ([self.layers[0].self_attn.q_size] + [self.layers[0].self_attn.kv_size] * 2) if target == "qkv_proj" else [p.shape[0] // 2] * 2
+            sizes = (
+                ([self.layers[0].self_attn.q_size] + [self.layers[0].self_attn.kv_size] * 2)
+                if target == "qkv_proj"
+                else [p.shape[0] // 2] * 2
+            )
             start = sum(sizes[:shard])
-            p.data[start:start + sizes[shard]].copy_(w)
+            p.data[start : start + sizes[shard]].copy_(w)
             loaded.add((pname, shard))
         else:
-            if name not in params: raise KeyError(f"unexpected weight {name!r} in checkpoint")
+            if name not in params:
+                raise KeyError(f"unexpected weight {name!r} in checkpoint")
             params[name].data.copy_(w)
             loaded.add((name, 0))
     done = {n for n, _ in loaded}
     missing = [n for n in params if n not in done]
-    if missing: raise KeyError(f"checkpoint is missing weights: {missing[:5]}{'…' if len(missing) > 5 else ''}")
-    if any(isinstance(m, Linear) and m.packed is not None for m in self.modules()): self.pack_weights()   # stale copies
+    if missing:
+        raise KeyError(
+            f"checkpoint is missing weights: {missing[:5]}{'…' if len(missing) > 5 else ''}"
+        )
+    if any(isinstance(m, Linear) and m.packed is not None for m in self.modules()):
+        self.pack_weights()  # stale copies
 
 # %% ../nbs/05_model.ipynb #cf20b8cd
 def iter_checkpoint_weights(path: str | os.PathLike):
     "Yield `(name, tensor)` from every `*.safetensors` file of a checkpoint directory."
     from safetensors import safe_open
+
     files = sorted(glob.glob(str(Path(path) / "*.safetensors")))
-    if not files: raise FileNotFoundError(f"no *.safetensors files in {path}")
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors files in {path}")
     for f in files:
         with safe_open(f, "pt") as sf:
-            for name in sf.keys(): yield name, sf.get_tensor(name)
+            for name in sf.keys():
+                yield name, sf.get_tensor(name)
 
-def load_model(path, hf_config, dtype=torch.float32, device="cpu", attention_backend="torch", max_pos=None) -> LlamaForCausalLM:
+
+def load_model(
+    path, hf_config, dtype=torch.float32, device="cpu", attention_backend="torch", max_pos=None
+) -> LlamaForCausalLM:
     "Build the model for `hf_config` and load the checkpoint at `path` into it."
-    with torch.device(device): model = LlamaForCausalLM(hf_config, attention_backend, max_pos)
+    with torch.device(device):
+        model = LlamaForCausalLM(hf_config, attention_backend, max_pos)
     model.load_weights(iter_checkpoint_weights(path))
     return model.to(device=device, dtype=dtype).eval()
 
 # %% ../nbs/05_model.ipynb #37496092
 def _gguf_float(kind: str, t: torch.Tensor) -> torch.Tensor:
     "A GGUF tensor (from `read_gguf`) as float32: float types as they are, quantized blocks de-quantized."
-    if kind in ("F32", "F16", "BF16"): return t.float()
-    if kind in GGUF_BLOCK_BYTES: return dequantize(*split_blocks(t, kind), kind)
+    if kind in ("F32", "F16", "BF16"):
+        return t.float()
+    if kind in GGUF_BLOCK_BYTES:
+        return dequantize(*split_blocks(t, kind), kind)
     import gguf
+
     return torch.from_numpy(gguf.quants.dequantize(t.numpy(), gguf.GGMLQuantizationType[kind]))
 
-def _gguf_module(parts: list[tuple[str, torch.Tensor]], dtype, device, max_int4_rows=None, max_int8_rows=None) -> nn.Module:
+
+def _gguf_module(
+    parts: list[tuple[str, torch.Tensor]], dtype, device, max_int4_rows=None, max_int8_rows=None
+) -> nn.Module:
     "One linear layer from the rows of one or more GGUF tensors: quantized when they share a runnable block type."
     kinds = {k for k, _ in parts}
     if len(kinds) == 1 and (kind := kinds.pop()) in GGUF_BLOCK_BYTES:
-        return gguf_linear(torch.cat([t for _, t in parts]), kind, dtype, device, max_int4_rows, max_int8_rows)
+        return gguf_linear(
+            torch.cat([t for _, t in parts]), kind, dtype, device, max_int4_rows, max_int8_rows
+        )
     w = torch.cat([_gguf_float(k, t) for k, t in parts]).to(device=device, dtype=dtype)
     lin = Linear(w.shape[1], w.shape[0], bias=False, device="meta")
     lin.weight = nn.Parameter(w, requires_grad=False)
     return lin
 
 # %% ../nbs/05_model.ipynb #ccae8fb6
-def load_gguf_model(gguf_file, hf_config, dtype=torch.bfloat16, device="cpu", attention_backend="torch",
-                    max_pos=None, max_int4_rows: int | None = INT4_MAX_ROWS,
-                    max_int8_rows: int | None = INT8_MAX_ROWS) -> LlamaForCausalLM:
+def load_gguf_model(
+    gguf_file,
+    hf_config,
+    dtype=torch.bfloat16,
+    device="cpu",
+    attention_backend="torch",
+    max_pos=None,
+    max_int4_rows: int | None = INT4_MAX_ROWS,
+    max_int8_rows: int | None = INT8_MAX_ROWS,
+) -> LlamaForCausalLM:
     """The model of a llama GGUF file with its Q4_0/Q4_1/Q8_0 linear weights kept quantized (lesson 04b); hybrid layers:
     the int4 (int8) kernel up to `max_int4_rows` (`max_int8_rows`) rows and a dense copy above (None: the quantized kernel only)."""
     arch, ts = read_gguf(gguf_file)
-    if arch != "llama": raise NotImplementedError(f"quantization='gguf' runs llama-architecture GGUF files, not {arch!r}.")
+    if arch != "llama":
+        raise NotImplementedError(
+            f"quantization='gguf' runs llama-architecture GGUF files, not {arch!r}."
+        )
     c, device = hf_config, torch.device(device)
     heads = {"attn_q": c.num_attention_heads, "attn_k": c.num_key_value_heads}
-    def rows(name):   # a tensor's rows, with llama.cpp's q/k row order undone
+
+    def rows(name):  # a tensor's rows, with llama.cpp's q/k row order undone
         kind, t = ts.pop(name)
         short = name.split(".")[-2]
         return kind, (unpermute_rows(t, heads[short]) if short in heads else t)
-    def module(*names): return _gguf_module([rows(n) for n in names], dtype, device, max_int4_rows, max_int8_rows)
-    def param(t): return nn.Parameter(t.to(device=device, dtype=dtype), requires_grad=False)
-    with torch.device("meta"): model = LlamaForCausalLM(c, attention_backend, max_pos)   # no memory, no random init
+
+    def module(*names):
+        return _gguf_module([rows(n) for n in names], dtype, device, max_int4_rows, max_int8_rows)
+
+    def param(t):
+        return nn.Parameter(t.to(device=device, dtype=dtype), requires_grad=False)
+
+    with torch.device("meta"):
+        model = LlamaForCausalLM(c, attention_backend, max_pos)  # no memory, no random init
     for i, layer in enumerate(model.layers):
         b = f"blk.{i}."
         layer.self_attn.qkv_proj = module(*(b + f"attn_{x}.weight" for x in "qkv"))
@@ -468,12 +662,16 @@ def load_gguf_model(gguf_file, hf_config, dtype=torch.bfloat16, device="cpu", at
         layer.input_layernorm.weight = param(_gguf_float(*ts.pop(b + "attn_norm.weight")))
         layer.post_attention_layernorm.weight = param(_gguf_float(*ts.pop(b + "ffn_norm.weight")))
     emb = ts["token_embd.weight"]
-    model.lm_head = module("output.weight" if "output.weight" in ts else "token_embd.weight")   # tied: the embedding's blocks
+    model.lm_head = module(
+        "output.weight" if "output.weight" in ts else "token_embd.weight"
+    )  # tied: the embedding's blocks
     model.embed_tokens.weight = param(_gguf_float(*emb))
     ts.pop("token_embd.weight", None)
     model.norm.weight = param(_gguf_float(*ts.pop("output_norm.weight")))
-    with torch.device(device): model.rotary = RotaryEmbedding(c, max_pos or c.max_position_embeddings).to(dtype)
-    if ts: raise NotImplementedError(f"GGUF tensors minivllm does not run: {sorted(ts)[:5]}")
+    with torch.device(device):
+        model.rotary = RotaryEmbedding(c, max_pos or c.max_position_embeddings).to(dtype)
+    if ts:
+        raise NotImplementedError(f"GGUF tensors minivllm does not run: {sorted(ts)[:5]}")
     left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     assert not left, f"not loaded from the GGUF file: {left[:5]}"
     return model.eval()
@@ -482,25 +680,40 @@ def load_gguf_model(gguf_file, hf_config, dtype=torch.bfloat16, device="cpu", at
 def tiny_config(model_type="llama", **kw):
     "A tiny random-model config of an HF model family, for tests."
     from transformers import AutoConfig
-    base = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=False, head_dim=16)
+
+    base = dict(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        head_dim=16,
+    )
     base.update(kw)
     return AutoConfig.for_model(model_type, **base)
+
 
 def make_tiny_checkpoint(path, model_type="llama", seed=0, tokenizer_from=None, **kw):
     "Save a tiny random HF model (and optionally a tokenizer copied from `tokenizer_from`) to `path`; return the HF model."
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
     torch.manual_seed(seed)
     hf = AutoModelForCausalLM.from_config(tiny_config(model_type, **kw), dtype=torch.float32).eval()
     hf.save_pretrained(path)
-    if tokenizer_from is not None: AutoTokenizer.from_pretrained(tokenizer_from).save_pretrained(path)
+    if tokenizer_from is not None:
+        AutoTokenizer.from_pretrained(tokenizer_from).save_pretrained(path)
     return hf
 
 # %% ../nbs/05_model.ipynb #9a2a2fc8
 def _clock(device) -> float:
     "`time.perf_counter()`, after waiting for the device's queued work."
-    if torch.device(device).type == "cuda": torch.cuda.synchronize(device)
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
     return time.perf_counter()
+
 
 class ModelRunnerOutput:
     """The logits of the rows that sample (`req_ids[i]` ↔ `logits[i]`) and, for the requests that asked for prompt
@@ -509,67 +722,140 @@ class ModelRunnerOutput:
     the final-norm hidden rows `[n, hidden]` of this step's chunk of its prompt (they sample nothing, get no logits);
     and, for requests verifying `k` draft tokens (speculative decoding), `spec_logits[req_id]` `[k, vocab]`: the
     model's prediction at the positions before each draft token (the row after the last draft is in `logits`)."""
-    def __init__(self, req_ids: list[str], logits: torch.Tensor, prompt_logits: dict | None = None,
-                 hidden_states: dict | None = None, spec_logits: dict | None = None):
+
+    def __init__(
+        self,
+        req_ids: list[str],
+        logits: torch.Tensor,
+        prompt_logits: dict | None = None,
+        hidden_states: dict | None = None,
+        spec_logits: dict | None = None,
+    ):
         self.req_ids, self.logits, self.prompt_logits = req_ids, logits, prompt_logits or {}
         self.hidden_states, self.spec_logits = hidden_states or {}, spec_logits or {}
-    def __repr__(self): return f"ModelRunnerOutput(req_ids={self.req_ids}, logits={tuple(self.logits.shape)}, prompt_logits={list(self.prompt_logits)})"
+
+    def __repr__(self):
+        return f"ModelRunnerOutput(req_ids={self.req_ids}, logits={tuple(self.logits.shape)}, prompt_logits={list(self.prompt_logits)})"
 
 # %% ../nbs/05_model.ipynb #56500c62
-IN_PLACE_BACKENDS = {"cpu": cpu_paged_attention, "inductor": inductor_paged_attention}   # the CPU's backends that read decodes in place
+IN_PLACE_BACKENDS = {
+    "cpu": cpu_paged_attention,
+    "inductor": inductor_paged_attention,
+}  # the CPU's backends that read decodes in place
+
 
 class ModelRunner:
     "Owns the model and its paged KV cache; turns a `SchedulerOutput` into logits."
+
     def __init__(self, config: EngineConfig, device: torch.device | None = None):
         self.config = config
         mc, cc = config.model_config, config.cache_config
-        self.device, self.dtype, self.block_size = device or config.device_config.device, mc.dtype, cc.block_size
+        self.device, self.dtype, self.block_size = (
+            device or config.device_config.device,
+            mc.dtype,
+            cc.block_size,
+        )
         torch.manual_seed(mc.seed)
         self.model = self.load_model()
-        self.attention_backend, self._attention_compiled, self._attention_switched = mc.attention_backend, False, False
-        if mc.attention_backend in IN_PLACE_BACKENDS:   # gather until the in-place kernel is ready (below)
-            for layer in self.model.layers: layer.self_attn.attn_fn = torch_paged_attention
-        if self.device.type == "cpu": self.model.pack_weights()   # oneDNN-prepacked linear weights (see `Linear`)
-        if mc.attention_backend == "cpu": self.switch_attention()  # the C kernel: built (or loaded) now, used from the first step
-        self.num_blocks = self.agree_num_blocks(self.determine_num_blocks())   # (determine_num_blocks: below)
+        self.attention_backend, self._attention_compiled, self._attention_switched = (
+            mc.attention_backend,
+            False,
+            False,
+        )
+        if (
+            mc.attention_backend in IN_PLACE_BACKENDS
+        ):  # gather until the in-place kernel is ready (below)
+            for layer in self.model.layers:
+                layer.self_attn.attn_fn = torch_paged_attention
+        if self.device.type == "cpu":
+            self.model.pack_weights()  # oneDNN-prepacked linear weights (see `Linear`)
+        if mc.attention_backend == "cpu":
+            self.switch_attention()  # the C kernel: built (or loaded) now, used from the first step
+        self.num_blocks = self.agree_num_blocks(
+            self.determine_num_blocks()
+        )  # (determine_num_blocks: below)
         cc.num_gpu_blocks = self.num_blocks
-        self.kv_caches = [torch.zeros(self.kv_cache_shape(), dtype=self.dtype, device=self.device)
-                          for _ in range(mc.get_num_layers())]
+        self.kv_caches = [
+            torch.zeros(self.kv_cache_shape(), dtype=self.dtype, device=self.device)
+            for _ in range(mc.get_num_layers())
+        ]
         self.timings: dict[str, float] | None = None
-        self.lora_manager = None   # LoRA (lesson 05c) plugs in here: told each step's rows before the forward pass
+        self.lora_manager = (
+            None  # LoRA (lesson 05c) plugs in here: told each step's rows before the forward pass
+        )
 
     # Three steps of building a runner that the tensor-parallel worker (a later notebook) overrides for its shard:
     def load_model(self) -> LlamaForCausalLM:
         "The model of the config, with its weights, on this runner's device."
         mc = self.config.model_config
-        if mc.quantization == "gguf":   # the GGUF file's own quantized weights (lesson 04b)
-            return load_gguf_model(mc.gguf_file, mc.hf_config, mc.dtype, self.device, mc.attention_backend, mc.max_model_len)
-        return load_model(mc.model, mc.hf_config, mc.dtype, self.device, mc.attention_backend, mc.max_model_len)
+        if mc.quantization == "gguf":  # the GGUF file's own quantized weights (lesson 04b)
+            return load_gguf_model(
+                mc.gguf_file,
+                mc.hf_config,
+                mc.dtype,
+                self.device,
+                mc.attention_backend,
+                mc.max_model_len,
+            )
+        return load_model(
+            mc.model, mc.hf_config, mc.dtype, self.device, mc.attention_backend, mc.max_model_len
+        )
+
     def prepare_attention(self) -> bool:
         "Compile the in-place decode kernel of the `cpu` or `inductor` backend (lesson 04) now, once; False where it cannot be (it says why, and keeps the torch backend)."
         backend = self.attention_backend
-        if backend not in IN_PLACE_BACKENDS or self._attention_compiled: return self._attention_compiled
+        if backend not in IN_PLACE_BACKENDS or self._attention_compiled:
+            return self._attention_compiled
         a, t = self.model.layers[0].self_attn, time.perf_counter()
         try:
-            if backend == "cpu": build_decode_kernel(self.block_size, a.num_heads // a.num_kv_heads, a.head_dim, self.dtype)
-            else: warm_up_decode_in_place(a.num_heads, a.num_kv_heads, a.head_dim, self.block_size, self.dtype, a.scale, self.device)
-        except Exception as e:   # typically no C compiler: the torch backend needs none
-            logging.getLogger("minivllm").warning("attention_backend=%r could not compile its decode kernel (%s: %s); "
-                                                  "attending with the torch backend instead.", backend, type(e).__name__, str(e)[:300])
+            if backend == "cpu":
+                build_decode_kernel(
+                    self.block_size, a.num_heads // a.num_kv_heads, a.head_dim, self.dtype
+                )
+            else:
+                warm_up_decode_in_place(
+                    a.num_heads,
+                    a.num_kv_heads,
+                    a.head_dim,
+                    self.block_size,
+                    self.dtype,
+                    a.scale,
+                    self.device,
+                )
+        except Exception as e:  # typically no C compiler: the torch backend needs none
+            logging.getLogger("minivllm").warning(
+                "attention_backend=%r could not compile its decode kernel (%s: %s); "
+                "attending with the torch backend instead.",
+                backend,
+                type(e).__name__,
+                str(e)[:300],
+            )
             self.attention_backend = "torch"
             return False
-        logging.getLogger("minivllm").info("prepared the in-place decode attention (%s) in %.1f s", backend, time.perf_counter() - t)
+        logging.getLogger("minivllm").info(
+            "prepared the in-place decode attention (%s) in %.1f s",
+            backend,
+            time.perf_counter() - t,
+        )
         self._attention_compiled = True
         return True
+
     def switch_attention(self) -> str:
         "Attend with the in-place kernel from now on (compiling it first if need be); the backend the layers use."
-        if self.attention_backend in IN_PLACE_BACKENDS and not self._attention_switched and self.prepare_attention():
-            for layer in self.model.layers: layer.self_attn.attn_fn = IN_PLACE_BACKENDS[self.attention_backend]
+        if (
+            self.attention_backend in IN_PLACE_BACKENDS
+            and not self._attention_switched
+            and self.prepare_attention()
+        ):
+            for layer in self.model.layers:
+                layer.self_attn.attn_fn = IN_PLACE_BACKENDS[self.attention_backend]
             self._attention_switched = True
         return self.attention_backend
+
     def agree_num_blocks(self, n: int) -> int:
         "The number of KV blocks all processes can afford (one process: nobody to agree with)."
         return n
+
     def kv_cache_shape(self) -> tuple[int, ...]:
         "Shape of one layer's cache: `[2, num_blocks, block_size, kv_heads, head_dim]`."
         mc = self.config.model_config
@@ -579,101 +865,184 @@ class ModelRunner:
     def block_bytes(self) -> int:
         "Bytes of one KV block over all layers (keys and values)."
         mc = self.config.model_config
-        return 2 * mc.get_num_layers() * self.block_size * mc.get_num_kv_heads() * mc.get_head_size() * self.dtype.itemsize
+        return (
+            2
+            * mc.get_num_layers()
+            * self.block_size
+            * mc.get_num_kv_heads()
+            * mc.get_head_size()
+            * self.dtype.itemsize
+        )
 
 # %% ../nbs/05_model.ipynb #94e8101f
 @patch
 def determine_num_blocks(self: ModelRunner) -> int:
     "KV blocks: `num_gpu_blocks_override`, else what `kv_cache_memory_bytes` holds, else what profiling leaves free."
     cc = self.config.cache_config
-    if cc.num_gpu_blocks_override: return cc.num_gpu_blocks_override
-    if cc.kv_cache_memory_bytes: return max(cc.kv_cache_memory_bytes // self.block_bytes, 1)
+    if cc.num_gpu_blocks_override:
+        return cc.num_gpu_blocks_override
+    if cc.kv_cache_memory_bytes:
+        return max(cc.kv_cache_memory_bytes // self.block_bytes, 1)
     return self.profile_num_blocks()
+
 
 @patch
 @torch.inference_mode()
 def profile_num_blocks(self: ModelRunner) -> int:
     "GPU: run a full-budget forward pass, then give the KV cache what `gpu_memory_utilization` leaves."
     from minivllm.scheduler import ScheduledSeq
+
     mc, n = self.config.model_config, self.config.scheduler_config.max_num_batched_tokens
-    L, seqs, nb = min(n, mc.max_model_len), [], 0   # the budget as prompts of at most max_model_len tokens (positions exist)
+    L, seqs, nb = (
+        min(n, mc.max_model_len),
+        [],
+        0,
+    )  # the budget as prompts of at most max_model_len tokens (positions exist)
     for i, s in enumerate(range(0, n, L)):
-        m = min(L, n - s); k = -(-m // self.block_size)
-        seqs.append(ScheduledSeq(f"profile{i}", [0] * m, 0, list(range(nb, nb + k)), True, True)); nb += k
-    caches = [torch.zeros(2, nb, self.block_size, mc.get_num_kv_heads(), mc.get_head_size(), dtype=self.dtype,
-                          device=self.device) for _ in range(mc.get_num_layers())]
+        m = min(L, n - s)
+        k = -(-m // self.block_size)
+        seqs.append(ScheduledSeq(f"profile{i}", [0] * m, 0, list(range(nb, nb + k)), True, True))
+        nb += k
+    caches = [
+        torch.zeros(
+            2,
+            nb,
+            self.block_size,
+            mc.get_num_kv_heads(),
+            mc.get_head_size(),
+            dtype=self.dtype,
+            device=self.device,
+        )
+        for _ in range(mc.get_num_layers())
+    ]
     torch.cuda.reset_peak_memory_stats(self.device)
     ids, pos, md, _ = self.prepare_inputs(SchedulerOutput(seqs))
     self.model.compute_logits(self.model(ids, pos, caches, md)[-1:])
     torch.cuda.synchronize(self.device)
-    peak = torch.cuda.max_memory_allocated(self.device) - sum(c.numel() * c.element_size() for c in caches)
+    peak = torch.cuda.max_memory_allocated(self.device) - sum(
+        c.numel() * c.element_size() for c in caches
+    )
     del caches
-    torch.cuda.empty_cache()   # hand freed blocks back: the KV cache is allocated in a few large pieces right after
+    torch.cuda.empty_cache()  # hand freed blocks back: the KV cache is allocated in a few large pieces right after
     free, total = torch.cuda.mem_get_info(self.device)
-    other = total - free - torch.cuda.memory_reserved(self.device)   # other processes, CUDA context
+    other = total - free - torch.cuda.memory_reserved(self.device)  # other processes, CUDA context
     budget = total * self.config.cache_config.gpu_memory_utilization - peak - other
-    if budget < self.block_bytes: raise ValueError("no memory left for the KV cache: raise gpu_memory_utilization or use a smaller model")
+    if budget < self.block_bytes:
+        raise ValueError(
+            "no memory left for the KV cache: raise gpu_memory_utilization or use a smaller model"
+        )
     return int(budget // self.block_bytes)
 
 # %% ../nbs/05_model.ipynb #5548a920
 @patch
 def prepare_inputs(self: ModelRunner, scheduler_output: SchedulerOutput):
     "Flatten a step: (input_ids, positions, metadata, ordered seqs): decodes first, by context length, then prefills."
-    decodes = sorted((s for s in scheduler_output.seqs if s.num_tokens == 1), key=lambda s: s.start_pos)
+    decodes = sorted(
+        (s for s in scheduler_output.seqs if s.num_tokens == 1), key=lambda s: s.start_pos
+    )
     seqs = decodes + [s for s in scheduler_output.seqs if s.num_tokens != 1]
     ids, pos = [], []
     for s in seqs:
         ids += s.token_ids
-        if s.num_tokens == 1: pos.append(s.start_pos)
-        else: pos += range(s.start_pos, s.start_pos + s.num_tokens)
-    md = build_metadata([s.start_pos + s.num_tokens for s in seqs], [s.num_tokens for s in seqs],
-                        [s.block_ids for s in seqs], self.block_size, self.device)
-    return (torch.tensor(ids, dtype=torch.int64, device=self.device), torch.tensor(pos, dtype=torch.int64, device=self.device),
-            md, seqs)
+        if s.num_tokens == 1:
+            pos.append(s.start_pos)
+        else:
+            pos += range(s.start_pos, s.start_pos + s.num_tokens)
+    md = build_metadata(
+        [s.start_pos + s.num_tokens for s in seqs],
+        [s.num_tokens for s in seqs],
+        [s.block_ids for s in seqs],
+        self.block_size,
+        self.device,
+    )
+    return (
+        torch.tensor(ids, dtype=torch.int64, device=self.device),
+        torch.tensor(pos, dtype=torch.int64, device=self.device),
+        md,
+        seqs,
+    )
 
 # %% ../nbs/05_model.ipynb #71e18409
-INPLACE_MIN_DECODES = 8   # the first step with this many decodes switches to the in-place kernel (see above)
+INPLACE_MIN_DECODES = (
+    8  # the first step with this many decodes switches to the in-place kernel (see above)
+)
+
 
 @patch
 def run_model(self: ModelRunner, input_ids, positions, md: AttentionMetadata) -> torch.Tensor:
     "The model's hidden states of one flattened step (the one call the compiled runner of lesson 05b replaces)."
-    if self.attention_backend == "inductor" and not self._attention_switched and md.num_decodes >= INPLACE_MIN_DECODES:
+    if (
+        self.attention_backend == "inductor"
+        and not self._attention_switched
+        and md.num_decodes >= INPLACE_MIN_DECODES
+    ):
         self.switch_attention()
     return self.model(input_ids, positions, self.kv_caches, md)
 
+
 @patch
 @torch.inference_mode()
-def execute_model(self: ModelRunner, scheduler_output: SchedulerOutput, *,
-                  prompt_logprobs_reqs: dict[str, int] | None = None, pooling_reqs=None) -> ModelRunnerOutput:
+def execute_model(
+    self: ModelRunner,
+    scheduler_output: SchedulerOutput,
+    *,
+    prompt_logprobs_reqs: dict[str, int] | None = None,
+    pooling_reqs=None,
+) -> ModelRunnerOutput:
     """Run one step: the ids of the requests that sample and their logits `[n, vocab]` (float32), and the
     prompt-position logits of the requests in `prompt_logprobs_reqs` (request id → number of prompt tokens;
     `None` or empty: no request wants them). The requests in `pooling_reqs` (pooling requests) get no logits: their
     chunk's hidden rows come back in `hidden_states` instead. The engine core calls it the same way:
     `execute_model(scheduler_output, prompt_logprobs_reqs=...)`, adding `pooling_reqs=...` when some request pools."""
     tm = self.timings
-    if tm is not None: t0 = _clock(self.device)
+    if tm is not None:
+        t0 = _clock(self.device)
     input_ids, positions, md, seqs = self.prepare_inputs(scheduler_output)
-    if self.lora_manager is not None: self.lora_manager.prepare_step(seqs, md.query_start_loc_cpu)   # each row's adapter
-    if tm is not None: t1 = _clock(self.device)
+    if self.lora_manager is not None:
+        self.lora_manager.prepare_step(seqs, md.query_start_loc_cpu)  # each row's adapter
+    if tm is not None:
+        t1 = _clock(self.device)
     hidden = self.run_model(input_ids, positions, md)
-    if tm is not None: t2 = _clock(self.device)
+    if tm is not None:
+        t2 = _clock(self.device)
     pool = pooling_reqs or ()
     q = md.query_start_loc_cpu
-    hidden_states = {s.req_id: hidden[int(q[i]):int(q[i + 1])] for i, s in enumerate(seqs) if s.req_id in pool}
+    hidden_states = {
+        s.req_id: hidden[int(q[i]) : int(q[i + 1])] for i, s in enumerate(seqs) if s.req_id in pool
+    }
     rows = [int(q[i + 1]) - 1 for i, s in enumerate(seqs) if s.sample and s.req_id not in pool]
-    spans = []   # (req id, first position, first row, number of rows) of the prompt positions asked for
+    spans = []  # (req id, first position, first row, number of rows) of the prompt positions asked for
     for i, s in enumerate(seqs):
         if prompt_logprobs_reqs and s.req_id in prompt_logprobs_reqs:
-            m = min(s.num_tokens, prompt_logprobs_reqs[s.req_id] - 1 - s.start_pos)   # positions with a next prompt token
-            if m > 0: spans.append((s.req_id, s.start_pos, int(md.query_start_loc_cpu[i]), m))
-    spec = [(s.req_id, int(q[i + 1]) - 1 - len(s.spec_token_ids), len(s.spec_token_ids)) for i, s in enumerate(seqs) if s.spec_token_ids]
-    extra = [r for _, _, r0, m in spans for r in range(r0, r0 + m)] + [r for _, r0, m in spec for r in range(r0, r0 + m)]
-    logits = self.model.compute_logits(hidden[rows + extra])   # one LM-head call for every kind of row
+            m = min(
+                s.num_tokens, prompt_logprobs_reqs[s.req_id] - 1 - s.start_pos
+            )  # positions with a next prompt token
+            if m > 0:
+                spans.append((s.req_id, s.start_pos, int(md.query_start_loc_cpu[i]), m))
+    spec = [
+        (s.req_id, int(q[i + 1]) - 1 - len(s.spec_token_ids), len(s.spec_token_ids))
+        for i, s in enumerate(seqs)
+        if s.spec_token_ids
+    ]
+    extra = [r for _, _, r0, m in spans for r in range(r0, r0 + m)] + [
+        r for _, r0, m in spec for r in range(r0, r0 + m)
+    ]
+    logits = self.model.compute_logits(
+        hidden[rows + extra]
+    )  # one LM-head call for every kind of row
     prompt_logits, spec_logits, j = {}, {}, len(rows)
-    for rid, p0, _, m in spans: prompt_logits[rid], j = (p0, logits[j:j + m]), j + m
-    for rid, _, m in spec: spec_logits[rid], j = logits[j:j + m], j + m
+    for rid, p0, _, m in spans:
+        prompt_logits[rid], j = (p0, logits[j : j + m]), j + m
+    for rid, _, m in spec:
+        spec_logits[rid], j = logits[j : j + m], j + m
     if tm is not None:
         t3 = _clock(self.device)
-        for k, dt in (("prepare", t1 - t0), ("forward", t2 - t1), ("logits", t3 - t2)): tm[k] = tm.get(k, 0.0) + dt
-    return ModelRunnerOutput([s.req_id for s in seqs if s.sample and s.req_id not in pool], logits[:len(rows)],
-                             prompt_logits, hidden_states, spec_logits)
+        for k, dt in (("prepare", t1 - t0), ("forward", t2 - t1), ("logits", t3 - t2)):
+            tm[k] = tm.get(k, 0.0) + dt
+    return ModelRunnerOutput(
+        [s.req_id for s in seqs if s.sample and s.req_id not in pool],
+        logits[: len(rows)],
+        prompt_logits,
+        hidden_states,
+        spec_logits,
+    )

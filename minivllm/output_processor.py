@@ -4,11 +4,19 @@
 
 # %% ../nbs/10_output_processor.ipynb #fa633a7f
 from __future__ import annotations
-import logging, time
+import logging
+import time
 from dataclasses import dataclass
 from fastcore.basics import patch
-from .config import (SamplingParams, RequestOutput, CompletionOutput, RequestMetrics, RequestOutputKind,
-                             PoolingOutput, PoolingRequestOutput)
+from minivllm.config import (
+    SamplingParams,
+    RequestOutput,
+    CompletionOutput,
+    RequestMetrics,
+    RequestOutputKind,
+    PoolingOutput,
+    PoolingRequestOutput,
+)
 from .request import Request
 from .scheduler import SchedulerOutput
 from .sampler import decode_logprobs
@@ -24,123 +32,183 @@ logger = logging.getLogger("minivllm")
 # %% ../nbs/10_output_processor.ipynb #d8a2fba5
 _INVALID_PREFIX = "Invalid prefix encountered"
 
+
 def prompt_suffix_for_priming(tokenizer, prompt_token_ids: list[int]) -> list[int]:
     "The shortest suffix of at least 4 prompt tokens that decodes to whole characters (the whole prompt if none does)."
     ids = list(prompt_token_ids)
-    if len(ids) <= 4: return ids
+    if len(ids) <= 4:
+        return ids
     for i in range(4, min(len(ids) + 1, 24)):
-        if "\ufffd" not in tokenizer.decode(ids[-i:]): return ids[-i:]
+        if "\ufffd" not in tokenizer.decode(ids[-i:]):
+            return ids[-i:]
     return ids
+
 
 class IncrementalDetokenizer:
     "Token ids in, text out, never splitting a character."
-    def __init__(self, tokenizer, prompt_token_ids: list[int], skip_special_tokens: bool = True,
-                 spaces_between_special_tokens: bool = True):
+
+    def __init__(
+        self,
+        tokenizer,
+        prompt_token_ids: list[int],
+        skip_special_tokens: bool = True,
+        spaces_between_special_tokens: bool = True,
+    ):
         self.tokenizer, self.skip_special_tokens = tokenizer, skip_special_tokens
-        self.spaces_between_special_tokens = spaces_between_special_tokens   # slow tokenizers only (fast ones ignore it)
-        self.fast = getattr(tokenizer, "_tokenizer", None)     # the `tokenizers` object of a fast tokenizer
+        self.spaces_between_special_tokens = (
+            spaces_between_special_tokens  # slow tokenizers only (fast ones ignore it)
+        )
+        self.fast = getattr(
+            tokenizer, "_tokenizer", None
+        )  # the `tokenizers` object of a fast tokenizer
         suffix = prompt_suffix_for_priming(tokenizer, prompt_token_ids)
         if self.fast is not None:
             from tokenizers.decoders import DecodeStream
+
             self.stream = DecodeStream(skip_special_tokens=skip_special_tokens)
-            for t in suffix: self._fast_step(t)
-        else:   # vLLM's offsets algorithm, for slow tokenizers
+            for t in suffix:
+                self._fast_step(t)
+        else:  # vLLM's offsets algorithm, for slow tokenizers
             self.ids, self.prefix_offset, self.read_offset = suffix, 0, len(suffix)
 
     def _fast_step(self, token_id: int) -> str:
         from tokenizers.decoders import DecodeStream
-        try: return self.stream.step(self.fast, token_id) or ""
+
+        try:
+            return self.stream.step(self.fast, token_id) or ""
         except Exception as e:
-            if not str(e).startswith(_INVALID_PREFIX): raise
+            if not str(e).startswith(_INVALID_PREFIX):
+                raise
             logger.warning("detokenizer: invalid prefix, starting a fresh decode stream")
             self.stream = DecodeStream(skip_special_tokens=self.skip_special_tokens)
             return self.stream.step(self.fast, token_id) or ""
 
     def step(self, token_id: int) -> str:
         "The text that `token_id` completes ('' while a character is still incomplete)."
-        if self.fast is not None: return self._fast_step(token_id)
+        if self.fast is not None:
+            return self._fast_step(token_id)
         self.ids.append(token_id)
-        dec = lambda a, b: self.tokenizer.decode(self.ids[a:b], skip_special_tokens=self.skip_special_tokens,
-                                                 spaces_between_special_tokens=self.spaces_between_special_tokens)
+        dec = lambda a, b: self.tokenizer.decode(
+            self.ids[a:b],
+            skip_special_tokens=self.skip_special_tokens,
+            spaces_between_special_tokens=self.spaces_between_special_tokens,
+        )
         prefix, new = dec(self.prefix_offset, self.read_offset), dec(self.prefix_offset, None)
-        if len(new) <= len(prefix) or new.endswith("\ufffd"): return ""
+        if len(new) <= len(prefix) or new.endswith("\ufffd"):
+            return ""
         self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
-        return new[len(prefix):]
+        return new[len(prefix) :]
 
 # %% ../nbs/10_output_processor.ipynb #2a5f5502
-def find_stop_string(text: str, num_new_chars: int, stops: list[str], include: bool) -> tuple[str, int] | None:
+def find_stop_string(
+    text: str, num_new_chars: int, stops: list[str], include: bool
+) -> tuple[str, int] | None:
     "The first stop string that the last `num_new_chars` characters completed, and the length to cut `text` to."
-    if not num_new_chars: return None
+    if not num_new_chars:
+        return None
     for s in stops:
         i = text.find(s, max(0, len(text) - num_new_chars - len(s) + 1))
-        if i != -1: return s, (i + len(s) if include else i)
+        if i != -1:
+            return s, (i + len(s) if include else i)
     return None
 
 # %% ../nbs/10_output_processor.ipynb #070c1380
 class SequenceDetokenizer:
     "One sequence's token ids and text: incremental decoding, stop strings, hold-back."
+
     def __init__(self, tokenizer, prompt_token_ids: list[int], params: SamplingParams):
-        self.decoder = (IncrementalDetokenizer(tokenizer, prompt_token_ids, params.skip_special_tokens, params.spaces_between_special_tokens)
-                        if params.detokenize else None)
+        self.decoder = (
+            IncrementalDetokenizer(
+                tokenizer,
+                prompt_token_ids,
+                params.skip_special_tokens,
+                params.spaces_between_special_tokens,
+            )
+            if params.detokenize
+            else None
+        )
         self.stop, self.include_stop = list(params.stop), params.include_stop_str_in_output
         self.min_tokens = params.min_tokens
-        self.stop_buffer_length = max(map(len, self.stop)) - 1 if self.stop and not self.include_stop else 0
+        self.stop_buffer_length = (
+            max(map(len, self.stop)) - 1 if self.stop and not self.include_stop else 0
+        )
         self.token_ids: list[int] = []
         self.output_text = ""
         self._sent_chars = 0
 
     def update(self, new_token_ids: list[int], stop_terminated: bool) -> str | None:
         "Append the step's tokens; return the stop string they completed (the text is then cut), if any."
-        if not new_token_ids: return None
-        if self.stop and len(new_token_ids) > 1:   # several tokens in one step (speculative decoding): check each,
-            for i, t in enumerate(new_token_ids):  # so the text and tokens end where one-token steps would end them
+        if not new_token_ids:
+            return None
+        if (
+            self.stop and len(new_token_ids) > 1
+        ):  # several tokens in one step (speculative decoding): check each,
+            for i, t in enumerate(
+                new_token_ids
+            ):  # so the text and tokens end where one-token steps would end them
                 hit = self.update([t], stop_terminated and i == len(new_token_ids) - 1)
-                if hit is not None: return hit
+                if hit is not None:
+                    return hit
             return None
         skipped = None
-        if stop_terminated and not self.include_stop: skipped, new_token_ids = new_token_ids[-1], new_token_ids[:-1]
+        if stop_terminated and not self.include_stop:
+            skipped, new_token_ids = new_token_ids[-1], new_token_ids[:-1]
         check_from = len(self.output_text)
         for t in new_token_ids:
             self.token_ids.append(t)
-            if self.decoder is not None: self.output_text += self.decoder.step(t)
-            if len(self.token_ids) <= self.min_tokens: check_from = len(self.output_text)
-        if skipped is not None: self.token_ids.append(skipped)
+            if self.decoder is not None:
+                self.output_text += self.decoder.step(t)
+            if len(self.token_ids) <= self.min_tokens:
+                check_from = len(self.output_text)
+        if skipped is not None:
+            self.token_ids.append(skipped)
         if self.stop and len(self.token_ids) > self.min_tokens:
-            hit = find_stop_string(self.output_text, len(self.output_text) - check_from, self.stop, self.include_stop)
+            hit = find_stop_string(
+                self.output_text, len(self.output_text) - check_from, self.stop, self.include_stop
+            )
             if hit is not None:
-                self.output_text = self.output_text[:hit[1]]
+                self.output_text = self.output_text[: hit[1]]
                 return hit[0]
         return None
 
     def get_next_output_text(self, finished: bool, delta: bool) -> str:
         "The visible text (all of it, or only what is new when `delta`); the hold-back is released when finished."
         end = len(self.output_text) - (0 if finished else self.stop_buffer_length)
-        if not delta: return self.output_text[:max(end, 0)]
-        if end <= self._sent_chars: return ""
-        text, self._sent_chars = self.output_text[self._sent_chars:end], end
+        if not delta:
+            return self.output_text[: max(end, 0)]
+        if end <= self._sent_chars:
+            return ""
+        text, self._sent_chars = self.output_text[self._sent_chars : end], end
         return text
 
 # %% ../nbs/10_output_processor.ipynb #f095e853
 @dataclass
 class SequenceState:
     "What the output processor knows of one sequence (one child of a request)."
+
     request_id: str
     index: int
     detok: SequenceDetokenizer
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     logprobs: list | None = None
-    cumulative_logprob: float | None = None   # sum of the sampled tokens' logprobs (None: logprobs not asked for)
-    decode_logprobs: bool = True              # fill in `decoded_token` (False with detokenize=False, as in vLLM)
+    cumulative_logprob: float | None = (
+        None  # sum of the sampled tokens' logprobs (None: logprobs not asked for)
+    )
+    decode_logprobs: bool = (
+        True  # fill in `decoded_token` (False with detokenize=False, as in vLLM)
+    )
     sent_tokens: int = 0
     sent_logprobs: int = 0
     done_sent: bool = False
     first_token_time: float | None = None
     last_token_time: float | None = None
 
+
 @dataclass
 class RequestState:
     "A user's request: prompt, `n` sequences, output kind, timing."
+
     request_id: str
     prompt: str | None
     prompt_token_ids: list[int]
@@ -149,39 +217,60 @@ class RequestState:
     metrics: RequestMetrics
     num_cached_tokens: int = 0
     prompt_logprobs: list | None = None
-    prompt_logprobs_sent: bool = False     # DELTA outputs carry the prompt logprobs once
+    prompt_logprobs_sent: bool = False  # DELTA outputs carry the prompt logprobs once
+
     @property
-    def finished(self) -> bool: return all(s.finish_reason is not None for s in self.seqs)
+    def finished(self) -> bool:
+        return all(s.finish_reason is not None for s in self.seqs)
+
 
 @dataclass
 class OutputProcessorOutput:
     "One step's `RequestOutput`s, and the sequences the core must stop because the text hit a stop string."
+
     request_outputs: list[RequestOutput]
     reqs_to_abort: list[str]
 
 # %% ../nbs/10_output_processor.ipynb #d6f9fb75
 class OutputProcessor:
     "Detokenize, check stop strings, build `RequestOutput`s, measure (vLLM's `OutputProcessor`)."
+
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
         self.requests: dict[str, RequestState] = {}
-        self.seq_of: dict[str, tuple[RequestState, SequenceState]] = {}   # sequence (core) id -> (request, sequence)
+        self.seq_of: dict[
+            str, tuple[RequestState, SequenceState]
+        ] = {}  # sequence (core) id -> (request, sequence)
 
     def add_request(self, request_id: str, children: list[Request]):
         "Follow a user request: its `Request`s (one, or the `n` children of the processor) become its sequences."
         r0 = children[0]
-        seqs = [SequenceState(c.request_id, i, SequenceDetokenizer(self.tokenizer, c.prompt_token_ids, c.sampling_params),
-                              cumulative_logprob=None if c.sampling_params.logprobs is None else 0.0,
-                              decode_logprobs=c.sampling_params.detokenize)
-                for i, c in enumerate(children)]
-        st = RequestState(request_id, r0.prompt, r0.prompt_token_ids, seqs, r0.sampling_params.output_kind,
-                          RequestMetrics(r0.arrival_time))
+        seqs = [
+            SequenceState(
+                c.request_id,
+                i,
+                SequenceDetokenizer(self.tokenizer, c.prompt_token_ids, c.sampling_params),
+                cumulative_logprob=None if c.sampling_params.logprobs is None else 0.0,
+                decode_logprobs=c.sampling_params.detokenize,
+            )
+            for i, c in enumerate(children)
+        ]
+        st = RequestState(
+            request_id,
+            r0.prompt,
+            r0.prompt_token_ids,
+            seqs,
+            r0.sampling_params.output_kind,
+            RequestMetrics(r0.arrival_time),
+        )
         self.requests[request_id] = st
-        for s in seqs: self.seq_of[s.request_id] = (st, s)
+        for s in seqs:
+            self.seq_of[s.request_id] = (st, s)
 
     def has_unfinished_requests(self) -> bool:
         "Whether some user request has not finished yet."
         return bool(self.requests)
+
     def get_num_unfinished_requests(self) -> int:
         "The number of user requests not finished yet."
         return len(self.requests)
@@ -189,105 +278,201 @@ class OutputProcessor:
     def note_scheduled(self, sched_out: SchedulerOutput, now: float):
         "Record the first time each request is scheduled."
         for s in sched_out.seqs:
-            if (x := self.seq_of.get(s.req_id)) and x[0].metrics.first_scheduled_time is None: x[0].metrics.first_scheduled_time = now
+            if (x := self.seq_of.get(s.req_id)) and x[0].metrics.first_scheduled_time is None:
+                x[0].metrics.first_scheduled_time = now
 
 # %% ../nbs/10_output_processor.ipynb #108ca3d8
 @patch
-def make_output(self: OutputProcessor, st: RequestState, now: float, force: bool = False) -> RequestOutput | None:
+def make_output(
+    self: OutputProcessor, st: RequestState, now: float, force: bool = False
+) -> RequestOutput | None:
     "The `RequestOutput` of `st` in its output kind (None when there is nothing to say)."
     finished, delta = st.finished, st.output_kind == RequestOutputKind.DELTA
-    if st.output_kind == RequestOutputKind.FINAL_ONLY and not finished: return None
+    if st.output_kind == RequestOutputKind.FINAL_ONLY and not finished:
+        return None
     outs = []
     for s in st.seqs:
         done = s.finish_reason is not None
         text = s.detok.get_next_output_text(done, delta)
         if delta:
-            toks, lps = s.detok.token_ids[s.sent_tokens:], (s.logprobs[s.sent_logprobs:] if s.logprobs is not None else None)
-            if not text and not toks and (not done or s.done_sent): continue
-        else: toks, lps = list(s.detok.token_ids), (list(s.logprobs) if s.logprobs is not None else None)
-        s.sent_tokens, s.sent_logprobs, s.done_sent = len(s.detok.token_ids), len(s.logprobs or []), done
-        outs.append(CompletionOutput(s.index, text, toks, s.cumulative_logprob, lps, s.finish_reason, s.stop_reason))
-    if not outs and not (force and finished): return None
+            toks, lps = (
+                s.detok.token_ids[s.sent_tokens :],
+                (s.logprobs[s.sent_logprobs :] if s.logprobs is not None else None),
+            )
+            if not text and not toks and (not done or s.done_sent):
+                continue
+        else:
+            toks, lps = (
+                list(s.detok.token_ids),
+                (list(s.logprobs) if s.logprobs is not None else None),
+            )
+        s.sent_tokens, s.sent_logprobs, s.done_sent = (
+            len(s.detok.token_ids),
+            len(s.logprobs or []),
+            done,
+        )
+        outs.append(
+            CompletionOutput(
+                s.index, text, toks, s.cumulative_logprob, lps, s.finish_reason, s.stop_reason
+            )
+        )
+    if not outs and not (force and finished):
+        return None
     prompt_lps = st.prompt_logprobs
-    if delta and prompt_lps is not None: st.prompt_logprobs, st.prompt_logprobs_sent = None, True   # sent once
+    if delta and prompt_lps is not None:
+        st.prompt_logprobs, st.prompt_logprobs_sent = None, True  # sent once
     if finished:
         st.metrics.finished_time = now
         self.requests.pop(st.request_id, None)
-        for s in st.seqs: self.seq_of.pop(s.request_id, None)
-    return RequestOutput(st.request_id, st.prompt, st.prompt_token_ids, prompt_lps, outs, finished,
-                         st.metrics, st.num_cached_tokens)
+        for s in st.seqs:
+            self.seq_of.pop(s.request_id, None)
+    return RequestOutput(
+        st.request_id,
+        st.prompt,
+        st.prompt_token_ids,
+        prompt_lps,
+        outs,
+        finished,
+        st.metrics,
+        st.num_cached_tokens,
+    )
 
 # %% ../nbs/10_output_processor.ipynb #4dfd79cf
 @patch
-def _update_timing(self: OutputProcessor, st: RequestState, seq: SequenceState, eco: EngineCoreOutput, now: float, stats):
+def _update_timing(
+    self: OutputProcessor,
+    st: RequestState,
+    seq: SequenceState,
+    eco: EngineCoreOutput,
+    now: float,
+    stats,
+):
     "Note the times of a sequence's new tokens; tell `stats` (if any) about them."
     n = len(eco.new_token_ids)
-    if st.metrics.first_token_time is None: st.metrics.first_token_time = now
-    if not n: return
+    if st.metrics.first_token_time is None:
+        st.metrics.first_token_time = now
+    if not n:
+        return
     first = seq.first_token_time is None
     if stats is not None:
-        stats.update_from_output(n, len(st.prompt_token_ids), first_token_latency=now - st.metrics.arrival_time if first else None,
-                                 inter_token_latency=None if first else now - seq.last_token_time)
-    if first: seq.first_token_time = now
+        stats.update_from_output(
+            n,
+            len(st.prompt_token_ids),
+            first_token_latency=now - st.metrics.arrival_time if first else None,
+            inter_token_latency=None if first else now - seq.last_token_time,
+        )
+    if first:
+        seq.first_token_time = now
     seq.last_token_time = now
 
+
 @patch
-def _finish(self: OutputProcessor, st: RequestState, seq: SequenceState, finish_reason: str, stop_reason, now: float, stats):
+def _finish(
+    self: OutputProcessor,
+    st: RequestState,
+    seq: SequenceState,
+    finish_reason: str,
+    stop_reason,
+    now: float,
+    stats,
+):
     "End a sequence; tell `stats` (if any) its latencies."
     seq.finish_reason, seq.stop_reason = finish_reason, stop_reason
-    if stats is None: return
+    if stats is None:
+        return
     n, m = len(seq.detok.token_ids), st.metrics
     tpot = (seq.last_token_time - seq.first_token_time) / (n - 1) if n > 1 else None
     queued = m.first_scheduled_time - m.arrival_time if m.first_scheduled_time is not None else None
-    stats.update_from_finished_request(finish_reason, now - m.arrival_time, len(st.prompt_token_ids), n, queued, tpot)
+    stats.update_from_finished_request(
+        finish_reason, now - m.arrival_time, len(st.prompt_token_ids), n, queued, tpot
+    )
+
 
 @patch
 def abort(self: OutputProcessor, request_id: str, stats=None) -> RequestOutput | None:
     "End a request here: its final output, with `finish_reason='abort'` for the sequences still running."
     st = self.requests.get(request_id)
-    if st is None: return None
+    if st is None:
+        return None
     now = time.time()
     for s in st.seqs:
-        if s.finish_reason is None: self._finish(st, s, "abort", None, now, stats)
+        if s.finish_reason is None:
+            self._finish(st, s, "abort", None, now, stats)
     return self.make_output(st, now, force=True)
 
 # %% ../nbs/10_output_processor.ipynb #p10a
 @patch
-def _pooled_output(self: OutputProcessor, st: RequestState, seq: SequenceState, eco: EngineCoreOutput, now: float,
-                   stats) -> PoolingRequestOutput:
+def _pooled_output(
+    self: OutputProcessor,
+    st: RequestState,
+    seq: SequenceState,
+    eco: EngineCoreOutput,
+    now: float,
+    stats,
+) -> PoolingRequestOutput:
     "A pooling request's one output, its pooled vector (no text, no tokens); the request is done."
     self._finish(st, seq, "stop", None, now, stats)
     st.metrics.finished_time = now
-    self.requests.pop(st.request_id, None); self.seq_of.pop(seq.request_id, None)
-    return PoolingRequestOutput(st.request_id, PoolingOutput(eco.pooling_output), st.prompt_token_ids,
-                                eco.num_cached_tokens, True, st.prompt)
+    self.requests.pop(st.request_id, None)
+    self.seq_of.pop(seq.request_id, None)
+    return PoolingRequestOutput(
+        st.request_id,
+        PoolingOutput(eco.pooling_output),
+        st.prompt_token_ids,
+        eco.num_cached_tokens,
+        True,
+        st.prompt,
+    )
 
 # %% ../nbs/10_output_processor.ipynb #d928f25e
 @patch
-def process(self: OutputProcessor, core_out: EngineCoreOutputs, stats=None) -> OutputProcessorOutput:
+def process(
+    self: OutputProcessor, core_out: EngineCoreOutputs, stats=None
+) -> OutputProcessorOutput:
     """Turn one step of the core into `RequestOutput`s; say which sequences hit a stop string. `stats` (the
     metrics lesson's `IterationStats`, optional) is told about tokens, latencies and finished sequences."""
     now, touched, to_abort, pooled = core_out.timestamp, {}, [], []
     for eco in core_out.outputs:
-        if (x := self.seq_of.get(eco.request_id)) is None: continue   # aborted meanwhile
+        if (x := self.seq_of.get(eco.request_id)) is None:
+            continue  # aborted meanwhile
         st, seq = x
-        if eco.pooling_output is not None:   # a pooling request: its vector is its whole answer
-            pooled.append(self._pooled_output(st, seq, eco, now, stats)); continue
+        if eco.pooling_output is not None:  # a pooling request: its vector is its whole answer
+            pooled.append(self._pooled_output(st, seq, eco, now, stats))
+            continue
         self._update_timing(st, seq, eco, now, stats)
         st.num_cached_tokens = max(st.num_cached_tokens, eco.num_cached_tokens)
-        if eco.new_prompt_logprobs is not None and st.prompt_logprobs is None and not st.prompt_logprobs_sent:
-            st.prompt_logprobs = decode_logprobs(eco.new_prompt_logprobs, self.tokenizer) if seq.decode_logprobs else eco.new_prompt_logprobs
-        finish_reason, stop_reason, n0 = eco.finish_reason, eco.stop_reason, len(seq.detok.token_ids)
+        if (
+            eco.new_prompt_logprobs is not None
+            and st.prompt_logprobs is None
+            and not st.prompt_logprobs_sent
+        ):
+            st.prompt_logprobs = (
+                decode_logprobs(eco.new_prompt_logprobs, self.tokenizer)
+                if seq.decode_logprobs
+                else eco.new_prompt_logprobs
+            )
+        finish_reason, stop_reason, n0 = (
+            eco.finish_reason,
+            eco.stop_reason,
+            len(seq.detok.token_ids),
+        )
         stop_str = seq.detok.update(eco.new_token_ids, finish_reason == "stop")
-        if eco.new_logprobs is not None:   # only those of the tokens kept (a stop string may end a step's tokens early)
-            new_lps = list(eco.new_logprobs[:len(seq.detok.token_ids) - n0])
-            if seq.decode_logprobs: decode_logprobs(new_lps, self.tokenizer)
+        if (
+            eco.new_logprobs is not None
+        ):  # only those of the tokens kept (a stop string may end a step's tokens early)
+            new_lps = list(eco.new_logprobs[: len(seq.detok.token_ids) - n0])
+            if seq.decode_logprobs:
+                decode_logprobs(new_lps, self.tokenizer)
             seq.logprobs = (seq.logprobs or []) + new_lps
-            seq.cumulative_logprob = (seq.cumulative_logprob or 0.0) + sum(d[t].logprob for t, d in zip(eco.new_token_ids, new_lps))
+            seq.cumulative_logprob = (seq.cumulative_logprob or 0.0) + sum(
+                d[t].logprob for t, d in zip(eco.new_token_ids, new_lps)
+            )
         if stop_str is not None:
             finish_reason, stop_reason = "stop", stop_str
-            if not eco.finished: to_abort.append(eco.request_id)
-        if finish_reason is not None: self._finish(st, seq, finish_reason, stop_reason, now, stats)
+            if not eco.finished:
+                to_abort.append(eco.request_id)
+        if finish_reason is not None:
+            self._finish(st, seq, finish_reason, stop_reason, now, stats)
         touched[st.request_id] = st
     outs = [o for st in touched.values() if (o := self.make_output(st, now)) is not None]
     return OutputProcessorOutput(pooled + outs, to_abort)

@@ -4,7 +4,19 @@
 
 # %% ../nbs/07_tensor_parallel.ipynb #483f0f70
 from __future__ import annotations
-import copy, ctypes, dataclasses, datetime, glob, os, signal, subprocess, sys, threading, time, traceback, weakref
+import copy
+import ctypes
+import dataclasses
+import datetime
+import glob
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 import torch
@@ -25,43 +37,66 @@ def split_evenly(n: int, parts: int) -> list[int]:
     "Sizes of `parts` consecutive pieces of `n` items, differing by at most one (the first ones are bigger)."
     return [n // parts + (i < n % parts) for i in range(parts)]
 
+
 @dataclass
 class TPPlan:
     "How a Llama-family model is split over `world_size` ranks: per rank, its heads, KV heads, MLP features and vocab rows."
+
     world_size: int
     head_dim: int
-    kv_heads: list[int]    # whole KV groups per rank
-    q_heads: list[int]     # = kv_heads × (query heads per KV head)
-    inter: list[int]       # MLP intermediate features
-    vocab: list[int]       # embedding / LM-head rows
+    kv_heads: list[int]  # whole KV groups per rank
+    q_heads: list[int]  # = kv_heads × (query heads per KV head)
+    inter: list[int]  # MLP intermediate features
+    vocab: list[int]  # embedding / LM-head rows
 
     @classmethod
     def from_config(cls, c, world_size: int) -> "TPPlan":
         "The plan for an HF config `c` over `world_size` ranks; a clear `ValueError` when no rank may go without a KV head."
         H, Hkv = c.num_attention_heads, c.num_key_value_heads
         if not isinstance(world_size, int) or world_size < 1:
-            raise ValueError(f"tensor_parallel_size must be a positive integer, got {world_size!r}.")
-        if H % Hkv: raise ValueError(f"{H} query heads do not form groups over {Hkv} KV heads.")
+            raise ValueError(
+                f"tensor_parallel_size must be a positive integer, got {world_size!r}."
+            )
+        if H % Hkv:
+            raise ValueError(f"{H} query heads do not form groups over {Hkv} KV heads.")
         if world_size > Hkv:
-            raise ValueError(f"tensor_parallel_size={world_size} cannot split the model's {Hkv} KV heads: each rank needs "
-                             f"at least one whole KV head (with its group of {H // Hkv} query heads), so "
-                             f"tensor_parallel_size must be between 1 and {Hkv}.")
+            raise ValueError(
+                f"tensor_parallel_size={world_size} cannot split the model's {Hkv} KV heads: each rank needs "
+                f"at least one whole KV head (with its group of {H // Hkv} query heads), so "
+                f"tensor_parallel_size must be between 1 and {Hkv}."
+            )
         kv = split_evenly(Hkv, world_size)
         head_dim = getattr(c, "head_dim", None) or c.hidden_size // H
-        return cls(world_size, head_dim, kv, [k * (H // Hkv) for k in kv], split_evenly(c.intermediate_size, world_size),
-                   split_evenly(c.vocab_size, world_size))
+        return cls(
+            world_size,
+            head_dim,
+            kv,
+            [k * (H // Hkv) for k in kv],
+            split_evenly(c.intermediate_size, world_size),
+            split_evenly(c.vocab_size, world_size),
+        )
 
     def span(self, what: str, rank: int) -> tuple[int, int]:
         "`[start, stop)` of `rank`'s slice of a weight's rows: `what` is 'q', 'kv' (in features: heads × head_dim), 'inter' or 'vocab'."
-        sizes = {"q": self.q_heads, "kv": self.kv_heads, "inter": self.inter, "vocab": self.vocab}[what]
+        sizes = {"q": self.q_heads, "kv": self.kv_heads, "inter": self.inter, "vocab": self.vocab}[
+            what
+        ]
         unit = self.head_dim if what in ("q", "kv") else 1
         start = sum(sizes[:rank])
         return start * unit, (start + sizes[rank]) * unit
 
 # %% ../nbs/07_tensor_parallel.ipynb #1b4dbb4f
-_COLUMN = {"q_proj": "q", "k_proj": "kv", "v_proj": "kv", "gate_proj": "inter", "up_proj": "inter",
-           "embed_tokens": "vocab", "lm_head": "vocab"}
+_COLUMN = {
+    "q_proj": "q",
+    "k_proj": "kv",
+    "v_proj": "kv",
+    "gate_proj": "inter",
+    "up_proj": "inter",
+    "embed_tokens": "vocab",
+    "lm_head": "vocab",
+}
 _ROW = {"o_proj": "q", "down_proj": "inter"}
+
 
 def shard_weight(name: str, t, plan: TPPlan, rank: int) -> torch.Tensor:
     "`rank`'s slice of the checkpoint weight `name`; `t` is a tensor or a safetensors slice (only that part is read)."
@@ -70,65 +105,92 @@ def shard_weight(name: str, t, plan: TPPlan, rank: int) -> torch.Tensor:
         a, b = plan.span(_COLUMN[module], rank)
         return t[a:b]
     if module in _ROW:
-        if kind == "bias": return t[:] if rank == 0 else torch.zeros_like(t[:])
+        if kind == "bias":
+            return t[:] if rank == 0 else torch.zeros_like(t[:])
         a, b = plan.span(_ROW[module], rank)
         return t[:, a:b]
     return t[:]
 
+
 def iter_shard_weights(path, plan: TPPlan, rank: int):
     "Yield `(name, rank's slice)` for every weight of the `*.safetensors` files of a checkpoint directory."
     from safetensors import safe_open
+
     files = sorted(glob.glob(str(Path(path) / "*.safetensors")))
-    if not files: raise FileNotFoundError(f"no *.safetensors files in {path}")
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors files in {path}")
     for f in files:
         with safe_open(f, "pt") as sf:
-            for name in sf.keys(): yield name, shard_weight(name, sf.get_slice(name), plan, rank)
+            for name in sf.keys():
+                yield name, shard_weight(name, sf.get_slice(name), plan, rank)
 
 # %% ../nbs/07_tensor_parallel.ipynb #eab42efd
 def shard_config(hf_config, plan: TPPlan, rank: int):
     "A copy of `hf_config` describing `rank`'s shard: its heads, KV heads, intermediate size and vocabulary rows."
     c = copy.deepcopy(hf_config)
-    c.head_dim = plan.head_dim    # explicit: hidden_size // num_attention_heads no longer gives it
+    c.head_dim = plan.head_dim  # explicit: hidden_size // num_attention_heads no longer gives it
     c.num_attention_heads, c.num_key_value_heads = plan.q_heads[rank], plan.kv_heads[rank]
     c.intermediate_size, c.vocab_size = plan.inter[rank], plan.vocab[rank]
     return c
 
+
 class RowParallelLinear(Linear):
     "A `Linear` over a slice of the input features: its partial sums are all-reduced over the ranks."
+
     def forward(self, x):
         y = super().forward(x)
         dist.all_reduce(y)
         return y
 
+
 class VocabParallelEmbedding(nn.Embedding):
     "The rows `[start, start + num_embeddings)` of an embedding table; other token ids give zeros before the all-reduce."
+
     def __init__(self, num_embeddings: int, embedding_dim: int, start: int):
         super().__init__(num_embeddings, embedding_dim)
         self.start = start
+
     def forward(self, ids):
         local = ids - self.start
         inside = (local >= 0) & (local < self.num_embeddings)
-        x = F.embedding(local.clamp(0, self.num_embeddings - 1), self.weight).masked_fill(~inside[:, None], 0)
+        x = F.embedding(local.clamp(0, self.num_embeddings - 1), self.weight).masked_fill(
+            ~inside[:, None], 0
+        )
         dist.all_reduce(x)
         return x
 
+
 class TPLlamaForCausalLM(LlamaForCausalLM):
     "One rank's shard of a Llama-family model: column/row-parallel layers, vocab-parallel embedding and LM head."
-    def __init__(self, config, plan: TPPlan, rank: int, attention_backend: str = "torch", max_pos: int | None = None):
+
+    def __init__(
+        self,
+        config,
+        plan: TPPlan,
+        rank: int,
+        attention_backend: str = "torch",
+        max_pos: int | None = None,
+    ):
         super().__init__(shard_config(config, plan, rank), attention_backend, max_pos)
         self.plan, self.rank = plan, rank
         c = self.config
         for layer in self.layers:
             a, m = layer.self_attn, layer.mlp
             a.o_proj = RowParallelLinear(a.q_size, c.hidden_size, bias=a.o_proj.bias is not None)
-            m.down_proj = RowParallelLinear(m.inter, c.hidden_size, bias=m.down_proj.bias is not None)
-        self.embed_tokens = VocabParallelEmbedding(c.vocab_size, c.hidden_size, plan.span("vocab", rank)[0])
-        if c.tie_word_embeddings: self.lm_head.weight = self.embed_tokens.weight
+            m.down_proj = RowParallelLinear(
+                m.inter, c.hidden_size, bias=m.down_proj.bias is not None
+            )
+        self.embed_tokens = VocabParallelEmbedding(
+            c.vocab_size, c.hidden_size, plan.span("vocab", rank)[0]
+        )
+        if c.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
 
     def compute_logits(self, hidden) -> torch.Tensor | None:
         "Full logits `[n, vocab]` (float32) on rank 0; on the others their own (padded, unused) slice."
         local = super().compute_logits(hidden)
-        if hidden.shape[0] == 0: return local   # no rows this step (every rank knows it): nothing to gather
+        if hidden.shape[0] == 0:
+            return local  # no rows this step (every rank knows it): nothing to gather
         local = F.pad(local, (0, max(self.plan.vocab) - local.shape[1]))
         if self.rank != 0:
             dist.gather(local, None, dst=0)
@@ -137,59 +199,97 @@ class TPLlamaForCausalLM(LlamaForCausalLM):
         dist.gather(local, parts, dst=0)
         return torch.cat([p[:, :v] for p, v in zip(parts, self.plan.vocab)], 1)
 
-def load_shard(path, hf_config, plan: TPPlan, rank: int, dtype=torch.float32, device="cpu", attention_backend="torch",
-               max_pos=None) -> TPLlamaForCausalLM:
+
+def load_shard(
+    path,
+    hf_config,
+    plan: TPPlan,
+    rank: int,
+    dtype=torch.float32,
+    device="cpu",
+    attention_backend="torch",
+    max_pos=None,
+) -> TPLlamaForCausalLM:
     "Build `rank`'s shard and load its slice of the checkpoint at `path` (and nothing else)."
-    with torch.device(device): model = TPLlamaForCausalLM(hf_config, plan, rank, attention_backend, max_pos)
+    with torch.device(device):
+        model = TPLlamaForCausalLM(hf_config, plan, rank, attention_backend, max_pos)
     model.load_weights(iter_shard_weights(path, plan, rank))
     return model.to(device=device, dtype=dtype).eval()
 
 # %% ../nbs/07_tensor_parallel.ipynb #8921640a
 _WORKER_CMD = "from minivllm.parallel import worker_main; worker_main()"
-_IDLE_TIMEOUT = datetime.timedelta(days=365)   # a worker waits this long for the engine's next step
+_IDLE_TIMEOUT = datetime.timedelta(days=365)  # a worker waits this long for the engine's next step
+
 
 def _timeout() -> datetime.timedelta:
     return datetime.timedelta(seconds=float(os.environ.get("MINIVLLM_TP_TIMEOUT", 300)))
 
+
 def _die_with_parent():
     "In a worker started by a local rank 0: exit when that process goes away."
     ppid = int(os.environ.get("MINIVLLM_TP_PARENT_PID", 0))
-    if not ppid: return   # a rank started by hand (e.g. on another machine): rank 0's closed sockets end it
+    if not ppid:
+        return  # a rank started by hand (e.g. on another machine): rank 0's closed sockets end it
     if os.environ.get("MINIVLLM_TP_PDEATHSIG") == "1" and sys.platform.startswith("linux"):
-        try: ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)   # 1 = PR_SET_PDEATHSIG
-        except Exception: pass
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+        except Exception:
+            pass
+
     def watch():
         while True:
-            if os.getppid() != ppid: os._exit(1)
+            if os.getppid() != ppid:
+                os._exit(1)
             time.sleep(1.0)
-    if os.getppid() != ppid: os._exit(1)   # the parent is already gone
+
+    if os.getppid() != ppid:
+        os._exit(1)  # the parent is already gone
     threading.Thread(target=watch, name="minivllm-tp-parent-watch", daemon=True).start()
 
 # %% ../nbs/07_tensor_parallel.ipynb #ad0fc7c0
 class TPWorker(ModelRunner):
     "One rank's shard of the model and of the KV cache; runs each step's forward pass together with the other ranks."
-    def __init__(self, config: EngineConfig, rank: int, world_size: int, device: torch.device | None = None):
+
+    def __init__(
+        self, config: EngineConfig, rank: int, world_size: int, device: torch.device | None = None
+    ):
         mc = self.full_model_config = config.model_config
         self.rank, self.world_size = rank, world_size
         self.plan = TPPlan.from_config(mc.hf_config, world_size)
         shard_mc = dataclasses.replace(mc, hf_config=shard_config(mc.hf_config, self.plan, rank))
-        super().__init__(dataclasses.replace(config, model_config=shard_mc), device)   # ModelRunner's helpers see this rank's heads
+        super().__init__(
+            dataclasses.replace(config, model_config=shard_mc), device
+        )  # ModelRunner's helpers see this rank's heads
 
     def load_model(self):
         "This rank's shard only (`load_shard`), instead of the whole model."
         mc = self.full_model_config
-        return load_shard(mc.model, mc.hf_config, self.plan, self.rank, mc.dtype, self.device, mc.attention_backend,
-                          mc.max_model_len)
+        return load_shard(
+            mc.model,
+            mc.hf_config,
+            self.plan,
+            self.rank,
+            mc.dtype,
+            self.device,
+            mc.attention_backend,
+            mc.max_model_len,
+        )
 
     def agree_num_blocks(self, n: int) -> int:
         "The smallest number of KV blocks any rank can hold."
         t = torch.tensor([n], device=self.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MIN)   # block ids must exist on every rank
+        dist.all_reduce(t, op=dist.ReduceOp.MIN)  # block ids must exist on every rank
         return int(t.item())
 
     def kv_cache_shape(self) -> tuple[int, ...]:
         "Per layer: K and V of every block, for this rank's KV heads only."
-        return (2, self.num_blocks, self.block_size, self.plan.kv_heads[self.rank], self.plan.head_dim)
+        return (
+            2,
+            self.num_blocks,
+            self.block_size,
+            self.plan.kv_heads[self.rank],
+            self.plan.head_dim,
+        )
 
     def serve(self, ctrl):
         "Worker loop: run the steps rank 0 broadcasts until it says stop."
@@ -197,8 +297,10 @@ class TPWorker(ModelRunner):
             msg = [None]
             dist.broadcast_object_list(msg, src=0, group=ctrl)
             cmd, arg = msg[0]
-            if cmd == "stop": return
-            if cmd == "step": self.execute_model(*arg[0], **arg[1])
+            if cmd == "stop":
+                return
+            if cmd == "step":
+                self.execute_model(*arg[0], **arg[1])
 
 # %% ../nbs/07_tensor_parallel.ipynb #a5e10de8
 def worker_main():
@@ -208,11 +310,24 @@ def worker_main():
     env = os.environ
     rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
     local_rank = int(env.get("LOCAL_RANK", rank))
-    store = dist.TCPStore(env.get("MASTER_ADDR", "127.0.0.1"), int(env["MASTER_PORT"]), world, is_master=False, timeout=_timeout())
+    store = dist.TCPStore(
+        env.get("MASTER_ADDR", "127.0.0.1"),
+        int(env["MASTER_PORT"]),
+        world,
+        is_master=False,
+        timeout=_timeout(),
+    )
     try:
-        if env.get("MINIVLLM_TP_THREADS"): torch.set_num_threads(int(env["MINIVLLM_TP_THREADS"]))
+        if env.get("MINIVLLM_TP_THREADS"):
+            torch.set_num_threads(int(env["MINIVLLM_TP_THREADS"]))
         store.set(f"hello/{rank}", str(os.getpid()))
-        dist.init_process_group(store.get("backend").decode(), store=store, rank=rank, world_size=world, timeout=_timeout())
+        dist.init_process_group(
+            store.get("backend").decode(),
+            store=store,
+            rank=rank,
+            world_size=world,
+            timeout=_timeout(),
+        )
         ctrl = dist.new_group(backend="gloo", timeout=_IDLE_TIMEOUT)
         msg = [None]
         dist.broadcast_object_list(msg, src=0, group=ctrl)
@@ -224,9 +339,15 @@ def worker_main():
         TPWorker(config, rank, world, device).serve(ctrl)
     except BaseException:
         tb = traceback.format_exc()
-        print(f"minivllm tensor-parallel worker rank {rank} failed:\n{tb}", file=sys.stderr, flush=True)
-        try: store.set(f"error/{rank}", tb)
-        except Exception: pass
+        print(
+            f"minivllm tensor-parallel worker rank {rank} failed:\n{tb}",
+            file=sys.stderr,
+            flush=True,
+        )
+        try:
+            store.set(f"error/{rank}", tb)
+        except Exception:
+            pass
         os._exit(1)
     dist.destroy_process_group()
     os._exit(0)
@@ -235,15 +356,17 @@ def worker_main():
 @dataclass
 class _TPState:
     "The lifecycle of one tensor-parallel group, apart from the runner (so that its finalizer does not keep the runner alive)."
+
     world_size: int
     store: dist.TCPStore | None = None
-    procs: list = dataclasses.field(default_factory=list)   # (rank, Popen) of the local workers
+    procs: list = dataclasses.field(default_factory=list)  # (rank, Popen) of the local workers
     ctrl: object = None
-    initialized: bool = False   # we created the default process group
-    busy: bool = False          # inside a step (the workers are in collectives, not listening for `stop`)
+    initialized: bool = False  # we created the default process group
+    busy: bool = False  # inside a step (the workers are in collectives, not listening for `stop`)
     failed: bool = False
     closed: bool = False
     error: str = ""
+
 
 def _worker_errors(st: _TPState, wait: float = 2.0) -> str:
     "The tracebacks the workers left in the store, and the exit codes of local workers that ended (waits up to `wait` s)."
@@ -251,68 +374,106 @@ def _worker_errors(st: _TPState, wait: float = 2.0) -> str:
     while st.store is not None:
         for r in range(1, st.world_size):
             try:
-                if r not in found and st.store.check([f"error/{r}"]): found[r] = st.store.get(f"error/{r}").decode()
-            except Exception: pass
-        if found or time.monotonic() > deadline: break
+                if r not in found and st.store.check([f"error/{r}"]):
+                    found[r] = st.store.get(f"error/{r}").decode()
+            except Exception:
+                pass
+        if found or time.monotonic() > deadline:
+            break
         time.sleep(0.05)
     msg = "".join(f"\n--- worker rank {r} ---\n{tb}" for r, tb in sorted(found.items()))
     dead = [(r, p.returncode) for r, p in st.procs if r not in found and p.poll() is not None]
     return msg + "".join(f"\n--- worker rank {r} exited with code {c}" for r, c in dead)
 
+
 def _shutdown(st: _TPState):
     "Stop the workers (politely if they are listening), reap them, destroy the process group. Idempotent."
-    if st.closed: return
+    if st.closed:
+        return
     st.closed = True
     if st.initialized and st.ctrl is not None and not (st.failed or st.busy):
-        try: dist.broadcast_object_list([("stop", None)], src=0, group=st.ctrl)
-        except Exception: st.failed = True
+        try:
+            dist.broadcast_object_list([("stop", None)], src=0, group=st.ctrl)
+        except Exception:
+            st.failed = True
     for _, p in st.procs:
-        try: p.wait(timeout=0.1 if (st.failed or st.busy) else 10)
+        try:
+            p.wait(timeout=0.1 if (st.failed or st.busy) else 10)
         except subprocess.TimeoutExpired:
-            p.kill(); p.wait()
+            p.kill()
+            p.wait()
     if st.initialized and dist.is_initialized():
-        try: dist.destroy_process_group()
-        except Exception: pass
+        try:
+            dist.destroy_process_group()
+        except Exception:
+            pass
     st.initialized = False
 
 # %% ../nbs/07_tensor_parallel.ipynb #aa996124
 def _launch_worker(rank: int, world: int, addr: str, port: int) -> subprocess.Popen:
     "Start rank `rank` as a fresh `python -c` process that finds rank 0 at `addr:port`."
     import minivllm
-    root = str(Path(minivllm.__file__).resolve().parent.parent)   # importable even when only on the parent's sys.path
-    env = dict(os.environ, MASTER_ADDR=addr, MASTER_PORT=str(port), WORLD_SIZE=str(world), RANK=str(rank),
-               LOCAL_RANK=str(rank), MINIVLLM_TP_PARENT_PID=str(os.getpid()),
-               MINIVLLM_TP_PDEATHSIG="1" if threading.current_thread() is threading.main_thread() else "0",
-               PYTHONPATH=os.pathsep.join([root] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+
+    root = str(
+        Path(minivllm.__file__).resolve().parent.parent
+    )  # importable even when only on the parent's sys.path
+    env = dict(
+        os.environ,
+        MASTER_ADDR=addr,
+        MASTER_PORT=str(port),
+        WORLD_SIZE=str(world),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        MINIVLLM_TP_PARENT_PID=str(os.getpid()),
+        MINIVLLM_TP_PDEATHSIG="1" if threading.current_thread() is threading.main_thread() else "0",
+        PYTHONPATH=os.pathsep.join([root] + [p for p in [os.environ.get("PYTHONPATH")] if p]),
+    )
     env.setdefault("MINIVLLM_TP_THREADS", str(max(1, (os.cpu_count() or 1) // world)))
     return subprocess.Popen([sys.executable, "-c", _WORKER_CMD], env=env)
 
+
 class TPModelRunner(TPWorker):
     "Rank 0 of a tensor-parallel model: starts the workers, broadcasts each step, returns the full logits."
+
     def __init__(self, config: EngineConfig):
         "Start the workers, join the process group with them, send them the config, then build rank 0's shard."
         n = config.parallel_config.tensor_parallel_size
-        TPPlan.from_config(config.model_config.hf_config, n)   # an impossible split fails before anything starts
+        TPPlan.from_config(
+            config.model_config.hf_config, n
+        )  # an impossible split fails before anything starts
         if dist.is_initialized():
-            raise RuntimeError("This process already belongs to a torch.distributed process group: minivllm runs one "
-                               "tensor-parallel engine per process at a time (shut the other one down first).")
+            raise RuntimeError(
+                "This process already belongs to a torch.distributed process group: minivllm runs one "
+                "tensor-parallel engine per process at a time (shut the other one down first)."
+            )
         device = config.device_config.device
         n_local = int(os.environ.get("MINIVLLM_TP_LOCAL_SIZE", n))
         if device.type == "cuda":
             if n_local > torch.cuda.device_count():
-                raise ValueError(f"tensor_parallel_size={n} needs {n_local} GPUs on this machine; it has {torch.cuda.device_count()}.")
-            device = torch.device("cuda", 0); torch.cuda.set_device(device)
+                raise ValueError(
+                    f"tensor_parallel_size={n} needs {n_local} GPUs on this machine; it has {torch.cuda.device_count()}."
+                )
+            device = torch.device("cuda", 0)
+            torch.cuda.set_device(device)
         backend = "nccl" if device.type == "cuda" else "gloo"
         self._state = st = _TPState(n)
         self._finalizer = weakref.finalize(self, _shutdown, st)
         try:
             addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
-            st.store = dist.TCPStore(addr, int(os.environ.get("MASTER_PORT", 0)), n, is_master=True,
-                                     wait_for_workers=False, timeout=_timeout())
+            st.store = dist.TCPStore(
+                addr,
+                int(os.environ.get("MASTER_PORT", 0)),
+                n,
+                is_master=True,
+                wait_for_workers=False,
+                timeout=_timeout(),
+            )
             st.store.set("backend", backend)
             st.procs = [(r, _launch_worker(r, n, addr, st.store.port)) for r in range(1, n_local)]
             self._wait_for_workers(n, n_local)
-            dist.init_process_group(backend, store=st.store, rank=0, world_size=n, timeout=_timeout())
+            dist.init_process_group(
+                backend, store=st.store, rank=0, world_size=n, timeout=_timeout()
+            )
             st.initialized = True
             st.ctrl = dist.new_group(backend="gloo", timeout=_IDLE_TIMEOUT)
             dist.broadcast_object_list([config], src=0, group=st.ctrl)
@@ -321,7 +482,10 @@ class TPModelRunner(TPWorker):
             st.failed = True
             errors = _worker_errors(st, wait=2.0 if st.initialized else 0.0)
             self._finalizer()
-            if errors: raise RuntimeError(f"starting the tensor-parallel workers failed ({e}):{errors}") from e
+            if errors:
+                raise RuntimeError(
+                    f"starting the tensor-parallel workers failed ({e}):{errors}"
+                ) from e
             raise
 
 # %% ../nbs/07_tensor_parallel.ipynb #4a6ecbd4
@@ -333,36 +497,59 @@ def _wait_for_workers(self: TPModelRunner, n: int, n_local: int):
     while pending:
         pending = {r for r in pending if not st.store.check([f"hello/{r}"])}
         dead = [(r, p.returncode) for r, p in st.procs if p.poll() is not None]
-        if dead: raise RuntimeError(f"tensor-parallel worker rank {dead[0][0]} exited with code {dead[0][1]} before joining.")
+        if dead:
+            raise RuntimeError(
+                f"tensor-parallel worker rank {dead[0][0]} exited with code {dead[0][1]} before joining."
+            )
         if pending and time.monotonic() > deadline:
-            raise TimeoutError(f"tensor-parallel ranks {sorted(pending)} did not join within {_timeout()}"
-                               + (f" (ranks {n_local}…{n - 1} must be started by hand, see the tensor-parallel docs)" if n_local < n else ""))
-        if pending: time.sleep(0.02)
+            raise TimeoutError(
+                f"tensor-parallel ranks {sorted(pending)} did not join within {_timeout()}"
+                + (
+                    f" (ranks {n_local}…{n - 1} must be started by hand, see the tensor-parallel docs)"
+                    if n_local < n
+                    else ""
+                )
+            )
+        if pending:
+            time.sleep(0.02)
+
 
 @patch
 def execute_model(self: TPModelRunner, out: SchedulerOutput, *args, **kwargs):
     "Broadcast the step (and any further arguments of `ModelRunner.execute_model`) to the workers, run rank 0's part."
     st = self._state
-    if st.busy and not st.closed:   # the previous step was interrupted (KeyboardInterrupt…): the ranks are out of step
-        st.failed, st.error = True, " a step was interrupted half-way, so the ranks were out of step."
+    if (
+        st.busy and not st.closed
+    ):  # the previous step was interrupted (KeyboardInterrupt…): the ranks are out of step
+        st.failed, st.error = (
+            True,
+            " a step was interrupted half-way, so the ranks were out of step.",
+        )
         self._finalizer()
-    if st.closed: raise RuntimeError("the tensor-parallel workers are shut down" + (f":{st.error}" if st.error else "."))
+    if st.closed:
+        raise RuntimeError(
+            "the tensor-parallel workers are shut down" + (f":{st.error}" if st.error else ".")
+        )
     st.busy = True
     try:
         dist.broadcast_object_list([("step", ((out, *args), kwargs))], src=0, group=st.ctrl)
-        res = TPWorker.execute_model(self, out, *args, **kwargs)   # rank 0 is a worker too
+        res = TPWorker.execute_model(self, out, *args, **kwargs)  # rank 0 is a worker too
     except Exception as e:
         st.failed = True
         st.error = _worker_errors(st) or f" rank 0: {e!r}"
         self._finalizer()
-        raise RuntimeError(f"tensor-parallel step failed ({e}); the workers were shut down.{st.error}") from e
+        raise RuntimeError(
+            f"tensor-parallel step failed ({e}); the workers were shut down.{st.error}"
+        ) from e
     st.busy = False
     return res
+
 
 @patch
 def shutdown(self: TPModelRunner):
     "Stop the workers and leave the process group (also done on garbage collection and at exit)."
     self._finalizer()
+
 
 @patch(as_prop=True)
 def worker_pids(self: TPModelRunner) -> list[int]:

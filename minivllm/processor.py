@@ -17,20 +17,35 @@ __all__ = ['check_prompt_keys', 'Processor', 'ParentRequest', 'unused_request_id
 
 # %% ../nbs/08_processor.ipynb #f35e536f
 _PROMPT_KEYS = ("prompt", "prompt_token_ids")
-_UNIMPLEMENTED_PROMPT_KEYS = ("multi_modal_data", "mm_processor_kwargs", "multi_modal_uuids", "prompt_embeds",
-                              "token_type_ids", "cache_salt")
+_UNIMPLEMENTED_PROMPT_KEYS = (
+    "multi_modal_data",
+    "mm_processor_kwargs",
+    "multi_modal_uuids",
+    "prompt_embeds",
+    "token_type_ids",
+    "cache_salt",
+)
+
 
 def check_prompt_keys(prompt: dict) -> None:
     "A dict prompt holds only what minivllm uses: vLLM's other keys raise by name (unless empty), unknown keys too."
     for k, v in prompt.items():
-        if k in _PROMPT_KEYS: continue
+        if k in _PROMPT_KEYS:
+            continue
         if k in _UNIMPLEMENTED_PROMPT_KEYS:
-            if v is None or (isinstance(v, (dict, list, tuple, str)) and not v): continue
-            raise NotImplementedError(f"prompt key {k!r} is not implemented in minivllm (text-only models).")
-        raise ValueError(f"Unknown prompt key {k!r}: a prompt dict takes {' and/or '.join(map(repr, _PROMPT_KEYS))}.")
+            if v is None or (isinstance(v, (dict, list, tuple, str)) and not v):
+                continue
+            raise NotImplementedError(
+                f"prompt key {k!r} is not implemented in minivllm (text-only models)."
+            )
+        raise ValueError(
+            f"Unknown prompt key {k!r}: a prompt dict takes {' and/or '.join(map(repr, _PROMPT_KEYS))}."
+        )
+
 
 class Processor:
     "Validate and tokenize user input into `Request`s (vLLM's `Processor`, the input side of the engine)."
+
     def __init__(self, config: EngineConfig, tokenizer):
         self.config, self.tokenizer = config, tokenizer
         mc = config.model_config
@@ -42,89 +57,171 @@ class Processor:
 
     def tokenize_prompt(self, prompt: PromptType) -> tuple[str | None, list[int]]:
         "The prompt's text (None for a `TokensPrompt` without text) and its token ids, checked."
-        if isinstance(prompt, dict): check_prompt_keys(prompt)
-        if isinstance(prompt, str): text, ids = prompt, None
-        elif isinstance(prompt, dict) and "prompt_token_ids" in prompt: text, ids = prompt.get("prompt"), list(prompt["prompt_token_ids"])
-        elif isinstance(prompt, dict) and "prompt" in prompt: text, ids = prompt["prompt"], None
-        else: raise TypeError(f"prompt must be a str, a TextPrompt or a TokensPrompt, got {type(prompt).__name__}")
+        if isinstance(prompt, dict):
+            check_prompt_keys(prompt)
+        if isinstance(prompt, str):
+            text, ids = prompt, None
+        elif isinstance(prompt, dict) and "prompt_token_ids" in prompt:
+            text, ids = prompt.get("prompt"), list(prompt["prompt_token_ids"])
+        elif isinstance(prompt, dict) and "prompt" in prompt:
+            text, ids = prompt["prompt"], None
+        else:
+            raise TypeError(
+                f"prompt must be a str, a TextPrompt or a TokensPrompt, got {type(prompt).__name__}"
+            )
         if ids is None:
-            if not isinstance(text, str): raise TypeError(f"prompt text must be a str, got {type(text).__name__}")
+            if not isinstance(text, str):
+                raise TypeError(f"prompt text must be a str, got {type(text).__name__}")
             ids = self.tokenizer(text).input_ids
-        if not ids: raise ValueError("The prompt is empty.")
-        bad = [t for t in ids if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.vocab_size]
-        if bad: raise ValueError(f"prompt_token_ids: token id {bad[0]!r} is out of the vocabulary (size {self.vocab_size}).")
+        if not ids:
+            raise ValueError("The prompt is empty.")
+        bad = [
+            t
+            for t in ids
+            if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.vocab_size
+        ]
+        if bad:
+            raise ValueError(
+                f"prompt_token_ids: token id {bad[0]!r} is out of the vocabulary (size {self.vocab_size})."
+            )
         if len(ids) > self.max_model_len:
-            raise ValueError(f"The prompt (length {len(ids)}) is longer than the maximum model length of {self.max_model_len}.")
+            raise ValueError(
+                f"The prompt (length {len(ids)}) is longer than the maximum model length of {self.max_model_len}."
+            )
         return text, ids
 
 # %% ../nbs/08_processor.ipynb #b60b815d
 @patch
-def prepare_params(self: Processor, params: SamplingParams, num_prompt_tokens: int) -> SamplingParams:
+def prepare_params(
+    self: Processor, params: SamplingParams, num_prompt_tokens: int
+) -> SamplingParams:
     "A checked copy of `params` for a prompt of `num_prompt_tokens` tokens: verified, bad words tokenized, structured outputs checked, `max_tokens` set."
     params = params.clone()
-    params.verify(self.config.model_config)        # token ids in the vocabulary, logprobs <= max_logprobs
-    params.update_from_tokenizer(self.tokenizer)   # bad_words -> token ids, for the sampler
-    if params.structured_outputs is not None: validate_structured_outputs(params.structured_outputs)   # a bad schema fails here
-    if params.max_tokens is None: params.max_tokens = max(self.max_model_len - num_prompt_tokens, 1)
+    params.verify(self.config.model_config)  # token ids in the vocabulary, logprobs <= max_logprobs
+    params.update_from_tokenizer(self.tokenizer)  # bad_words -> token ids, for the sampler
+    if params.structured_outputs is not None:
+        validate_structured_outputs(params.structured_outputs)  # a bad schema fails here
+    if params.max_tokens is None:
+        params.max_tokens = max(self.max_model_len - num_prompt_tokens, 1)
     if self.extra_stop_ids and not params.ignore_eos:
-        params.stop_token_ids = params.stop_token_ids + [t for t in self.extra_stop_ids if t not in params.stop_token_ids]
+        params.stop_token_ids = params.stop_token_ids + [
+            t for t in self.extra_stop_ids if t not in params.stop_token_ids
+        ]
     return params
 
 # %% ../nbs/08_processor.ipynb #69972355
 @dataclass
 class ParentRequest:
     "vLLM's `ParentRequest`: a user request with `n > 1`, fanned out into `n` child `Request`s that point back at it."
+
     request_id: str
     sampling_params: SamplingParams
     child_request_ids: list[str] = field(default_factory=list)
 
     def child_params(self, index: int) -> SamplingParams:
         "The parameters of sample `index`: `n = 1` and, for a seeded request, the seed `seed + index`."
-        p = self.sampling_params.clone(); p.n = 1
-        if p.seed is not None: p.seed += index
+        p = self.sampling_params.clone()
+        p.n = 1
+        if p.seed is not None:
+            p.seed += index
         return p
+
 
 def unused_request_id(preferred: str, in_use: Container[str]) -> str:
     "`preferred`, or `preferred#1`, `preferred#2`, …: the first id that is not `in_use`."
     rid, k = preferred, 0
-    while rid in in_use: k += 1; rid = f"{preferred}#{k}"
+    while rid in in_use:
+        k += 1
+        rid = f"{preferred}#{k}"
     return rid
 
 # %% ../nbs/08_processor.ipynb #p08b
 @patch
-def pooling_request(self: Processor, request_id: str, text: str | None, ids: list[int], params: PoolingParams,
-                    arrival_time: float | None = None, priority: int = 0) -> Request:
+def pooling_request(
+    self: Processor,
+    request_id: str,
+    text: str | None,
+    ids: list[int],
+    params: PoolingParams,
+    arrival_time: float | None = None,
+    priority: int = 0,
+) -> Request:
     "The `Request` of a pooling request: a checked copy of `params` rides on it, and a placeholder `SamplingParams`."
     params = params.clone()
     params.verify(self.config.model_config)
-    return Request(request_id, ids, SamplingParams(max_tokens=1, detokenize=False), self.eos_token_id,
-                   time.time() if arrival_time is None else arrival_time, priority, text, pooling_params=params)
+    return Request(
+        request_id,
+        ids,
+        SamplingParams(max_tokens=1, detokenize=False),
+        self.eos_token_id,
+        time.time() if arrival_time is None else arrival_time,
+        priority,
+        text,
+        pooling_params=params,
+    )
 
 # %% ../nbs/08_processor.ipynb #7f8fc0a6
 @patch
-def process(self: Processor, request_id: str, prompt: PromptType, params: SamplingParams | None,
-            arrival_time: float | None = None, priority: int = 0, in_use: Container[str] = ()) -> list[Request]:
+def process(
+    self: Processor,
+    request_id: str,
+    prompt: PromptType,
+    params: SamplingParams | None,
+    arrival_time: float | None = None,
+    priority: int = 0,
+    in_use: Container[str] = (),
+) -> list[Request]:
     """One `Request` per sequence to generate, ready for the scheduler: the request itself (`n = 1`) or its `n`
     children, each with `parent_request_id=request_id`. Their ids avoid `in_use` (the engine's live sequences)."""
-    if not isinstance(request_id, str): raise TypeError(f"request_id must be a str, got {type(request_id).__name__}")
+    if not isinstance(request_id, str):
+        raise TypeError(f"request_id must be a str, got {type(request_id).__name__}")
     params = SamplingParams() if params is None else params
     if not isinstance(params, (SamplingParams, PoolingParams)):
-        raise TypeError(f"params must be SamplingParams or PoolingParams, got {type(params).__name__}")
-    if not isinstance(priority, int): raise TypeError(f"priority must be an int, got {type(priority).__name__}")
+        raise TypeError(
+            f"params must be SamplingParams or PoolingParams, got {type(params).__name__}"
+        )
+    if not isinstance(priority, int):
+        raise TypeError(f"priority must be an int, got {type(priority).__name__}")
     if priority != 0 and self.config.scheduler_config.policy != "priority":
-        raise ValueError(f"priority={priority} needs scheduling_policy='priority' (the engine uses "
-                         f"{self.config.scheduler_config.policy!r}).")
+        raise ValueError(
+            f"priority={priority} needs scheduling_policy='priority' (the engine uses "
+            f"{self.config.scheduler_config.policy!r})."
+        )
     text, ids = self.tokenize_prompt(prompt)
-    if isinstance(params, PoolingParams):   # read the prompt, pool it: one request, nothing sampled
-        return [self.pooling_request(unused_request_id(request_id, in_use), text, ids, params, arrival_time, priority)]
+    if isinstance(params, PoolingParams):  # read the prompt, pool it: one request, nothing sampled
+        return [
+            self.pooling_request(
+                unused_request_id(request_id, in_use), text, ids, params, arrival_time, priority
+            )
+        ]
     params = self.prepare_params(params, len(ids))
     arrival_time = time.time() if arrival_time is None else arrival_time
     if params.n == 1:
-        return [Request(unused_request_id(request_id, in_use), ids, params, self.eos_token_id, arrival_time, priority, text)]
+        return [
+            Request(
+                unused_request_id(request_id, in_use),
+                ids,
+                params,
+                self.eos_token_id,
+                arrival_time,
+                priority,
+                text,
+            )
+        ]
     parent, children = ParentRequest(request_id, params), []
     for i in range(params.n):
         rid = unused_request_id(f"{i}_{request_id}", in_use)
-        children.append(Request(rid, ids, parent.child_params(i), self.eos_token_id, arrival_time, priority, text,
-                                parent_request_id=request_id))
+        children.append(
+            Request(
+                rid,
+                ids,
+                parent.child_params(i),
+                self.eos_token_id,
+                arrival_time,
+                priority,
+                text,
+                parent_request_id=request_id,
+            )
+        )
         parent.child_request_ids.append(rid)
     return children

@@ -17,22 +17,29 @@ __all__ = ['GROUP', 'GGUF_BLOCK_BYTES', 'INT4_MAX_ROWS', 'INT8_MAX_ROWS', 'GGUF_
            'gguf_to_hf_name', 'read_gguf', 'prompt_logprob_stats', 'logprob_agreement']
 
 # %% ../nbs/04b_quantization.ipynb #6ff28a8b
-GROUP = 32                                           # weights per block in the three formats
+GROUP = 32  # weights per block in the three formats
 GGUF_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
 
-def split_blocks(raw: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+
+def split_blocks(
+    raw: torch.Tensor, kind: str
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Codes `q` `[N, K]` (uint8 0..15 for Q4_*, int8 for Q8_0), scales `d` and minimums `m` `[N, K/32]` (float32;
     `m` only for Q4_1) of GGUF rows `raw` `[N, bytes]` (uint8)."""
     if kind not in GGUF_BLOCK_BYTES:
-        raise NotImplementedError(f"GGUF tensor type {kind} is not supported by quantization='gguf'; "
-                                  f"minivllm runs {', '.join(GGUF_BLOCK_BYTES)} (and F32/F16/BF16 tensors).")
+        raise NotImplementedError(
+            f"GGUF tensor type {kind} is not supported by quantization='gguf'; "
+            f"minivllm runs {', '.join(GGUF_BLOCK_BYTES)} (and F32/F16/BF16 tensors)."
+        )
     N = raw.shape[0]
     b = raw.reshape(N, -1, GGUF_BLOCK_BYTES[kind])
     d = b[..., 0:2].contiguous().view(torch.float16)[..., 0].float()
-    if kind == "Q8_0": return b[..., 2:].contiguous().view(torch.int8).reshape(N, -1), d, None
+    if kind == "Q8_0":
+        return b[..., 2:].contiguous().view(torch.int8).reshape(N, -1), d, None
     m = b[..., 2:4].contiguous().view(torch.float16)[..., 0].float() if kind == "Q4_1" else None
-    qs = b[..., 4:] if kind == "Q4_1" else b[..., 2:]                  # [N, G, 16]
+    qs = b[..., 4:] if kind == "Q4_1" else b[..., 2:]  # [N, G, 16]
     return torch.cat([qs & 0xF, qs >> 4], -1).reshape(N, -1), d, m
+
 
 def dequantize(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None, kind: str) -> torch.Tensor:
     "The float32 weights `[N, K]` of blocks split by `split_blocks` (the reference every repacking is tested against)."
@@ -44,7 +51,8 @@ def dequantize(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None, kind: s
 # %% ../nbs/04b_quantization.ipynb #e7639cd8
 def int4_affine(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None, kind: str):
     "Q4_0/Q4_1 blocks in the int4pack convention `w = (q - 8)·scale + zero`: `(codes int32, scale, zero)`."
-    if kind not in ("Q4_0", "Q4_1"): raise ValueError(f"int4_affine takes Q4_0 or Q4_1 blocks, not {kind}")
+    if kind not in ("Q4_0", "Q4_1"):
+        raise ValueError(f"int4_affine takes Q4_0 or Q4_1 blocks, not {kind}")
     return q.to(torch.int32), d, (m + 8 * d if kind == "Q4_1" else torch.zeros_like(d))
 
 # %% ../nbs/04b_quantization.ipynb #7a656567
@@ -52,61 +60,104 @@ def _inner_k_tiles(k: int) -> int:
     "The CUDA packer's tile count: the largest of 8, 4, 2 with `k` a multiple of 16 × tiles."
     return next(t for t in (8, 4, 2) if k % (16 * t) == 0)
 
+
 def _dense_copy(w: torch.Tensor) -> torch.Tensor:
     "`w` in oneDNN's prepacked layout on CPUs that have it (what `_dense_mm` multiplies by), else `w` itself."
-    if w.device.type != "cpu" or not hasattr(torch.ops.mkldnn, "_reorder_linear_weight"): return w
+    if w.device.type != "cpu" or not hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
+        return w
     try:
         p = torch.ops.mkldnn._reorder_linear_weight(w)
-        torch.ops.mkldnn._linear_pointwise(w.new_zeros(1, w.shape[1]), p, None, "none", [], "")   # probe once
+        torch.ops.mkldnn._linear_pointwise(
+            w.new_zeros(1, w.shape[1]), p, None, "none", [], ""
+        )  # probe once
         return p
-    except RuntimeError: return w
+    except RuntimeError:
+        return w
+
 
 def _use_dense(m: nn.Module, rows: int, limit: int | None) -> bool:
     "Whether a hybrid layer takes its dense copy: more rows than `limit`, and not inside `torch.compile` (opaque copy)."
     return m.dense is not None and rows > limit and not torch.compiler.is_compiling()
 
+
 def _dense_mm(x: torch.Tensor, w: torch.Tensor, wc: torch.Tensor | None = None) -> torch.Tensor:
     "`x @ w.T` with a `_dense_copy`: by the C kernel's copy `wc` (lesson 04a) up to `GEMM_MAX_ROWS` rows, else oneDNN with rows padded to a multiple of 32 (few distinct primitives)."
-    if wc is not None and x.shape[0] <= GEMM_MAX_ROWS and x.device.type == wc.device.type == "cpu": return gemm(x, wc)
-    if w.device.type != "cpu" or not hasattr(torch.ops.mkldnn, "_reorder_linear_weight") or w.is_meta: return F.linear(x, w)
+    if wc is not None and x.shape[0] <= GEMM_MAX_ROWS and x.device.type == wc.device.type == "cpu":
+        return gemm(x, wc)
+    if (
+        w.device.type != "cpu"
+        or not hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+        or w.is_meta
+    ):
+        return F.linear(x, w)
     m = x.shape[0]
-    if m % 32: x = F.pad(x, (0, 0, 0, 32 - m % 32))
+    if m % 32:
+        x = F.pad(x, (0, 0, 0, 32 - m % 32))
     return torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")[:m]
+
 
 class Int4Linear(nn.Module):
     """`y = x @ W.T (+ b)` with `W` in 4-bit groups of 32 (`(q - 8)·scale + zero`), run by PyTorch's int4 weight-only kernel;
     with `max_int4_rows`, calls with more rows multiply by a dense `dtype` copy of the same weights (see *hybrid* below)."""
-    def __init__(self, q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, dtype=torch.bfloat16, bias=None,
-                 max_int4_rows: int | None = None):
+
+    def __init__(
+        self,
+        q: torch.Tensor,
+        scale: torch.Tensor,
+        zero: torch.Tensor,
+        dtype=torch.bfloat16,
+        bias=None,
+        max_int4_rows: int | None = None,
+    ):
         super().__init__()
         self.out_features, self.in_features = q.shape
         self.group_size = self.in_features // scale.shape[1]
-        if q.device.type == "cpu": packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 2)
-        else: packed = torch.ops.aten._convert_weight_to_int4pack(
-            (q[:, ::2] << 4 | q[:, 1::2]).to(torch.uint8), _inner_k_tiles(self.in_features))
+        if q.device.type == "cpu":
+            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 2)
+        else:
+            packed = torch.ops.aten._convert_weight_to_int4pack(
+                (q[:, ::2] << 4 | q[:, 1::2]).to(torch.uint8), _inner_k_tiles(self.in_features)
+            )
         self.register_buffer("packed", packed)
-        self.register_buffer("scales_and_zeros", torch.stack([scale, zero], -1).transpose(0, 1).contiguous().to(dtype))
+        self.register_buffer(
+            "scales_and_zeros",
+            torch.stack([scale, zero], -1).transpose(0, 1).contiguous().to(dtype),
+        )
         self.bias = None if bias is None else nn.Parameter(bias.to(dtype), requires_grad=False)
         self.max_int4_rows = max_int4_rows
         held = None if max_int4_rows is None else int4_reference(q, scale, zero, dtype)
         self.register_buffer("dense", None if held is None else _dense_copy(held))
-        self.register_buffer("dense_c", None if held is None else gemm_copy(held), persistent=False)   # its C kernel's copy
+        self.register_buffer(
+            "dense_c", None if held is None else gemm_copy(held), persistent=False
+        )  # its C kernel's copy
 
     def forward(self, x):
         "`x @ W.T + b` in the kernel's dtype, returned in `x`'s dtype."
         shape, dt, kt = x.shape, x.dtype, self.scales_and_zeros.dtype
-        if x.dim() != 2: x = x.reshape(-1, self.in_features)   # (no-op reshapes and casts skipped: a decode step
-        if dt != kt: x = x.to(kt)                               #  makes 120 of these calls, ~1-2 µs each)
-        if _use_dense(self, x.shape[0], self.max_int4_rows): y = _dense_mm(x, self.dense, self.dense_c)   # many rows: dense
+        if x.dim() != 2:
+            x = x.reshape(-1, self.in_features)  # (no-op reshapes and casts skipped: a decode step
+        if dt != kt:
+            x = x.to(kt)  #  makes 120 of these calls, ~1-2 µs each)
+        if _use_dense(self, x.shape[0], self.max_int4_rows):
+            y = _dense_mm(x, self.dense, self.dense_c)  # many rows: dense
         else:
-            mm = torch.ops.aten._weight_int4pack_mm_for_cpu if x.device.type == "cpu" else torch.ops.aten._weight_int4pack_mm
+            mm = (
+                torch.ops.aten._weight_int4pack_mm_for_cpu
+                if x.device.type == "cpu"
+                else torch.ops.aten._weight_int4pack_mm
+            )
             y = mm(x, self.packed, self.group_size, self.scales_and_zeros)
-        if self.bias is not None: y = y + self.bias
-        if len(shape) != 2: y = y.reshape(*shape[:-1], self.out_features)
+        if self.bias is not None:
+            y = y + self.bias
+        if len(shape) != 2:
+            y = y.reshape(*shape[:-1], self.out_features)
         return y if dt == kt else y.to(dt)
 
-    def extra_repr(self): return f"in_features={self.in_features}, out_features={self.out_features}, group_size={self.group_size}, int4" + (
-        f", dense above {self.max_int4_rows} rows" if self.dense is not None else "")
+    def extra_repr(self):
+        return (
+            f"in_features={self.in_features}, out_features={self.out_features}, group_size={self.group_size}, int4"
+            + (f", dense above {self.max_int4_rows} rows" if self.dense is not None else "")
+        )
 
 # %% ../nbs/04b_quantization.ipynb #62370a19
 def int4_reference(q, scale, zero, dtype=torch.bfloat16) -> torch.Tensor:
@@ -119,15 +170,24 @@ def int4_reference(q, scale, zero, dtype=torch.bfloat16) -> torch.Tensor:
 class Int8Linear(nn.Module):
     """`y = x @ W.T (+ b)` with `W` in int8, one scale per output row (PyTorch's int8 weight-only kernel on CPUs); with
     `max_int8_rows`, calls with more rows multiply by a dense `dtype` copy of the same weights (as `Int4Linear`)."""
-    def __init__(self, w: torch.Tensor, dtype=torch.bfloat16, bias=None, max_int8_rows: int | None = None):
+
+    def __init__(
+        self, w: torch.Tensor, dtype=torch.bfloat16, bias=None, max_int8_rows: int | None = None
+    ):
         super().__init__()
         self.out_features, self.in_features = w.shape
         scale = w.float().abs().amax(1).clamp(min=1e-12) / 127
-        self.register_buffer("weight", torch.round(w.float() / scale[:, None]).clamp(-127, 127).to(torch.int8))
+        self.register_buffer(
+            "weight", torch.round(w.float() / scale[:, None]).clamp(-127, 127).to(torch.int8)
+        )
         self.register_buffer("scales", scale.to(dtype))
         self.bias = None if bias is None else nn.Parameter(bias.to(dtype), requires_grad=False)
         self.max_int8_rows = max_int8_rows
-        held = None if max_int8_rows is None else (self.weight.float() * self.scales.float()[:, None]).to(dtype)
+        held = (
+            None
+            if max_int8_rows is None
+            else (self.weight.float() * self.scales.float()[:, None]).to(dtype)
+        )
         self.register_buffer("dense", None if held is None else _dense_copy(held))
         self.register_buffer("dense_c", None if held is None else gemm_copy(held), persistent=False)
 
@@ -135,27 +195,50 @@ class Int8Linear(nn.Module):
         "`x @ W.T + b` in the scales' dtype, returned in `x`'s dtype."
         shape, dt = x.shape, x.dtype
         x = x.reshape(-1, self.in_features).to(self.scales.dtype)
-        if _use_dense(self, x.shape[0], self.max_int8_rows): y = _dense_mm(x, self.dense, self.dense_c)   # many rows: dense
-        elif x.device.type == "cpu": y = torch.ops.aten._weight_int8pack_mm(x, self.weight, self.scales)
-        else: y = F.linear(x, self.weight.to(x.dtype)) * self.scales     # CUDA: no int8 weight-only kernel in aten
-        if self.bias is not None: y = y + self.bias
+        if _use_dense(self, x.shape[0], self.max_int8_rows):
+            y = _dense_mm(x, self.dense, self.dense_c)  # many rows: dense
+        elif x.device.type == "cpu":
+            y = torch.ops.aten._weight_int8pack_mm(x, self.weight, self.scales)
+        else:
+            y = (
+                F.linear(x, self.weight.to(x.dtype)) * self.scales
+            )  # CUDA: no int8 weight-only kernel in aten
+        if self.bias is not None:
+            y = y + self.bias
         return y.reshape(*shape[:-1], self.out_features).to(dt)
 
-    def extra_repr(self): return f"in_features={self.in_features}, out_features={self.out_features}, int8 per row" + (
-        f", dense above {self.max_int8_rows} rows" if self.dense is not None else "")
+    def extra_repr(self):
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 per row" + (
+            f", dense above {self.max_int8_rows} rows" if self.dense is not None else ""
+        )
 
 # %% ../nbs/04b_quantization.ipynb #19ea85c2
-_C_DENSE = gemm_supported(torch.empty(16, 2, dtype=torch.bfloat16))   # whether dense copies get lesson 04a's kernel here
-INT4_MAX_ROWS = 4 if _C_DENSE else 16   # the engine's 4-bit layers run the int4 kernel up to this many rows, the dense copy above (measured)
-INT8_MAX_ROWS = 0 if _C_DENSE else 8    # and its Q8_0 layers the int8 kernel (measured on the 49152×576 LM head)
+_C_DENSE = gemm_supported(
+    torch.empty(16, 2, dtype=torch.bfloat16)
+)  # whether dense copies get lesson 04a's kernel here
+INT4_MAX_ROWS = (
+    4 if _C_DENSE else 16
+)  # the engine's 4-bit layers run the int4 kernel up to this many rows, the dense copy above (measured)
+INT8_MAX_ROWS = (
+    0 if _C_DENSE else 8
+)  # and its Q8_0 layers the int8 kernel (measured on the 49152×576 LM head)
 
-def gguf_linear(raw: torch.Tensor, kind: str, dtype=torch.bfloat16, device="cpu", max_int4_rows: int | None = None,
-                max_int8_rows: int | None = None) -> nn.Module:
+
+def gguf_linear(
+    raw: torch.Tensor,
+    kind: str,
+    dtype=torch.bfloat16,
+    device="cpu",
+    max_int4_rows: int | None = None,
+    max_int8_rows: int | None = None,
+) -> nn.Module:
     """The weight-only quantized linear module of GGUF rows `raw` `[N, bytes]` of type `kind` (Q4_0, Q4_1 or Q8_0);
     hybrid (a dense copy for calls of more than `max_int4_rows` rows; Q8_0: `max_int8_rows`) when those are given."""
     q, d, m = split_blocks(raw.to(device), kind)
-    if kind == "Q8_0": return Int8Linear(dequantize(q, d, m, kind), dtype, max_int8_rows=max_int8_rows)
+    if kind == "Q8_0":
+        return Int8Linear(dequantize(q, d, m, kind), dtype, max_int8_rows=max_int8_rows)
     return Int4Linear(*int4_affine(q, d, m, kind), dtype, max_int4_rows=max_int4_rows)
+
 
 def unpermute_rows(w: torch.Tensor, n_head: int) -> torch.Tensor:
     "Undo llama.cpp's reordering of q/k projection rows (its converter interleaves each head's two rotary halves)."
@@ -163,42 +246,95 @@ def unpermute_rows(w: torch.Tensor, n_head: int) -> torch.Tensor:
     return w.reshape(n_head, dim, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 # %% ../nbs/04b_quantization.ipynb #0fb92833
-GGUF_TO_HF = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head",
-              "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm", "attn_q": "self_attn.q_proj",
-              "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
-              "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj"}
+GGUF_TO_HF = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
 
 def gguf_to_hf_name(name: str) -> str:
     "`blk.3.attn_q.weight` → `model.layers.3.self_attn.q_proj.weight`."
     parts = name.split(".")
-    if parts[0] == "blk": return f"model.layers.{parts[1]}.{GGUF_TO_HF[parts[2]]}.{parts[3]}"
+    if parts[0] == "blk":
+        return f"model.layers.{parts[1]}.{GGUF_TO_HF[parts[2]]}.{parts[3]}"
     return f"{GGUF_TO_HF[parts[0]]}.{parts[1]}"
 
-_GGUF_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-_GGUF_TYPES = {0: ("F32", 4, 1), 1: ("F16", 2, 1), 30: ("BF16", 2, 1), 2: ("Q4_0", 18, 32), 3: ("Q4_1", 20, 32), 8: ("Q8_0", 34, 32)}
+
+_GGUF_SCALARS = {
+    0: "<B",
+    1: "<b",
+    2: "<H",
+    3: "<h",
+    4: "<I",
+    5: "<i",
+    6: "<f",
+    7: "<?",
+    10: "<Q",
+    11: "<q",
+    12: "<d",
+}
+_GGUF_TYPES = {
+    0: ("F32", 4, 1),
+    1: ("F16", 2, 1),
+    30: ("BF16", 2, 1),
+    2: ("Q4_0", 18, 32),
+    3: ("Q4_1", 20, 32),
+    8: ("Q8_0", 34, 32),
+}
+
 
 def read_gguf(path: str | os.PathLike) -> tuple[str, dict[str, tuple[str, torch.Tensor]]]:
     """`(architecture, {gguf name: (type name, tensor)})` of a GGUF file: raw block rows `uint8 [N, bytes]` for quantized
     types, floats `[N, K]` otherwise. (A small reader of the format's header: the `gguf` package's reader also parses
     the whole tokenizer vocabulary, which took 5 s here.)"""
-    import struct, numpy as np
+    import struct
+    import numpy as np
+
     buf = np.memmap(path, dtype=np.uint8, mode="r")
     pos = 4
+
     def skip(n):
         nonlocal pos
         pos += n
-    def take(fmt): skip(struct.calcsize(fmt)); return struct.unpack_from(fmt, buf, pos - struct.calcsize(fmt))[0]
-    def string(): n = take("<Q"); skip(n); return bytes(buf[pos - n:pos]).decode()
-    def value(t):   # 8: a string, 9: an array (numeric arrays, like the vocabulary's scores, are skipped)
-        if t == 8: return string()
-        if t != 9: return take(_GGUF_SCALARS[t])
+
+    def take(fmt):
+        skip(struct.calcsize(fmt))
+        return struct.unpack_from(fmt, buf, pos - struct.calcsize(fmt))[0]
+
+    def string():
+        n = take("<Q")
+        skip(n)
+        return bytes(buf[pos - n : pos]).decode()
+
+    def value(
+        t,
+    ):  # 8: a string, 9: an array (numeric arrays, like the vocabulary's scores, are skipped)
+        if t == 8:
+            return string()
+        if t != 9:
+            return take(_GGUF_SCALARS[t])
         et, n = take("<I"), take("<Q")
-        if et in _GGUF_SCALARS: return skip(n * struct.calcsize(_GGUF_SCALARS[et]))
+        if et in _GGUF_SCALARS:
+            return skip(n * struct.calcsize(_GGUF_SCALARS[et]))
         return [value(et) for _ in range(n)]
-    if bytes(buf[:4]) != b"GGUF": raise ValueError(f"{path} is not a GGUF file")
+
+    if bytes(buf[:4]) != b"GGUF":
+        raise ValueError(f"{path} is not a GGUF file")
     version, n_tensors, n_kv = take("<I"), take("<Q"), take("<Q")
     meta = {}
-    for _ in range(n_kv): k = string(); meta[k] = value(take("<I"))
+    for _ in range(n_kv):
+        k = string()
+        meta[k] = value(take("<I"))
     infos = []
     for _ in range(n_tensors):
         name, nd = string(), take("<I")
@@ -207,13 +343,20 @@ def read_gguf(path: str | os.PathLike) -> tuple[str, dict[str, tuple[str, torch.
     align = meta.get("general.alignment", 32)
     start, out = -(-pos // align) * align, {}
     for name, dims, t, off in infos:
-        if t in _GGUF_TYPES: kind, nbytes, per = _GGUF_TYPES[t]
-        else:   # other block types (K-quants…): raw rows, sized by the gguf package's table
+        if t in _GGUF_TYPES:
+            kind, nbytes, per = _GGUF_TYPES[t]
+        else:  # other block types (K-quants…): raw rows, sized by the gguf package's table
             import gguf
-            kind = gguf.GGMLQuantizationType(t).name; per, nbytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(t)]
-        rows = int(np.prod(dims[1:])); row_bytes = dims[0] // per * nbytes
-        a = torch.from_numpy(np.array(buf[start + off:start + off + rows * row_bytes]).reshape(rows, row_bytes))
-        if kind in ("F32", "F16", "BF16"): a = a.view({"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}[kind])
+
+            kind = gguf.GGMLQuantizationType(t).name
+            per, nbytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(t)]
+        rows = int(np.prod(dims[1:]))
+        row_bytes = dims[0] // per * nbytes
+        a = torch.from_numpy(
+            np.array(buf[start + off : start + off + rows * row_bytes]).reshape(rows, row_bytes)
+        )
+        if kind in ("F32", "F16", "BF16"):
+            a = a.view({"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}[kind])
         out[name] = (kind, a.squeeze(0) if len(dims) == 1 else a)
     return meta["general.architecture"], out
 
@@ -221,14 +364,26 @@ def read_gguf(path: str | os.PathLike) -> tuple[str, dict[str, tuple[str, torch.
 def prompt_logprob_stats(llm, texts: list[str]) -> list[tuple[int, float]]:
     "Teacher-forced, at every prompt position of `texts`: (the engine's top-1 next token, its logprob of the actual next token)."
     from minivllm.config import SamplingParams
+
     res = []
     for o in llm.generate(texts, SamplingParams(max_tokens=1, prompt_logprobs=1), use_tqdm=False):
         for i, d in enumerate(o.prompt_logprobs):
-            if d is not None: res.append((next(t for t, lp in d.items() if lp.rank == 1), d[o.prompt_token_ids[i]].logprob))
+            if d is not None:
+                res.append(
+                    (
+                        next(t for t, lp in d.items() if lp.rank == 1),
+                        d[o.prompt_token_ids[i]].logprob,
+                    )
+                )
     return res
+
 
 def logprob_agreement(a: list[tuple[int, float]], b: list[tuple[int, float]]) -> dict:
     "Top-1 agreement and |logprob difference| of two `prompt_logprob_stats` of the same texts."
     diffs = [abs(x[1] - y[1]) for x, y in zip(a, b, strict=True)]
-    return dict(positions=len(diffs), top1_agreement=sum(x[0] == y[0] for x, y in zip(a, b)) / len(diffs),
-                max_abs_logprob_diff=max(diffs), mean_abs_logprob_diff=sum(diffs) / len(diffs))
+    return dict(
+        positions=len(diffs),
+        top1_agreement=sum(x[0] == y[0] for x, y in zip(a, b)) / len(diffs),
+        max_abs_logprob_diff=max(diffs),
+        mean_abs_logprob_diff=sum(diffs) / len(diffs),
+    )

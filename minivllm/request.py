@@ -4,7 +4,8 @@
 
 # %% ../nbs/01_request.ipynb #aa18ed79
 from __future__ import annotations
-import enum, time
+import enum
+import time
 import torch
 from .config import SamplingParams
 
@@ -14,6 +15,7 @@ __all__ = ['ALLOWED_TRANSITIONS', 'RequestStatus', 'Request', 'check_stop']
 # %% ../nbs/01_request.ipynb #bb8478ab
 class RequestStatus(enum.IntEnum):
     "Where a request is in its life. Everything after `PREEMPTED` is final."
+
     WAITING = 0
     RUNNING = 1
     PREEMPTED = 2
@@ -22,70 +24,114 @@ class RequestStatus(enum.IntEnum):
     FINISHED_ABORTED = 5
 
     @property
-    def is_finished(self) -> bool: return self > RequestStatus.PREEMPTED
+    def is_finished(self) -> bool:
+        return self > RequestStatus.PREEMPTED
 
     @property
     def finish_reason(self) -> str | None:
         "vLLM's `finish_reason` string for a finished status."
-        return {RequestStatus.FINISHED_STOPPED: "stop", RequestStatus.FINISHED_LENGTH_CAPPED: "length",
-                RequestStatus.FINISHED_ABORTED: "abort"}.get(self)
+        return {
+            RequestStatus.FINISHED_STOPPED: "stop",
+            RequestStatus.FINISHED_LENGTH_CAPPED: "length",
+            RequestStatus.FINISHED_ABORTED: "abort",
+        }.get(self)
+
 
 ALLOWED_TRANSITIONS = {
     RequestStatus.WAITING: {RequestStatus.RUNNING, RequestStatus.FINISHED_ABORTED},
-    RequestStatus.RUNNING: {RequestStatus.PREEMPTED, RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED,
-                            RequestStatus.FINISHED_ABORTED},
+    RequestStatus.RUNNING: {
+        RequestStatus.PREEMPTED,
+        RequestStatus.FINISHED_STOPPED,
+        RequestStatus.FINISHED_LENGTH_CAPPED,
+        RequestStatus.FINISHED_ABORTED,
+    },
     RequestStatus.PREEMPTED: {RequestStatus.RUNNING, RequestStatus.FINISHED_ABORTED},
 }
 
 # %% ../nbs/01_request.ipynb #d1a92364
 class Request:
     "One sequence: its prompt, its generated tokens, how many of them are in the KV cache, and its status."
-    def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
-                 eos_token_id: int | None = None, arrival_time: float | None = None, priority: int = 0,
-                 prompt: str | None = None, parent_request_id: str | None = None, pooling_params=None, lora_request=None):
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        sampling_params: SamplingParams,
+        eos_token_id: int | None = None,
+        arrival_time: float | None = None,
+        priority: int = 0,
+        prompt: str | None = None,
+        parent_request_id: str | None = None,
+        pooling_params=None,
+        lora_request=None,
+    ):
         self.request_id, self.prompt, self.sampling_params = request_id, prompt, sampling_params
-        self.parent_request_id = parent_request_id   # the user request this is one sample of (`n > 1`), else None
-        self.pooling_params = pooling_params          # a pooling request (`LLM.embed`): read the prompt, sample nothing
-        self.lora_request = lora_request              # the LoRA adapter it runs under (a `LoRARequest`), None: the base model
+        self.parent_request_id = (
+            parent_request_id  # the user request this is one sample of (`n > 1`), else None
+        )
+        self.pooling_params = (
+            pooling_params  # a pooling request (`LLM.embed`): read the prompt, sample nothing
+        )
+        self.lora_request = (
+            lora_request  # the LoRA adapter it runs under (a `LoRARequest`), None: the base model
+        )
         self.prompt_token_ids = list(prompt_token_ids)
         self.eos_token_id, self.priority = eos_token_id, priority
         self.arrival_time = time.time() if arrival_time is None else arrival_time
         self.status = RequestStatus.WAITING
         self.all_token_ids: list[int] = list(self.prompt_token_ids)
         self.output_token_ids: list[int] = []
-        self.num_computed_tokens = 0   # tokens whose K/V are in the cache
-        self.num_cached_tokens = -1    # prefix-cache hits when first scheduled (-1: not scheduled yet)
+        self.num_computed_tokens = 0  # tokens whose K/V are in the cache
+        self.num_cached_tokens = (
+            -1
+        )  # prefix-cache hits when first scheduled (-1: not scheduled yet)
         self.num_preemptions = 0
         self.stop_reason: int | str | None = None
-        self.spec_token_ids: list[int] = []   # draft tokens to verify in the next step (speculative decoding, lesson 07b)
+        self.spec_token_ids: list[
+            int
+        ] = []  # draft tokens to verify in the next step (speculative decoding, lesson 07b)
         seed = sampling_params.seed
         self.generator = None if seed is None else torch.Generator().manual_seed(seed)
 
     @property
-    def lora_int_id(self) -> int: return 0 if self.lora_request is None else self.lora_request.lora_int_id   # 0: no adapter
+    def lora_int_id(self) -> int:
+        return 0 if self.lora_request is None else self.lora_request.lora_int_id  # 0: no adapter
+
     @property
-    def num_prompt_tokens(self) -> int: return len(self.prompt_token_ids)
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
     @property
-    def num_output_tokens(self) -> int: return len(self.output_token_ids)
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
     @property
-    def num_tokens(self) -> int: return len(self.all_token_ids)
-    def is_finished(self) -> bool: return self.status.is_finished
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    def is_finished(self) -> bool:
+        return self.status.is_finished
 
     def append_output_token_ids(self, token_ids: int | list[int]):
         "Append generated token(s)."
-        if isinstance(token_ids, int): token_ids = [token_ids]
+        if isinstance(token_ids, int):
+            token_ids = [token_ids]
         self.output_token_ids.extend(token_ids)
         self.all_token_ids.extend(token_ids)
 
     def set_status(self, status: RequestStatus):
         "Move to `status`, refusing moves the state machine does not allow."
         if status not in ALLOWED_TRANSITIONS.get(self.status, ()):
-            raise RuntimeError(f"request {self.request_id!r}: illegal transition {self.status.name} -> {status.name}")
+            raise RuntimeError(
+                f"request {self.request_id!r}: illegal transition {self.status.name} -> {status.name}"
+            )
         self.status = status
 
     def __repr__(self):
-        return (f"Request({self.request_id!r}, {self.status.name}, prompt={self.num_prompt_tokens}, "
-                f"output={self.num_output_tokens}, computed={self.num_computed_tokens})")
+        return (
+            f"Request({self.request_id!r}, {self.status.name}, prompt={self.num_prompt_tokens}, "
+            f"output={self.num_output_tokens}, computed={self.num_computed_tokens})"
+        )
 
 # %% ../nbs/01_request.ipynb #2e4385ab
 def check_stop(request: Request, max_model_len: int) -> bool:
@@ -97,9 +143,12 @@ def check_stop(request: Request, max_model_len: int) -> bool:
             request.set_status(RequestStatus.FINISHED_STOPPED)
             return True
         if last in sp.stop_token_ids:
-            request.set_status(RequestStatus.FINISHED_STOPPED); request.stop_reason = last
+            request.set_status(RequestStatus.FINISHED_STOPPED)
+            request.stop_reason = last
             return True
-    if request.num_tokens >= max_model_len or (sp.max_tokens is not None and n_out >= sp.max_tokens):
+    if request.num_tokens >= max_model_len or (
+        sp.max_tokens is not None and n_out >= sp.max_tokens
+    ):
         request.set_status(RequestStatus.FINISHED_LENGTH_CAPPED)
         return True
     return False

@@ -4,7 +4,8 @@
 
 # %% ../nbs/06_sampler.ipynb #56a2e2e6
 from __future__ import annotations
-import itertools, weakref
+import itertools
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, NamedTuple
 import torch
@@ -25,127 +26,205 @@ def bad_word_bans(bad_words_token_ids: list[list[int]], output_token_ids: list[i
     bans = []
     for w in bad_words_token_ids:
         n = len(w) - 1
-        if n > len(output_token_ids): continue
-        if n == 0 or output_token_ids[-n:] == w[:-1]: bans.append(w[-1])
+        if n > len(output_token_ids):
+            continue
+        if n == 0 or output_token_ids[-n:] == w[:-1]:
+            bans.append(w[-1])
     return bans
 
 # %% ../nbs/06_sampler.ipynb #669d0995
 _EPS = 1e-5
 
+
 @dataclass
 class Penalties:
     "Inputs of the repetition, frequency and presence penalties, for the `P` rows of the batch that have one."
-    rows: torch.Tensor         # [P] int64: which rows of the batch
-    repetition: torch.Tensor   # [P] float32 (1 = off)
-    frequency: torch.Tensor    # [P] float32 (0 = off)
-    presence: torch.Tensor     # [P] float32 (0 = off)
-    seen: tuple[torch.Tensor, torch.Tensor] | None        # distinct (index into rows, token) in prompt or output; None: no repetition penalty
-    output: tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # distinct (index into rows, token, count) of the output tokens
+
+    rows: torch.Tensor  # [P] int64: which rows of the batch
+    repetition: torch.Tensor  # [P] float32 (1 = off)
+    frequency: torch.Tensor  # [P] float32 (0 = off)
+    presence: torch.Tensor  # [P] float32 (0 = off)
+    seen: (
+        tuple[torch.Tensor, torch.Tensor] | None
+    )  # distinct (index into rows, token) in prompt or output; None: no repetition penalty
+    output: tuple[
+        torch.Tensor, torch.Tensor, torch.Tensor
+    ]  # distinct (index into rows, token, count) of the output tokens
+
 
 @dataclass
 class SamplingMetadata:
     "Per-row sampling parameters of one step, as tensors (`None`: no row of the batch uses that knob)."
-    temperature: torch.Tensor          # [B] float32 (0 for greedy rows)
+
+    temperature: torch.Tensor  # [B] float32 (0 for greedy rows)
     all_greedy: bool
     all_random: bool
-    top_k: torch.Tensor | None         # [B] int64, 0 = off
-    top_p: torch.Tensor | None         # [B] float32, 1 = off
-    min_p: torch.Tensor | None         # [B] float32, 0 = off
-    generators: dict[int, torch.Generator]   # row -> the request's own generator (seeded requests)
-    max_num_logprobs: int | None       # the most `logprobs` any row asked for (-1: the whole vocabulary); None: no row
-    allowed: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None    # (rows [A], index into rows, token id)
-    banned: tuple[torch.Tensor, torch.Tensor] | None                   # (row, token id) set to -inf: min_tokens, bad words
-    logit_bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None # (row, token id, bias)
+    top_k: torch.Tensor | None  # [B] int64, 0 = off
+    top_p: torch.Tensor | None  # [B] float32, 1 = off
+    min_p: torch.Tensor | None  # [B] float32, 0 = off
+    generators: dict[int, torch.Generator]  # row -> the request's own generator (seeded requests)
+    max_num_logprobs: (
+        int | None
+    )  # the most `logprobs` any row asked for (-1: the whole vocabulary); None: no row
+    allowed: (
+        tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None
+    )  # (rows [A], index into rows, token id)
+    banned: (
+        tuple[torch.Tensor, torch.Tensor] | None
+    )  # (row, token id) set to -inf: min_tokens, bad words
+    logit_bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None  # (row, token id, bias)
     penalties: Penalties | None
     # which rows need the costly steps (int64 indices, ascending)
-    random_rows: torch.Tensor | None = None      # rows that sample at random (temperature > 0)
-    min_p_rows: torch.Tensor | None = None       # rows with min-p
-    top_p_rows: torch.Tensor | None = None       # rows with top-p (their top-k, if any, is applied with it)
+    random_rows: torch.Tensor | None = None  # rows that sample at random (temperature > 0)
+    min_p_rows: torch.Tensor | None = None  # rows with min-p
+    top_p_rows: torch.Tensor | None = (
+        None  # rows with top-p (their top-k, if any, is applied with it)
+    )
     top_k_only_rows: torch.Tensor | None = None  # rows with top-k and no top-p
-    logprobs_rows: torch.Tensor | None = None    # rows that asked for logprobs
+    logprobs_rows: torch.Tensor | None = None  # rows that asked for logprobs
 
 # %% ../nbs/06_sampler.ipynb #7b8216f9
 @patch(cls_method=True)
 def from_requests(cls: SamplingMetadata, requests: list[Request], device="cpu") -> SamplingMetadata:
     "The batch's parameters, one pass over `requests` (row i = `requests[i]`), then one tensor per field."
     temps, top_k, top_p, min_p, gens, max_lp, lp_rows = [], [], [], [], {}, None, []
-    al_rows, al_local, al_ids, ban_rows, ban_ids, lb_rows, lb_ids, lb_vals, pen = [], [], [], [], [], [], [], [], []
+    al_rows, al_local, al_ids, ban_rows, ban_ids, lb_rows, lb_ids, lb_vals, pen = (
+        [],
+        [],
+        [],
+        [],
+        [],
+        [],
+        [],
+        [],
+        [],
+    )
     for i, r in enumerate(requests):
         sp, out = r.sampling_params, r.output_token_ids
-        temps.append(sp.temperature); top_k.append(max(sp.top_k, 0)); top_p.append(sp.top_p); min_p.append(sp.min_p)
-        if r.generator is not None and not sp.greedy: gens[i] = r.generator
+        temps.append(sp.temperature)
+        top_k.append(max(sp.top_k, 0))
+        top_p.append(sp.top_p)
+        min_p.append(sp.min_p)
+        if r.generator is not None and not sp.greedy:
+            gens[i] = r.generator
         if sp.logprobs is not None:
             max_lp = -1 if -1 in (sp.logprobs, max_lp) else max(sp.logprobs, max_lp or 0)
             lp_rows.append(i)
         if sp.allowed_token_ids is not None:
-            al_local += [len(al_rows)] * len(sp.allowed_token_ids); al_rows.append(i); al_ids += sp.allowed_token_ids
-        if len(out) < sp.min_tokens:   # vLLM blocks EOS here even with ignore_eos
+            al_local += [len(al_rows)] * len(sp.allowed_token_ids)
+            al_rows.append(i)
+            al_ids += sp.allowed_token_ids
+        if len(out) < sp.min_tokens:  # vLLM blocks EOS here even with ignore_eos
             stops = sp.stop_token_ids + ([r.eos_token_id] if r.eos_token_id is not None else [])
-            ban_rows += [i] * len(stops); ban_ids += stops
+            ban_rows += [i] * len(stops)
+            ban_ids += stops
         if sp.bad_words:
             if sp.bad_words_token_ids is None:
-                raise RuntimeError(f"request {r.request_id!r}: bad_words were not tokenized; the engine must call "
-                                   "SamplingParams.update_from_tokenizer(tokenizer) when it adds the request.")
+                raise RuntimeError(
+                    f"request {r.request_id!r}: bad_words were not tokenized; the engine must call "
+                    "SamplingParams.update_from_tokenizer(tokenizer) when it adds the request."
+                )
             bans = bad_word_bans(sp.bad_words_token_ids, out)
-            ban_rows += [i] * len(bans); ban_ids += bans
+            ban_rows += [i] * len(bans)
+            ban_ids += bans
         if sp.logit_bias:
-            lb_rows += [i] * len(sp.logit_bias); lb_ids += sp.logit_bias.keys(); lb_vals += sp.logit_bias.values()
-        if sp.repetition_penalty != 1.0 or sp.frequency_penalty != 0.0 or sp.presence_penalty != 0.0: pen.append(i)
+            lb_rows += [i] * len(sp.logit_bias)
+            lb_ids += sp.logit_bias.keys()
+            lb_vals += sp.logit_bias.values()
+        if (
+            sp.repetition_penalty != 1.0
+            or sp.frequency_penalty != 0.0
+            or sp.presence_penalty != 0.0
+        ):
+            pen.append(i)
     t = lambda x, dt=torch.int64: torch.tensor(x, dtype=dt, device=device)
     opt = lambda vals, off, dt: None if all(v == off for v in vals) else t(vals, dt)
-    where = lambda cond: (lambda rows: t(rows) if rows else None)([i for i, c in enumerate(cond) if c])
+    where = lambda cond: (lambda rows: t(rows) if rows else None)(
+        [i for i, c in enumerate(cond) if c]
+    )
     greedy = [v < _EPS for v in temps]
-    return cls(temperature=t(temps, torch.float32), all_greedy=all(greedy), all_random=not any(greedy),
-               top_k=opt(top_k, 0, torch.int64), top_p=opt(top_p, 1.0, torch.float32),
-               min_p=opt(min_p, 0.0, torch.float32), generators=gens, max_num_logprobs=max_lp,
-               allowed=(t(al_rows), t(al_local), t(al_ids)) if al_rows else None,
-               banned=(t(ban_rows), t(ban_ids)) if ban_rows else None,
-               logit_bias=(t(lb_rows), t(lb_ids), t(lb_vals, torch.float32)) if lb_rows else None,
-               penalties=_penalties([requests[i] for i in pen], pen, device) if pen else None,
-               random_rows=where([not g for g in greedy]), min_p_rows=where([v > 0 for v in min_p]),
-               top_p_rows=where([v < 1.0 for v in top_p]),
-               top_k_only_rows=where([k > 0 and p >= 1.0 for k, p in zip(top_k, top_p)]),
-               logprobs_rows=t(lp_rows) if lp_rows else None)
+    return cls(
+        temperature=t(temps, torch.float32),
+        all_greedy=all(greedy),
+        all_random=not any(greedy),
+        top_k=opt(top_k, 0, torch.int64),
+        top_p=opt(top_p, 1.0, torch.float32),
+        min_p=opt(min_p, 0.0, torch.float32),
+        generators=gens,
+        max_num_logprobs=max_lp,
+        allowed=(t(al_rows), t(al_local), t(al_ids)) if al_rows else None,
+        banned=(t(ban_rows), t(ban_ids)) if ban_rows else None,
+        logit_bias=(t(lb_rows), t(lb_ids), t(lb_vals, torch.float32)) if lb_rows else None,
+        penalties=_penalties([requests[i] for i in pen], pen, device) if pen else None,
+        random_rows=where([not g for g in greedy]),
+        min_p_rows=where([v > 0 for v in min_p]),
+        top_p_rows=where([v < 1.0 for v in top_p]),
+        top_k_only_rows=where([k > 0 and p >= 1.0 for k, p in zip(top_k, top_p)]),
+        logprobs_rows=t(lp_rows) if lp_rows else None,
+    )
 
 # %% ../nbs/06_sampler.ipynb #7334e999
 _PROMPT_IDS: "weakref.WeakKeyDictionary[Request, torch.Tensor]" = weakref.WeakKeyDictionary()
 
+
 def _prompt_ids(r: Request) -> torch.Tensor:
     "The distinct prompt tokens of `r` as a CPU tensor, computed once per request."
     ids = _PROMPT_IDS.get(r)
-    if ids is None: ids = _PROMPT_IDS[r] = torch.tensor(r.prompt_token_ids, dtype=torch.int64).unique()
+    if ids is None:
+        ids = _PROMPT_IDS[r] = torch.tensor(r.prompt_token_ids, dtype=torch.int64).unique()
     return ids
+
 
 def _penalties(reqs: list[Request], rows: list[int], device) -> Penalties:
     sps = [r.sampling_params for r in reqs]
     f32 = lambda x: torch.tensor(x, dtype=torch.float32, device=device)
-    local = lambda lens: torch.arange(len(reqs)).repeat_interleave(torch.tensor(lens, dtype=torch.int64))
-    out_ids = torch.tensor(list(itertools.chain.from_iterable(r.output_token_ids for r in reqs)), dtype=torch.int64)
-    V = 1 << 32   # (row, token) pairs as one int64 key, to find the distinct ones with torch.unique
-    out_keys, counts = torch.unique(local([r.num_output_tokens for r in reqs]) * V + out_ids, return_counts=True)
+    local = lambda lens: torch.arange(len(reqs)).repeat_interleave(
+        torch.tensor(lens, dtype=torch.int64)
+    )
+    out_ids = torch.tensor(
+        list(itertools.chain.from_iterable(r.output_token_ids for r in reqs)), dtype=torch.int64
+    )
+    V = 1 << 32  # (row, token) pairs as one int64 key, to find the distinct ones with torch.unique
+    out_keys, counts = torch.unique(
+        local([r.num_output_tokens for r in reqs]) * V + out_ids, return_counts=True
+    )
     output = tuple(x.to(device) for x in (out_keys // V, out_keys % V, counts.to(torch.float32)))
     seen = None
-    if any(sp.repetition_penalty != 1.0 for sp in sps):   # the repetition penalty also looks at the prompt
+    if any(
+        sp.repetition_penalty != 1.0 for sp in sps
+    ):  # the repetition penalty also looks at the prompt
         prompts = [_prompt_ids(r) for r in reqs]
-        keys = torch.cat([local([len(p) for p in prompts]) * V + torch.cat(prompts), out_keys]).unique()
+        keys = torch.cat(
+            [local([len(p) for p in prompts]) * V + torch.cat(prompts), out_keys]
+        ).unique()
         seen = (keys // V).to(device), (keys % V).to(device)
-    return Penalties(torch.tensor(rows, device=device), f32([sp.repetition_penalty for sp in sps]),
-                     f32([sp.frequency_penalty for sp in sps]), f32([sp.presence_penalty for sp in sps]), seen, output)
+    return Penalties(
+        torch.tensor(rows, device=device),
+        f32([sp.repetition_penalty for sp in sps]),
+        f32([sp.frequency_penalty for sp in sps]),
+        f32([sp.presence_penalty for sp in sps]),
+        seen,
+        output,
+    )
 
 # %% ../nbs/06_sampler.ipynb #fcf7c267
 def apply_allowed_token_ids(logits: torch.Tensor, allowed) -> torch.Tensor:
     "Rows with `allowed_token_ids` keep only those tokens."
-    if allowed is None: return logits
+    if allowed is None:
+        return logits
     rows, local, ids = allowed
     mask = torch.ones(len(rows), logits.shape[-1], dtype=torch.bool, device=logits.device)
     mask[local, ids] = False
     logits[rows] = logits[rows].masked_fill(mask, float("-inf"))
     return logits
 
+
 def apply_banned(logits: torch.Tensor, banned) -> torch.Tensor:
     "Set the `(row, token)` pairs of `banned` (min_tokens stops, bad words) to −∞."
-    if banned is not None: logits[banned] = float("-inf")
+    if banned is not None:
+        logits[banned] = float("-inf")
     return logits
+
 
 def apply_logit_bias(logits: torch.Tensor, logit_bias) -> torch.Tensor:
     "Add each `(row, token)` pair's bias."
@@ -154,9 +233,11 @@ def apply_logit_bias(logits: torch.Tensor, logit_bias) -> torch.Tensor:
         logits[rows, ids] += vals
     return logits
 
+
 def apply_penalties(logits: torch.Tensor, pen: Penalties | None) -> torch.Tensor:
     "vLLM's repetition (prompt + output), frequency and presence (output) penalties, on the (row, token) entries they touch."
-    if pen is None: return logits
+    if pen is None:
+        return logits
     if pen.seen is not None:
         local, tok = pen.seen
         rows, r = pen.rows[local], pen.repetition[local]
@@ -169,16 +250,22 @@ def apply_penalties(logits: torch.Tensor, pen: Penalties | None) -> torch.Tensor
     return logits
 
 # %% ../nbs/06_sampler.ipynb #1cee48c5
-def apply_temperature(logits: torch.Tensor, temperature: torch.Tensor, all_random: bool = False) -> torch.Tensor:
+def apply_temperature(
+    logits: torch.Tensor, temperature: torch.Tensor, all_random: bool = False
+) -> torch.Tensor:
     "Divide each row by its temperature (greedy rows by 1). Like the other `apply_*` functions, works in place."
-    if not all_random: temperature = torch.where(temperature < _EPS, 1.0, temperature)
+    if not all_random:
+        temperature = torch.where(temperature < _EPS, 1.0, temperature)
     return logits.div_(temperature[:, None])
+
 
 def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor | None) -> torch.Tensor:
     "Mask tokens whose probability is below `min_p` times the row's top probability (0 = off)."
-    if min_p is None: return logits
+    if min_p is None:
+        return logits
     probs = logits.softmax(-1)
     return logits.masked_fill_(probs < min_p[:, None] * probs.amax(-1, keepdim=True), float("-inf"))
+
 
 def _apply_top_k_only(logits: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
     V = logits.shape[-1]
@@ -188,7 +275,10 @@ def _apply_top_k_only(logits: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor
     kth = kth.masked_fill(off[:, None], float("-inf"))
     return logits.masked_fill_(logits < kth, float("-inf"))
 
-def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:
+
+def apply_top_k_top_p(
+    logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None
+) -> torch.Tensor:
     "Mask logits outside each row's top-k and then its top-p (0 / 1 mean off)."
     if top_p is None:
         return logits if top_k is None else _apply_top_k_only(logits, top_k)
@@ -200,7 +290,7 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: t
         srt = srt.masked_fill(srt < kth, float("-inf"))
     cum = srt.softmax(-1).cumsum(-1)
     drop = cum <= 1 - top_p[:, None]
-    drop[:, -1] = False                      # at least one token
+    drop[:, -1] = False  # at least one token
     srt = srt.masked_fill(drop, float("-inf"))
     return logits.scatter_(-1, idx, srt)
 
@@ -208,24 +298,33 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: t
 @dataclass
 class Logprob:
     "vLLM's `Logprob`: the log-probability of one token, its rank, and its text."
+
     logprob: float
     rank: int | None = None
     decoded_token: str | None = None
 
+
 class LogprobsLists(NamedTuple):
     "`LogprobsTensors` as Python lists."
+
     logprob_token_ids: list[list[int]]
     logprobs: list[list[float]]
     sampled_token_ranks: list[int]
 
+
 class LogprobsTensors(NamedTuple):
     "Per row: the chosen token then the top-k (`[N, k+1]` ids and logprobs), and the chosen token's rank `[N]`."
+
     logprob_token_ids: torch.Tensor
     logprobs: torch.Tensor
     selected_token_ranks: torch.Tensor
 
     def tolists(self) -> LogprobsLists:
-        return LogprobsLists(self.logprob_token_ids.tolist(), self.logprobs.tolist(), self.selected_token_ranks.tolist())
+        return LogprobsLists(
+            self.logprob_token_ids.tolist(),
+            self.logprobs.tolist(),
+            self.selected_token_ranks.tolist(),
+        )
 
     def to_dicts(self, num_logprobs: int | list[int], tokenizer=None) -> list[dict[int, Logprob]]:
         "One `{token_id: Logprob}` per row (vLLM's output shape), keeping `num_logprobs` (per row, or one for all) top tokens."
@@ -233,47 +332,69 @@ class LogprobsTensors(NamedTuple):
         ks = num_logprobs if isinstance(num_logprobs, list) else [num_logprobs] * len(ids)
         return [logprobs_dict(*row, k, tokenizer) for *row, k in zip(ids, lps, ranks, ks)]
 
-def logprobs_dict(token_ids: list[int], logprobs: list[float], rank: int, num_logprobs: int, tokenizer=None) -> dict[int, Logprob]:
+
+def logprobs_dict(
+    token_ids: list[int], logprobs: list[float], rank: int, num_logprobs: int, tokenizer=None
+) -> dict[int, Logprob]:
     """One position's `{token_id: Logprob}`: the chosen token with its rank, then the `num_logprobs` (-1: all) most
     likely with ranks 1, 2, …; the chosen token appears once (so the dict has `num_logprobs` or `num_logprobs + 1` entries).
     With a tokenizer, `decoded_token` is each token decoded alone (as vLLM does)."""
     n = len(token_ids) if num_logprobs == -1 else num_logprobs + 1
     ids, lps, rks = token_ids[:n], logprobs[:n], [rank, *range(1, n)]
-    texts = tokenizer.batch_decode([[t] for t in ids]) if tokenizer is not None else [None] * len(ids)
+    texts = (
+        tokenizer.batch_decode([[t] for t in ids]) if tokenizer is not None else [None] * len(ids)
+    )
     return {t: Logprob(lp, rk, s) for t, lp, rk, s in zip(ids, lps, rks, texts)}
 
-def decode_logprobs(logprobs: list[dict[int, Logprob] | None], tokenizer) -> list[dict[int, Logprob] | None]:
+
+def decode_logprobs(
+    logprobs: list[dict[int, Logprob] | None], tokenizer
+) -> list[dict[int, Logprob] | None]:
     "Fill in `decoded_token` (each token decoded alone, as vLLM does) of logprob dicts built without a tokenizer; in place."
     todo = [lp for d in logprobs if d for lp in d.items()]
-    for (t, lp), s in zip(todo, tokenizer.batch_decode([[t] for t, _ in todo])): lp.decoded_token = s
+    for (t, lp), s in zip(todo, tokenizer.batch_decode([[t] for t, _ in todo])):
+        lp.decoded_token = s
     return logprobs
-
 
 # %% ../nbs/06_sampler.ipynb #23e2da33
 def compute_logprobs(logits: torch.Tensor) -> torch.Tensor:
     "Log-softmax in float32."
     return logits.log_softmax(-1, dtype=torch.float32)
 
-def gather_logprobs(logprobs: torch.Tensor, num_logprobs: int, token_ids: torch.Tensor) -> LogprobsTensors:
+
+def gather_logprobs(
+    logprobs: torch.Tensor, num_logprobs: int, token_ids: torch.Tensor
+) -> LogprobsTensors:
     "The logprob and rank of `token_ids` (one per row) and the top `num_logprobs` (-1: all) of each row."
     k = logprobs.shape[-1] if num_logprobs == -1 else min(num_logprobs, logprobs.shape[-1])
     top = logprobs.topk(k, dim=-1)
     token_ids = token_ids.to(torch.int64)[:, None]
     tok_lp = logprobs.gather(-1, token_ids)
     ranks = (logprobs >= tok_lp).sum(-1)
-    return LogprobsTensors(torch.cat([token_ids, top.indices], 1), torch.cat([tok_lp, top.values], 1), ranks)
+    return LogprobsTensors(
+        torch.cat([token_ids, top.indices], 1), torch.cat([tok_lp, top.values], 1), ranks
+    )
 
-def prompt_logprobs_from_logits(logits: torch.Tensor, next_token_ids: torch.Tensor, k: int) -> LogprobsTensors:
+
+def prompt_logprobs_from_logits(
+    logits: torch.Tensor, next_token_ids: torch.Tensor, k: int
+) -> LogprobsTensors:
     """Prompt logprobs of the rows `logits[i]` (the model's prediction after prompt position i) for the tokens that
     actually followed, `next_token_ids[i]`, with the top `k` (-1: all). vLLM's `prompt_logprobs` list is `None` for
     the first prompt token, then `to_dicts(k)` of these rows."""
-    return gather_logprobs(compute_logprobs(logits), k, torch.as_tensor(next_token_ids, device=logits.device))
+    return gather_logprobs(
+        compute_logprobs(logits), k, torch.as_tensor(next_token_ids, device=logits.device)
+    )
 
 # %% ../nbs/06_sampler.ipynb #251b08c3
 class PromptLogprobsCollector:
     """Prompt logprobs of the requests that asked for them, gathered over the steps that compute their prompts and
     handed out once per request, when its prompt is done."""
-    def __init__(self): self.parts: dict[str, list[tuple[int, LogprobsTensors]]] = {}   # request id -> (first position, rows)
+
+    def __init__(self):
+        self.parts: dict[
+            str, list[tuple[int, LogprobsTensors]]
+        ] = {}  # request id -> (first position, rows)
 
     def wanted(self, scheduler_output, requests: Mapping[str, Request]) -> dict[str, int]:
         "Request id → prompt length, for the scheduled requests whose prompt logprobs are not done (for the model runner)."
@@ -282,18 +403,28 @@ class PromptLogprobsCollector:
             r = requests[s.req_id]
             if r.sampling_params.prompt_logprobs is not None and r.num_output_tokens == 0:
                 want[s.req_id] = r.num_prompt_tokens
-                if s.start_pos == 0: self.parts[s.req_id] = []   # a (re)start from the first token
+                if s.start_pos == 0:
+                    self.parts[s.req_id] = []  # a (re)start from the first token
         return want
 
-    def collect(self, scheduler_output, requests: Mapping[str, Request],
-                prompt_logits: dict[str, tuple[int, torch.Tensor]]) -> dict[str, list]:
+    def collect(
+        self,
+        scheduler_output,
+        requests: Mapping[str, Request],
+        prompt_logits: dict[str, tuple[int, torch.Tensor]],
+    ) -> dict[str, list]:
         "Add this step's rows (`request id -> (first position, logits)`); return the lists of the prompts finished now."
-        if prompt_logits: self._add(requests, prompt_logits)
+        if prompt_logits:
+            self._add(requests, prompt_logits)
         done = {}
         for s in scheduler_output.seqs:
-            if s.sample and s.req_id in self.parts:   # the step that reaches the end of the prompt
+            if s.sample and s.req_id in self.parts:  # the step that reaches the end of the prompt
                 r, parts = requests[s.req_id], self.parts.pop(s.req_id)
-                lists = [d for _, lt in sorted(parts, key=lambda x: x[0]) for d in lt.to_dicts(r.sampling_params.prompt_logprobs)]
+                lists = [
+                    d
+                    for _, lt in sorted(parts, key=lambda x: x[0])
+                    for d in lt.to_dicts(r.sampling_params.prompt_logprobs)
+                ]
                 assert len(lists) == r.num_prompt_tokens - 1, (len(lists), r.num_prompt_tokens)
                 done[s.req_id] = [None] + lists
         return done
@@ -302,12 +433,20 @@ class PromptLogprobsCollector:
         "All requests' rows in one batched computation, then split back per request."
         reqs = [requests[r] for r in prompt_logits]
         ks = [r.sampling_params.prompt_logprobs for r in reqs]
-        nxt = [t for r, (p0, l) in zip(reqs, prompt_logits.values()) for t in r.prompt_token_ids[p0 + 1:p0 + 1 + l.shape[0]]]
-        lt = prompt_logprobs_from_logits(torch.cat([l for _, l in prompt_logits.values()]), torch.tensor(nxt, dtype=torch.int64),
-                                         -1 if -1 in ks else max(ks))
+        nxt = [
+            t
+            for r, (p0, l) in zip(reqs, prompt_logits.values())
+            for t in r.prompt_token_ids[p0 + 1 : p0 + 1 + l.shape[0]]
+        ]
+        lt = prompt_logprobs_from_logits(
+            torch.cat([l for _, l in prompt_logits.values()]),
+            torch.tensor(nxt, dtype=torch.int64),
+            -1 if -1 in ks else max(ks),
+        )
         lt, j = LogprobsTensors(*(x.cpu() for x in lt)), 0
         for rid, (p0, l) in prompt_logits.items():
-            self.parts[rid].append((p0, LogprobsTensors(*(x[j:j + l.shape[0]] for x in lt)))); j += l.shape[0]
+            self.parts[rid].append((p0, LogprobsTensors(*(x[j : j + l.shape[0]] for x in lt))))
+            j += l.shape[0]
 
     def discard(self, request_id: str):
         "Forget a request's rows (it ended, or was aborted, before its prompt was done)."
@@ -318,37 +457,62 @@ def _exp_noise(shape, device, generator=None) -> torch.Tensor:
     "Exp(1) noise as −log U, U ~ U[0, 1): never 0 (so never 0/0), and cheaper than `exponential_` on the CPU."
     return torch.empty(shape, device=device).uniform_(generator=generator).log_().neg_()
 
+
 def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:
     "One draw per row with the exponential race; rows with a generator draw their noise from it (on the CPU), so they are reproducible."
-    q = _exp_noise(probs.shape, probs.device) if len(generators) < probs.shape[0] else torch.empty_like(probs)
-    for i, g in generators.items(): q[i] = _exp_noise(probs.shape[-1], "cpu", g).to(probs.device)
+    q = (
+        _exp_noise(probs.shape, probs.device)
+        if len(generators) < probs.shape[0]
+        else torch.empty_like(probs)
+    )
+    for i, g in generators.items():
+        q[i] = _exp_noise(probs.shape[-1], "cpu", g).to(probs.device)
     return probs.div_(q).argmax(-1)
+
 
 def _on_rows(logits: torch.Tensor, rows: torch.Tensor | None, f) -> torch.Tensor:
     "Apply `f(sub_logits, rows)` to the given rows only (to the whole tensor, in place, when they are all the rows)."
-    if rows is None: return logits
-    if rows.shape[0] == logits.shape[0]: return f(logits, rows)
+    if rows is None:
+        return logits
+    if rows.shape[0] == logits.shape[0]:
+        return f(logits, rows)
     logits[rows] = f(logits[rows], rows)
     return logits
+
 
 @dataclass
 class SamplerOutput:
     "vLLM's `SamplerOutput`: one sampled token per row, and the logprobs when any row asked for them."
-    sampled_token_ids: torch.Tensor              # [B] int64
-    logprobs_tensors: LogprobsTensors | None     # [B, k+1] (rows that did not ask hold zeros); None when no row asked
-    def tolist(self) -> list[int]: return self.sampled_token_ids.tolist()   # what the first engine's code expects
+
+    sampled_token_ids: torch.Tensor  # [B] int64
+    logprobs_tensors: (
+        LogprobsTensors | None
+    )  # [B, k+1] (rows that did not ask hold zeros); None when no row asked
+
+    def tolist(self) -> list[int]:
+        return self.sampled_token_ids.tolist()  # what the first engine's code expects
 
 # %% ../nbs/06_sampler.ipynb #db52af78
 class Sampler:
     "Batched sampling with every `SamplingParams` knob, in vLLM's order; logprobs of the raw logits."
-    def __call__(self, logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput: return self.forward(logits, md)
+
+    def __call__(self, logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
+        return self.forward(logits, md)
 
     def forward(self, logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
         "One token per row of `logits` (and the logprobs of the rows that asked), following each row's parameters in `md`."
         assert logits.shape[0] == md.temperature.shape[0], (logits.shape, md.temperature.shape)
         raw = None if md.logprobs_rows is None else compute_logprobs(logits[md.logprobs_rows])
-        if md.all_greedy and md.allowed is None and md.banned is None and md.logit_bias is None and md.penalties is None:
-            sampled = logits.argmax(-1)   # the common case needs no float32 copy of the logits (6 MB at batch 32)
+        if (
+            md.all_greedy
+            and md.allowed is None
+            and md.banned is None
+            and md.logit_bias is None
+            and md.penalties is None
+        ):
+            sampled = logits.argmax(
+                -1
+            )  # the common case needs no float32 copy of the logits (6 MB at batch 32)
             return SamplerOutput(sampled, None if raw is None else self.logprobs(raw, sampled, md))
         logits = logits.to(torch.float32, copy=True)
         logits = apply_allowed_token_ids(logits, md.allowed)
@@ -361,22 +525,37 @@ class Sampler:
     def sample(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
         "Greedy rows: the argmax; the others: temperature, min-p, top-k, top-p (each on its rows only), then a draw."
         greedy = None if md.all_random else logits.argmax(-1)
-        if md.all_greedy: return greedy
+        if md.all_greedy:
+            return greedy
         logits = apply_temperature(logits, md.temperature, md.all_random)
         logits = _on_rows(logits, md.min_p_rows, lambda l, r: apply_min_p(l, md.min_p[r]))
-        logits = _on_rows(logits, md.top_p_rows, lambda l, r: apply_top_k_top_p(l, None if md.top_k is None else md.top_k[r], md.top_p[r]))
-        logits = _on_rows(logits, md.top_k_only_rows, lambda l, r: apply_top_k_top_p(l, md.top_k[r], None))
-        if md.all_random: return random_sample(logits.softmax(-1), md.generators)
+        logits = _on_rows(
+            logits,
+            md.top_p_rows,
+            lambda l, r: apply_top_k_top_p(
+                l, None if md.top_k is None else md.top_k[r], md.top_p[r]
+            ),
+        )
+        logits = _on_rows(
+            logits, md.top_k_only_rows, lambda l, r: apply_top_k_top_p(l, md.top_k[r], None)
+        )
+        if md.all_random:
+            return random_sample(logits.softmax(-1), md.generators)
         rows = md.random_rows
         pos = {r: j for j, r in enumerate(rows.tolist())} if md.generators else {}
-        sampled = random_sample(logits[rows].softmax(-1), {pos[i]: g for i, g in md.generators.items()})
+        sampled = random_sample(
+            logits[rows].softmax(-1), {pos[i]: g for i, g in md.generators.items()}
+        )
         return greedy.index_copy_(0, rows, sampled)
 
-    def logprobs(self, raw: torch.Tensor, sampled: torch.Tensor, md: SamplingMetadata) -> LogprobsTensors:
+    def logprobs(
+        self, raw: torch.Tensor, sampled: torch.Tensor, md: SamplingMetadata
+    ) -> LogprobsTensors:
         "The `LogprobsTensors` of the rows that asked (raw: their log-softmax), spread over the whole batch."
         rows = md.logprobs_rows
         lt = gather_logprobs(raw, md.max_num_logprobs, sampled[rows])
-        if rows.shape[0] == sampled.shape[0]: return lt
+        if rows.shape[0] == sampled.shape[0]:
+            return lt
         full = lambda x: x.new_zeros((sampled.shape[0], *x.shape[1:])).index_copy_(0, rows, x)
         return LogprobsTensors(*map(full, lt))
 
@@ -384,6 +563,7 @@ class Sampler:
 @dataclass
 class BeamSearchParams:
     "vLLM's beam-search parameters."
+
     beam_width: int
     max_tokens: int
     ignore_eos: bool = False
@@ -392,13 +572,18 @@ class BeamSearchParams:
     include_stop_str_in_output: bool = False
 
     def __post_init__(self):
-        if not isinstance(self.beam_width, int) or self.beam_width < 1: raise ValueError(f"beam_width must be at least 1, got {self.beam_width}.")
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1: raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}.")
-        if self.temperature < 0: raise ValueError(f"temperature must be non-negative, got {self.temperature}.")
+        if not isinstance(self.beam_width, int) or self.beam_width < 1:
+            raise ValueError(f"beam_width must be at least 1, got {self.beam_width}.")
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}.")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be non-negative, got {self.temperature}.")
+
 
 @dataclass
 class BeamSearchSequence:
     "One beam: all its tokens (prompt included), the logprob dict of each generated step, and its cumulative logprob."
+
     tokens: list[int]
     logprobs: list[dict[int, Logprob]]
     lora_request: Any = None
@@ -407,78 +592,141 @@ class BeamSearchSequence:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
 
+
 @dataclass
 class BeamSearchOutput:
     "The best `beam_width` sequences of one prompt, best first."
+
     sequences: list[BeamSearchSequence]
 
-def get_beam_search_score(tokens: list[int], cumulative_logprob: float, eos_token_id: int | None, length_penalty: float = 1.0) -> float:
+
+def get_beam_search_score(
+    tokens: list[int],
+    cumulative_logprob: float,
+    eos_token_id: int | None,
+    length_penalty: float = 1.0,
+) -> float:
     "vLLM's (and HF's) length-normalised beam score."
     seq_len = len(tokens) - (1 if tokens[-1] == eos_token_id else 0)
-    return cumulative_logprob / (seq_len ** length_penalty)
+    return cumulative_logprob / (seq_len**length_penalty)
 
 # %% ../nbs/06_sampler.ipynb #a49f310c
-def beam_search_step(beams: list[BeamSearchSequence], next_logprobs: list[dict[int, Logprob] | None], beam_width: int,
-                     eos_token_id: int | None, ignore_eos: bool = False, length_penalty: float = 1.0
-                     ) -> tuple[list[BeamSearchSequence], list[BeamSearchSequence]]:
+def beam_search_step(
+    beams: list[BeamSearchSequence],
+    next_logprobs: list[dict[int, Logprob] | None],
+    beam_width: int,
+    eos_token_id: int | None,
+    ignore_eos: bool = False,
+    length_penalty: float = 1.0,
+) -> tuple[list[BeamSearchSequence], list[BeamSearchSequence]]:
     """Extend each beam by every candidate of its logprob dict (`None`: the beam could not go on). Returns the best
     `beam_width` live candidates and the candidates that ended with EOS."""
     live, done = [], []
     for beam, lps in zip(beams, next_logprobs):
-        if lps is None: continue
+        if lps is None:
+            continue
         for t, lp in lps.items():
-            nb = BeamSearchSequence(beam.tokens + [t], beam.logprobs + [lps], beam.lora_request, beam.cum_logprob + lp.logprob)
+            nb = BeamSearchSequence(
+                beam.tokens + [t],
+                beam.logprobs + [lps],
+                beam.lora_request,
+                beam.cum_logprob + lp.logprob,
+            )
             (done if t == eos_token_id and not ignore_eos else live).append(nb)
     key = lambda b: get_beam_search_score(b.tokens, b.cum_logprob, eos_token_id, length_penalty)
     return sorted(live, key=key, reverse=True)[:beam_width], done
 
-def beam_search(next_logprobs: Callable[[list[list[int]], int, float], list[dict[int, Logprob] | None]],
-                prompts: list[list[int]], params: BeamSearchParams, eos_token_id: int | None,
-                decode: Callable[[list[int]], str] | None = None) -> list[BeamSearchOutput]:
+
+def beam_search(
+    next_logprobs: Callable[[list[list[int]], int, float], list[dict[int, Logprob] | None]],
+    prompts: list[list[int]],
+    params: BeamSearchParams,
+    eos_token_id: int | None,
+    decode: Callable[[list[int]], str] | None = None,
+) -> list[BeamSearchOutput]:
     """vLLM's beam search over `prompts` (token ids). `next_logprobs(token_lists, num_logprobs, temperature)` returns,
     for each sequence, the logprob dict of its next token (the engine: one `generate` step with
     `SamplingParams(logprobs=num_logprobs, max_tokens=1, temperature=temperature)`). With `decode`, each returned
     beam's `text` is `decode` of its generated tokens (the prompt and a final EOS left out, as in vLLM)."""
-    key = lambda b: get_beam_search_score(b.tokens, b.cum_logprob, eos_token_id, params.length_penalty)
-    state = [([BeamSearchSequence(list(p), [])], []) for p in prompts]   # (live beams, completed) per prompt
+    key = lambda b: get_beam_search_score(
+        b.tokens, b.cum_logprob, eos_token_id, params.length_penalty
+    )
+    state = [
+        ([BeamSearchSequence(list(p), [])], []) for p in prompts
+    ]  # (live beams, completed) per prompt
     for _ in range(params.max_tokens):
         seqs = [b.tokens for live, _ in state for b in live]
-        if not seqs: break
+        if not seqs:
+            break
         lps, i, new = next_logprobs(seqs, 2 * params.beam_width, params.temperature), 0, []
         for live, completed in state:
-            kept, done = beam_search_step(live, lps[i:i + len(live)], params.beam_width, eos_token_id,
-                                          params.ignore_eos, params.length_penalty)
+            kept, done = beam_search_step(
+                live,
+                lps[i : i + len(live)],
+                params.beam_width,
+                eos_token_id,
+                params.ignore_eos,
+                params.length_penalty,
+            )
             i += len(live)
             new.append((kept, completed + done))
         state = new
     outs = []
     for live, completed in state:
-        best = sorted(completed + live, key=key, reverse=True)[:params.beam_width]
+        best = sorted(completed + live, key=key, reverse=True)[: params.beam_width]
         if decode is not None:
             n = len(prompts[len(outs)])
             for b in best:
-                end = -1 if b.tokens[-1] == eos_token_id and not params.ignore_eos and len(b.tokens) > n else None
+                end = (
+                    -1
+                    if b.tokens[-1] == eos_token_id and not params.ignore_eos and len(b.tokens) > n
+                    else None
+                )
                 b.text = decode(b.tokens[n:end])
         outs.append(BeamSearchOutput(best))
     return outs
 
 # %% ../nbs/06_sampler.ipynb #58fba77c
-def sampling_stages(logits: torch.Tensor, params, output_token_ids=(), prompt_token_ids=(0,)) -> list[tuple[str, torch.Tensor]]:
+def sampling_stages(
+    logits: torch.Tensor, params, output_token_ids=(), prompt_token_ids=(0,)
+) -> list[tuple[str, torch.Tensor]]:
     "The logits of one row after each step of the sampler (masks and bias, penalties, temperature, min-p, top-k, top-p)."
     r = Request("stages", list(prompt_token_ids), params)
     r.append_output_token_ids(list(output_token_ids))
     md = SamplingMetadata.from_requests([r])
     l = logits.float()[None].clone()
     stages = [("model logits", l[0].clone())]
-    l = apply_logit_bias(apply_banned(apply_allowed_token_ids(l, md.allowed), md.banned), md.logit_bias)
-    if md.allowed is not None or md.banned is not None or md.logit_bias is not None: stages.append(("masks + logit bias", l[0].clone()))
+    l = apply_logit_bias(
+        apply_banned(apply_allowed_token_ids(l, md.allowed), md.banned), md.logit_bias
+    )
+    if md.allowed is not None or md.banned is not None or md.logit_bias is not None:
+        stages.append(("masks + logit bias", l[0].clone()))
     l = apply_penalties(l, md.penalties)
     if md.penalties is not None:
-        stages.append((f"penalties rep {params.repetition_penalty}, freq {params.frequency_penalty}, pres {params.presence_penalty}", l[0].clone()))
-    if params.greedy: return stages + [("greedy: argmax", torch.where(l[0] == l[0].max(), 0.0, float("-inf")))]
-    l = apply_temperature(l, md.temperature); stages.append((f"temperature {params.temperature}", l[0].clone()))
-    for name, on, f in [(f"min-p {params.min_p}", md.min_p is not None, lambda l: apply_min_p(l, md.min_p)),
-                        (f"top-k {params.top_k}", md.top_k is not None, lambda l: apply_top_k_top_p(l, md.top_k, None)),
-                        (f"top-p {params.top_p}", md.top_p is not None, lambda l: apply_top_k_top_p(l, None, md.top_p))]:
-        if on: l = f(l); stages.append((name, l[0].clone()))
+        stages.append(
+            (
+                f"penalties rep {params.repetition_penalty}, freq {params.frequency_penalty}, pres {params.presence_penalty}",
+                l[0].clone(),
+            )
+        )
+    if params.greedy:
+        return stages + [("greedy: argmax", torch.where(l[0] == l[0].max(), 0.0, float("-inf")))]
+    l = apply_temperature(l, md.temperature)
+    stages.append((f"temperature {params.temperature}", l[0].clone()))
+    for name, on, f in [
+        (f"min-p {params.min_p}", md.min_p is not None, lambda l: apply_min_p(l, md.min_p)),
+        (
+            f"top-k {params.top_k}",
+            md.top_k is not None,
+            lambda l: apply_top_k_top_p(l, md.top_k, None),
+        ),
+        (
+            f"top-p {params.top_p}",
+            md.top_p is not None,
+            lambda l: apply_top_k_top_p(l, None, md.top_p),
+        ),
+    ]:
+        if on:
+            l = f(l)
+            stages.append((name, l[0].clone()))
     return stages

@@ -4,7 +4,8 @@
 
 # %% ../nbs/03_scheduler.ipynb #50e0b473
 from __future__ import annotations
-import heapq, itertools
+import heapq
+import itertools
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
@@ -20,85 +21,142 @@ __all__ = ['ScheduledSeq', 'SchedulerOutput', 'WaitingQueue', 'Scheduler', 'make
 @dataclass
 class ScheduledSeq:
     "One request's share of a step."
+
     req_id: str
-    token_ids: list[int]      # tokens whose K/V are computed this step
-    start_pos: int            # position of token_ids[0]
-    block_ids: list[int]      # the request's block table
-    sample: bool              # does this step reach the last known token (so a new token is sampled)?
-    is_prefill: bool          # prompt (or recompute) tokens rather than a single decode token
-    new: bool = False         # admitted from the waiting queue in this step
-    num_cached_tokens: int = 0  # tokens served by the prefix cache at admission (they are not in token_ids)
-    lora_int_id: int = 0      # the LoRA adapter the request runs under (0: the base model)
-    spec_token_ids: list[int] = field(default_factory=list)  # draft tokens at the end of token_ids, to verify (lesson 07b)
+    token_ids: list[int]  # tokens whose K/V are computed this step
+    start_pos: int  # position of token_ids[0]
+    block_ids: list[int]  # the request's block table
+    sample: bool  # does this step reach the last known token (so a new token is sampled)?
+    is_prefill: bool  # prompt (or recompute) tokens rather than a single decode token
+    new: bool = False  # admitted from the waiting queue in this step
+    num_cached_tokens: int = (
+        0  # tokens served by the prefix cache at admission (they are not in token_ids)
+    )
+    lora_int_id: int = 0  # the LoRA adapter the request runs under (0: the base model)
+    spec_token_ids: list[int] = field(
+        default_factory=list
+    )  # draft tokens at the end of token_ids, to verify (lesson 07b)
 
     @property
-    def num_tokens(self) -> int: return len(self.token_ids)
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
 
 @dataclass
 class SchedulerOutput:
     "Everything decided in one step."
+
     seqs: list[ScheduledSeq]
     preempted_req_ids: list[str] = field(default_factory=list)
-    finished_req_ids: list[str] = field(default_factory=list)   # finished since the previous step
+    finished_req_ids: list[str] = field(default_factory=list)  # finished since the previous step
     num_waiting: int = 0
-    token_budget: int = 0                                       # max_num_batched_tokens of this step
-    kv_usage: float = 0.0                                       # KV-cache usage after this step's allocations
-    finished_after_step: list[str] = field(default_factory=list)  # finished by this step's tokens (set by update_from_output)
+    token_budget: int = 0  # max_num_batched_tokens of this step
+    kv_usage: float = 0.0  # KV-cache usage after this step's allocations
+    finished_after_step: list[str] = field(
+        default_factory=list
+    )  # finished by this step's tokens (set by update_from_output)
 
     @property
-    def total_num_scheduled_tokens(self) -> int: return sum(s.num_tokens for s in self.seqs)
+    def total_num_scheduled_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.seqs)
+
     @property
-    def num_prefill_tokens(self) -> int: return sum(s.num_tokens for s in self.seqs if s.is_prefill)
+    def num_prefill_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.seqs if s.is_prefill)
+
     @property
-    def num_decode_tokens(self) -> int: return sum(s.num_tokens for s in self.seqs if not s.is_prefill)
+    def num_decode_tokens(self) -> int:
+        return sum(s.num_tokens for s in self.seqs if not s.is_prefill)
+
     @property
-    def num_scheduled_tokens(self) -> dict[str, int]: return {s.req_id: s.num_tokens for s in self.seqs}
+    def num_scheduled_tokens(self) -> dict[str, int]:
+        return {s.req_id: s.num_tokens for s in self.seqs}
+
     @property
-    def prefill_req_ids(self) -> list[str]: return [s.req_id for s in self.seqs if s.is_prefill]
+    def prefill_req_ids(self) -> list[str]:
+        return [s.req_id for s in self.seqs if s.is_prefill]
+
     @property
-    def decode_req_ids(self) -> list[str]: return [s.req_id for s in self.seqs if not s.is_prefill]
+    def decode_req_ids(self) -> list[str]:
+        return [s.req_id for s in self.seqs if not s.is_prefill]
 
     def summary(self) -> str:
         "One line per scheduled request, then preemptions and finishes."
-        lines = [f"{s.req_id:>10}  {'prefill' if s.is_prefill else 'decode ':7} {s.num_tokens:4d} tokens from position {s.start_pos}"
-                 + (f"  (new; {s.num_cached_tokens} cached)" if s.new else "") + ("  → samples" if s.sample else "")
-                 for s in self.seqs]
-        lines.append(f"{self.total_num_scheduled_tokens}/{self.token_budget} tokens, KV usage {self.kv_usage:.0%}, {self.num_waiting} waiting")
-        if self.preempted_req_ids: lines.append(f"preempted: {', '.join(self.preempted_req_ids)}")
-        if self.finished_after_step: lines.append(f"finished: {', '.join(self.finished_after_step)}")
+        lines = [
+            f"{s.req_id:>10}  {'prefill' if s.is_prefill else 'decode ':7} {s.num_tokens:4d} tokens from position {s.start_pos}"
+            + (f"  (new; {s.num_cached_tokens} cached)" if s.new else "")
+            + ("  → samples" if s.sample else "")
+            for s in self.seqs
+        ]
+        lines.append(
+            f"{self.total_num_scheduled_tokens}/{self.token_budget} tokens, KV usage {self.kv_usage:.0%}, {self.num_waiting} waiting"
+        )
+        if self.preempted_req_ids:
+            lines.append(f"preempted: {', '.join(self.preempted_req_ids)}")
+        if self.finished_after_step:
+            lines.append(f"finished: {', '.join(self.finished_after_step)}")
         return "\n".join(lines)
 
 # %% ../nbs/03_scheduler.ipynb #50fd07c2
 class WaitingQueue:
     "Waiting requests in policy order: FCFS (a deque) or priority (a heap on (priority, arrival_time))."
+
     def __init__(self, policy: str):
-        self.policy, self._q, self._count = policy, ([] if policy == "priority" else deque()), itertools.count()
-    def _key(self, r): return (r.priority, r.arrival_time, next(self._count))
+        self.policy, self._q, self._count = (
+            policy,
+            ([] if policy == "priority" else deque()),
+            itertools.count(),
+        )
+
+    def _key(self, r):
+        return (r.priority, r.arrival_time, next(self._count))
+
     def add(self, r: Request):
-        if self.policy == "priority": heapq.heappush(self._q, (self._key(r), r))
-        else: self._q.append(r)
+        if self.policy == "priority":
+            heapq.heappush(self._q, (self._key(r), r))
+        else:
+            self._q.append(r)
+
     def add_preempted(self, r: Request):
-        if self.policy == "priority": heapq.heappush(self._q, (self._key(r), r))
-        else: self._q.appendleft(r)
-    def peek(self) -> Request: return self._q[0][1] if self.policy == "priority" else self._q[0]
-    def pop(self) -> Request: return heapq.heappop(self._q)[1] if self.policy == "priority" else self._q.popleft()
+        if self.policy == "priority":
+            heapq.heappush(self._q, (self._key(r), r))
+        else:
+            self._q.appendleft(r)
+
+    def peek(self) -> Request:
+        return self._q[0][1] if self.policy == "priority" else self._q[0]
+
+    def pop(self) -> Request:
+        return heapq.heappop(self._q)[1] if self.policy == "priority" else self._q.popleft()
+
     def remove(self, r: Request):
         if self.policy == "priority":
-            self._q = [e for e in self._q if e[1] is not r]; heapq.heapify(self._q)
-        else: self._q.remove(r)
-    def __len__(self): return len(self._q)
-    def __iter__(self): return iter([e[1] for e in sorted(self._q, key=lambda e: e[0])] if self.policy == "priority" else self._q)
+            self._q = [e for e in self._q if e[1] is not r]
+            heapq.heapify(self._q)
+        else:
+            self._q.remove(r)
+
+    def __len__(self):
+        return len(self._q)
+
+    def __iter__(self):
+        return iter(
+            [e[1] for e in sorted(self._q, key=lambda e: e[0])]
+            if self.policy == "priority"
+            else self._q
+        )
 
 # %% ../nbs/03_scheduler.ipynb #6f88eb7a
 class Scheduler:
     "Continuous batching under a token budget, with chunked prefill, prefix caching and preemption by recompute."
+
     def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager):
         self.config, self.kv_cache_manager = config, kv_cache_manager
         self.policy = config.policy
         self.waiting = WaitingQueue(self.policy)
-        self.running: list[Request] = []           # in preemption order: the last one is preempted first
-        self.requests: dict[str, Request] = {}     # every unfinished request, by id
-        self.finished_req_ids: list[str] = []      # finished since the last `schedule()`
+        self.running: list[Request] = []  # in preemption order: the last one is preempted first
+        self.requests: dict[str, Request] = {}  # every unfinished request, by id
+        self.finished_req_ids: list[str] = []  # finished since the last `schedule()`
         self.num_preemptions = 0
 
     def add_request(self, request: Request):
@@ -114,8 +172,17 @@ class Scheduler:
         "How many requests are waiting or running."
         return len(self.waiting) + len(self.running)
 
-def make_scheduler(num_blocks=64, block_size=4, max_num_seqs=8, max_num_batched_tokens=32, chunked=True,
-                   policy="fcfs", max_model_len=256, caching=True) -> Scheduler:
+
+def make_scheduler(
+    num_blocks=64,
+    block_size=4,
+    max_num_seqs=8,
+    max_num_batched_tokens=32,
+    chunked=True,
+    policy="fcfs",
+    max_model_len=256,
+    caching=True,
+) -> Scheduler:
     "A scheduler over a fresh `KVCacheManager`, for experiments and tests."
     cfg = SchedulerConfig(max_num_seqs, max_num_batched_tokens, max_model_len, chunked, policy)
     return Scheduler(cfg, KVCacheManager(num_blocks, block_size, caching))
@@ -124,6 +191,7 @@ def make_scheduler(num_blocks=64, block_size=4, max_num_seqs=8, max_num_batched_
 def _urgency(r: Request):
     "Sort key of the priority policy: lower priority values first, then earlier arrivals."
     return (r.priority, r.arrival_time)
+
 
 @patch
 def _preempt(self: Scheduler, r: Request):
@@ -135,6 +203,7 @@ def _preempt(self: Scheduler, r: Request):
     self.num_preemptions += 1
     self.waiting.add_preempted(r)
 
+
 @patch
 def _admit(self: Scheduler, r: Request):
     "Move `r` to the running list, keeping the list in preemption order under `priority`."
@@ -143,20 +212,35 @@ def _admit(self: Scheduler, r: Request):
         key = _urgency(r)
         i = next((i for i, x in enumerate(self.running) if _urgency(x) > key), len(self.running))
         self.running.insert(i, r)
-    else: self.running.append(r)
+    else:
+        self.running.append(r)
+
 
 @patch
-def _seq(self: Scheduler, r: Request, n: int, new: bool = False, num_cached: int = 0, k: int = 0) -> ScheduledSeq:
+def _seq(
+    self: Scheduler, r: Request, n: int, new: bool = False, num_cached: int = 0, k: int = 0
+) -> ScheduledSeq:
     "`r`'s share of this step: its next `n` tokens from `num_computed_tokens` on (then `k` draft tokens), with its block table."
     c, spec = r.num_computed_tokens, r.spec_token_ids[:k]
-    return ScheduledSeq(r.request_id, r.all_token_ids[c:c + n] + spec, c, self.kv_cache_manager.get_block_ids(r.request_id),
-                        sample=c + n == r.num_tokens, is_prefill=c < r.num_prompt_tokens or n > 1,
-                        new=new, num_cached_tokens=num_cached, lora_int_id=getattr(r, "lora_int_id", 0), spec_token_ids=spec)
+    return ScheduledSeq(
+        r.request_id,
+        r.all_token_ids[c : c + n] + spec,
+        c,
+        self.kv_cache_manager.get_block_ids(r.request_id),
+        sample=c + n == r.num_tokens,
+        is_prefill=c < r.num_prompt_tokens or n > 1,
+        new=new,
+        num_cached_tokens=num_cached,
+        lora_int_id=getattr(r, "lora_int_id", 0),
+        spec_token_ids=spec,
+    )
+
 
 @patch
 def _num_spec_tokens(self: Scheduler, r: Request, n: int, budget: int) -> int:
     "How many of `r`'s draft tokens (speculative decoding, lesson 07b) ride along: only on a decode, within the budget."
-    if not r.spec_token_ids or n != 1 or r.num_computed_tokens + 1 != r.num_tokens: return 0
+    if not r.spec_token_ids or n != 1 or r.num_computed_tokens + 1 != r.num_tokens:
+        return 0
     return min(len(r.spec_token_ids), budget - 1)
 
 # %% ../nbs/03_scheduler.ipynb #e5680c81
@@ -164,26 +248,35 @@ def _num_spec_tokens(self: Scheduler, r: Request, n: int, budget: int) -> int:
 def _fits(self: Scheduler, r: Request) -> bool:
     "Would waiting request `r` be admitted this step, after the running requests took their tokens and blocks?"
     cfg, kv = self.config, self.kv_cache_manager
-    if len(self.running) >= cfg.max_num_seqs: return False
+    if len(self.running) >= cfg.max_num_seqs:
+        return False
     budget, need = cfg.max_num_batched_tokens, 0
     for x in self.running:
-        if budget <= 0: break
+        if budget <= 0:
+            break
         n = min(x.num_tokens - x.num_computed_tokens, budget)
-        need += kv.num_blocks_needed(x, n); budget -= n
+        need += kv.num_blocks_needed(x, n)
+        budget -= n
     hits, num_cached = kv.get_computed_blocks(r)
     n = r.num_tokens - num_cached
-    if budget <= 0 or (not cfg.enable_chunked_prefill and n > budget): return False
-    return need + kv.num_blocks_needed(r, min(n, budget), hits) <= kv.block_pool.get_num_free_blocks()
+    if budget <= 0 or (not cfg.enable_chunked_prefill and n > budget):
+        return False
+    return (
+        need + kv.num_blocks_needed(r, min(n, budget), hits) <= kv.block_pool.get_num_free_blocks()
+    )
+
 
 @patch
 def _preempt_for_priority(self: Scheduler) -> list[str]:
     "`priority` only: preempt strictly less urgent running requests while the most urgent waiting one does not fit."
     out = []
-    if self.policy != "priority" or not len(self.waiting): return out
+    if self.policy != "priority" or not len(self.waiting):
+        return out
     head = self.waiting.peek()
     while self.running and _urgency(self.running[-1]) > _urgency(head) and not self._fits(head):
         victim = self.running.pop()
-        self._preempt(victim); out.append(victim.request_id)
+        self._preempt(victim)
+        out.append(victim.request_id)
     return out
 
 # %% ../nbs/03_scheduler.ipynb #2876ea34
@@ -211,101 +304,163 @@ def schedule(self: Scheduler) -> SchedulerOutput:
     while i < len(self.running) and budget > 0:
         r = self.running[i]
         n = min(r.num_tokens - r.num_computed_tokens, budget)
-        k = self._num_spec_tokens(r, n, budget)   # draft tokens to verify (0 without speculative decoding)
+        k = self._num_spec_tokens(
+            r, n, budget
+        )  # draft tokens to verify (0 without speculative decoding)
         while kv.allocate_slots(r, n + k) is None:
-            if k: k = 0; continue                 # no room for the drafts: a plain decode
+            if k:
+                k = 0
+                continue  # no room for the drafts: a plain decode
             victim = self.running.pop()
-            self._preempt(victim); preempted.append(victim.request_id); blocks_short = True
-            if victim is r: break
-        if r.status != RequestStatus.RUNNING: break
-        seqs.append(self._seq(r, n, k=k)); budget -= n + k; i += 1
+            self._preempt(victim)
+            preempted.append(victim.request_id)
+            blocks_short = True
+            if victim is r:
+                break
+        if r.status != RequestStatus.RUNNING:
+            break
+        seqs.append(self._seq(r, n, k=k))
+        budget -= n + k
+        i += 1
     # 2. waiting requests, unless running ones just ran out of blocks; never re-admit this step's victims;
     #    with LoRA, never more distinct adapters among the running requests than `max_loras` (the device's slots)
-    loras, skipped = ({r.lora_int_id for r in self.running if r.lora_int_id} if cfg.max_loras else set()), []
-    while not blocks_short and len(self.waiting) and budget > 0 and len(self.running) < cfg.max_num_seqs:
+    loras, skipped = (
+        ({r.lora_int_id for r in self.running if r.lora_int_id} if cfg.max_loras else set()),
+        [],
+    )
+    while (
+        not blocks_short
+        and len(self.waiting)
+        and budget > 0
+        and len(self.running) < cfg.max_num_seqs
+    ):
         r = self.waiting.peek()
-        if r.request_id in preempted: break
+        if r.request_id in preempted:
+            break
         hits, num_cached = kv.get_computed_blocks(r)
         n = r.num_tokens - num_cached
-        if not cfg.enable_chunked_prefill and n > budget: break
-        if cfg.max_loras and r.lora_int_id and r.lora_int_id not in loras and len(loras) >= cfg.max_loras:
-            skipped.append(self.waiting.pop()); continue   # no slot left for its adapter: it waits, others pass (vLLM)
+        if not cfg.enable_chunked_prefill and n > budget:
+            break
+        if (
+            cfg.max_loras
+            and r.lora_int_id
+            and r.lora_int_id not in loras
+            and len(loras) >= cfg.max_loras
+        ):
+            skipped.append(self.waiting.pop())
+            continue  # no slot left for its adapter: it waits, others pass (vLLM)
         n = min(n, budget)
-        if kv.allocate_slots(r, n, hits) is None: break
+        if kv.allocate_slots(r, n, hits) is None:
+            break
         self.waiting.pop()
         r.num_computed_tokens = num_cached
-        if r.num_cached_tokens < 0: r.num_cached_tokens = num_cached
+        if r.num_cached_tokens < 0:
+            r.num_cached_tokens = num_cached
         self._admit(r)
-        if r.lora_int_id: loras.add(r.lora_int_id)
-        seqs.append(self._seq(r, n, new=True, num_cached=num_cached)); budget -= n
-    for r in reversed(skipped): self.waiting.add_preempted(r)   # back at the head, in their order
+        if r.lora_int_id:
+            loras.add(r.lora_int_id)
+        seqs.append(self._seq(r, n, new=True, num_cached=num_cached))
+        budget -= n
+    for r in reversed(skipped):
+        self.waiting.add_preempted(r)  # back at the head, in their order
     finished, self.finished_req_ids = self.finished_req_ids, []
-    return SchedulerOutput(seqs, preempted, finished, len(self.waiting), cfg.max_num_batched_tokens, kv.usage)
+    return SchedulerOutput(
+        seqs, preempted, finished, len(self.waiting), cfg.max_num_batched_tokens, kv.usage
+    )
 
 # %% ../nbs/03_scheduler.ipynb #fd19a2f3
 @patch
-def update_from_output(self: Scheduler, out: SchedulerOutput, sampled: dict[str, int | list[int]]) -> list[Request]:
+def update_from_output(
+    self: Scheduler, out: SchedulerOutput, sampled: dict[str, int | list[int]]
+) -> list[Request]:
     """Advance the scheduled requests by the step's results; return the requests that got a new token (or, pooling, ended).
     With speculative decoding a request may get a list of tokens (its accepted drafts, then one from the model): they
     are taken one by one, each checked for a stop, and the list is cut (in `sampled`) where the request finished."""
     updated = []
     for s in out.seqs:
         r = self.requests.get(s.req_id)
-        if r is None or r.is_finished(): continue
+        if r is None or r.is_finished():
+            continue
         r.num_computed_tokens += s.num_tokens - len(s.spec_token_ids)
         r.spec_token_ids = []
-        if not s.sample: continue
-        if getattr(r, "pooling_params", None) is not None:   # a pooling request ends once its prompt is read
+        if not s.sample:
+            continue
+        if (
+            getattr(r, "pooling_params", None) is not None
+        ):  # a pooling request ends once its prompt is read
             r.set_status(RequestStatus.FINISHED_STOPPED)
-            self._finish(r); out.finished_after_step.append(r.request_id); updated.append(r)
+            self._finish(r)
+            out.finished_after_step.append(r.request_id)
+            updated.append(r)
             continue
         toks = sampled[s.req_id]
         for j, t in enumerate(toks if isinstance(toks, list) else [toks]):
-            if j: r.num_computed_tokens += 1   # an accepted draft token: its K/V were written by this step
+            if j:
+                r.num_computed_tokens += (
+                    1  # an accepted draft token: its K/V were written by this step
+                )
             r.append_output_token_ids(t)
             if check_stop(r, self.config.max_model_len):
-                self._finish(r); out.finished_after_step.append(r.request_id)
-                if isinstance(toks, list): del toks[j + 1:]
+                self._finish(r)
+                out.finished_after_step.append(r.request_id)
+                if isinstance(toks, list):
+                    del toks[j + 1 :]
                 break
-        if s.spec_token_ids and not r.is_finished():   # give back the slots of the rejected drafts
+        if s.spec_token_ids and not r.is_finished():  # give back the slots of the rejected drafts
             self.kv_cache_manager.rollback_slots(r, r.num_computed_tokens)
         updated.append(r)
     return updated
 
+
 @patch
 def _finish(self: Scheduler, r: Request):
     "Forget a finished request: off the running list, blocks freed, reported in the next step's `finished_req_ids`."
-    if r in self.running: self.running.remove(r)
+    if r in self.running:
+        self.running.remove(r)
     self.kv_cache_manager.free(r)
     self.requests.pop(r.request_id, None)
     self.finished_req_ids.append(r.request_id)
+
 
 @patch
 def finish_requests(self: Scheduler, req_ids, status: RequestStatus) -> list[Request]:
     "End requests from outside (abort, stop string); unknown or finished ids are ignored."
     done = []
-    for rid in ([req_ids] if isinstance(req_ids, str) else req_ids):
+    for rid in [req_ids] if isinstance(req_ids, str) else req_ids:
         r = self.requests.get(rid)
-        if r is None or r.is_finished(): continue
-        if r.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED): self.waiting.remove(r)
+        if r is None or r.is_finished():
+            continue
+        if r.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
+            self.waiting.remove(r)
         r.set_status(status)
         self._finish(r)
         done.append(r)
     return done
 
 # %% ../nbs/03_scheduler.ipynb #3bb3f803
-def simulate(scheduler: Scheduler, requests: list[Request], arrivals: dict[int, list[Request]] | None = None,
-             max_steps: int = 100_000, token: int | Callable[[Request], int] = 7,
-             on_step: Callable | None = None) -> list[SchedulerOutput]:
+def simulate(
+    scheduler: Scheduler,
+    requests: list[Request],
+    arrivals: dict[int, list[Request]] | None = None,
+    max_steps: int = 100_000,
+    token: int | Callable[[Request], int] = 7,
+    on_step: Callable | None = None,
+) -> list[SchedulerOutput]:
     "Drive `scheduler` with a fake model that samples `token` (or `token(request)`); `arrivals` adds requests at given steps."
-    for r in requests: scheduler.add_request(r)
+    for r in requests:
+        scheduler.add_request(r)
     trace, arrivals = [], arrivals or {}
     pick = token if callable(token) else (lambda r: token)
     for step in range(max_steps):
-        for r in arrivals.get(step, []): scheduler.add_request(r)
-        if not scheduler.has_unfinished_requests() and step > max(arrivals, default=-1): break
+        for r in arrivals.get(step, []):
+            scheduler.add_request(r)
+        if not scheduler.has_unfinished_requests() and step > max(arrivals, default=-1):
+            break
         out = scheduler.schedule()
-        if on_step is not None: on_step(step, scheduler, out)
-        scheduler.update_from_output(out, {s.req_id: pick(scheduler.requests[s.req_id]) for s in out.seqs if s.sample})
+        if on_step is not None:
+            on_step(step, scheduler, out)
+        scheduler.update_from_output(
+            out, {s.req_id: pick(scheduler.requests[s.req_id]) for s in out.seqs if s.sample}
+        )
         trace.append(out)
     return trace

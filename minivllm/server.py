@@ -4,10 +4,21 @@
 
 # %% ../nbs/15_server.ipynb #766a2348
 from __future__ import annotations
-import asyncio, base64, json, time, uuid
+import asyncio
+import base64
+import json
+import time
+import uuid
 from typing import Annotated, Any, Literal, Optional, Union
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
-from .config import EngineArgs, SamplingParams, RequestOutputKind, TokensPrompt, PoolingParams, LoRARequest
+from minivllm.config import (
+    EngineArgs,
+    SamplingParams,
+    RequestOutputKind,
+    TokensPrompt,
+    PoolingParams,
+    LoRARequest,
+)
 from .config import StructuredOutputsParams
 from .structured_outputs import validate_structured_outputs
 
@@ -22,19 +33,24 @@ __all__ = ['Text', 'TokenIds', 'OneText', 'OneTokenIds', 'ERROR_RESPONSES', 'Str
 # %% ../nbs/15_server.ipynb #738e7691
 class StreamOptions(BaseModel):
     "OpenAI's `stream_options`: `include_usage` adds a last chunk with the token counts."
+
     model_config = ConfigDict(extra="forbid")
     include_usage: bool = False
 
+
 class JsonSchemaFormat(BaseModel):
     "OpenAI's `response_format.json_schema`: a named JSON schema (`strict` is accepted; the output always follows the schema)."
+
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
     name: str
     description: Optional[str] = None
     schema_: Optional[dict[str, Any]] = Field(None, alias="schema")
     strict: Optional[bool] = None
 
+
 class ResponseFormat(BaseModel):
     "OpenAI's `response_format`: plain `text`, any `json_object`, or the `json_schema` given."
+
     model_config = ConfigDict(extra="forbid")
     type: Literal["text", "json_object", "json_schema"]
     json_schema: Optional[JsonSchemaFormat] = None
@@ -42,17 +58,31 @@ class ResponseFormat(BaseModel):
 # %% ../nbs/15_server.ipynb #5eb52105
 # what the schema promises is what the server takes: no empty prompts, token ids that are integers (not `true`)
 Text = Annotated[str, Field(min_length=1)]
+
+
 def _token_id(v):
-    "A token id the way JSON Schema's `integer` means it: an int or an integral float (`3.0`), never `true` or `\"3\"`."
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not v.is_integer()):
+    'A token id the way JSON Schema\'s `integer` means it: an int or an integral float (`3.0`), never `true` or `"3"`.'
+    if (
+        isinstance(v, bool)
+        or not isinstance(v, (int, float))
+        or (isinstance(v, float) and not v.is_integer())
+    ):
         raise ValueError("token ids must be integers")
     return int(v)
-TokenIds = Annotated[list[Annotated[int, Field(ge=0), BeforeValidator(_token_id)]], Field(min_length=1)]
-OneText = Annotated[list[Text], Field(min_length=1, max_length=1)]          # one prompt per request: a list of one
+
+
+TokenIds = Annotated[
+    list[Annotated[int, Field(ge=0), BeforeValidator(_token_id)]], Field(min_length=1)
+]
+OneText = Annotated[
+    list[Text], Field(min_length=1, max_length=1)
+]  # one prompt per request: a list of one
 OneTokenIds = Annotated[list[TokenIds], Field(min_length=1, max_length=1)]
+
 
 class _SamplingFields(BaseModel):
     "The fields both APIs share: OpenAI's sampling parameters and vLLM's extra ones."
+
     model_config = ConfigDict(extra="forbid")
     model: Optional[str] = None
     n: int = Field(1, ge=1, le=128)
@@ -83,22 +113,28 @@ class _SamplingFields(BaseModel):
     guided_choice: Optional[list[str]] = None
     guided_grammar: Optional[str] = None
 
+
 class CompletionRequest(_SamplingFields):
     "The JSON body of `POST /v1/completions`: a prompt (text or token ids) and the sampling fields."
+
     prompt: Union[Text, OneText, TokenIds, OneTokenIds]
     max_tokens: Optional[int] = Field(16, ge=1)
     logprobs: Optional[int] = Field(None, ge=0, le=20)
     echo: bool = False
     suffix: Optional[str] = None
 
+
 class ChatMessage(BaseModel):
     "One message of a chat: a role and its content (extra keys, e.g. `name`, go to the chat template)."
+
     model_config = ConfigDict(extra="allow")
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Union[str, list[dict[str, Any]]]
 
+
 class ChatCompletionRequest(_SamplingFields):
     "The JSON body of `POST /v1/chat/completions`: the messages, rendered with the model's chat template."
+
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: Optional[int] = Field(None, ge=1)
     max_completion_tokens: Optional[int] = Field(None, ge=1)
@@ -110,63 +146,112 @@ class ChatCompletionRequest(_SamplingFields):
 # %% ../nbs/15_server.ipynb #5483cdfc
 class ErrorInfo(BaseModel):
     "The inside of OpenAI's error JSON."
+
     message: str
     type: str
     param: Optional[str] = None
     code: int
 
+
 class ErrorResponse(BaseModel):
-    "OpenAI's error JSON, `{\"error\": {...}}`: the body of every 4xx answer (documented in the OpenAPI schema)."
+    'OpenAI\'s error JSON, `{"error": {...}}`: the body of every 4xx answer (documented in the OpenAPI schema).'
+
     error: ErrorInfo
 
-ERROR_RESPONSES = {s: {"model": ErrorResponse, "description": d} for s, d in
-                   [(400, "Bad request"), (401, "Invalid or missing API key"), (404, "Unknown model")]}
+
+ERROR_RESPONSES = {
+    s: {"model": ErrorResponse, "description": d}
+    for s, d in [(400, "Bad request"), (401, "Invalid or missing API key"), (404, "Unknown model")]
+}
+
 
 class APIError(Exception):
     "An error returned to the client as OpenAI's error JSON."
-    def __init__(self, message: str, status: int = 400, param: str | None = None, type_: str | None = None):
+
+    def __init__(
+        self, message: str, status: int = 400, param: str | None = None, type_: str | None = None
+    ):
         super().__init__(message)
         self.message, self.status, self.param = message, status, param
-        self.type = type_ or {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError"}.get(status, "InternalServerError")
+        self.type = type_ or {
+            400: "BadRequestError",
+            401: "AuthenticationError",
+            404: "NotFoundError",
+        }.get(status, "InternalServerError")
 
     def body(self) -> dict:
-        "OpenAI's error JSON: `{\"error\": {message, type, param, code}}`."
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.status}}
+        'OpenAI\'s error JSON: `{"error": {message, type, param, code}}`.'
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.status,
+            }
+        }
 
-def to_sampling_params(req: _SamplingFields, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+
+def to_sampling_params(
+    req: _SamplingFields, max_tokens: int | None, logprobs: int | None
+) -> SamplingParams:
     "SamplingParams for an OpenAI request (streamed requests get DELTA outputs)."
-    kw = dict(n=req.n, stop=req.stop, seed=req.seed, presence_penalty=req.presence_penalty,
-              frequency_penalty=req.frequency_penalty, min_tokens=req.min_tokens, ignore_eos=req.ignore_eos,
-              stop_token_ids=req.stop_token_ids, skip_special_tokens=req.skip_special_tokens,
-              include_stop_str_in_output=req.include_stop_str_in_output, max_tokens=max_tokens, logprobs=logprobs,
-              output_kind=RequestOutputKind.DELTA, structured_outputs=structured_outputs_of(req))
+    kw = dict(
+        n=req.n,
+        stop=req.stop,
+        seed=req.seed,
+        presence_penalty=req.presence_penalty,
+        frequency_penalty=req.frequency_penalty,
+        min_tokens=req.min_tokens,
+        ignore_eos=req.ignore_eos,
+        stop_token_ids=req.stop_token_ids,
+        skip_special_tokens=req.skip_special_tokens,
+        include_stop_str_in_output=req.include_stop_str_in_output,
+        max_tokens=max_tokens,
+        logprobs=logprobs,
+        output_kind=RequestOutputKind.DELTA,
+        structured_outputs=structured_outputs_of(req),
+    )
     for name in ("temperature", "top_p", "top_k", "min_p", "repetition_penalty"):
-        if getattr(req, name) is not None: kw[name] = getattr(req, name)
+        if getattr(req, name) is not None:
+            kw[name] = getattr(req, name)
     if req.logit_bias:
-        try: kw["logit_bias"] = {int(k): float(v) for k, v in req.logit_bias.items()}
-        except ValueError: raise APIError("logit_bias keys must be token ids", param="logit_bias")
-    try: return SamplingParams(**kw)
-    except (ValueError, NotImplementedError) as e: raise APIError(str(e)) from e
+        try:
+            kw["logit_bias"] = {int(k): float(v) for k, v in req.logit_bias.items()}
+        except ValueError:
+            raise APIError("logit_bias keys must be token ids", param="logit_bias")
+    try:
+        return SamplingParams(**kw)
+    except (ValueError, NotImplementedError) as e:
+        raise APIError(str(e)) from e
 
 # %% ../nbs/15_server.ipynb #9bb2a6ba
 def structured_outputs_of(req: _SamplingFields) -> StructuredOutputsParams | None:
     "The request's structured-outputs constraint (from `response_format`, `structured_outputs` or `guided_*`), checked; an `APIError` if invalid."
     rf, ways = req.response_format, {}
-    if rf is not None and rf.type == "json_object": ways["response_format"] = dict(json_object=True)
+    if rf is not None and rf.type == "json_object":
+        ways["response_format"] = dict(json_object=True)
     if rf is not None and rf.type == "json_schema":
         if rf.json_schema is None or rf.json_schema.schema_ is None:
-            raise APIError("response_format of type json_schema needs json_schema.schema", param="response_format")
+            raise APIError(
+                "response_format of type json_schema needs json_schema.schema",
+                param="response_format",
+            )
         ways["response_format"] = dict(json=rf.json_schema.schema_)
-    if req.structured_outputs is not None: ways["structured_outputs"] = dict(req.structured_outputs)
+    if req.structured_outputs is not None:
+        ways["structured_outputs"] = dict(req.structured_outputs)
     for k in ("json", "regex", "choice", "grammar"):
-        if getattr(req, f"guided_{k}") is not None: ways[f"guided_{k}"] = {k: getattr(req, f"guided_{k}")}
-    if len(ways) > 1: raise APIError(f"Give one structured-outputs constraint, not several: {', '.join(ways)}.")
-    if not ways: return None
-    (param, kw), = ways.items()
+        if getattr(req, f"guided_{k}") is not None:
+            ways[f"guided_{k}"] = {k: getattr(req, f"guided_{k}")}
+    if len(ways) > 1:
+        raise APIError(f"Give one structured-outputs constraint, not several: {', '.join(ways)}.")
+    if not ways:
+        return None
+    ((param, kw),) = ways.items()
     try:
         so = StructuredOutputsParams(**kw)
         validate_structured_outputs(so)
-    except (TypeError, ValueError, NotImplementedError) as e: raise APIError(str(e), param=param) from e
+    except (TypeError, ValueError, NotImplementedError) as e:
+        raise APIError(str(e), param=param) from e
     return so
 
 # %% ../nbs/15_server.ipynb #97d34cd4
@@ -174,49 +259,100 @@ def _now() -> int:
     "Seconds since the epoch, OpenAI's `created`."
     return int(time.time())
 
+
 def _sse(obj) -> str:
     "One server-sent event carrying `obj` as JSON."
     return f"data: {json.dumps(obj)}\n\n"
 
+
 class Metrics:
     "Prometheus metrics of one server (its own registry, so several apps can live in one process)."
+
     def __init__(self, engine):
-        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
-        disable_created_metrics()   # no `*_created` timestamp series
+        from prometheus_client import (
+            CollectorRegistry,
+            Counter,
+            Gauge,
+            Histogram,
+            disable_created_metrics,
+        )
+
+        disable_created_metrics()  # no `*_created` timestamp series
         r = self.registry = CollectorRegistry()
-        self.requests = Counter("minivllm_requests", "Finished requests by finish reason", ["finish_reason"], registry=r)
-        self.errors = Counter("minivllm_request_errors", "Requests rejected with an error, by HTTP status", ["status"], registry=r)
-        self.prompt_tokens = Counter("minivllm_prompt_tokens", "Prompt tokens processed", registry=r)
-        self.generation_tokens = Counter("minivllm_generation_tokens", "Tokens generated", registry=r)
+        self.requests = Counter(
+            "minivllm_requests", "Finished requests by finish reason", ["finish_reason"], registry=r
+        )
+        self.errors = Counter(
+            "minivllm_request_errors",
+            "Requests rejected with an error, by HTTP status",
+            ["status"],
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "minivllm_prompt_tokens", "Prompt tokens processed", registry=r
+        )
+        self.generation_tokens = Counter(
+            "minivllm_generation_tokens", "Tokens generated", registry=r
+        )
         buckets = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
-        self.ttft = Histogram("minivllm_time_to_first_token_seconds", "Time to first token", buckets=buckets, registry=r)
-        self.e2e = Histogram("minivllm_e2e_request_latency_seconds", "Request latency", buckets=buckets, registry=r)
+        self.ttft = Histogram(
+            "minivllm_time_to_first_token_seconds",
+            "Time to first token",
+            buckets=buckets,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "minivllm_e2e_request_latency_seconds", "Request latency", buckets=buckets, registry=r
+        )
         llm = engine.engine
-        Gauge("minivllm_num_requests_running", "Requests running", registry=r).set_function(lambda: len(llm.scheduler.running))
-        Gauge("minivllm_num_requests_waiting", "Requests waiting", registry=r).set_function(lambda: len(llm.scheduler.waiting))
-        Gauge("minivllm_kv_cache_usage_perc", "Fraction of KV blocks in use", registry=r).set_function(lambda: llm.kv_cache_manager.usage)
-        Gauge("minivllm_kv_cache_free_blocks", "Free KV blocks", registry=r).set_function(lambda: llm.kv_cache_manager.block_pool.get_num_free_blocks())
-        Gauge("minivllm_kv_cache_total_blocks", "KV blocks", registry=r).set_function(lambda: llm.kv_cache_manager.num_blocks)
-        if getattr(llm.engine_core, "spec_decoder", None) is not None: r.register(_SpecDecodeCollector(llm.engine_core.spec_decoder))
+        Gauge("minivllm_num_requests_running", "Requests running", registry=r).set_function(
+            lambda: len(llm.scheduler.running)
+        )
+        Gauge("minivllm_num_requests_waiting", "Requests waiting", registry=r).set_function(
+            lambda: len(llm.scheduler.waiting)
+        )
+        Gauge(
+            "minivllm_kv_cache_usage_perc", "Fraction of KV blocks in use", registry=r
+        ).set_function(lambda: llm.kv_cache_manager.usage)
+        Gauge("minivllm_kv_cache_free_blocks", "Free KV blocks", registry=r).set_function(
+            lambda: llm.kv_cache_manager.block_pool.get_num_free_blocks()
+        )
+        Gauge("minivllm_kv_cache_total_blocks", "KV blocks", registry=r).set_function(
+            lambda: llm.kv_cache_manager.num_blocks
+        )
+        if getattr(llm.engine_core, "spec_decoder", None) is not None:
+            r.register(_SpecDecodeCollector(llm.engine_core.spec_decoder))
 
     def render(self) -> bytes:
         "The metrics in Prometheus' text format."
         from prometheus_client import generate_latest
+
         return generate_latest(self.registry)
 
 # %% ../nbs/15_server.ipynb #38b6a13e
 class _SpecDecodeCollector:
     "vLLM's `vllm:spec_decode_*` counters, read from the engine's speculative decoder at each scrape."
-    def __init__(self, spec_decoder): self.sd = spec_decoder
+
+    def __init__(self, spec_decoder):
+        self.sd = spec_decoder
+
     def collect(self):
         from prometheus_client.core import CounterMetricFamily
+
         s = self.sd.stats
-        for name, doc, v in (("drafts", "Request-steps that verified guesses", s.num_drafts),
-                             ("draft_tokens", "Guessed tokens verified", s.num_draft_tokens),
-                             ("accepted_tokens", "Guessed tokens accepted", s.num_accepted_tokens)):
+        for name, doc, v in (
+            ("drafts", "Request-steps that verified guesses", s.num_drafts),
+            ("draft_tokens", "Guessed tokens verified", s.num_draft_tokens),
+            ("accepted_tokens", "Guessed tokens accepted", s.num_accepted_tokens),
+        ):
             yield CounterMetricFamily(f"vllm:spec_decode_num_{name}", doc, value=v)
-        per = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens_per_pos", "Accepted tokens by draft position", labels=["position"])
-        for j, n in enumerate(s.num_accepted_tokens_per_pos): per.add_metric([str(j)], n)
+        per = CounterMetricFamily(
+            "vllm:spec_decode_num_accepted_tokens_per_pos",
+            "Accepted tokens by draft position",
+            labels=["position"],
+        )
+        for j, n in enumerate(s.num_accepted_tokens_per_pos):
+            per.add_metric([str(j)], n)
         yield per
 
 # %% ../nbs/15_server.ipynb #87cfea0a
@@ -225,66 +361,107 @@ def _tok_str(tokenizer, tid: int, lp=None) -> str:
     s = getattr(lp, "decoded_token", None)
     return s if s is not None else tokenizer.decode([tid])
 
-def completion_logprobs(tokenizer, token_ids: list[int], logprobs: list | None, offset: int = 0) -> dict | None:
+
+def completion_logprobs(
+    tokenizer, token_ids: list[int], logprobs: list | None, offset: int = 0
+) -> dict | None:
     "The `logprobs` object of the completions API."
-    if logprobs is None: return None
+    if logprobs is None:
+        return None
     out = dict(tokens=[], token_logprobs=[], top_logprobs=[], text_offset=[])
     for tid, d in zip(token_ids, logprobs):
         s = _tok_str(tokenizer, tid, d.get(tid))
-        out["tokens"].append(s); out["token_logprobs"].append(d[tid].logprob)
+        out["tokens"].append(s)
+        out["token_logprobs"].append(d[tid].logprob)
         out["top_logprobs"].append({_tok_str(tokenizer, t, lp): lp.logprob for t, lp in d.items()})
-        out["text_offset"].append(offset); offset += len(s)
+        out["text_offset"].append(offset)
+        offset += len(s)
     return out
+
 
 def chat_logprobs(tokenizer, token_ids: list[int], logprobs: list | None, top: int) -> dict | None:
     "The `logprobs` object of the chat API."
-    if logprobs is None: return None
+    if logprobs is None:
+        return None
     content = []
     for tid, d in zip(token_ids, logprobs):
         s = _tok_str(tokenizer, tid, d.get(tid))
         tops = sorted(d.items(), key=lambda kv: kv[1].rank)[:top]
-        content.append(dict(token=s, logprob=d[tid].logprob, bytes=list(s.encode()),
-                            top_logprobs=[dict(token=_tok_str(tokenizer, t, lp), logprob=lp.logprob, bytes=list(_tok_str(tokenizer, t, lp).encode()))
-                                          for t, lp in tops]))
+        content.append(
+            dict(
+                token=s,
+                logprob=d[tid].logprob,
+                bytes=list(s.encode()),
+                top_logprobs=[
+                    dict(
+                        token=_tok_str(tokenizer, t, lp),
+                        logprob=lp.logprob,
+                        bytes=list(_tok_str(tokenizer, t, lp).encode()),
+                    )
+                    for t, lp in tops
+                ],
+            )
+        )
     return {"content": content}
 
 # %% ../nbs/15_server.ipynb #b3adbc9e
 def _error(app, e: APIError):
     "`e` as OpenAI's error JSON, counted in the app's metrics."
     from fastapi.responses import JSONResponse
+
     app.state.metrics.errors.labels(str(e.status)).inc()
     return JSONResponse(e.body(), status_code=e.status)
+
 
 def _validation_message(errs: list[dict]) -> tuple[str, str | None]:
     "A one-line message (and the field) for pydantic's validation errors, phrased as OpenAI phrases them."
     first = errs[0] if errs else {}
     locs = [[x for x in e.get("loc", ()) if x != "body"] for e in errs] or [[]]
-    n = 0                          # a value that fits none of a union's forms gives one error per form: name the field
-    while all(len(l) > n for l in locs) and len({str(l[n]) for l in locs}) == 1: n += 1
+    n = 0  # a value that fits none of a union's forms gives one error per form: name the field
+    while all(len(l) > n for l in locs) and len({str(l[n]) for l in locs}) == 1:
+        n += 1
     union = len(errs) > 1 and 0 < n < len(locs[0])
     loc = ".".join(str(x) for x in (locs[0][:n] if union else locs[0]))
-    if first.get("type") == "json_invalid": msg = f"Malformed JSON body: {first.get('msg', '')}"
-    elif first.get("type") == "extra_forbidden": msg = f"Unrecognized request argument supplied: {loc}"
-    elif union: msg = f"{loc}: not one of the accepted forms ({'; '.join(dict.fromkeys(e.get('msg', '') for e in errs))})"
-    else: msg = f"{loc}: {first.get('msg', 'invalid value')}" if loc else first.get("msg", "invalid request")
+    if first.get("type") == "json_invalid":
+        msg = f"Malformed JSON body: {first.get('msg', '')}"
+    elif first.get("type") == "extra_forbidden":
+        msg = f"Unrecognized request argument supplied: {loc}"
+    elif union:
+        msg = f"{loc}: not one of the accepted forms ({'; '.join(dict.fromkeys(e.get('msg', '') for e in errs))})"
+    else:
+        msg = (
+            f"{loc}: {first.get('msg', 'invalid value')}"
+            if loc
+            else first.get("msg", "invalid request")
+        )
     return msg, loc or None
+
 
 def base_app(engine, served_model_name: str = "minivllm", api_key: str | None = None):
     "A FastAPI app holding `engine` and its metrics, with OpenAI-style errors and the optional API key; no routes yet."
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
+
     app = FastAPI(title="minivllm", responses=ERROR_RESPONSES)
     s = app.state
     s.engine, s.metrics, s.served_model_name = engine, Metrics(engine), served_model_name
-    s.tokenizer, s.max_model_len = engine.engine.get_tokenizer(), engine.engine.get_model_config().max_model_len
-    s.loras = {}   # LoRA adapters served, by name (`--lora-modules`, `/v1/load_lora_adapter`): `model=<name>` selects one
+    s.tokenizer, s.max_model_len = (
+        engine.engine.get_tokenizer(),
+        engine.engine.get_model_config().max_model_len,
+    )
+    s.loras = {}  # LoRA adapters served, by name (`--lora-modules`, `/v1/load_lora_adapter`): `model=<name>` selects one
 
     @app.exception_handler(APIError)
-    async def _api_error(request, e: APIError): return _error(app, e)
+    async def _api_error(request, e: APIError):
+        return _error(app, e)
 
     from starlette.exceptions import HTTPException
-    @app.exception_handler(HTTPException)   # e.g. a body that is not UTF-8: still OpenAI's (documented) error JSON
-    async def _http_error(request, e: HTTPException): return _error(app, APIError(str(e.detail), e.status_code))
+
+    @app.exception_handler(
+        HTTPException
+    )  # e.g. a body that is not UTF-8: still OpenAI's (documented) error JSON
+    async def _http_error(request, e: HTTPException):
+        return _error(app, APIError(str(e.detail), e.status_code))
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request, e: RequestValidationError):
@@ -297,110 +474,179 @@ def base_app(engine, served_model_name: str = "minivllm", api_key: str | None = 
             if request.headers.get("authorization", "") != f"Bearer {api_key}":
                 return _error(app, APIError("Invalid or missing API key.", 401))
         return await call_next(request)
+
     return app
 
 # %% ../nbs/15_server.ipynb #96c1037c
 def add_info_routes(app):
     "`GET /health`, `GET /metrics` (Prometheus) and `GET /v1/models`."
     from fastapi.responses import PlainTextResponse
+
     s = app.state
 
     @app.get("/health", response_class=PlainTextResponse)
-    async def health(): return PlainTextResponse("OK")
+    async def health():
+        return PlainTextResponse("OK")
 
     @app.get("/metrics", response_class=PlainTextResponse)
-    async def prom(): return PlainTextResponse(s.metrics.render(), media_type="text/plain; version=0.0.4")
+    async def prom():
+        return PlainTextResponse(s.metrics.render(), media_type="text/plain; version=0.0.4")
 
     @app.get("/v1/models")
     async def models():
-        base = {"id": s.served_model_name, "object": "model", "created": _now(), "owned_by": "minivllm", "max_model_len": s.max_model_len}
-        loras = [{"id": n, "object": "model", "created": _now(), "owned_by": "minivllm", "root": lr.lora_path,
-                  "parent": s.served_model_name, "max_model_len": s.max_model_len} for n, lr in s.loras.items()]
+        base = {
+            "id": s.served_model_name,
+            "object": "model",
+            "created": _now(),
+            "owned_by": "minivllm",
+            "max_model_len": s.max_model_len,
+        }
+        loras = [
+            {
+                "id": n,
+                "object": "model",
+                "created": _now(),
+                "owned_by": "minivllm",
+                "root": lr.lora_path,
+                "parent": s.served_model_name,
+                "max_model_len": s.max_model_len,
+            }
+            for n, lr in s.loras.items()
+        ]
         return {"object": "list", "data": [base] + loras}
+
     return app
+
 
 def check_model(app, name: str | None):
     "The `LoRARequest` of the adapter named `name`, None for the served model's name (or none given); else a 404."
-    if name is None or name == app.state.served_model_name: return None
-    if name in app.state.loras: return app.state.loras[name]
+    if name is None or name == app.state.served_model_name:
+        return None
+    if name in app.state.loras:
+        return app.state.loras[name]
     raise APIError(f"The model `{name}` does not exist.", 404, param="model")
 
 # %% ../nbs/15_server.ipynb #48827b81
 def apply_sampling_defaults(app, req) -> None:
     "Fill the sampling fields `req` left out (None) with the model's generation-config defaults."
     if not hasattr(app.state, "sampling_defaults"):
-        app.state.sampling_defaults = app.state.engine.engine.get_model_config().get_diff_sampling_param()
+        app.state.sampling_defaults = (
+            app.state.engine.engine.get_model_config().get_diff_sampling_param()
+        )
     for k, v in app.state.sampling_defaults.items():
-        if k == "max_tokens" and getattr(req, "max_completion_tokens", None) is not None: continue
-        if getattr(req, k, 0) is None: setattr(req, k, v)
+        if k == "max_tokens" and getattr(req, "max_completion_tokens", None) is not None:
+            continue
+        if getattr(req, k, 0) is None:
+            setattr(req, k, v)
 
 # %% ../nbs/15_server.ipynb #0e10d7fb
-async def run_request(app, prompt, sp: SamplingParams, request_id: str, on_output, lora_request=None):
+async def run_request(
+    app, prompt, sp: SamplingParams, request_id: str, on_output, lora_request=None
+):
     "Drive one request (under `lora_request`, if given) through the app's engine, yielding what `on_output(RequestOutput)` yields; record its metrics."
     engine, metrics = app.state.engine, app.state.metrics
     t0, first, n_gen, last = time.monotonic(), None, 0, None
     try:
         async for out in engine.generate(prompt, sp, request_id, lora_request=lora_request):
             if first is None and any(c.token_ids for c in out.outputs):
-                first = time.monotonic(); metrics.ttft.observe(first - t0)
+                first = time.monotonic()
+                metrics.ttft.observe(first - t0)
             n_gen += sum(len(c.token_ids) for c in out.outputs)
             last = out
-            async for chunk in on_output(out): yield chunk
+            async for chunk in on_output(out):
+                yield chunk
     except (ValueError, TypeError, NotImplementedError) as e:
         raise APIError(str(e)) from e
-    finally:   # also when the client went away: the request was aborted
+    finally:  # also when the client went away: the request was aborted
         if last is not None:
             metrics.prompt_tokens.inc(len(last.prompt_token_ids))
             metrics.generation_tokens.inc(n_gen)
             metrics.e2e.observe(time.monotonic() - t0)
             if last.finished:
                 for c in last.outputs:
-                    if c.finish_reason: metrics.requests.labels(c.finish_reason).inc()
-            else: metrics.requests.labels("abort").inc()
+                    if c.finish_reason:
+                        metrics.requests.labels(c.finish_reason).inc()
+            else:
+                metrics.requests.labels("abort").inc()
+
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
     "OpenAI's `usage` object."
-    return dict(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, total_tokens=prompt_tokens + completion_tokens)
+    return dict(
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        total_tokens=prompt_tokens + completion_tokens,
+    )
+
 
 async def respond(stream: bool, gen, finish):
     "Stream the SSE chunks of the async iterator `gen`, or drain it and return `finish()`'s JSON."
     from fastapi.responses import StreamingResponse
+
     if stream:
         # Pull the first chunk now, so that bad input becomes a 4xx instead of a broken stream.
         it = gen.__aiter__()
-        try: first = await it.__anext__()
-        except StopAsyncIteration: first = None
+        try:
+            first = await it.__anext__()
+        except StopAsyncIteration:
+            first = None
+
         async def body():
             try:
-                if first is not None: yield first
-                async for c in it: yield c
+                if first is not None:
+                    yield first
+                async for c in it:
+                    yield c
                 yield "data: [DONE]\n\n"
             finally:
                 await it.aclose()
+
         return StreamingResponse(body(), media_type="text/event-stream")
-    async for _ in gen: pass
+    async for _ in gen:
+        pass
     return finish()
 
 # %% ../nbs/15_server.ipynb #087d5a1e
 def _completion_prompt(req: CompletionRequest):
     "The one prompt of a completion request: text, or token ids as a `TokensPrompt`."
-    if req.echo: raise APIError("echo is not supported by minivllm.", param="echo")
-    if req.suffix: raise APIError("suffix is not supported by minivllm.", param="suffix")
+    if req.echo:
+        raise APIError("echo is not supported by minivllm.", param="echo")
+    if req.suffix:
+        raise APIError("suffix is not supported by minivllm.", param="suffix")
     p = req.prompt
-    if isinstance(p, list) and isinstance(p[0], (list, str)): p = p[0]   # a list of one prompt (the schema allows no more)
+    if isinstance(p, list) and isinstance(p[0], (list, str)):
+        p = p[0]  # a list of one prompt (the schema allows no more)
     return TokensPrompt(prompt_token_ids=p) if isinstance(p, list) else p
+
 
 def add_completions_route(app):
     "`POST /v1/completions`: a prompt in, `n` completions out (streamed as SSE chunks, or in one JSON)."
     s = app.state
-    @app.post("/v1/completions", responses={200: {"content": {"application/json": {}, "text/event-stream": {"schema": {"type": "string"}}},
-                                   "description": "The completion (JSON), or its chunks as server-sent events when `stream` is true"}})
+
+    @app.post(
+        "/v1/completions",
+        responses={
+            200: {
+                "content": {
+                    "application/json": {},
+                    "text/event-stream": {"schema": {"type": "string"}},
+                },
+                "description": "The completion (JSON), or its chunks as server-sent events when `stream` is true",
+            }
+        },
+    )
     async def completions(req: CompletionRequest):
         lora = check_model(app, req.model)
         apply_sampling_defaults(app, req)
         prompt, sp = _completion_prompt(req), to_sampling_params(req, req.max_tokens, req.logprobs)
         rid, created, name, n = f"cmpl-{uuid.uuid4().hex}", _now(), s.served_model_name, req.n
-        texts, toks, lps, finish_reasons, prompt_tokens = [""] * n, [[] for _ in range(n)], [[] for _ in range(n)], [None] * n, [0]
+        texts, toks, lps, finish_reasons, prompt_tokens = (
+            [""] * n,
+            [[] for _ in range(n)],
+            [[] for _ in range(n)],
+            [None] * n,
+            [0],
+        )
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
         want_lp = req.logprobs is not None
 
@@ -408,211 +654,465 @@ def add_completions_route(app):
             prompt_tokens[0] = len(out.prompt_token_ids)
             for c in out.outputs:
                 offset = len(texts[c.index])
-                texts[c.index] += c.text; toks[c.index] += c.token_ids
-                if c.logprobs is not None: lps[c.index] += c.logprobs
+                texts[c.index] += c.text
+                toks[c.index] += c.token_ids
+                if c.logprobs is not None:
+                    lps[c.index] += c.logprobs
                 finish_reasons[c.index] = c.finish_reason
                 if req.stream:
-                    lp = completion_logprobs(s.tokenizer, c.token_ids, c.logprobs, offset) if want_lp else None
-                    yield _sse(dict(id=rid, object="text_completion", created=created, model=name,
-                                    choices=[dict(index=c.index, text=c.text, logprobs=lp, finish_reason=c.finish_reason)]))
+                    lp = (
+                        completion_logprobs(s.tokenizer, c.token_ids, c.logprobs, offset)
+                        if want_lp
+                        else None
+                    )
+                    yield _sse(
+                        dict(
+                            id=rid,
+                            object="text_completion",
+                            created=created,
+                            model=name,
+                            choices=[
+                                dict(
+                                    index=c.index,
+                                    text=c.text,
+                                    logprobs=lp,
+                                    finish_reason=c.finish_reason,
+                                )
+                            ],
+                        )
+                    )
             if req.stream and include_usage and out.finished:
-                yield _sse(dict(id=rid, object="text_completion", created=created, model=name, choices=[],
-                                usage=usage(prompt_tokens[0], sum(map(len, toks)))))
+                yield _sse(
+                    dict(
+                        id=rid,
+                        object="text_completion",
+                        created=created,
+                        model=name,
+                        choices=[],
+                        usage=usage(prompt_tokens[0], sum(map(len, toks))),
+                    )
+                )
 
         def finish():
-            choices = [dict(index=i, text=texts[i], finish_reason=finish_reasons[i],
-                            logprobs=completion_logprobs(s.tokenizer, toks[i], lps[i]) if want_lp else None) for i in range(n)]
-            return dict(id=rid, object="text_completion", created=created, model=name, choices=choices,
-                        usage=usage(prompt_tokens[0], sum(map(len, toks))))
+            choices = [
+                dict(
+                    index=i,
+                    text=texts[i],
+                    finish_reason=finish_reasons[i],
+                    logprobs=completion_logprobs(s.tokenizer, toks[i], lps[i]) if want_lp else None,
+                )
+                for i in range(n)
+            ]
+            return dict(
+                id=rid,
+                object="text_completion",
+                created=created,
+                model=name,
+                choices=choices,
+                usage=usage(prompt_tokens[0], sum(map(len, toks))),
+            )
+
         return await respond(req.stream, run_request(app, prompt, sp, rid, on_output, lora), finish)
+
     return app
 
 # %% ../nbs/15_server.ipynb #p15b
 class EmbeddingRequest(BaseModel):
     "The JSON body of `POST /v1/embeddings` (OpenAI's fields, and vLLM's `normalize`)."
+
     model_config = ConfigDict(extra="forbid")
-    input: Union[Text, Annotated[list[Text], Field(min_length=1)], TokenIds, Annotated[list[TokenIds], Field(min_length=1)]]
+    input: Union[
+        Text,
+        Annotated[list[Text], Field(min_length=1)],
+        TokenIds,
+        Annotated[list[TokenIds], Field(min_length=1)],
+    ]
     model: Optional[str] = None
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: Optional[int] = Field(None, ge=1)
     user: Optional[str] = None
     normalize: Optional[bool] = None
 
+
 def _embedding_inputs(inp) -> list:
     "The prompts of an embeddings request: texts, or token ids as `TokensPrompt`s."
-    if isinstance(inp, str): return [inp]
-    if not inp: raise APIError("input must not be empty.", param="input")
-    if all(isinstance(x, int) for x in inp): return [TokensPrompt(prompt_token_ids=inp)]
+    if isinstance(inp, str):
+        return [inp]
+    if not inp:
+        raise APIError("input must not be empty.", param="input")
+    if all(isinstance(x, int) for x in inp):
+        return [TokensPrompt(prompt_token_ids=inp)]
     return [x if isinstance(x, str) else TokensPrompt(prompt_token_ids=x) for x in inp]
+
 
 def _encode_vector(v, fmt: str):
     "An embedding as OpenAI sends it: a list of floats, or the base64 of its little-endian float32 bytes."
-    if fmt == "float": return v.tolist()
+    if fmt == "float":
+        return v.tolist()
     return base64.b64encode(v.float().numpy().astype("<f4").tobytes()).decode()
 
 # %% ../nbs/15_server.ipynb #p15c
 def add_embeddings_route(app):
     "`POST /v1/embeddings`: one pooled (by default normalised) vector per input, in OpenAI's response shape."
     s = app.state
+
     @app.post("/v1/embeddings")
     async def embeddings(req: EmbeddingRequest):
         check_model(app, req.model)
         prompts = _embedding_inputs(req.input)
         pp = PoolingParams(dimensions=req.dimensions, normalize=req.normalize, task="embed")
         rid = f"embd-{uuid.uuid4().hex}"
+
         async def one(i, p):
-            async for out in s.engine.encode(p, pp, f"{rid}-{i}"): last = out
+            async for out in s.engine.encode(p, pp, f"{rid}-{i}"):
+                last = out
             return last
+
         tasks = [asyncio.ensure_future(one(i, p)) for i, p in enumerate(prompts)]
-        try: outs = await asyncio.gather(*tasks)
+        try:
+            outs = await asyncio.gather(*tasks)
         except (ValueError, TypeError, NotImplementedError) as e:
-            for t in tasks: t.cancel()          # the other inputs' requests are aborted
+            for t in tasks:
+                t.cancel()  # the other inputs' requests are aborted
             raise APIError(str(e), param="dimensions" if "dimensions" in str(e) else "input") from e
         n = sum(len(o.prompt_token_ids) for o in outs)
         s.metrics.prompt_tokens.inc(n)
-        data = [dict(object="embedding", index=i, embedding=_encode_vector(o.outputs.data, req.encoding_format))
-                for i, o in enumerate(outs)]
-        return dict(id=rid, object="list", created=_now(), model=s.served_model_name, data=data,
-                    usage=dict(prompt_tokens=n, total_tokens=n))
+        data = [
+            dict(
+                object="embedding",
+                index=i,
+                embedding=_encode_vector(o.outputs.data, req.encoding_format),
+            )
+            for i, o in enumerate(outs)
+        ]
+        return dict(
+            id=rid,
+            object="list",
+            created=_now(),
+            model=s.served_model_name,
+            data=data,
+            usage=dict(prompt_tokens=n, total_tokens=n),
+        )
+
     return app
 
 # %% ../nbs/15_server.ipynb #5982c43e
-def _chat_prompt(tokenizer, req: ChatCompletionRequest, default_template: str | None = None, fmt: str = "auto") -> TokensPrompt:
+def _chat_prompt(
+    tokenizer, req: ChatCompletionRequest, default_template: str | None = None, fmt: str = "auto"
+) -> TokensPrompt:
     "The chat's messages rendered with the (request's, server's or model's) chat template, as token ids."
     from minivllm.llm import convert_content_parts, resolve_content_format
+
     template = req.chat_template or default_template
     try:
-        msgs = convert_content_parts([m.model_dump(exclude_none=True) for m in req.messages],
-                                     resolve_content_format(template or tokenizer.chat_template, fmt))
-        text = tokenizer.apply_chat_template(msgs, chat_template=template, tokenize=False,
-                                             add_generation_prompt=req.add_generation_prompt)
-    except Exception as e: raise APIError(f"messages could not be rendered with the chat template: {e}", param="messages")
+        msgs = convert_content_parts(
+            [m.model_dump(exclude_none=True) for m in req.messages],
+            resolve_content_format(template or tokenizer.chat_template, fmt),
+        )
+        text = tokenizer.apply_chat_template(
+            msgs,
+            chat_template=template,
+            tokenize=False,
+            add_generation_prompt=req.add_generation_prompt,
+        )
+    except Exception as e:
+        raise APIError(
+            f"messages could not be rendered with the chat template: {e}", param="messages"
+        )
     return TokensPrompt(prompt_token_ids=tokenizer(text, add_special_tokens=False).input_ids)
 
 # %% ../nbs/15_server.ipynb #ee7f714c
 def add_chat_route(app):
     "`POST /v1/chat/completions`: messages in, `n` assistant messages out (streamed as deltas, or in one JSON)."
     s = app.state
-    @app.post("/v1/chat/completions", responses={200: {"content": {"application/json": {}, "text/event-stream": {"schema": {"type": "string"}}},
-                                   "description": "The completion (JSON), or its chunks as server-sent events when `stream` is true"}})
+
+    @app.post(
+        "/v1/chat/completions",
+        responses={
+            200: {
+                "content": {
+                    "application/json": {},
+                    "text/event-stream": {"schema": {"type": "string"}},
+                },
+                "description": "The completion (JSON), or its chunks as server-sent events when `stream` is true",
+            }
+        },
+    )
     async def chat(req: ChatCompletionRequest):
         lora = check_model(app, req.model)
         apply_sampling_defaults(app, req)
-        prompt = _chat_prompt(s.tokenizer, req, getattr(s, "chat_template", None), getattr(s, "content_format", "auto"))
+        prompt = _chat_prompt(
+            s.tokenizer,
+            req,
+            getattr(s, "chat_template", None),
+            getattr(s, "content_format", "auto"),
+        )
         top = req.top_logprobs or 0
-        if req.top_logprobs and not req.logprobs: raise APIError("top_logprobs needs logprobs=true.", param="top_logprobs")
-        sp = to_sampling_params(req, req.max_completion_tokens or req.max_tokens, max(top, 1) if req.logprobs else None)
+        if req.top_logprobs and not req.logprobs:
+            raise APIError("top_logprobs needs logprobs=true.", param="top_logprobs")
+        sp = to_sampling_params(
+            req, req.max_completion_tokens or req.max_tokens, max(top, 1) if req.logprobs else None
+        )
         rid, created, n = f"chatcmpl-{uuid.uuid4().hex}", _now(), req.n
-        texts, toks, lps, finish_reasons, prompt_tokens = [""] * n, [[] for _ in range(n)], [[] for _ in range(n)], [None] * n, [0]
-        started, include_usage = set(), bool(req.stream_options and req.stream_options.include_usage)
+        texts, toks, lps, finish_reasons, prompt_tokens = (
+            [""] * n,
+            [[] for _ in range(n)],
+            [[] for _ in range(n)],
+            [None] * n,
+            [0],
+        )
+        started, include_usage = (
+            set(),
+            bool(req.stream_options and req.stream_options.include_usage),
+        )
+
         def chunk(choices, **extra):
-            return _sse(dict(id=rid, object="chat.completion.chunk", created=created, model=s.served_model_name, choices=choices, **extra))
+            return _sse(
+                dict(
+                    id=rid,
+                    object="chat.completion.chunk",
+                    created=created,
+                    model=s.served_model_name,
+                    choices=choices,
+                    **extra,
+                )
+            )
 
         async def on_output(out):
             prompt_tokens[0] = len(out.prompt_token_ids)
             for c in out.outputs:
-                texts[c.index] += c.text; toks[c.index] += c.token_ids
-                if c.logprobs is not None: lps[c.index] += c.logprobs
+                texts[c.index] += c.text
+                toks[c.index] += c.token_ids
+                if c.logprobs is not None:
+                    lps[c.index] += c.logprobs
                 finish_reasons[c.index] = c.finish_reason
-                if not req.stream: continue
+                if not req.stream:
+                    continue
                 if c.index not in started:
                     started.add(c.index)
-                    yield chunk([dict(index=c.index, delta=dict(role="assistant", content=""), logprobs=None, finish_reason=None)])
-                lp = chat_logprobs(s.tokenizer, c.token_ids, c.logprobs, top) if req.logprobs else None
-                yield chunk([dict(index=c.index, delta=dict(content=c.text) if c.text else {}, logprobs=lp, finish_reason=c.finish_reason)])
+                    yield chunk(
+                        [
+                            dict(
+                                index=c.index,
+                                delta=dict(role="assistant", content=""),
+                                logprobs=None,
+                                finish_reason=None,
+                            )
+                        ]
+                    )
+                lp = (
+                    chat_logprobs(s.tokenizer, c.token_ids, c.logprobs, top)
+                    if req.logprobs
+                    else None
+                )
+                yield chunk(
+                    [
+                        dict(
+                            index=c.index,
+                            delta=dict(content=c.text) if c.text else {},
+                            logprobs=lp,
+                            finish_reason=c.finish_reason,
+                        )
+                    ]
+                )
             if req.stream and include_usage and out.finished:
                 yield chunk([], usage=usage(prompt_tokens[0], sum(map(len, toks))))
 
         def finish():
-            choices = [dict(index=i, message=dict(role="assistant", content=texts[i]), finish_reason=finish_reasons[i],
-                            logprobs=chat_logprobs(s.tokenizer, toks[i], lps[i], top) if req.logprobs else None) for i in range(n)]
-            return dict(id=rid, object="chat.completion", created=created, model=s.served_model_name, choices=choices,
-                        usage=usage(prompt_tokens[0], sum(map(len, toks))))
+            choices = [
+                dict(
+                    index=i,
+                    message=dict(role="assistant", content=texts[i]),
+                    finish_reason=finish_reasons[i],
+                    logprobs=chat_logprobs(s.tokenizer, toks[i], lps[i], top)
+                    if req.logprobs
+                    else None,
+                )
+                for i in range(n)
+            ]
+            return dict(
+                id=rid,
+                object="chat.completion",
+                created=created,
+                model=s.served_model_name,
+                choices=choices,
+                usage=usage(prompt_tokens[0], sum(map(len, toks))),
+            )
+
         return await respond(req.stream, run_request(app, prompt, sp, rid, on_output, lora), finish)
+
     return app
+
 
 class LoadLoRAAdapterRequest(BaseModel):
     "vLLM's body of `/v1/load_lora_adapter` and `/v1/unload_lora_adapter`."
+
     lora_name: str
     lora_path: str | None = None
     lora_int_id: int | None = None
 
+
 async def add_lora_adapter(app, name: str, path: str):
     "Load an adapter (in the engine's thread) and serve it under `name`; a clear 400 if LoRA is off, the name taken or the adapter bad."
     s = app.state
-    if name in s.loras or name == s.served_model_name: raise APIError(f"The lora adapter '{name}' has already been loaded.", param="lora_name")
+    if name in s.loras or name == s.served_model_name:
+        raise APIError(f"The lora adapter '{name}' has already been loaded.", param="lora_name")
     lr = LoRARequest(name, max([l.lora_int_id for l in s.loras.values()] + [0]) + 1, path)
-    try: await s.engine.add_lora(lr)
-    except (ValueError, OSError) as e: raise APIError(str(e), param="lora_path") from e
+    try:
+        await s.engine.add_lora(lr)
+    except (ValueError, OSError) as e:
+        raise APIError(str(e), param="lora_path") from e
     s.loras[name] = lr
     return lr
+
 
 def add_lora_routes(app):
     "vLLM's `POST /v1/load_lora_adapter` and `POST /v1/unload_lora_adapter` (bodies `{lora_name, lora_path}`)."
     from fastapi.responses import PlainTextResponse
+
     s = app.state
-    ok = {200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "A line saying what was done"}}
-    @app.post("/v1/load_lora_adapter", responses=ok)   # (errors: the JSON of every error, documented app-wide)
+    ok = {
+        200: {
+            "content": {"text/plain": {"schema": {"type": "string"}}},
+            "description": "A line saying what was done",
+        }
+    }
+
+    @app.post(
+        "/v1/load_lora_adapter", responses=ok
+    )  # (errors: the JSON of every error, documented app-wide)
     async def load_lora(req: LoadLoRAAdapterRequest):
-        if not req.lora_path: raise APIError("Both 'lora_name' and 'lora_path' must be provided.", param="lora_path")
+        if not req.lora_path:
+            raise APIError("Both 'lora_name' and 'lora_path' must be provided.", param="lora_path")
         await add_lora_adapter(app, req.lora_name, req.lora_path)
         return PlainTextResponse(f"Success: LoRA adapter '{req.lora_name}' added successfully.")
+
     @app.post("/v1/unload_lora_adapter", responses=ok)
     async def unload_lora(req: LoadLoRAAdapterRequest):
         lr = s.loras.get(req.lora_name)
-        if lr is None: raise APIError(f"The lora adapter '{req.lora_name}' cannot be found.", 404, param="lora_name")
-        try: await s.engine.remove_lora(lr.lora_int_id)
-        except ValueError as e: raise APIError(str(e), param="lora_name") from e
+        if lr is None:
+            raise APIError(
+                f"The lora adapter '{req.lora_name}' cannot be found.", 404, param="lora_name"
+            )
+        try:
+            await s.engine.remove_lora(lr.lora_int_id)
+        except ValueError as e:
+            raise APIError(str(e), param="lora_name") from e
         del s.loras[req.lora_name]
         return PlainTextResponse(f"Success: LoRA adapter '{req.lora_name}' removed successfully.")
+
     return app
 
-def build_app(engine, served_model_name: str = "minivllm", api_key: str | None = None, chat_template: str | None = None,
-              chat_template_content_format: str = "auto"):
+
+def build_app(
+    engine,
+    served_model_name: str = "minivllm",
+    api_key: str | None = None,
+    chat_template: str | None = None,
+    chat_template_content_format: str = "auto",
+):
     "A FastAPI app serving `engine` (an `AsyncLLMEngine`) with OpenAI's API: the base app and its routes."
     from minivllm.llm import load_chat_template
+
     app = base_app(engine, served_model_name, api_key)
-    app.state.chat_template, app.state.content_format = load_chat_template(chat_template), chat_template_content_format
-    for add in (add_info_routes, add_completions_route, add_chat_route, add_embeddings_route, add_lora_routes): add(app)
+    app.state.chat_template, app.state.content_format = (
+        load_chat_template(chat_template),
+        chat_template_content_format,
+    )
+    for add in (
+        add_info_routes,
+        add_completions_route,
+        add_chat_route,
+        add_embeddings_route,
+        add_lora_routes,
+    ):
+        add(app)
     return app
 
 # %% ../nbs/15_server.ipynb #f16a9eed
 def serve_parser(sub):
     "Add `minivllm serve` to a subparsers object."
     p = sub.add_parser("serve", help="serve a model with an OpenAI-compatible HTTP API")
-    p.add_argument("model_tag", nargs="?", default=None, help="checkpoint directory or .gguf file (default: the embedded model)")
+    p.add_argument(
+        "model_tag",
+        nargs="?",
+        default=None,
+        help="checkpoint directory or .gguf file (default: the embedded model)",
+    )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 endpoints")
-    p.add_argument("--served-model-name", default=None, help="the model name clients use (default: the model path, or 'SmolLM2-135M-Instruct')")
+    p.add_argument(
+        "--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 endpoints"
+    )
+    p.add_argument(
+        "--served-model-name",
+        default=None,
+        help="the model name clients use (default: the model path, or 'SmolLM2-135M-Instruct')",
+    )
     p.add_argument("--log-level", default="warning")
-    p.add_argument("--chat-template", default=None, help="a chat template (inline, or a file) instead of the model's")
-    p.add_argument("--chat-template-content-format", default="auto", choices=["auto", "string", "openai"])
-    p.add_argument("--lora-modules", nargs="+", default=None, metavar="NAME=PATH",
-                   help="LoRA adapters to serve, each selected by model=NAME (turns on --enable-lora)")
+    p.add_argument(
+        "--chat-template",
+        default=None,
+        help="a chat template (inline, or a file) instead of the model's",
+    )
+    p.add_argument(
+        "--chat-template-content-format", default="auto", choices=["auto", "string", "openai"]
+    )
+    p.add_argument(
+        "--lora-modules",
+        nargs="+",
+        default=None,
+        metavar="NAME=PATH",
+        help="LoRA adapters to serve, each selected by model=NAME (turns on --enable-lora)",
+    )
     return EngineArgs.add_cli_args(p)
+
 
 def cmd_serve(ns) -> int:
     "Run `minivllm serve`: build the engine from the flags and serve it with uvicorn until interrupted."
     import uvicorn
     from minivllm.async_engine import AsyncLLMEngine
+
     ea = EngineArgs.from_cli_args(ns)
-    if ns.model_tag is not None: ea.model = ns.model_tag
+    if ns.model_tag is not None:
+        ea.model = ns.model_tag
     loras = []
-    for m in getattr(ns, "lora_modules", None) or []:   # vLLM's `name=path` (or its JSON form {"name", "path"})
-        d = json.loads(m) if m.lstrip().startswith("{") else dict(zip(("name", "path"), m.split("=", 1)))
-        if not d.get("name") or not d.get("path"): raise SystemExit(f"--lora-modules: expected NAME=PATH, got {m!r}")
+    for m in (
+        getattr(ns, "lora_modules", None) or []
+    ):  # vLLM's `name=path` (or its JSON form {"name", "path"})
+        d = (
+            json.loads(m)
+            if m.lstrip().startswith("{")
+            else dict(zip(("name", "path"), m.split("=", 1)))
+        )
+        if not d.get("name") or not d.get("path"):
+            raise SystemExit(f"--lora-modules: expected NAME=PATH, got {m!r}")
         loras.append((d["name"], d["path"]))
-    if loras: ea.enable_lora = True
+    if loras:
+        ea.enable_lora = True
     name = ns.served_model_name or (ea.model if ea.model else "SmolLM2-135M-Instruct")
     engine = AsyncLLMEngine.from_engine_args(ea)
     runner = getattr(engine.engine.engine_core, "model_runner", None)
-    if hasattr(runner, "prepare_attention"): runner.prepare_attention()   # the CPU's attention kernel, compiled before serving (lesson 05)
-    app = build_app(engine, served_model_name=name, api_key=ns.api_key, chat_template=ns.chat_template,
-                    chat_template_content_format=ns.chat_template_content_format)
-    for k, (n, path) in enumerate(loras, 1):   # read and checked before serving: a bad adapter stops the server here
-        lr = LoRARequest(n, k, path); engine.engine.add_lora(lr); app.state.loras[n] = lr
-    print(f"minivllm: serving {name!r}" + (f" and LoRA adapters {[n for n, _ in loras]}" if loras else "") +
-          f" on http://{ns.host}:{ns.port}/v1", flush=True)
+    if hasattr(runner, "prepare_attention"):
+        runner.prepare_attention()  # the CPU's attention kernel, compiled before serving (lesson 05)
+    app = build_app(
+        engine,
+        served_model_name=name,
+        api_key=ns.api_key,
+        chat_template=ns.chat_template,
+        chat_template_content_format=ns.chat_template_content_format,
+    )
+    for k, (n, path) in enumerate(
+        loras, 1
+    ):  # read and checked before serving: a bad adapter stops the server here
+        lr = LoRARequest(n, k, path)
+        engine.engine.add_lora(lr)
+        app.state.loras[n] = lr
+    print(
+        f"minivllm: serving {name!r}"
+        + (f" and LoRA adapters {[n for n, _ in loras]}" if loras else "")
+        + f" on http://{ns.host}:{ns.port}/v1",
+        flush=True,
+    )
     uvicorn.run(app, host=ns.host, port=ns.port, log_level=ns.log_level)
     return 0

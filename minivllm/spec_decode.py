@@ -25,32 +25,51 @@ def ngram_propose(token_ids: list[int], min_n: int, max_n: int, k: int) -> list[
     a = np.asarray(token_ids, dtype=np.int64)
     L = len(a)
     for n in range(min(max_n, L - 1), min_n - 1, -1):
-        win = np.lib.stride_tricks.sliding_window_view(a[:L - 1], n)   # windows ending before the last token
-        hits = np.flatnonzero((win == a[L - n:]).all(1))
-        if hits.size: i = int(hits[-1]) + n; return a[i:i + k].tolist()
+        win = np.lib.stride_tricks.sliding_window_view(
+            a[: L - 1], n
+        )  # windows ending before the last token
+        hits = np.flatnonzero((win == a[L - n :]).all(1))
+        if hits.size:
+            i = int(hits[-1]) + n
+            return a[i : i + k].tolist()
     return []
 
 # %% ../nbs/07b_spec_decode.ipynb #d1b6838c
 def num_draft_tokens(r: Request, k: int, max_model_len: int) -> int:
     "How many tokens are worth proposing for `r`: at most `k`, none past `max_model_len`, none `max_tokens` leaves no room for."
     sp = r.sampling_params
-    if getattr(sp, "structured_outputs", None) is not None or getattr(r, "pooling_params", None) is not None: return 0
+    if (
+        getattr(sp, "structured_outputs", None) is not None
+        or getattr(r, "pooling_params", None) is not None
+    ):
+        return 0
     left = max_model_len - r.num_tokens
-    if sp.max_tokens is not None: left = min(left, sp.max_tokens - r.num_output_tokens - 1)
+    if sp.max_tokens is not None:
+        left = min(left, sp.max_tokens - r.num_output_tokens - 1)
     return max(0, min(k, left))
+
 
 class NgramProposer:
     "vLLM's `ngram` method: proposals by prompt lookup in each request's own tokens."
+
     def __init__(self, config: EngineConfig):
         sc = config.speculative_config
         self.min_n, self.max_n = sc.prompt_lookup_min, sc.prompt_lookup_max
+
     def propose(self, requests: list[Request], ks: list[int], alive=()) -> list[list[int]]:
         "Up to `ks[i]` guesses for `requests[i]`."
-        return [ngram_propose(r.all_token_ids, self.min_n, self.max_n, k) if k else [] for r, k in zip(requests, ks)]
+        return [
+            ngram_propose(r.all_token_ids, self.min_n, self.max_n, k) if k else []
+            for r, k in zip(requests, ks)
+        ]
 
 # %% ../nbs/07b_spec_decode.ipynb #d2c91ed2
-def rejection_sample(target_probs: torch.Tensor, draft_token_ids: list[int], draft_probs: torch.Tensor | None = None,
-                     generator: torch.Generator | None = None) -> list[int]:
+def rejection_sample(
+    target_probs: torch.Tensor,
+    draft_token_ids: list[int],
+    draft_probs: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+) -> list[int]:
     """Exact speculative sampling for one request. `target_probs` `[k+1, V]`: the target's distribution after each
     position; `draft_probs` `[k, V]`: the proposer's (None: each guess was one token for sure, `q` is one-hot).
     Accept guess `j` with probability `min(1, p_j(d)/q_j(d))`; at the first rejection draw from
@@ -58,25 +77,45 @@ def rejection_sample(target_probs: torch.Tensor, draft_token_ids: list[int], dra
     out = []
     for j, d in enumerate(draft_token_ids):
         p = target_probs[j]
-        q = torch.zeros_like(p).index_fill_(0, torch.tensor([d]), 1.0) if draft_probs is None else draft_probs[j]
-        if torch.rand((), generator=generator) * q[d] < p[d]: out.append(d); continue   # accept: prob min(1, p/q)
+        q = (
+            torch.zeros_like(p).index_fill_(0, torch.tensor([d]), 1.0)
+            if draft_probs is None
+            else draft_probs[j]
+        )
+        if torch.rand((), generator=generator) * q[d] < p[d]:
+            out.append(d)
+            continue  # accept: prob min(1, p/q)
         resid = (p - q).clamp_min_(0)
-        out.append(int(torch.multinomial(resid / resid.sum(), 1, generator=generator))); return out
+        out.append(int(torch.multinomial(resid / resid.sum(), 1, generator=generator)))
+        return out
     out.append(int(torch.multinomial(target_probs[len(draft_token_ids)], 1, generator=generator)))
     return out
 
 # %% ../nbs/07b_spec_decode.ipynb #013e46a8
 class _AtDraft:
     "What the sampler reads of request `r` once its first draft tokens `extra` are accepted: same parameters, longer output."
+
     def __init__(self, r: Request, extra: list[int]):
-        self.request_id, self.sampling_params, self.generator = r.request_id, r.sampling_params, r.generator
+        self.request_id, self.sampling_params, self.generator = (
+            r.request_id,
+            r.sampling_params,
+            r.generator,
+        )
         self.eos_token_id, self.prompt_token_ids = r.eos_token_id, r.prompt_token_ids
         self.output_token_ids = r.output_token_ids + extra if extra else r.output_token_ids
-    @property
-    def num_output_tokens(self) -> int: return len(self.output_token_ids)
 
-def verify_drafts(sampler: Sampler, requests: list[Request], logits: torch.Tensor, spec_logits: dict[str, torch.Tensor],
-                  spec_tokens: dict[str, list[int]]) -> tuple[list[list[int]], list[list[dict] | None]]:
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+
+def verify_drafts(
+    sampler: Sampler,
+    requests: list[Request],
+    logits: torch.Tensor,
+    spec_logits: dict[str, torch.Tensor],
+    spec_tokens: dict[str, list[int]],
+) -> tuple[list[list[int]], list[list[dict] | None]]:
     """Sample every verified row with the target's sampler; keep each request's draft tokens while they equal the
     sampled ones, then its first disagreeing (or bonus) token. `logits[i]`: the row after `requests[i]`'s last token
     (or last draft); `spec_logits[id]` `[k, V]`: the rows before each draft. Returns per request its new tokens and
@@ -86,41 +125,62 @@ def verify_drafts(sampler: Sampler, requests: list[Request], logits: torch.Tenso
         d = spec_tokens.get(r.request_id, [])
         starts.append(len(views))
         views += [_AtDraft(r, d[:j]) for j in range(len(d) + 1)]
-        if d: rows.append(spec_logits[r.request_id])
-        rows.append(logits[i:i + 1])
+        if d:
+            rows.append(spec_logits[r.request_id])
+        rows.append(logits[i : i + 1])
     so = sampler(torch.cat(rows), SamplingMetadata.from_requests(views, logits.device))
     toks = so.sampled_token_ids.tolist()
     lt = None if so.logprobs_tensors is None else so.logprobs_tensors.tolists()
     new, lps = [], []
     for i, r in enumerate(requests):
         d, s = spec_tokens.get(r.request_id, []), starts[i]
-        n = next((j for j in range(len(d)) if toks[s + j] != d[j]), len(d))   # guesses accepted
-        new.append(toks[s:s + n + 1])
+        n = next((j for j in range(len(d)) if toks[s + j] != d[j]), len(d))  # guesses accepted
+        new.append(toks[s : s + n + 1])
         num = r.sampling_params.logprobs
-        lps.append(None if num is None or lt is None else [logprobs_dict(lt[0][x], lt[1][x], lt[2][x], num) for x in range(s, s + n + 1)])
+        lps.append(
+            None
+            if num is None or lt is None
+            else [logprobs_dict(lt[0][x], lt[1][x], lt[2][x], num) for x in range(s, s + n + 1)]
+        )
     return new, lps
 
 # %% ../nbs/07b_spec_decode.ipynb #0ec61282
 @dataclass
 class _DraftState:
-    tokens: list[int] = field(default_factory=list)   # the tokens whose K/V are in the draft's cache, in order
-    blocks: list[int] = field(default_factory=list)   # the draft cache's block table for the request
+    tokens: list[int] = field(
+        default_factory=list
+    )  # the tokens whose K/V are in the draft's cache, in order
+    blocks: list[int] = field(default_factory=list)  # the draft cache's block table for the request
+
 
 class DraftModelProposer:
     "vLLM's `draft_model` method: a small model with the same tokenizer, on its own paged KV cache, proposing greedily."
+
     def __init__(self, config: EngineConfig):
         sc, mc, cc = config.speculative_config, config.model_config, config.cache_config
         k, n_seqs = sc.num_speculative_tokens, config.scheduler_config.max_num_seqs
         self.block_size = cc.block_size
         blocks = cc.num_gpu_blocks + n_seqs * (cdiv(k, cc.block_size) + 1)
-        args = EngineArgs(model=sc.model, tokenizer=mc.tokenizer, dtype=str(mc.dtype).removeprefix("torch."), seed=mc.seed,
-                          max_model_len=mc.max_model_len, block_size=cc.block_size, num_gpu_blocks_override=blocks,
-                          enforce_eager=True, device=str(config.device_config.device), attention_backend=mc.attention_backend,
-                          max_num_batched_tokens=config.scheduler_config.max_num_batched_tokens, enable_prefix_caching=False)
+        args = EngineArgs(
+            model=sc.model,
+            tokenizer=mc.tokenizer,
+            dtype=str(mc.dtype).removeprefix("torch."),
+            seed=mc.seed,
+            max_model_len=mc.max_model_len,
+            block_size=cc.block_size,
+            num_gpu_blocks_override=blocks,
+            enforce_eager=True,
+            device=str(config.device_config.device),
+            attention_backend=mc.attention_backend,
+            max_num_batched_tokens=config.scheduler_config.max_num_batched_tokens,
+            enable_prefix_caching=False,
+        )
         self.config = args.create_engine_config()
         if self.config.model_config.get_vocab_size() != mc.get_vocab_size():
-            raise ValueError(f"speculative_config.model: the draft's vocabulary ({self.config.model_config.get_vocab_size()}) "
-                             f"differs from the model's ({mc.get_vocab_size()}); a draft model needs the same tokenizer.")
+            raise ValueError(
+                f"speculative_config.model: the draft's vocabulary ({self.config.model_config.get_vocab_size()}) "
+                f"differs from the model's ({mc.get_vocab_size()}); a draft model needs the same tokenizer."
+            )
         self.runner = ModelRunner(self.config)
         self.free, self.state = list(range(blocks - 1, -1, -1)), {}
 
@@ -129,24 +189,34 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
     n = min(len(a), len(b))
     return next((i for i in range(n) if a[i] != b[i]), n)
 
+
 @patch
 def release(self: DraftModelProposer, alive):
     "Give back the draft blocks of requests that are gone."
-    for rid in [rid for rid in self.state if rid not in alive]: self.free += self.state.pop(rid).blocks
+    for rid in [rid for rid in self.state if rid not in alive]:
+        self.free += self.state.pop(rid).blocks
+
 
 @patch
-def propose(self: DraftModelProposer, requests: list[Request], ks: list[int], alive=()) -> list[list[int]]:
+def propose(
+    self: DraftModelProposer, requests: list[Request], ks: list[int], alive=()
+) -> list[list[int]]:
     "Up to `ks[i]` greedy guesses of the draft model for `requests[i]`: one catch-up chunk, then `k - 1` decodes."
     self.release(alive)
     seqs, want, drafts = [], {}, {r.request_id: [] for r in requests}
     for r, k in zip(requests, ks):
         st, T = self.state.setdefault(r.request_id, _DraftState()), r.all_token_ids
-        valid = min(_common_prefix(st.tokens, T), len(T) - 1)   # K/V still right; the last token is always fed
+        valid = min(
+            _common_prefix(st.tokens, T), len(T) - 1
+        )  # K/V still right; the last token is always fed
         more = cdiv(len(T) + k - 1, self.block_size) - len(st.blocks)
-        if k == 0 or more > len(self.free): continue
+        if k == 0 or more > len(self.free):
+            continue
         st.blocks += [self.free.pop() for _ in range(max(more, 0))]
         st.tokens = list(T)
-        seqs.append(ScheduledSeq(r.request_id, T[valid:], valid, st.blocks, sample=True, is_prefill=True))
+        seqs.append(
+            ScheduledSeq(r.request_id, T[valid:], valid, st.blocks, sample=True, is_prefill=True)
+        )
         want[r.request_id] = k
     while seqs:
         res = self.runner.execute_model(SchedulerOutput(seqs))
@@ -155,61 +225,93 @@ def propose(self: DraftModelProposer, requests: list[Request], ks: list[int], al
             drafts[rid].append(t)
             if len(drafts[rid]) < want[rid]:
                 st = self.state[rid]
-                seqs.append(ScheduledSeq(rid, [t], len(st.tokens), st.blocks, sample=True, is_prefill=False))
+                seqs.append(
+                    ScheduledSeq(rid, [t], len(st.tokens), st.blocks, sample=True, is_prefill=False)
+                )
                 st.tokens.append(t)
     return [drafts[r.request_id] for r in requests]
 
 # %% ../nbs/07b_spec_decode.ipynb #85f6fc65
 def truncated_draft_model(model_dir, out_dir, num_layers: int) -> str:
     "Save the first `num_layers` layers of the checkpoint in `model_dir` (and its tokenizer) as a draft model in `out_dir`."
-    import json, shutil
+    import json
+    import shutil
     from pathlib import Path
     from safetensors.torch import save_file
     from minivllm.model import iter_checkpoint_weights
+
     src, out = Path(model_dir), Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cfg = json.loads((src / "config.json").read_text())
     cfg["num_hidden_layers"] = num_layers
     (out / "config.json").write_text(json.dumps(cfg))
     keep = lambda n: not n.startswith("model.layers.") or int(n.split(".")[2]) < num_layers
-    save_file({n: w.contiguous() for n, w in iter_checkpoint_weights(src) if keep(n)}, str(out / "model.safetensors"))
+    save_file(
+        {n: w.contiguous() for n, w in iter_checkpoint_weights(src) if keep(n)},
+        str(out / "model.safetensors"),
+    )
     for f in src.iterdir():
-        if f.name.startswith(("tokenizer", "special_tokens", "generation_config")) or f.suffix in (".jinja",): shutil.copy(f, out / f.name)
+        if f.name.startswith(("tokenizer", "special_tokens", "generation_config")) or f.suffix in (
+            ".jinja",
+        ):
+            shutil.copy(f, out / f.name)
     return str(out)
 
 # %% ../nbs/07b_spec_decode.ipynb #50f81650
 @dataclass
 class SpecDecodingStats:
     "vLLM's speculative-decoding counters, over the engine's life."
+
     num_spec_tokens: int
-    num_drafts: int = 0                  # request-steps that verified guesses
-    num_draft_tokens: int = 0            # guesses verified
-    num_accepted_tokens: int = 0         # guesses kept
-    num_accepted_tokens_per_pos: list[int] = field(default_factory=list)   # kept guesses at position 0, 1, …
+    num_drafts: int = 0  # request-steps that verified guesses
+    num_draft_tokens: int = 0  # guesses verified
+    num_accepted_tokens: int = 0  # guesses kept
+    num_accepted_tokens_per_pos: list[int] = field(
+        default_factory=list
+    )  # kept guesses at position 0, 1, …
 
     def __post_init__(self):
-        if not self.num_accepted_tokens_per_pos: self.num_accepted_tokens_per_pos = [0] * self.num_spec_tokens
+        if not self.num_accepted_tokens_per_pos:
+            self.num_accepted_tokens_per_pos = [0] * self.num_spec_tokens
 
     def observe(self, num_draft_tokens: int, num_accepted: int):
         "One request verified `num_draft_tokens` guesses and kept the first `num_accepted`."
-        self.num_drafts += 1; self.num_draft_tokens += num_draft_tokens; self.num_accepted_tokens += num_accepted
-        for j in range(num_accepted): self.num_accepted_tokens_per_pos[j] += 1
+        self.num_drafts += 1
+        self.num_draft_tokens += num_draft_tokens
+        self.num_accepted_tokens += num_accepted
+        for j in range(num_accepted):
+            self.num_accepted_tokens_per_pos[j] += 1
 
     @property
-    def acceptance_rate(self) -> float: return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+    def acceptance_rate(self) -> float:
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
     @property
-    def mean_acceptance_length(self) -> float: return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
+    def mean_acceptance_length(self) -> float:
+        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 1.0
+
     def copy(self) -> SpecDecodingStats:
-        return SpecDecodingStats(self.num_spec_tokens, self.num_drafts, self.num_draft_tokens, self.num_accepted_tokens,
-                                 list(self.num_accepted_tokens_per_pos))
+        return SpecDecodingStats(
+            self.num_spec_tokens,
+            self.num_drafts,
+            self.num_draft_tokens,
+            self.num_accepted_tokens,
+            list(self.num_accepted_tokens_per_pos),
+        )
 
 # %% ../nbs/07b_spec_decode.ipynb #64b0bd7b
 class SpecDecoder:
     "Speculative decoding inside the engine core: proposes after each step, verifies in the next, keeps the counters."
+
     def __init__(self, config: EngineConfig):
         sc = config.speculative_config
-        self.k, self.max_model_len = sc.num_speculative_tokens, config.scheduler_config.max_model_len
-        self.proposer = NgramProposer(config) if sc.method == "ngram" else DraftModelProposer(config)
+        self.k, self.max_model_len = (
+            sc.num_speculative_tokens,
+            config.scheduler_config.max_model_len,
+        )
+        self.proposer = (
+            NgramProposer(config) if sc.method == "ngram" else DraftModelProposer(config)
+        )
         self.stats = SpecDecodingStats(self.k)
 
     def propose(self, scheduler: Scheduler):
@@ -217,12 +319,25 @@ class SpecDecoder:
         reqs, ks = [], []
         for r in scheduler.running:
             r.spec_token_ids = []
-            k = num_draft_tokens(r, self.k, self.max_model_len) if r.num_computed_tokens == r.num_tokens - 1 else 0
-            if k: reqs.append(r); ks.append(k)
-        for r, d in zip(reqs, self.proposer.propose(reqs, ks, alive=scheduler.requests)): r.spec_token_ids = d
+            k = (
+                num_draft_tokens(r, self.k, self.max_model_len)
+                if r.num_computed_tokens == r.num_tokens - 1
+                else 0
+            )
+            if k:
+                reqs.append(r)
+                ks.append(k)
+        for r, d in zip(reqs, self.proposer.propose(reqs, ks, alive=scheduler.requests)):
+            r.spec_token_ids = d
 
-    def verify(self, sampler: Sampler, requests: list[Request], logits: torch.Tensor, out: SchedulerOutput,
-               spec_logits: dict[str, torch.Tensor]) -> tuple[dict[str, list[int]], dict[str, list[dict]], dict[str, tuple[int, int]]]:
+    def verify(
+        self,
+        sampler: Sampler,
+        requests: list[Request],
+        logits: torch.Tensor,
+        out: SchedulerOutput,
+        spec_logits: dict[str, torch.Tensor],
+    ) -> tuple[dict[str, list[int]], dict[str, list[dict]], dict[str, tuple[int, int]]]:
         "Sample the step's rows (`verify_drafts`); count; return tokens and logprobs by request id, and (proposed, accepted) by id."
         spec = {s.req_id: s.spec_token_ids for s in out.seqs if s.spec_token_ids}
         new, lps = verify_drafts(sampler, requests, logits, spec_logits, spec)
@@ -231,5 +346,8 @@ class SpecDecoder:
             if r.request_id in spec:
                 counts[r.request_id] = (len(spec[r.request_id]), len(toks) - 1)
                 self.stats.observe(*counts[r.request_id])
-        return ({r.request_id: t for r, t in zip(requests, new)},
-                {r.request_id: l for r, l in zip(requests, lps) if l is not None}, counts)
+        return (
+            {r.request_id: t for r, t in zip(requests, new)},
+            {r.request_id: l for r, l in zip(requests, lps) if l is not None},
+            counts,
+        )

@@ -4,7 +4,10 @@
 
 # %% ../nbs/06b_structured_outputs.ipynb #2ed18e17
 from __future__ import annotations
-import functools, json, re, time
+import functools
+import json
+import re
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 import torch
@@ -20,35 +23,52 @@ __all__ = ['grammar_key', 'grammar_from_key', 'validate_structured_outputs', 'bi
 def _xgr():
     "The xgrammar module, imported on first use."
     import xgrammar
+
     return xgrammar
+
 
 def grammar_key(so: StructuredOutputsParams) -> tuple[str, str, bool]:
     "A hashable key of the constraint: its kind, its text (a schema as canonical JSON), and whether JSON may hold any whitespace."
     kind, v = so.kind, getattr(so, so.kind)
     if kind == "json":
         if isinstance(v, str):
-            try: v = json.loads(v)
-            except json.JSONDecodeError as e: raise ValueError(f"Invalid JSON schema for structured outputs: not JSON ({e}).") from None
-        v = json.dumps(v)           # key order kept: it is the order the properties are written in
-    elif kind == "json_object": kind, v = "json", '{"type": "object"}'
-    elif kind == "choice": v = json.dumps(v, ensure_ascii=False)
+            try:
+                v = json.loads(v)
+            except json.JSONDecodeError as e:
+                raise ValueError(
+                    f"Invalid JSON schema for structured outputs: not JSON ({e})."
+                ) from None
+        v = json.dumps(v)  # key order kept: it is the order the properties are written in
+    elif kind == "json_object":
+        kind, v = "json", '{"type": "object"}'
+    elif kind == "choice":
+        v = json.dumps(v, ensure_ascii=False)
     return kind, v, not so.disable_any_whitespace
+
 
 def _clean(e: Exception) -> str:
     "xgrammar's error message without the C++ source location in front of it."
     return re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", str(e)).strip()
+
 
 @functools.lru_cache(maxsize=512)
 def grammar_from_key(key: tuple[str, str, bool]):
     "The xgrammar `Grammar` of a `grammar_key` (memoised); a `ValueError` that says what is wrong with an invalid spec."
     xgr, (kind, text, any_ws) = _xgr(), key
     try:
-        if kind == "json": return xgr.Grammar.from_json_schema(text, any_whitespace=any_ws)
-        if kind == "regex": return xgr.Grammar.from_regex(text)
-        if kind == "choice": return xgr.Grammar.from_ebnf("root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in json.loads(text)))
+        if kind == "json":
+            return xgr.Grammar.from_json_schema(text, any_whitespace=any_ws)
+        if kind == "regex":
+            return xgr.Grammar.from_regex(text)
+        if kind == "choice":
+            return xgr.Grammar.from_ebnf(
+                "root ::= "
+                + " | ".join(json.dumps(c, ensure_ascii=False) for c in json.loads(text))
+            )
         return xgr.Grammar.from_ebnf(text)
     except Exception as e:
         raise ValueError(f"Invalid {kind} for structured outputs: {_clean(e)}") from None
+
 
 def validate_structured_outputs(so: StructuredOutputsParams) -> None:
     "Raise a `ValueError` naming the problem if `so` cannot be turned into a grammar (the processor calls this when a request arrives)."
@@ -61,12 +81,17 @@ def bitmask_to_bool(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     bits = (bitmask[:, :, None] >> shifts) & 1
     return bits.reshape(bitmask.shape[0], -1)[:, :vocab_size].bool()
 
-def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+
+def apply_token_bitmask(
+    logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor | None = None
+) -> torch.Tensor:
     "Set the logits of the tokens each row's bitmask forbids to −∞, in place, in one operation; `rows`: which rows of `logits` the bitmask's rows are (all if None)."
     allowed = bitmask_to_bool(bitmask.to(logits.device), logits.shape[-1])
-    if rows is None: return logits.masked_fill_(~allowed, float("-inf"))
+    if rows is None:
+        return logits.masked_fill_(~allowed, float("-inf"))
     logits[rows] = logits[rows].masked_fill(~allowed, float("-inf"))
     return logits
+
 
 def count_allowed(bitmask: torch.Tensor, vocab_size: int) -> list[int]:
     "How many tokens each row of the bitmask allows."
@@ -76,29 +101,46 @@ def count_allowed(bitmask: torch.Tensor, vocab_size: int) -> list[int]:
 @dataclass
 class GrammarState:
     "Where one request is in its grammar: the compiled grammar (a `Future`), its matcher, and how many output tokens it accepted."
+
     key: tuple
     compiled: Future
-    matcher: object = None           # an xgrammar `GrammarMatcher`, created on first use
-    num_accepted: int = 0            # the request's output tokens the matcher has accepted
-    failed: bool = False             # a token the grammar rejects was appended (nothing should cause this)
+    matcher: object = None  # an xgrammar `GrammarMatcher`, created on first use
+    num_accepted: int = 0  # the request's output tokens the matcher has accepted
+    failed: bool = False  # a token the grammar rejects was appended (nothing should cause this)
+
 
 class StructuredOutputManager:
     "Compiles each distinct structured-output spec once, keeps one matcher per constrained request, and masks the logits of the rows that need it."
-    def __init__(self, tokenizer, vocab_size: int, stop_token_ids: list[int] | None = None, max_threads: int = 1):
+
+    def __init__(
+        self,
+        tokenizer,
+        vocab_size: int,
+        stop_token_ids: list[int] | None = None,
+        max_threads: int = 1,
+    ):
         xgr = _xgr()
         self.vocab_size = vocab_size
-        self.tokenizer_info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids)
-        self.compiler = xgr.GrammarCompiler(self.tokenizer_info, max_threads=max_threads, cache_enabled=False)
+        self.tokenizer_info = xgr.TokenizerInfo.from_huggingface(
+            tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids
+        )
+        self.compiler = xgr.GrammarCompiler(
+            self.tokenizer_info, max_threads=max_threads, cache_enabled=False
+        )
         self.executor = ThreadPoolExecutor(1, thread_name_prefix="minivllm-grammar")
-        self.compiled: dict[tuple, Future] = {}      # spec key -> its compilation (done or under way)
-        self.states: dict[str, GrammarState] = {}    # request id -> its place in its grammar
-        self.mask_seconds, self.num_mask_steps, self.num_masked_rows = 0.0, 0, 0   # cost of `mask_logits`, summed
+        self.compiled: dict[tuple, Future] = {}  # spec key -> its compilation (done or under way)
+        self.states: dict[str, GrammarState] = {}  # request id -> its place in its grammar
+        self.mask_seconds, self.num_mask_steps, self.num_masked_rows = (
+            0.0,
+            0,
+            0,
+        )  # cost of `mask_logits`, summed
 
     def compile(self, so: StructuredOutputsParams) -> Future:
         "The compiled grammar of `so` as a `Future`, started on the worker thread the first time this spec is seen."
         key = grammar_key(so)
         if key not in self.compiled:
-            grammar = grammar_from_key(key)             # raises ValueError for an invalid spec, here and now
+            grammar = grammar_from_key(key)  # raises ValueError for an invalid spec, here and now
             self.compiled[key] = self.executor.submit(self.compiler.compile_grammar, grammar)
         return self.compiled[key]
 
@@ -109,31 +151,40 @@ class StructuredOutputManager:
 
     def remove_requests(self, request_ids):
         "Forget finished or aborted requests."
-        for rid in request_ids: self.states.pop(rid, None)
+        for rid in request_ids:
+            self.states.pop(rid, None)
 
 # %% ../nbs/06b_structured_outputs.ipynb #e2a9ebc7
 @patch
 def _matcher(self: StructuredOutputManager, st: GrammarState):
     "The request's matcher, created (after waiting for its grammar, if still compiling) on first use."
-    if st.matcher is None: st.matcher = _xgr().GrammarMatcher(st.compiled.result())
+    if st.matcher is None:
+        st.matcher = _xgr().GrammarMatcher(st.compiled.result())
     return st.matcher
+
 
 @patch
 def sync(self: StructuredOutputManager, request: Request) -> bool:
     "Advance (or roll back) the request's matcher to its output tokens; False if the grammar rejects one."
     st = self.states[request.request_id]
     m, out = self._matcher(st), request.output_token_ids
-    if len(out) < st.num_accepted: m.reset(); st.num_accepted, st.failed = 0, False   # tokens were dropped: replay what is left
-    for t in out[st.num_accepted:]:
-        if st.failed or not m.accept_token(t): st.failed = True; return False
+    if len(out) < st.num_accepted:
+        m.reset()
+        st.num_accepted, st.failed = 0, False  # tokens were dropped: replay what is left
+    for t in out[st.num_accepted :]:
+        if st.failed or not m.accept_token(t):
+            st.failed = True
+            return False
         st.num_accepted += 1
     return True
+
 
 @patch
 def is_terminated(self: StructuredOutputManager, request_id: str) -> bool:
     "Whether the request's output is complete (the grammar accepted its stop token)."
     st = self.states.get(request_id)
     return st is not None and st.matcher is not None and st.matcher.is_terminated()
+
 
 @patch
 def needs_mask(self: StructuredOutputManager, request: Request) -> bool:
@@ -146,28 +197,41 @@ def grammar_bitmask(self: StructuredOutputManager, requests: list[Request]) -> t
     "One `[len(requests), ⌈V/32⌉]` bitmask: row i holds what request i's grammar allows next."
     bitmask = _xgr().allocate_token_bitmask(len(requests), self.vocab_size)
     for i, r in enumerate(requests):
-        if self.sync(r): self._matcher(self.states[r.request_id]).fill_next_token_bitmask(bitmask, i)
+        if self.sync(r):
+            self._matcher(self.states[r.request_id]).fill_next_token_bitmask(bitmask, i)
     return bitmask
 
+
 @patch
-def mask_logits(self: StructuredOutputManager, requests: list[Request], logits: torch.Tensor) -> torch.Tensor:
+def mask_logits(
+    self: StructuredOutputManager, requests: list[Request], logits: torch.Tensor
+) -> torch.Tensor:
     "Mask the rows of `logits` (row i ↔ `requests[i]`) whose request is constrained, in one batched operation; in place."
     t0 = time.perf_counter()
     rows = [i for i, r in enumerate(requests) if self.needs_mask(r)]
     if rows:
         bitmask = self.grammar_bitmask([requests[i] for i in rows])
-        with torch.inference_mode():   # the model's logits are inference tensors: updated in place only in this mode
+        with (
+            torch.inference_mode()
+        ):  # the model's logits are inference tensors: updated in place only in this mode
             apply_token_bitmask(logits, bitmask, torch.tensor(rows, device=logits.device))
-        self.num_mask_steps += 1; self.num_masked_rows += len(rows)
+        self.num_mask_steps += 1
+        self.num_masked_rows += len(rows)
     self.mask_seconds += time.perf_counter() - t0
     return logits
 
+
 @patch
-def advance(self: StructuredOutputManager, requests: list[Request]) -> tuple[list[Request], list[Request]]:
+def advance(
+    self: StructuredOutputManager, requests: list[Request]
+) -> tuple[list[Request], list[Request]]:
     "Accept the new output tokens of `requests`; returns the constrained ones whose grammar terminated, and those with a rejected token."
     done, failed = [], []
     for r in requests:
-        if r.request_id not in self.states: continue
-        if not self.sync(r): failed.append(r)
-        elif self.is_terminated(r.request_id): done.append(r)
+        if r.request_id not in self.states:
+            continue
+        if not self.sync(r):
+            failed.append(r)
+        elif self.is_terminated(r.request_id):
+            done.append(r)
     return done, failed

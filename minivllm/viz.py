@@ -4,7 +4,11 @@
 
 # %% ../nbs/90_viz.ipynb #e67b58e3
 from __future__ import annotations
-import base64, html, io, json, uuid
+import base64
+import html
+import io
+import json
+import uuid
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -12,9 +16,11 @@ try:
     import matplotlib
     import matplotlib.pyplot as plt
     from matplotlib.patches import Rectangle
-except ImportError as e:   # serving needs none of this; say what to install
-    raise ImportError('minivllm.viz draws with matplotlib and ipywidgets, which `pip install minivllm` leaves out: '
-                      'pip install "minivllm[viz]"') from e
+except ImportError as e:  # serving needs none of this; say what to install
+    raise ImportError(
+        "minivllm.viz draws with matplotlib and ipywidgets, which `pip install minivllm` leaves out: "
+        'pip install "minivllm[viz]"'
+    ) from e
 
 # %% auto #0
 __all__ = ['PALETTE', 'BASE_COLOR', 'BlockRecord', 'KVRecord', 'kv_record', 'RowRecord', 'StepRecord', 'step_record',
@@ -27,26 +33,34 @@ __all__ = ['PALETTE', 'BASE_COLOR', 'BlockRecord', 'KVRecord', 'kv_record', 'Row
 @dataclass
 class BlockRecord:
     "One physical KV block as a picture sees it."
+
     block_id: int
-    owners: list[str]            # requests whose block tables hold this block (empty: free)
+    owners: list[str]  # requests whose block tables hold this block (empty: free)
     ref_cnt: int
-    cached: bool                 # holds a prefix-cache hash (a free cached block can be revived)
-    filled: int                  # slots holding tokens (0..block_size), for owned blocks
+    cached: bool  # holds a prefix-cache hash (a free cached block can be revived)
+    filled: int  # slots holding tokens (0..block_size), for owned blocks
+
 
 @dataclass
 class KVRecord:
     "The KV-block pool after a step: every block, and each request's block table."
+
     num_blocks: int
     block_size: int
     blocks: list[BlockRecord]
-    tables: dict[str, list[int]]   # request id -> block ids in order
+    tables: dict[str, list[int]]  # request id -> block ids in order
 
     @property
-    def num_used(self) -> int: return sum(b.ref_cnt > 0 for b in self.blocks)
+    def num_used(self) -> int:
+        return sum(b.ref_cnt > 0 for b in self.blocks)
+
     @property
-    def num_cached_free(self) -> int: return sum(b.ref_cnt == 0 and b.cached for b in self.blocks)
+    def num_cached_free(self) -> int:
+        return sum(b.ref_cnt == 0 and b.cached for b in self.blocks)
+
     @property
-    def usage(self) -> float: return self.num_used / max(self.num_blocks, 1)
+    def usage(self) -> float:
+        return self.num_used / max(self.num_blocks, 1)
 
 # %% ../nbs/90_viz.ipynb #a6f254ec
 def kv_record(manager) -> KVRecord:
@@ -61,22 +75,33 @@ def kv_record(manager) -> KVRecord:
         for j, b in enumerate(blocks):
             owners.setdefault(b.block_id, []).append(rid)
             filled[b.block_id] = max(filled.get(b.block_id, 0), max(0, min(bs, slots - j * bs)))
-    blocks = [BlockRecord(b.block_id, owners.get(b.block_id, []), b.ref_cnt, b.block_hash is not None, filled.get(b.block_id, 0))
-              for b in manager.block_pool.blocks]
+    blocks = [
+        BlockRecord(
+            b.block_id,
+            owners.get(b.block_id, []),
+            b.ref_cnt,
+            b.block_hash is not None,
+            filled.get(b.block_id, 0),
+        )
+        for b in manager.block_pool.blocks
+    ]
     return KVRecord(manager.num_blocks, bs, blocks, tables)
 
 # %% ../nbs/90_viz.ipynb #a4d02c73
 @dataclass
 class RowRecord:
     "One request's share of a step."
+
     req_id: str
     num_tokens: int
     is_prefill: bool
     label: str = ""
 
+
 @dataclass
 class StepRecord:
     "What one engine step did, as plain data."
+
     step: int
     rows: list[RowRecord]
     kv: KVRecord | None = None
@@ -84,37 +109,78 @@ class StepRecord:
     finished: list[str] = field(default_factory=list)
     token_budget: int = 0
     num_waiting: int = 0
-    reads: dict[str, list[int]] = field(default_factory=dict)   # request -> blocks its attention read this step
-    texts: dict[str, str] = field(default_factory=dict)         # request -> text generated so far
-    spec: dict[str, tuple[int, int]] = field(default_factory=dict)   # speculative decoding: request -> (guesses, kept)
+    reads: dict[str, list[int]] = field(
+        default_factory=dict
+    )  # request -> blocks its attention read this step
+    texts: dict[str, str] = field(default_factory=dict)  # request -> text generated so far
+    spec: dict[str, tuple[int, int]] = field(
+        default_factory=dict
+    )  # speculative decoding: request -> (guesses, kept)
     note: str = ""
 
     @property
-    def num_tokens(self) -> int: return sum(r.num_tokens for r in self.rows)
+    def num_tokens(self) -> int:
+        return sum(r.num_tokens for r in self.rows)
 
 # %% ../nbs/90_viz.ipynb #9f4606d6
-def step_record(step: int, scheduler_output, manager=None, labels: dict | None = None, reads: dict | None = None,
-                texts: dict | None = None, note: str = "", finished: list | None = None) -> StepRecord:
+def step_record(
+    step: int,
+    scheduler_output,
+    manager=None,
+    labels: dict | None = None,
+    reads: dict | None = None,
+    texts: dict | None = None,
+    note: str = "",
+    finished: list | None = None,
+) -> StepRecord:
     "A `StepRecord` of one step from its `SchedulerOutput` and the `KVCacheManager` after it."
     o, labels = scheduler_output, labels or {}
-    rows = [RowRecord(s.req_id, s.num_tokens, s.is_prefill, str(labels.get(s.req_id, ""))) for s in o.seqs]
-    fin = list(finished if finished is not None else
-               dict.fromkeys(list(getattr(o, "finished_req_ids", [])) + list(getattr(o, "finished_after_step", []))))
-    return StepRecord(step, rows, kv_record(manager) if manager is not None else None, list(o.preempted_req_ids), fin,
-                      o.token_budget, o.num_waiting, dict(reads or {}), dict(texts or {}), note)
+    rows = [
+        RowRecord(s.req_id, s.num_tokens, s.is_prefill, str(labels.get(s.req_id, "")))
+        for s in o.seqs
+    ]
+    fin = list(
+        finished
+        if finished is not None
+        else dict.fromkeys(
+            list(getattr(o, "finished_req_ids", [])) + list(getattr(o, "finished_after_step", []))
+        )
+    )
+    return StepRecord(
+        step,
+        rows,
+        kv_record(manager) if manager is not None else None,
+        list(o.preempted_req_ids),
+        fin,
+        o.token_budget,
+        o.num_waiting,
+        dict(reads or {}),
+        dict(texts or {}),
+        note,
+    )
 
 # %% ../nbs/90_viz.ipynb #eb903896
-def record_scheduler(scheduler, arrivals: dict[int, list] | None = None, pick: Callable | None = None,
-                     max_steps: int = 200, labels: Callable | None = None, reads: Callable | None = None) -> list[StepRecord]:
+def record_scheduler(
+    scheduler,
+    arrivals: dict[int, list] | None = None,
+    pick: Callable | None = None,
+    max_steps: int = 200,
+    labels: Callable | None = None,
+    reads: Callable | None = None,
+) -> list[StepRecord]:
     "Run `scheduler` with a fake model (`pick(request) -> token`, default 0); `arrivals` maps a step to requests added before it."
     arrivals, pick, recs = arrivals or {}, pick or (lambda r: 0), []
     for step in range(max_steps):
-        for r in arrivals.get(step, []): scheduler.add_request(r)
-        if not scheduler.has_unfinished_requests() and step > max(arrivals, default=-1): break
+        for r in arrivals.get(step, []):
+            scheduler.add_request(r)
+        if not scheduler.has_unfinished_requests() and step > max(arrivals, default=-1):
+            break
         out = scheduler.schedule()
         lab = labels(step, scheduler, out) if labels else None
         rd = reads(step, scheduler, out) if reads else None
-        scheduler.update_from_output(out, {s.req_id: pick(scheduler.requests[s.req_id]) for s in out.seqs if s.sample})
+        scheduler.update_from_output(
+            out, {s.req_id: pick(scheduler.requests[s.req_id]) for s in out.seqs if s.sample}
+        )
         recs.append(step_record(step, out, scheduler.kv_cache_manager, lab, rd))
     return recs
 
@@ -123,24 +189,48 @@ def _llm_engine(engine):
     "The `LLMEngine` inside an `LLM`, an `AsyncLLMEngine` or itself."
     for attr in ("llm_engine", "engine"):
         inner = getattr(engine, attr, None)
-        if inner is not None and hasattr(inner, "step_observers"): return inner
+        if inner is not None and hasattr(inner, "step_observers"):
+            return inner
     return engine
+
 
 class EngineRecorder:
     "An `LLMEngine.step_observers` entry that copies each step into a `StepRecord` (`close()` unregisters it)."
-    def __init__(self, engine, labels: Callable | None = None, reads: Callable | None = None, max_records: int = 10_000):
-        self.engine, self.labels, self.reads, self.max_records = _llm_engine(engine), labels, reads, max_records
+
+    def __init__(
+        self,
+        engine,
+        labels: Callable | None = None,
+        reads: Callable | None = None,
+        max_records: int = 10_000,
+    ):
+        self.engine, self.labels, self.reads, self.max_records = (
+            _llm_engine(engine),
+            labels,
+            reads,
+            max_records,
+        )
         self.records: list[StepRecord] = []
         self.texts: dict[str, str] = {}
         self.engine.step_observers.append(self)
 
     def __call__(self, info):
         "Record the step described by `info` (a `StepInfo`)."
-        if len(self.records) >= self.max_records: return
+        if len(self.records) >= self.max_records:
+            return
         eng = self.engine
         lab = self.labels(info, eng) if self.labels else None
         rd = self.reads(info, eng) if self.reads else None
-        self.records.append(step_record(len(self.records), info.scheduler_output, eng.kv_cache_manager, lab, rd, dict(self.texts)))
+        self.records.append(
+            step_record(
+                len(self.records),
+                info.scheduler_output,
+                eng.kv_cache_manager,
+                lab,
+                rd,
+                dict(self.texts),
+            )
+        )
         self.records[-1].spec = dict(getattr(info, "spec", {}))
 
     def add_outputs(self, outputs):
@@ -149,52 +239,77 @@ class EngineRecorder:
             for c in o.outputs:
                 key = o.request_id if len(o.outputs) == 1 else f"{o.request_id}[{c.index}]"
                 self.texts[key] = c.text
-        if self.records: self.records[-1].texts = dict(self.texts)
+        if self.records:
+            self.records[-1].texts = dict(self.texts)
 
     def close(self):
         "Stop recording."
-        if self in self.engine.step_observers: self.engine.step_observers.remove(self)
+        if self in self.engine.step_observers:
+            self.engine.step_observers.remove(self)
 
 # %% ../nbs/90_viz.ipynb #8678092d
-def record_engine(engine, arrivals: dict[int, list] | None = None, max_steps: int = 500, labels: Callable | None = None,
-                  reads: Callable | None = None) -> list[StepRecord]:
+def record_engine(
+    engine,
+    arrivals: dict[int, list] | None = None,
+    max_steps: int = 500,
+    labels: Callable | None = None,
+    reads: Callable | None = None,
+) -> list[StepRecord]:
     "Step `engine` until idle, recording each step; `arrivals` maps a step to `(request_id, prompt, params)` tuples."
     eng, arrivals = _llm_engine(engine), arrivals or {}
     rec = EngineRecorder(eng, labels, reads)
     try:
         for k in range(max_steps):
-            for rid, prompt, params in arrivals.get(k, []): eng.add_request(rid, prompt, params)
-            if not eng.has_unfinished_requests() and not any(s > k for s in arrivals): break
+            for rid, prompt, params in arrivals.get(k, []):
+                eng.add_request(rid, prompt, params)
+            if not eng.has_unfinished_requests() and not any(s > k for s in arrivals):
+                break
             rec.add_outputs(eng.step())
-    finally: rec.close()
+    finally:
+        rec.close()
     return rec.records
 
 # %% ../nbs/90_viz.ipynb #3f54020c
 PALETTE = [plt.cm.tab10(k) for k in range(10)] + [plt.cm.tab20(2 * k + 1) for k in range(10)]
 
+
 def colors_for(ids) -> dict:
     "Request id -> colour, in order of first appearance (tab10's strong colours, then tab20's pale ones, cycling)."
     out = {}
     for i in ids:
-        if i not in out: out[i] = PALETTE[len(out) % len(PALETTE)]
+        if i not in out:
+            out[i] = PALETTE[len(out) % len(PALETTE)]
     return out
+
 
 def record_ids(records: list[StepRecord]) -> list[str]:
     "Every request id seen in `records`, in order of first appearance."
-    ids = [r.req_id for rec in records for r in rec.rows] + [i for rec in records for i in rec.preempted]
+    ids = [r.req_id for rec in records for r in rec.rows] + [
+        i for rec in records for i in rec.preempted
+    ]
     ids += [i for rec in records if rec.kv for i in rec.kv.tables]
     return list(dict.fromkeys(ids))
 
 # %% ../nbs/90_viz.ipynb #5b1aa27d
-def _grid_cols(n: int) -> int: return min(32, max(8, int((2 * n) ** 0.5 + 0.5)))
+def _grid_cols(n: int) -> int:
+    return min(32, max(8, int((2 * n) ** 0.5 + 0.5)))
 
-def plot_block_grid(kv: KVRecord, ax=None, colors: dict | None = None, reads: dict | None = None, ncols: int | None = None,
-                    title: str | None = None, legend: bool = True):
+
+def plot_block_grid(
+    kv: KVRecord,
+    ax=None,
+    colors: dict | None = None,
+    reads: dict | None = None,
+    ncols: int | None = None,
+    title: str | None = None,
+    legend: bool = True,
+):
     "Draw the KV blocks of a `KVRecord`: owners' colours, shared (hatched, ref count), free-cached (grey), free (white)."
     n, bs = kv.num_blocks, kv.block_size
     ncols = ncols or _grid_cols(n)
     nrows = -(-n // ncols)
-    if ax is None: _, ax = plt.subplots(figsize=(min(ncols, 24) * 0.42 + 2.8, nrows * 0.42 + 0.9))
+    if ax is None:
+        _, ax = plt.subplots(figsize=(min(ncols, 24) * 0.42 + 2.8, nrows * 0.42 + 0.9))
     colors = colors if colors is not None else colors_for(kv.tables)
     read = {b for bl in (reads or {}).values() for b in bl}
     for blk in kv.blocks:
@@ -203,61 +318,149 @@ def plot_block_grid(kv: KVRecord, ax=None, colors: dict | None = None, reads: di
         if blk.owners:
             col = colors.get(blk.owners[0], "0.5")
             ax.add_patch(Rectangle((x, y), 0.9, 0.9, fc=col, alpha=0.3, ec="none"))
-            ax.add_patch(Rectangle((x, y), 0.9 * blk.filled / bs, 0.9, fc=col, ec="none", hatch="//" if blk.ref_cnt > 1 else None))
+            ax.add_patch(
+                Rectangle(
+                    (x, y),
+                    0.9 * blk.filled / bs,
+                    0.9,
+                    fc=col,
+                    ec="none",
+                    hatch="//" if blk.ref_cnt > 1 else None,
+                )
+            )
             ax.add_patch(Rectangle((x, y), 0.9, 0.9, fc="none", ec="0.35", lw=0.6))
-        else: ax.add_patch(Rectangle((x, y), 0.9, 0.9, fc="0.78" if blk.cached else "white", ec="0.5", lw=0.6))
-        if i in read: ax.add_patch(Rectangle((x - 0.04, y - 0.04), 0.98, 0.98, fc="none", ec="black", lw=2.2))
-        if blk.ref_cnt > 1: ax.text(x + 0.45, y + 0.45, str(blk.ref_cnt), ha="center", va="center", fontsize=8, weight="bold",
-                                    bbox=dict(boxstyle="circle,pad=0.1", fc="white", ec="none", alpha=0.85))
+        else:
+            ax.add_patch(
+                Rectangle((x, y), 0.9, 0.9, fc="0.78" if blk.cached else "white", ec="0.5", lw=0.6)
+            )
+        if i in read:
+            ax.add_patch(Rectangle((x - 0.04, y - 0.04), 0.98, 0.98, fc="none", ec="black", lw=2.2))
+        if blk.ref_cnt > 1:
+            ax.text(
+                x + 0.45,
+                y + 0.45,
+                str(blk.ref_cnt),
+                ha="center",
+                va="center",
+                fontsize=8,
+                weight="bold",
+                bbox=dict(boxstyle="circle,pad=0.1", fc="white", ec="none", alpha=0.85),
+            )
     if legend:
         shown = [r for r in colors if r in kv.tables][:14]
         handles = [Rectangle((0, 0), 1, 1, fc=colors[r]) for r in shown] + [
-            Rectangle((0, 0), 1, 1, fc="0.78", ec="0.5"), Rectangle((0, 0), 1, 1, fc="white", ec="0.5")]
+            Rectangle((0, 0), 1, 1, fc="0.78", ec="0.5"),
+            Rectangle((0, 0), 1, 1, fc="white", ec="0.5"),
+        ]
         labels = shown + ["free, cached", "free"]
-        if read: handles.append(Rectangle((0, 0), 1, 1, fc="none", ec="black", lw=2)); labels.append("read this step")
-        ax.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=7.5, frameon=False)
-    ax.set_xlim(-0.1, ncols); ax.set_ylim(-0.1, nrows); ax.set_aspect("equal"); ax.axis("off")
-    ax.set_title(title or f"{n} KV blocks of {bs} slots: {kv.num_used} used, {kv.num_cached_free} free but cached", fontsize=9)
+        if read:
+            handles.append(Rectangle((0, 0), 1, 1, fc="none", ec="black", lw=2))
+            labels.append("read this step")
+        ax.legend(
+            handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=7.5, frameon=False
+        )
+    ax.set_xlim(-0.1, ncols)
+    ax.set_ylim(-0.1, nrows)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    ax.set_title(
+        title
+        or f"{n} KV blocks of {bs} slots: {kv.num_used} used, {kv.num_cached_free} free but cached",
+        fontsize=9,
+    )
     return ax
 
 # %% ../nbs/90_viz.ipynb #7fbc40b6
-def plot_batch_composition(records: list[StepRecord], ax=None, colors: dict | None = None, highlight: int | None = None,
-                           title: str | None = None, legend: bool = True, window: tuple[int, int] | None = None):
+def plot_batch_composition(
+    records: list[StepRecord],
+    ax=None,
+    colors: dict | None = None,
+    highlight: int | None = None,
+    title: str | None = None,
+    legend: bool = True,
+    window: tuple[int, int] | None = None,
+):
     "Stacked bars per step: prefill tokens (solid) and decode tokens (hatched) per request; preemptions marked below."
     colors = colors if colors is not None else colors_for(record_ids(records))
     lo, hi = window or (0, len(records))
     recs = records[lo:hi]
-    if ax is None: _, ax = plt.subplots(figsize=(10, 3.2))
+    if ax is None:
+        _, ax = plt.subplots(figsize=(10, 3.2))
     budget = max((r.token_budget for r in recs), default=0)
     top = max((r.num_tokens for r in recs), default=1) or 1
-    scale = budget if budget and budget <= 1.5 * top else top      # the y range: the budget, unless it would squash the bars
+    scale = (
+        budget if budget and budget <= 1.5 * top else top
+    )  # the y range: the budget, unless it would squash the bars
     for rec in recs:
         bottom = 0
         for row in rec.rows:
-            ax.bar(rec.step, row.num_tokens, bottom=bottom, color=colors.get(row.req_id, "0.5"), width=0.85,
-                   hatch=None if row.is_prefill else "///", edgecolor="white", linewidth=0.3)
+            ax.bar(
+                rec.step,
+                row.num_tokens,
+                bottom=bottom,
+                color=colors.get(row.req_id, "0.5"),
+                width=0.85,
+                hatch=None if row.is_prefill else "///",
+                edgecolor="white",
+                linewidth=0.3,
+            )
             bottom += row.num_tokens
         for k, v in enumerate(rec.preempted):
-            ax.plot(rec.step, -0.05 * scale * (k + 1), marker="^", mfc=colors.get(v, "0.5"), mec="red", mew=1.2, ms=7, ls="")
-    if budget and budget <= 1.5 * top: ax.axhline(budget, color="0.3", ls="--", lw=1)   # a budget far above the bars would squash them
-    else: ax.set_ylim(-0.08 * top * (1 + max((len(r.preempted) for r in recs), default=0)), top * 1.12)
-    if highlight is not None: ax.axvspan(highlight - 0.5, highlight + 0.5, color="gold", alpha=0.35, zorder=0)
+            ax.plot(
+                rec.step,
+                -0.05 * scale * (k + 1),
+                marker="^",
+                mfc=colors.get(v, "0.5"),
+                mec="red",
+                mew=1.2,
+                ms=7,
+                ls="",
+            )
+    if budget and budget <= 1.5 * top:
+        ax.axhline(
+            budget, color="0.3", ls="--", lw=1
+        )  # a budget far above the bars would squash them
+    else:
+        ax.set_ylim(
+            -0.08 * top * (1 + max((len(r.preempted) for r in recs), default=0)), top * 1.12
+        )
+    if highlight is not None:
+        ax.axvspan(highlight - 0.5, highlight + 0.5, color="gold", alpha=0.35, zorder=0)
     steps = [r.step for r in recs]
-    if steps: ax.set_xlim(min(steps) - 0.6, max(steps) + 0.6)
-    ax.xaxis.get_major_locator().set_params(integer=True); ax.yaxis.get_major_locator().set_params(integer=True)
-    ax.set_xlabel("engine step", fontsize=8); ax.set_ylabel("tokens computed", fontsize=8); ax.tick_params(labelsize=7)
+    if steps:
+        ax.set_xlim(min(steps) - 0.6, max(steps) + 0.6)
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.yaxis.get_major_locator().set_params(integer=True)
+    ax.set_xlabel("engine step", fontsize=8)
+    ax.set_ylabel("tokens computed", fontsize=8)
+    ax.tick_params(labelsize=7)
     if legend:
         ids = [i for i in colors if any(row.req_id == i for r in recs for row in r.rows)][:14]
         handles = [Rectangle((0, 0), 1, 1, color=colors[i]) for i in ids]
-        handles += [Rectangle((0, 0), 1, 1, fc="white", ec="0.3", hatch="///"),
-                    plt.Line2D([], [], marker="^", mfc="white", mec="red", ls="")]
-        ax.legend(handles, ids + ["decode (hatched)", "preempted"], fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
-    ax.set_title(title or "tokens per request in each step" + (f" (budget {budget}" + (", dashed)" if budget <= 1.5 * top else ")")
-                                                               if budget else ""), fontsize=9)
+        handles += [
+            Rectangle((0, 0), 1, 1, fc="white", ec="0.3", hatch="///"),
+            plt.Line2D([], [], marker="^", mfc="white", mec="red", ls=""),
+        ]
+        ax.legend(
+            handles,
+            ids + ["decode (hatched)", "preempted"],
+            fontsize=7,
+            loc="upper left",
+            bbox_to_anchor=(1.01, 1),
+            frameon=False,
+        )
+    ax.set_title(
+        title
+        or "tokens per request in each step"
+        + (f" (budget {budget}" + (", dashed)" if budget <= 1.5 * top else ")") if budget else ""),
+        fontsize=9,
+    )
     return ax
 
 # %% ../nbs/90_viz.ipynb #216eb4b8
-def plot_spec_steps(records: list[StepRecord], names: dict | None = None, fig=None, colors: dict | None = None):
+def plot_spec_steps(
+    records: list[StepRecord], names: dict | None = None, fig=None, colors: dict | None = None
+):
     "Per request (one strip each) and per step: guesses verified (light bar) and kept (dark bar), from `StepRecord.spec`."
     names = names or {}
     ids = list(dict.fromkeys(rid for rec in records for rid in rec.spec)) or ["(none)"]
@@ -271,37 +474,64 @@ def plot_spec_steps(records: list[StepRecord], names: dict | None = None, fig=No
         acc = [rec.spec[rid][1] for rec in records if rid in rec.spec]
         ax.bar(xs, ps, color=colors.get(rid, "grey"), alpha=0.3, width=0.8)
         ax.bar(xs, acc, color=colors.get(rid, "grey"), width=0.8)
-        plain = [rec.step for rec in records if rid not in rec.spec and any(r.req_id == rid for r in rec.rows)]
+        plain = [
+            rec.step
+            for rec in records
+            if rid not in rec.spec and any(r.req_id == rid for r in rec.rows)
+        ]
         ax.plot(plain, [0.1] * len(plain), ".", color="grey", ms=3)
         tot_p, tot_a = sum(ps), sum(acc)
-        ax.set_ylim(0, kmax + 0.5); ax.set_yticks(range(kmax + 1))
+        ax.set_ylim(0, kmax + 0.5)
+        ax.set_yticks(range(kmax + 1))
         ax.set_ylabel(str(names.get(rid, rid)), rotation=0, ha="right", va="center", fontsize=9)
-        ax.text(1.005, 0.5, f"kept {tot_a}/{tot_p}" + (f" ({tot_a / tot_p:.0%})" if tot_p else ""), transform=ax.transAxes, fontsize=8, va="center")
+        ax.text(
+            1.005,
+            0.5,
+            f"kept {tot_a}/{tot_p}" + (f" ({tot_a / tot_p:.0%})" if tot_p else ""),
+            transform=ax.transAxes,
+            fontsize=8,
+            va="center",
+        )
     axes[-1].set_xlabel("engine step")
-    axes[0].set_title("guesses verified (light) and kept (dark) per request per step; dots: a step without guesses", fontsize=10)
+    axes[0].set_title(
+        "guesses verified (light) and kept (dark) per request per step; dots: a step without guesses",
+        fontsize=10,
+    )
     fig.tight_layout()
     return fig
 
 # %% ../nbs/90_viz.ipynb #b79ea667
 def _wrap(s: str, width: int) -> str:
     s = s.replace("\n", "⏎ ")
-    return s if len(s) <= width else s[:width - 1] + "…"
+    return s if len(s) <= width else s[: width - 1] + "…"
+
 
 def step_table(rec: StepRecord, width: int = 100) -> list[str]:
     "The lines of text under a step's picture: one per batch row (tokens, kind, label), then the note and texts."
-    lines = [_wrap(f"step {rec.step}: {rec.num_tokens} token{'s' if rec.num_tokens != 1 else ''} for {len(rec.rows)} "
-                   f"request{'s' if len(rec.rows) != 1 else ''}, {rec.num_waiting} waiting"
-                   + (f"; preempted {', '.join(rec.preempted)}" if rec.preempted else "")
-                   + (f"; finished {', '.join(rec.finished)}" if rec.finished else ""), width)]
+    lines = [
+        _wrap(
+            f"step {rec.step}: {rec.num_tokens} token{'s' if rec.num_tokens != 1 else ''} for {len(rec.rows)} "
+            f"request{'s' if len(rec.rows) != 1 else ''}, {rec.num_waiting} waiting"
+            + (f"; preempted {', '.join(rec.preempted)}" if rec.preempted else "")
+            + (f"; finished {', '.join(rec.finished)}" if rec.finished else ""),
+            width,
+        )
+    ]
     for row in rec.rows[:12]:
         kind = "prefill" if row.is_prefill else "decode"
         lines.append(_wrap(f"{row.req_id:>8} {row.num_tokens:>4} {kind:<7} {row.label}", width))
-    if len(rec.rows) > 12: lines.append(f"   … and {len(rec.rows) - 12} more rows")
-    if rec.note: lines.append(_wrap(rec.note, width))
-    for k, v in list(rec.texts.items())[:6]: lines.append(_wrap(f"{k:>8} ▸ {v if len(v) < 80 else '…' + v[-80:]}", width))
+    if len(rec.rows) > 12:
+        lines.append(f"   … and {len(rec.rows) - 12} more rows")
+    if rec.note:
+        lines.append(_wrap(rec.note, width))
+    for k, v in list(rec.texts.items())[:6]:
+        lines.append(_wrap(f"{k:>8} ▸ {v if len(v) < 80 else '…' + v[-80:]}", width))
     return lines
 
-def plot_step(records: list[StepRecord], i: int, fig=None, colors: dict | None = None, history: int = 24):
+
+def plot_step(
+    records: list[StepRecord], i: int, fig=None, colors: dict | None = None, history: int = 24
+):
     "Step `i` of `records`, stacked to fit a page column: batch bars up to it, the KV grid after it, its rows' labels."
     rec = records[i]
     colors = colors if colors is not None else colors_for(record_ids(records))
@@ -312,32 +542,66 @@ def plot_step(records: list[StepRecord], i: int, fig=None, colors: dict | None =
     fig = fig or plt.figure(figsize=(7.6, 2.4 + grid_h + text_h))
     gs = fig.add_gridspec(3, 1, height_ratios=[2.4, grid_h, text_h], hspace=0.55)
     lo = max(0, i - history + 1)
-    axb = plot_batch_composition(records, fig.add_subplot(gs[0]), colors, highlight=rec.step, window=(lo, i + 1),
-                                 title=f"tokens per request in engine steps {records[lo].step}–{rec.step} (this step highlighted)")
+    axb = plot_batch_composition(
+        records,
+        fig.add_subplot(gs[0]),
+        colors,
+        highlight=rec.step,
+        window=(lo, i + 1),
+        title=f"tokens per request in engine steps {records[lo].step}–{rec.step} (this step highlighted)",
+    )
     axb.set_xlabel("")
     ax = fig.add_subplot(gs[1])
-    if rec.kv is not None: plot_block_grid(rec.kv, ax, colors, rec.reads, ncols=ncols, legend=False, title=f"KV blocks after step "
-                                           f"{rec.step}: {rec.kv.num_used}/{rec.kv.num_blocks} used, {rec.kv.num_cached_free} free but cached"
-                                           + (" (outlined: read this step)" if rec.reads else ""))
-    else: ax.axis("off")
-    axt = fig.add_subplot(gs[2]); axt.axis("off")
-    axt.text(0, 1, "\n".join(lines), va="top", ha="left", family="monospace", fontsize=8, transform=axt.transAxes)
+    if rec.kv is not None:
+        plot_block_grid(
+            rec.kv,
+            ax,
+            colors,
+            rec.reads,
+            ncols=ncols,
+            legend=False,
+            title=f"KV blocks after step "
+            f"{rec.step}: {rec.kv.num_used}/{rec.kv.num_blocks} used, {rec.kv.num_cached_free} free but cached"
+            + (" (outlined: read this step)" if rec.reads else ""),
+        )
+    else:
+        ax.axis("off")
+    axt = fig.add_subplot(gs[2])
+    axt.axis("off")
+    axt.text(
+        0,
+        1,
+        "\n".join(lines),
+        va="top",
+        ha="left",
+        family="monospace",
+        fontsize=8,
+        transform=axt.transAxes,
+    )
     return fig
 
 # %% ../nbs/90_viz.ipynb #0177b16e
 def fig_png(fig, dpi: int = 90, colors: int = 96) -> bytes:
     "A figure as a small PNG (palette-quantised), closing the figure."
     from PIL import Image
+
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi, bbox_inches="tight", facecolor="white")
     plt.close(fig)
-    img = Image.open(io.BytesIO(buf.getvalue())).convert("RGB").quantize(colors=colors, method=Image.Quantize.MEDIANCUT)
-    out = io.BytesIO(); img.save(out, format="png", optimize=True)
+    img = (
+        Image.open(io.BytesIO(buf.getvalue()))
+        .convert("RGB")
+        .quantize(colors=colors, method=Image.Quantize.MEDIANCUT)
+    )
+    out = io.BytesIO()
+    img.save(out, format="png", optimize=True)
     return out.getvalue()
+
 
 def pick_frames(n: int, max_frames: int) -> list[int]:
     "At most `max_frames` indices spread over `range(n)`, first and last included."
-    if n <= max_frames: return list(range(n))
+    if n <= max_frames:
+        return list(range(n))
     return sorted({round(k * (n - 1) / (max_frames - 1)) for k in range(max_frames)})
 
 # %% ../nbs/90_viz.ipynb #b098ee16
@@ -354,33 +618,59 @@ pb.onclick=function(){if(t){stop();return;}if(+s.value>=f.length-1)show(0);pb.te
 t=setInterval(function(){if(+s.value>=f.length-1){stop();return;}show(+s.value+1);},%(interval)d);};
 show(%(start)d);})();"""
 
-def player_html(frames: list[tuple[int, bytes]], title: str = "", interval: int = 700, start: int | None = None) -> str:
+
+def player_html(
+    frames: list[tuple[int, bytes]], title: str = "", interval: int = 700, start: int | None = None
+) -> str:
     "A self-contained HTML player of `(step, png)` frames: play/pause, previous, next, a slider; no external script."
     vid = "sv-" + uuid.uuid4().hex[:10]
     data = json.dumps([[s, base64.b64encode(p).decode()] for s, p in frames])
     start = len(frames) - 1 if start is None else start
     btn = 'style="padding:1px 8px;margin-right:4px;border:1px solid #999;border-radius:3px;background:#f6f6f6;cursor:pointer"'
-    return (f'<div class="step-viewer" id="{vid}" style="border:1px solid #ddd;border-radius:4px;padding:6px;margin:4px 0">'
-            + (f'<div style="font-weight:600;margin-bottom:4px">{html.escape(title)}</div>' if title else "")
-            + f'<div style="display:flex;align-items:center;gap:6px;flex-wrap:wrap">'
-            f'<button class="sv-play" {btn}>&#9654; play</button><button class="sv-prev" {btn}>&#9664;</button>'
-            f'<button class="sv-next" {btn}>&#9654;</button>'
-            f'<input class="sv-slider" type="range" min="0" max="{len(frames) - 1}" value="{start}" style="width:45%">'
-            f'<span class="sv-label" style="font-family:monospace"></span></div>'
-            f'<img class="sv-frame" alt="engine step picture" style="max-width:100%;display:block;margin-top:4px" '
-            f'src="data:image/png;base64,{base64.b64encode(frames[start][1]).decode()}">'
-            f'<script type="application/json" class="sv-frames">{data}</script>'
-            f'<script>{_PLAYER_JS % dict(id=vid, interval=interval, start=start)}</script></div>')
+    return (
+        f'<div class="step-viewer" id="{vid}" style="border:1px solid #ddd;border-radius:4px;padding:6px;margin:4px 0">'
+        + (
+            f'<div style="font-weight:600;margin-bottom:4px">{html.escape(title)}</div>'
+            if title
+            else ""
+        )
+        + f'<div style="display:flex;align-items:center;gap:6px;flex-wrap:wrap">'
+        f'<button class="sv-play" {btn}>&#9654; play</button><button class="sv-prev" {btn}>&#9664;</button>'
+        f'<button class="sv-next" {btn}>&#9654;</button>'
+        f'<input class="sv-slider" type="range" min="0" max="{len(frames) - 1}" value="{start}" style="width:45%">'
+        f'<span class="sv-label" style="font-family:monospace"></span></div>'
+        f'<img class="sv-frame" alt="engine step picture" style="max-width:100%;display:block;margin-top:4px" '
+        f'src="data:image/png;base64,{base64.b64encode(frames[start][1]).decode()}">'
+        f'<script type="application/json" class="sv-frames">{data}</script>'
+        f"<script>{_PLAYER_JS % dict(id=vid, interval=interval, start=start)}</script></div>"
+    )
 
 # %% ../nbs/90_viz.ipynb #a07eb20b
 class StepViewer:
     "A step-by-step view of `StepRecord`s: a live ipywidget in Jupyter, a self-contained player on the static site."
-    def __init__(self, records: list[StepRecord], title: str = "", draw: Callable | None = None, max_frames: int = 40,
-                 step: Callable | None = None, interval: int = 700, colors: dict | None = None):
-        if not records: raise ValueError("StepViewer needs at least one record")
-        self.records, self.title, self.draw, self.max_frames = list(records), title, draw, max_frames
+
+    def __init__(
+        self,
+        records: list[StepRecord],
+        title: str = "",
+        draw: Callable | None = None,
+        max_frames: int = 40,
+        step: Callable | None = None,
+        interval: int = 700,
+        colors: dict | None = None,
+    ):
+        if not records:
+            raise ValueError("StepViewer needs at least one record")
+        self.records, self.title, self.draw, self.max_frames = (
+            list(records),
+            title,
+            draw,
+            max_frames,
+        )
         self.step_fn, self.interval, self._png, self._w = step, interval, {}, None
-        self.colors = colors   # request id -> colour (default: one colour per request, see `colors_for`)
+        self.colors = (
+            colors  # request id -> colour (default: one colour per request, see `colors_for`)
+        )
 
     @property
     def frames(self) -> list[int]:
@@ -391,47 +681,68 @@ class StepViewer:
         "The matplotlib figure of record `i`."
         colors = self.colors or colors_for(record_ids(self.records))
         if self.draw is not None:
-            fig = plt.figure(figsize=(7.6, 5)); self.draw(self.records[i], self.records, fig); return fig
+            fig = plt.figure(figsize=(7.6, 5))
+            self.draw(self.records[i], self.records, fig)
+            return fig
         return plot_step(self.records, i, colors=colors)
 
     def png(self, i: int) -> bytes:
         "Record `i`'s frame as PNG bytes (rendered once)."
-        if i not in self._png: self._png[i] = fig_png(self.figure(i))
+        if i not in self._png:
+            self._png[i] = fig_png(self.figure(i))
         return self._png[i]
 
     def html(self) -> str:
         "The self-contained player with every frame."
-        return player_html([(self.records[i].step, self.png(i)) for i in self.frames], self.title, self.interval)
+        return player_html(
+            [(self.records[i].step, self.png(i)) for i in self.frames], self.title, self.interval
+        )
 
 # %% ../nbs/90_viz.ipynb #a70cda92
 def _widget(self: StepViewer):
     "Build the ipywidgets view (Play, ◀, ▶, slider, frame)."
     import ipywidgets as W
+
     idx = self.frames
     self._idx = idx
     last = len(idx) - 1
-    self.slider = W.IntSlider(value=last, min=0, max=last, description="frame", continuous_update=True,
-                              layout=W.Layout(width="45%"))
+    self.slider = W.IntSlider(
+        value=last,
+        min=0,
+        max=last,
+        description="frame",
+        continuous_update=True,
+        layout=W.Layout(width="45%"),
+    )
     self.play = W.Play(value=last, min=0, max=last, interval=self.interval)
     W.jslink((self.play, "value"), (self.slider, "value"))
-    prev, nxt = W.Button(description="◀", layout=W.Layout(width="3em")), W.Button(description="▶", layout=W.Layout(width="3em"))
+    prev, nxt = (
+        W.Button(description="◀", layout=W.Layout(width="3em")),
+        W.Button(description="▶", layout=W.Layout(width="3em")),
+    )
     prev.on_click(lambda _: setattr(self.slider, "value", max(0, self.slider.value - 1)))
-    nxt.on_click(lambda _: setattr(self.slider, "value", min(self.slider.max, self.slider.value + 1)))
+    nxt.on_click(
+        lambda _: setattr(self.slider, "value", min(self.slider.max, self.slider.value + 1))
+    )
     self.image, self.label = W.Image(format="png"), W.Label()
     self.slider.observe(lambda ch: self._show(ch["new"]), names="value")
     controls = [self.play, prev, nxt, self.slider, self.label]
     if self.step_fn is not None:
-        b = W.Button(description="step engine"); b.on_click(lambda _: self._grow()); controls.insert(0, b)
+        b = W.Button(description="step engine")
+        b.on_click(lambda _: self._grow())
+        controls.insert(0, b)
     head = [W.HTML(f"<b>{html.escape(self.title)}</b>")] if self.title else []
     self._w = W.VBox(head + [W.HBox(controls), self.image])
     self._show(last)
     return self._w
+
 
 def _show(self: StepViewer, k: int):
     "Show frame `k` in the live widget."
     i = self._idx[k]
     self.image.value = self.png(i)
     self.label.value = f"step {self.records[i].step}  ({k + 1}/{len(self._idx)})"
+
 
 def _grow(self: StepViewer):
     "Step the engine through `step=` and show the newest record."
@@ -442,23 +753,29 @@ def _grow(self: StepViewer):
     self.slider.value = len(self._idx) - 1
     self._show(self.slider.value)
 
+
 StepViewer.widget, StepViewer._show, StepViewer._grow = _widget, _show, _grow
 
 # %% ../nbs/90_viz.ipynb #5ac7fbf7
 def _mimebundle(self: StepViewer, include=None, exclude=None) -> dict:
     "The display data: widget view, self-contained HTML, plain text."
-    data = {"text/plain": f"StepViewer({len(self.records)} steps{': ' + self.title if self.title else ''})",
-            "text/html": self.html()}
+    data = {
+        "text/plain": f"StepViewer({len(self.records)} steps{': ' + self.title if self.title else ''})",
+        "text/html": self.html(),
+    }
     try:
         w = self._w or self.widget()
         data.update({k: v for k, v in w._repr_mimebundle_().items() if k != "text/plain"})
-    except Exception: pass   # no ipywidgets front end: the HTML player alone
+    except Exception:
+        pass  # no ipywidgets front end: the HTML player alone
     return data
+
 
 StepViewer._repr_mimebundle_ = _mimebundle
 
 # %% ../nbs/90_viz.ipynb #2ff157f7
 BASE_COLOR = (0.75, 0.75, 0.75, 1.0)
+
 
 def adapter_colors(adapter_of: dict) -> dict:
     "Request id -> colour of its adapter (`adapter_of[req_id]`: an adapter id or name; 0/None: the base model, grey)."
@@ -466,18 +783,39 @@ def adapter_colors(adapter_of: dict) -> dict:
     pal = {a: PALETTE[k % len(PALETTE)] for k, a in enumerate(keys)}
     return {r: pal[a] if a else BASE_COLOR for r, a in adapter_of.items()}
 
+
 def plot_lora_picture(W, A, B, scaling: float = 1.0):
     "A weight `W` (out × in), an adapter's `B` (out × r) and `A` (r × in), and the product `s·B·A` they stand for."
     import numpy as np
+
     W, A, B = (np.asarray(t, dtype=float) for t in (W, A, B))
     D = scaling * B @ A
-    fig, axs = plt.subplots(1, 4, figsize=(9, 2.6), gridspec_kw=dict(width_ratios=[W.shape[1], B.shape[1] * 4, A.shape[1], D.shape[1]]))
-    for ax, m, t in zip(axs, (W, B, A, D), (f"W  {W.shape[0]}×{W.shape[1]} (frozen)", f"B  {B.shape[0]}×{B.shape[1]}",
-                                          f"A  {A.shape[0]}×{A.shape[1]}", f"s·B·A  (never formed)")):
+    fig, axs = plt.subplots(
+        1,
+        4,
+        figsize=(9, 2.6),
+        gridspec_kw=dict(width_ratios=[W.shape[1], B.shape[1] * 4, A.shape[1], D.shape[1]]),
+    )
+    for ax, m, t in zip(
+        axs,
+        (W, B, A, D),
+        (
+            f"W  {W.shape[0]}×{W.shape[1]} (frozen)",
+            f"B  {B.shape[0]}×{B.shape[1]}",
+            f"A  {A.shape[0]}×{A.shape[1]}",
+            f"s·B·A  (never formed)",
+        ),
+    ):
         v = abs(m).max() or 1
-        ax.imshow(m, cmap="RdBu", vmin=-v, vmax=v, aspect="auto" if m is B else "equal"); ax.set_title(t, fontsize=9)
-        ax.set_xticks([]); ax.set_yticks([])
-    fig.suptitle(f"y = W·x + s·B·(A·x):  {W.size} frozen numbers, {A.size + B.size} trained (s = {scaling:g})", fontsize=10, y=1.1)
+        ax.imshow(m, cmap="RdBu", vmin=-v, vmax=v, aspect="auto" if m is B else "equal")
+        ax.set_title(t, fontsize=9)
+        ax.set_xticks([])
+        ax.set_yticks([])
+    fig.suptitle(
+        f"y = W·x + s·B·(A·x):  {W.size} frozen numbers, {A.size + B.size} trained (s = {scaling:g})",
+        fontsize=10,
+        y=1.1,
+    )
     return fig
 
 # %% ../nbs/90_viz.ipynb #33c58702
@@ -486,15 +824,28 @@ def plot_merge_vs_batch(rows: list[str], merged: str):
     keys = list(dict.fromkeys(r for r in rows if r != "base"))
     col = {"base": BASE_COLOR, **{a: PALETTE[k % len(PALETTE)] for k, a in enumerate(keys)}}
     fig, axs = plt.subplots(1, 2, figsize=(9, 0.45 * len(rows) + 1.2))
-    for ax, title, ok in ((axs[0], f"merged: W + s·B·A of {merged} for every row", lambda r: r == merged),
-                          (axs[1], "kept apart: W·x + each row's own s·B·(A·x)", lambda r: True)):
+    for ax, title, ok in (
+        (axs[0], f"merged: W + s·B·A of {merged} for every row", lambda r: r == merged),
+        (axs[1], "kept apart: W·x + each row's own s·B·(A·x)", lambda r: True),
+    ):
         for t, r in enumerate(rows):
             y = len(rows) - 1 - t
-            ax.add_patch(Rectangle((0, y), 2.8, 0.85, fc=col[r])); ax.text(1.4, y + 0.42, f"row {t}: {r}", ha="center", va="center", fontsize=8)
+            ax.add_patch(Rectangle((0, y), 2.8, 0.85, fc=col[r]))
+            ax.text(1.4, y + 0.42, f"row {t}: {r}", ha="center", va="center", fontsize=8)
             ax.add_patch(Rectangle((3.4, y), 2.2, 0.85, fc="white", ec="0.5"))
-            ax.text(4.5, y + 0.42, "✓ its output" if ok(r) else f"✗ gets {merged}'s", ha="center", va="center", fontsize=8,
-                    color="green" if ok(r) else "red")
-        ax.set_xlim(-0.1, 5.7); ax.set_ylim(-0.2, len(rows)); ax.axis("off"); ax.set_title(title, fontsize=9)
+            ax.text(
+                4.5,
+                y + 0.42,
+                "✓ its output" if ok(r) else f"✗ gets {merged}'s",
+                ha="center",
+                va="center",
+                fontsize=8,
+                color="green" if ok(r) else "red",
+            )
+        ax.set_xlim(-0.1, 5.7)
+        ax.set_ylim(-0.2, len(rows))
+        ax.axis("off")
+        ax.set_title(title, fontsize=9)
     return fig
 
 # %% ../nbs/90_viz.ipynb #45d7bec3
@@ -504,20 +855,47 @@ def plot_gather_shrink_expand(slots: list[int], base_slot: int):
     n_slots = base_slot + 1
     col = {s: PALETTE[s % len(PALETTE)] for s in range(base_slot)} | {base_slot: BASE_COLOR}
     T = len(slots)
-    for s in range(n_slots):   # the stacked weights
+    for s in range(n_slots):  # the stacked weights
         y = T - 1 - s * T / n_slots
-        ax.add_patch(Rectangle((0, y - 0.8), 1.6, 0.8, fc=col[s])); ax.text(0.8, y - 0.4, f"A[{s}]" + (" = 0" if s == base_slot else ""), ha="center", va="center", fontsize=8)
-        ax.add_patch(Rectangle((9.4, y - 0.8), 1.6, 0.8, fc=col[s])); ax.text(10.2, y - 0.4, f"B[{s}]" + (" = 0" if s == base_slot else ""), ha="center", va="center", fontsize=8)
+        ax.add_patch(Rectangle((0, y - 0.8), 1.6, 0.8, fc=col[s]))
+        ax.text(
+            0.8,
+            y - 0.4,
+            f"A[{s}]" + (" = 0" if s == base_slot else ""),
+            ha="center",
+            va="center",
+            fontsize=8,
+        )
+        ax.add_patch(Rectangle((9.4, y - 0.8), 1.6, 0.8, fc=col[s]))
+        ax.text(
+            10.2,
+            y - 0.4,
+            f"B[{s}]" + (" = 0" if s == base_slot else ""),
+            ha="center",
+            va="center",
+            fontsize=8,
+        )
     for t, s in enumerate(slots):
         y = T - 1 - t
-        ax.add_patch(Rectangle((3, y), 1.6, 0.8, fc=col[s])); ax.text(3.8, y + 0.4, f"x[{t}]", ha="center", va="center", fontsize=8)
-        ax.add_patch(Rectangle((5.4, y), 0.6, 0.8, fc=col[s], alpha=0.6)); ax.add_patch(Rectangle((6.8, y), 1.6, 0.8, fc=col[s], alpha=0.35))
+        ax.add_patch(Rectangle((3, y), 1.6, 0.8, fc=col[s]))
+        ax.text(3.8, y + 0.4, f"x[{t}]", ha="center", va="center", fontsize=8)
+        ax.add_patch(Rectangle((5.4, y), 0.6, 0.8, fc=col[s], alpha=0.6))
+        ax.add_patch(Rectangle((6.8, y), 1.6, 0.8, fc=col[s], alpha=0.35))
         ax.text(7.6, y + 0.4, f"Δ[{t}]", ha="center", va="center", fontsize=8)
         ys = T - 1 - s * T / n_slots - 0.4
-        ax.annotate("", (3, y + 0.4), (1.6, ys), arrowprops=dict(arrowstyle="->", color=col[s], lw=0.8))
-        ax.annotate("", (8.4, y + 0.4), (9.4, ys), arrowprops=dict(arrowstyle="->", color=col[s], lw=0.8))
+        ax.annotate(
+            "", (3, y + 0.4), (1.6, ys), arrowprops=dict(arrowstyle="->", color=col[s], lw=0.8)
+        )
+        ax.annotate(
+            "", (8.4, y + 0.4), (9.4, ys), arrowprops=dict(arrowstyle="->", color=col[s], lw=0.8)
+        )
     ax.text(5.7, T + 0.2, "shrink: h = A[s]·x   (r numbers)", ha="center", fontsize=8)
     ax.text(7.6, T + 0.8, "expand: Δ = B[s]·h", ha="center", fontsize=8)
-    ax.set_xlim(-0.2, 11.2); ax.set_ylim(-1.2, T + 1.3); ax.axis("off")
-    ax.set_title("one step: every row gathers its slot's A and B (grey: the base model's zero slot)", fontsize=10)
+    ax.set_xlim(-0.2, 11.2)
+    ax.set_ylim(-1.2, T + 1.3)
+    ax.axis("off")
+    ax.set_title(
+        "one step: every row gathers its slot's A and B (grey: the base model's zero slot)",
+        fontsize=10,
+    )
     return fig
