@@ -104,7 +104,8 @@ def make_workload(
     vocab_size: int = 49152,
     low_id: int = 100,
 ) -> Workload:
-    "A seeded mix of random-token prompts and output lengths, uniform in `prompt_len` and `output_len` (inclusive ranges, or fixed ints)."
+    """A seeded mix of random-token prompts and output lengths, uniform in `prompt_len` and
+    `output_len` (inclusive ranges, or fixed ints)."""
     rng = random.Random(seed)
     pick = lambda r: r if isinstance(r, int) else rng.randint(*r)
     prompts, outs = [], []
@@ -167,7 +168,8 @@ def run_minivllm(llm, wl: Workload) -> BenchResult:
 
 # %% ../nbs/16_benchmarks.ipynb #81a7f593
 def load_hf(model_dir, dtype=torch.float32, device="cpu"):
-    "The HF transformers model of a checkpoint directory on `device` (the engine's), for the comparisons."
+    """The HF transformers model of a checkpoint directory on `device` (the engine's), for the
+    comparisons."""
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
@@ -177,7 +179,8 @@ def load_hf(model_dir, dtype=torch.float32, device="cpu"):
 def run_hf_generate(
     model, wl: Workload, batch_size: int = 16, sort: bool = False, pad_id: int | None = None
 ) -> BenchResult:
-    "The workload through HF `generate` in static left-padded batches of `batch_size` (greedy, ignore EOS)."
+    """The workload through HF `generate` in static left-padded batches of `batch_size` (greedy,
+    ignore EOS)."""
     pad_id = pad_id if pad_id is not None else (model.generation_config.pad_token_id or 0)
     order = (
         sorted(range(wl.num_requests), key=lambda i: len(wl.prompts[i]))
@@ -220,7 +223,8 @@ def run_hf_generate(
 
 # %% ../nbs/16_benchmarks.ipynb #cc71b4f0
 def hf_cb_config(kv_tokens: int, max_batch_tokens: int = 2048, page_size: int = 256, **kw):
-    "A `ContinuousBatchingConfig` with a KV cache of `kv_tokens` tokens and a token budget of `max_batch_tokens` per step."
+    """A `ContinuousBatchingConfig` with a KV cache of `kv_tokens` tokens and a token budget of
+    `max_batch_tokens` per step."""
     from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
     return ContinuousBatchingConfig(
@@ -234,10 +238,12 @@ def hf_cb_config(kv_tokens: int, max_batch_tokens: int = 2048, page_size: int = 
 def run_hf_continuous(
     model, wl: Workload, record_timestamps: bool = False, cb_config=None, warmup: bool = True
 ) -> BenchResult:
-    "The workload through transformers' continuous batching (the manager behind `generate_batch`), greedy, no EOS."
+    """The workload through transformers' continuous batching (the manager behind `generate_batch`),
+    greedy, no EOS."""
     from transformers import GenerationConfig
 
-    # (no inference_mode here: the manager's thread updates tensors made in this one, and runs under no_grad itself)
+    # (no inference_mode here: the manager's thread updates tensors made in this one, and runs under
+    # no_grad itself)
     if cb_config is None:
         cb_config = hf_cb_config(
             wl.num_prompt_tokens + wl.num_output_tokens + 256 * wl.num_requests
@@ -325,7 +331,8 @@ def bench_throughput(
                 (s, lambda w: run_hf_continuous(hf, w, cb_config=cb_config))
             )  # (warms itself up, untimed)
     runs += list((others or {}).items())
-    if warmup:  # first calls pay one-off costs (oneDNN primitives, allocator growth): pay them before the clock
+    # first calls pay one-off costs (oneDNN primitives, allocator growth): pay them before the clock
+    if warmup:
         _settle(llm)
         w = _warmup_workload(wl)
         for s, run in runs:
@@ -348,7 +355,8 @@ def bench_throughput(
 
 
 def _settle(llm):
-    "Compile what the engine would compile at its first big step (the CPU's in-place attention kernel, lesson 05): the clock times steady state."
+    """Compile what the engine would compile at its first big step (the CPU's in-place attention
+    kernel, lesson 05): the clock times steady state."""
     runner = getattr(
         getattr(getattr(llm, "llm_engine", None), "engine_core", None), "model_runner", None
     )
@@ -357,14 +365,16 @@ def _settle(llm):
 
 
 def _warmup_workload(wl: Workload) -> Workload:
-    "Two short requests made of the workload's own tokens (so valid ids for the model), for untimed warm-up runs."
+    """Two short requests made of the workload's own tokens (so valid ids for the model), for
+    untimed warm-up runs."""
     return Workload([p[:16] for p in wl.prompts[:2]], [min(4, n) for n in wl.output_lens[:2]])
 
 
 def summarize(
     results: list[BenchResult], base: str = "minivllm", key=lambda r: r.tokens_per_s
 ) -> dict:
-    "Median of `key` per system, and the median over rounds of `base`'s value / each other system's value."
+    """Median of `key` per system, and the median over rounds of `base`'s value / each other
+    system's value."""
     import statistics
 
     by = {}
@@ -427,11 +437,13 @@ def _lat(ttft_tpot: list[tuple[float, float]], system, c, pl, ol) -> LatencyResu
 
 # %% ../nbs/16_benchmarks.ipynb #e005946b
 def latency_minivllm(engine, wl: Workload) -> LatencyResult:
-    "TTFT/TPOT of the workload's requests submitted together to an `LLMEngine` (greedy, ignore_eos)."
+    """TTFT/TPOT of the workload's requests submitted together to an `LLMEngine` (greedy,
+    ignore_eos)."""
     from minivllm.config import SamplingParams, TokensPrompt
 
     base = f"lat{time.perf_counter_ns()}-"
-    engine.reset_prefix_cache()  # the same prompts ran before (other rounds, other concurrencies): no free prefill
+    # the same prompts ran before (other rounds, other concurrencies): no free prefill
+    engine.reset_prefix_cache()
     t0 = time.perf_counter()
     for i, (p, n) in enumerate(zip(wl.prompts, wl.output_lens)):
         engine.add_request(
@@ -499,7 +511,8 @@ def latency_hf_generate(model, wl: Workload, pad_id: int | None = None) -> Laten
 
 # %% ../nbs/16_benchmarks.ipynb #cfec9f03
 def latency_hf_continuous(model, wl: Workload, warmup: bool = True) -> LatencyResult:
-    "TTFT/TPOT of the workload through transformers' continuous batching, from its per-token timestamps."
+    """TTFT/TPOT of the workload through transformers' continuous batching, from its per-token
+    timestamps."""
     r = run_hf_continuous(model, wl, record_timestamps=True, warmup=warmup)
     lat = [(ts[0] - c, (ts[-1] - ts[0]) / max(len(ts) - 1, 1)) for c, ts in r.extra["timing"]]
     return _lat(lat, "hf-generate_batch", wl.num_requests, len(wl.prompts[0]), wl.output_lens[0])
@@ -519,7 +532,8 @@ def bench_latency(
     warmup: bool = True,
     others: dict | None = None,
 ) -> list[LatencyResult]:
-    "TTFT/TPOT of each system at each concurrency, `rounds` times (order rotated); `others`: more systems, name → runner."
+    """TTFT/TPOT of each system at each concurrency, `rounds` times (order rotated); `others`: more
+    systems, name → runner."""
     runners = {
         "minivllm": lambda w: latency_minivllm(llm.llm_engine, w),
         "hf-generate": lambda w: latency_hf_generate(hf, w),
@@ -585,7 +599,8 @@ class ServeRequestResult:
 
 
 def poisson_arrivals(n: int, rate: float, seed: int = 0) -> list[float]:
-    "Send times (seconds from the start) of `n` requests at `rate` requests/s: exponential gaps; all 0 when `rate` is inf."
+    """Send times (seconds from the start) of `n` requests at `rate` requests/s: exponential gaps;
+    all 0 when `rate` is inf."""
     if rate == float("inf"):
         return [0.0] * n
     if rate <= 0:
@@ -644,7 +659,8 @@ async def bench_serve(
     max_concurrency: int | None = None,
     timeout: float = 600.0,
 ) -> dict:
-    "Send `wl` to the OpenAI-compatible server at `base_url` at `request_rate` requests/s (Poisson); per-request results + summary."
+    """Send `wl` to the OpenAI-compatible server at `base_url` at `request_rate` requests/s
+    (Poisson); per-request results + summary."""
     import asyncio
     import httpx
 
@@ -708,7 +724,8 @@ async def bench_serve(
 
 # %% ../nbs/16_benchmarks.ipynb #eb8483ef
 def _percentiles(xs, ps=(50, 90, 99)) -> dict:
-    "Mean and percentiles (linear interpolation, as `numpy.percentile`) of `xs` in milliseconds; empty dict when no data."
+    """Mean and percentiles (linear interpolation, as `numpy.percentile`) of `xs` in milliseconds;
+    empty dict when no data."""
     if not xs:
         return {}
     s = sorted(xs)
@@ -723,7 +740,8 @@ def _percentiles(xs, ps=(50, 90, 99)) -> dict:
 
 
 def summarize_serve(results: list[ServeRequestResult], duration: float) -> dict:
-    "Throughputs over the run and TTFT / TPOT / ITL / E2E latency percentiles (ms) of the requests that completed."
+    """Throughputs over the run and TTFT / TPOT / ITL / E2E latency percentiles (ms) of the requests
+    that completed."""
     ok = [r for r in results if r.ok]
     out_toks = sum(r.output_tokens for r in ok)
     return dict(
@@ -780,7 +798,8 @@ def print_serve_summary(s: dict, file=None):
 
 
 def run_coroutine(coro):
-    "Run `coro` to completion, also from inside a running event loop (a notebook): then in a thread of its own."
+    """Run `coro` to completion, also from inside a running event loop (a notebook): then in a
+    thread of its own."""
     import asyncio
     import concurrent.futures
 
@@ -793,7 +812,8 @@ def run_coroutine(coro):
 
 # %% ../nbs/16_benchmarks.ipynb #82deed14
 def gguf_file_type(path) -> str:
-    "A GGUF file's weight type as llama.cpp names it (`F32`, `Q4_1`, ...), read from its `general.file_type` field."
+    """A GGUF file's weight type as llama.cpp names it (`F32`, `Q4_1`, ...), read from its
+    `general.file_type` field."""
     import gguf
 
     f = gguf.GGUFReader(str(path)).fields.get("general.file_type")
@@ -815,7 +835,8 @@ def _free_port() -> int:
 
 
 def _die_with_parent():
-    "In the child, before exec: ask Linux to end it when the benchmark process dies (a killed benchmark leaves no server behind)."
+    """In the child, before exec: ask Linux to end it when the benchmark process dies (a killed
+    benchmark leaves no server behind)."""
     try:
         import ctypes
         import signal
@@ -833,7 +854,8 @@ def llama_server_args(
     ctx_per_slot: int = 2048,
     threads: int | None = None,
 ) -> list[str]:
-    "The command line of a `llama-server` for the benchmarks: loopback, no web UI, `n_parallel` slots of `ctx_per_slot` tokens each."
+    """The command line of a `llama-server` for the benchmarks: loopback, no web UI, `n_parallel`
+    slots of `ctx_per_slot` tokens each."""
     t = str(
         threads or torch.get_num_threads()
     )  # the threads torch uses here: the same cores for both
@@ -860,7 +882,8 @@ def llama_server_args(
 
 # %% ../nbs/16_benchmarks.ipynb #8e23b0a2
 class LlamaServer:
-    "llama.cpp's `llama-server` as a child process serving `gguf` (default: the embedded model) on a free loopback port."
+    """llama.cpp's `llama-server` as a child process serving `gguf` (default: the embedded model) on
+    a free loopback port."""
 
     def __init__(
         self,
@@ -938,7 +961,8 @@ class LlamaServer:
         self.proc = None
 
     def version(self) -> str:
-        "The `version: ...` line of `llama-server --version` (build number and commit), for the results."
+        """The `version: ...` line of `llama-server --version` (build number and commit), for the
+        results."""
         r = subprocess.run([self.binary, "--version"], capture_output=True, text=True, timeout=60)
         lines = (r.stdout + r.stderr).splitlines()
         return next((l for l in lines if l.startswith("version")), lines[0] if lines else "")
@@ -951,7 +975,8 @@ class LlamaServer:
 
 # %% ../nbs/16_benchmarks.ipynb #93916469
 def _llama_body(prompt, n: int, **kw) -> dict:
-    "A `/completion` request for exactly `n` greedy tokens after the token ids `prompt`, with no reuse of an earlier prefill."
+    """A `/completion` request for exactly `n` greedy tokens after the token ids `prompt`, with no
+    reuse of an earlier prefill."""
     return (
         dict(
             prompt=list(prompt),
@@ -979,7 +1004,8 @@ def _llama_error(r_status, text) -> RuntimeError:
 
 
 async def _llama_request(client, url: str, prompt, n: int, stream: bool = False, **kw) -> dict:
-    "One `/completion` call: the final JSON object, plus `t_send` and, streamed, `t_first` (first token) and `t_last` (final chunk)."
+    """One `/completion` call: the final JSON object, plus `t_send` and, streamed, `t_first` (first
+    token) and `t_last` (final chunk)."""
     body, t0 = _llama_body(prompt, n, stream=stream, **kw), time.perf_counter()
     if not stream:
         r = await client.post(url + "/completion", json=body)
@@ -1032,7 +1058,8 @@ def _check_llama(name: str, outs: list[dict], wl: Workload):
 
 
 def run_llamacpp(server, wl: Workload, name: str | None = None) -> BenchResult:
-    "The workload through llama.cpp's server (a `LlamaServer` or a base URL): all requests at once, greedy, exact lengths."
+    """The workload through llama.cpp's server (a `LlamaServer` or a base URL): all requests at
+    once, greedy, exact lengths."""
     url, name = _llama_url_name(server, name)
     t0 = time.perf_counter()
     outs = run_coroutine(_llama_all(url, wl, stream=False))
@@ -1100,7 +1127,8 @@ LOGIT_PROMPTS = [
 def llamacpp_top_logprobs(
     server, prompt, n: int, k: int = 5
 ) -> tuple[list[int], list[dict[int, float]]]:
-    "llama.cpp's greedy continuation of the token ids `prompt` (`n` tokens) and the top-`k` raw log-probs at each step."
+    """llama.cpp's greedy continuation of the token ids `prompt` (`n` tokens) and the top-`k` raw
+    log-probs at each step."""
     import httpx
 
     url, _ = _llama_url_name(server)
@@ -1118,7 +1146,8 @@ def llamacpp_top_logprobs(
 def minivllm_top_logprobs(
     llm, prompt, n: int, k: int = 5
 ) -> tuple[list[int], list[dict[int, float]]]:
-    "minivllm's greedy continuation of the token ids `prompt` (`n` tokens) and its top-`k` log-probs (`SamplingParams(logprobs=k)`)."
+    """minivllm's greedy continuation of the token ids `prompt` (`n` tokens) and its top-`k`
+    log-probs (`SamplingParams(logprobs=k)`)."""
     from minivllm.config import SamplingParams, TokensPrompt
 
     c = llm.generate(
@@ -1184,7 +1213,8 @@ OVERHEAD_PHASES = ("schedule", "prepare", "sampling", "update", "outputs", "othe
 
 
 def step_breakdown(llm, wl: Workload, warmup_steps: int = 0, decode_only: bool = False) -> dict:
-    "Run `wl` through `llm`'s engine step by step; seconds per phase (summed over steps, from each `StepInfo`), steps, batch sizes."
+    """Run `wl` through `llm`'s engine step by step; seconds per phase (summed over steps, from each
+    `StepInfo`), steps, batch sizes."""
     from minivllm.config import SamplingParams, TokensPrompt
 
     eng = llm.llm_engine
@@ -1332,7 +1362,8 @@ SPEC_PROMPTS = {
 
 
 def _decode_one(engine, prompt: str, max_tokens: int) -> tuple[list[int], float]:
-    "Greedy tokens of one request alone in `engine`, and the seconds from its first token to its last."
+    """Greedy tokens of one request alone in `engine`, and the seconds from its first token to its
+    last."""
     from minivllm.config import SamplingParams
 
     rid = f"spec{time.perf_counter_ns()}"
@@ -1434,7 +1465,8 @@ def random_peft_adapter(
     seed: int = 0,
     targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
 ) -> str:
-    "Write a random LoRA adapter for a Llama-family `hf_config` in PEFT's format (config + safetensors) to `path`."
+    """Write a random LoRA adapter for a Llama-family `hf_config` in PEFT's format (config +
+    safetensors) to `path`."""
     from pathlib import Path
     from safetensors.torch import save_file
 
@@ -1555,7 +1587,8 @@ def lora_swap_cost(
     max_cpu_loras: int | None = None,
     max_model_len: int = 512,
 ) -> dict:
-    "Per `max_loras`: seconds for the whole run, slot loads, swaps, and ms spent per slot load (LoRAManager's counters)."
+    """Per `max_loras`: seconds for the whole run, slot loads, swaps, and ms spent per slot load
+    (LoRAManager's counters)."""
     import tempfile
     from minivllm.config import SamplingParams, LoRARequest
     from minivllm.llm import LLM

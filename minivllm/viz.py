@@ -168,7 +168,8 @@ def record_scheduler(
     labels: Callable | None = None,
     reads: Callable | None = None,
 ) -> list[StepRecord]:
-    "Run `scheduler` with a fake model (`pick(request) -> token`, default 0); `arrivals` maps a step to requests added before it."
+    """Run `scheduler` with a fake model (`pick(request) -> token`, default 0); `arrivals` maps a
+    step to requests added before it."""
     arrivals, pick, recs = arrivals or {}, pick or (lambda r: 0), []
     for step in range(max_steps):
         for r in arrivals.get(step, []):
@@ -195,7 +196,8 @@ def _llm_engine(engine):
 
 
 class EngineRecorder:
-    "An `LLMEngine.step_observers` entry that copies each step into a `StepRecord` (`close()` unregisters it)."
+    """An `LLMEngine.step_observers` entry that copies each step into a `StepRecord` (`close()`
+    unregisters it)."""
 
     def __init__(
         self,
@@ -234,7 +236,8 @@ class EngineRecorder:
         self.records[-1].spec = dict(getattr(info, "spec", {}))
 
     def add_outputs(self, outputs):
-        "Remember the text of each `RequestOutput` (call with what `step()` returned; shown from the next record on)."
+        """Remember the text of each `RequestOutput` (call with what `step()` returned; shown from
+        the next record on)."""
         for o in outputs:
             for c in o.outputs:
                 key = o.request_id if len(o.outputs) == 1 else f"{o.request_id}[{c.index}]"
@@ -255,7 +258,8 @@ def record_engine(
     labels: Callable | None = None,
     reads: Callable | None = None,
 ) -> list[StepRecord]:
-    "Step `engine` until idle, recording each step; `arrivals` maps a step to `(request_id, prompt, params)` tuples."
+    """Step `engine` until idle, recording each step; `arrivals` maps a step to `(request_id,
+    prompt, params)` tuples."""
     eng, arrivals = _llm_engine(engine), arrivals or {}
     rec = EngineRecorder(eng, labels, reads)
     try:
@@ -274,7 +278,8 @@ PALETTE = [plt.cm.tab10(k) for k in range(10)] + [plt.cm.tab20(2 * k + 1) for k 
 
 
 def colors_for(ids) -> dict:
-    "Request id -> colour, in order of first appearance (tab10's strong colours, then tab20's pale ones, cycling)."
+    """Request id -> colour, in order of first appearance (tab10's strong colours, then tab20's pale
+    ones, cycling)."""
     out = {}
     for i in ids:
         if i not in out:
@@ -304,7 +309,8 @@ def plot_block_grid(
     title: str | None = None,
     legend: bool = True,
 ):
-    "Draw the KV blocks of a `KVRecord`: owners' colours, shared (hatched, ref count), free-cached (grey), free (white)."
+    """Draw the KV blocks of a `KVRecord`: owners' colours, shared (hatched, ref count), free-cached
+    (grey), free (white)."""
     n, bs = kv.num_blocks, kv.block_size
     ncols = ncols or _grid_cols(n)
     nrows = -(-n // ncols)
@@ -380,7 +386,8 @@ def plot_batch_composition(
     legend: bool = True,
     window: tuple[int, int] | None = None,
 ):
-    "Stacked bars per step: prefill tokens (solid) and decode tokens (hatched) per request; preemptions marked below."
+    """Stacked bars per step: prefill tokens (solid) and decode tokens (hatched) per request;
+    preemptions marked below."""
     colors = colors if colors is not None else colors_for(record_ids(records))
     lo, hi = window or (0, len(records))
     recs = records[lo:hi]
@@ -461,7 +468,8 @@ def plot_batch_composition(
 def plot_spec_steps(
     records: list[StepRecord], names: dict | None = None, fig=None, colors: dict | None = None
 ):
-    "Per request (one strip each) and per step: guesses verified (light bar) and kept (dark bar), from `StepRecord.spec`."
+    """Per request (one strip each) and per step: guesses verified (light bar) and kept (dark bar),
+    from `StepRecord.spec`."""
     names = names or {}
     ids = list(dict.fromkeys(rid for rec in records for rid in rec.spec)) or ["(none)"]
     colors = colors or colors_for(ids)
@@ -507,7 +515,8 @@ def _wrap(s: str, width: int) -> str:
 
 
 def step_table(rec: StepRecord, width: int = 100) -> list[str]:
-    "The lines of text under a step's picture: one per batch row (tokens, kind, label), then the note and texts."
+    """The lines of text under a step's picture: one per batch row (tokens, kind, label), then the
+    note and texts."""
     lines = [
         _wrap(
             f"step {rec.step}: {rec.num_tokens} token{'s' if rec.num_tokens != 1 else ''} for {len(rec.rows)} "
@@ -532,7 +541,8 @@ def step_table(rec: StepRecord, width: int = 100) -> list[str]:
 def plot_step(
     records: list[StepRecord], i: int, fig=None, colors: dict | None = None, history: int = 24
 ):
-    "Step `i` of `records`, stacked to fit a page column: batch bars up to it, the KV grid after it, its rows' labels."
+    """Step `i` of `records`, stacked to fit a page column: batch bars up to it, the KV grid after
+    it, its rows' labels."""
     rec = records[i]
     colors = colors if colors is not None else colors_for(record_ids(records))
     lines = step_table(rec)
@@ -622,7 +632,8 @@ show(%(start)d);})();"""
 def player_html(
     frames: list[tuple[int, bytes]], title: str = "", interval: int = 700, start: int | None = None
 ) -> str:
-    "A self-contained HTML player of `(step, png)` frames: play/pause, previous, next, a slider; no external script."
+    """A self-contained HTML player of `(step, png)` frames: play/pause, previous, next, a slider;
+    no external script."""
     vid = "sv-" + uuid.uuid4().hex[:10]
     data = json.dumps([[s, base64.b64encode(p).decode()] for s, p in frames])
     start = len(frames) - 1 if start is None else start
@@ -647,7 +658,8 @@ def player_html(
 
 # %% ../nbs/90_viz.ipynb #a07eb20b
 class StepViewer:
-    "A step-by-step view of `StepRecord`s: a live ipywidget in Jupyter, a self-contained player on the static site."
+    """A step-by-step view of `StepRecord`s: a live ipywidget in Jupyter, a self-contained player on
+    the static site."""
 
     def __init__(
         self,
@@ -778,14 +790,16 @@ BASE_COLOR = (0.75, 0.75, 0.75, 1.0)
 
 
 def adapter_colors(adapter_of: dict) -> dict:
-    "Request id -> colour of its adapter (`adapter_of[req_id]`: an adapter id or name; 0/None: the base model, grey)."
+    """Request id -> colour of its adapter (`adapter_of[req_id]`: an adapter id or name; 0/None: the
+    base model, grey)."""
     keys = list(dict.fromkeys(a for a in adapter_of.values() if a))
     pal = {a: PALETTE[k % len(PALETTE)] for k, a in enumerate(keys)}
     return {r: pal[a] if a else BASE_COLOR for r, a in adapter_of.items()}
 
 
 def plot_lora_picture(W, A, B, scaling: float = 1.0):
-    "A weight `W` (out × in), an adapter's `B` (out × r) and `A` (r × in), and the product `s·B·A` they stand for."
+    """A weight `W` (out × in), an adapter's `B` (out × r) and `A` (r × in), and the product `s·B·A`
+    they stand for."""
     import numpy as np
 
     W, A, B = (np.asarray(t, dtype=float) for t in (W, A, B))
@@ -820,7 +834,8 @@ def plot_lora_picture(W, A, B, scaling: float = 1.0):
 
 # %% ../nbs/90_viz.ipynb #33c58702
 def plot_merge_vs_batch(rows: list[str], merged: str):
-    "A mixed batch (`rows`: each row's adapter, 'base' for none) against one weight merged with adapter `merged`."
+    """A mixed batch (`rows`: each row's adapter, 'base' for none) against one weight merged with
+    adapter `merged`."""
     keys = list(dict.fromkeys(r for r in rows if r != "base"))
     col = {"base": BASE_COLOR, **{a: PALETTE[k % len(PALETTE)] for k, a in enumerate(keys)}}
     fig, axs = plt.subplots(1, 2, figsize=(9, 0.45 * len(rows) + 1.2))
@@ -850,7 +865,8 @@ def plot_merge_vs_batch(rows: list[str], merged: str):
 
 # %% ../nbs/90_viz.ipynb #45d7bec3
 def plot_gather_shrink_expand(slots: list[int], base_slot: int):
-    "One step: each token row's slot (`base_slot`: the zero slot of the base model) gathers its `A` to shrink and its `B` to expand."
+    """One step: each token row's slot (`base_slot`: the zero slot of the base model) gathers its
+    `A` to shrink and its `B` to expand."""
     fig, ax = plt.subplots(figsize=(9, 0.42 * len(slots) + 1.4))
     n_slots = base_slot + 1
     col = {s: PALETTE[s % len(PALETTE)] for s in range(base_slot)} | {base_slot: BASE_COLOR}
