@@ -91,7 +91,8 @@ class Workload:
         pl = sorted(map(len, self.prompts))
         ol = sorted(self.output_lens)
         return (
-            f"Workload({self.num_requests} requests, prompts {pl[0]}–{pl[-1]} (mean {self.num_prompt_tokens / self.num_requests:.0f}), "
+            f"Workload({self.num_requests} requests, prompts {pl[0]}–{pl[-1]} (mean "
+            f"{self.num_prompt_tokens / self.num_requests:.0f}), "
             f"outputs {ol[0]}–{ol[-1]} (mean {self.num_output_tokens / self.num_requests:.0f}))"
         )
 
@@ -305,15 +306,19 @@ def bench_throughput(
     warmup: bool = True,
     others: dict | None = None,
 ) -> list[BenchResult]:
-    """Run `systems` on `wl` for `rounds` rounds (order rotated each round); every `BenchResult`, with `extra['round']`.
-    `others`: more systems, name → runner of a workload (e.g. llama.cpp's server: `run_llamacpp`, below)."""
+    """Run `systems` on `wl` for `rounds` rounds (order rotated each round); every `BenchResult`,
+    with `extra['round']`.
+    `others`: more systems, name → runner of a workload (e.g. llama.cpp's server: `run_llamacpp`,
+    below)."""
     bad = [s for s in systems if s not in SYSTEMS]
     if bad:
         raise ValueError(f"unknown systems {bad}; choose from {SYSTEMS}")
     cb_config = None
     if (
         llm is not None and "hf-generate_batch" in systems
-    ):  # transformers' paged cache: as big as minivllm's (at most what the whole workload needs), same token budget
+        # transformers' paged cache: as big as minivllm's (at most what the whole workload
+        # needs), same token budget
+    ):
         cc, sc = llm.llm_engine.get_cache_config(), llm.llm_engine.get_scheduler_config()
         need = wl.num_prompt_tokens + wl.num_output_tokens + 256 * wl.num_requests
         cb_config = hf_cb_config(
@@ -349,7 +354,8 @@ def bench_throughput(
             results.append(res)
             if log:
                 log(
-                    f"round {r}: {res.system:>20}: {res.output_tokens} tokens in {res.seconds:7.2f} s = {res.tokens_per_s:7.1f} tokens/s"
+                    f"round {r}: {res.system:>20}: {res.output_tokens} tokens in "
+                    f"{res.seconds:7.2f} s = {res.tokens_per_s:7.1f} tokens/s"
                 )
     return results
 
@@ -404,7 +410,8 @@ def print_summary(summary: dict, unit: str = "tokens/s", base: str = "minivllm")
     for s, v in summary.items():
         rt = f"   {base} / this = {v['ratio']:.2f}x" if "ratio" in v else ""
         print(
-            f"{s:>20}: {v['median']:8.1f} {unit} (runs: {', '.join(f'{x:.1f}' for x in v['runs'])}){rt}"
+            f"{s:>20}: {v['median']:8.1f} {unit} (runs: "
+            f"{', '.join(f'{x:.1f}' for x in v['runs'])}){rt}"
         )
 
 # %% ../nbs/16_benchmarks.ipynb #f7eaeb37
@@ -570,7 +577,8 @@ def bench_latency(
                 out.append(res)
                 if log:
                     log(
-                        f"concurrency {c:3d} round {r}: {s:>20}: TTFT {res.median_ttft * 1e3:8.1f} ms   TPOT {res.median_tpot * 1e3:7.1f} ms"
+                        f"concurrency {c:3d} round {r}: {s:>20}: TTFT {res.median_ttft * 1e3:8.1f} "
+                        f"ms   TPOT {res.median_tpot * 1e3:7.1f} ms"
                     )
     return out
 
@@ -684,7 +692,8 @@ async def bench_serve(
         ]
         if too_long:
             raise ValueError(
-                f"{len(too_long)} requests exceed the server's max_model_len={mml} (e.g. request {too_long[0]})"
+                f"{len(too_long)} requests exceed the server's max_model_len={mml} (e.g. request "
+                f"{too_long[0]})"
             )
         sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
         arrivals = poisson_arrivals(wl.num_requests, request_rate, seed)
@@ -771,13 +780,17 @@ def print_serve_summary(s: dict, file=None):
     "vLLM-style report of a `bench_serve` summary."
     p = lambda *a: print(*a, file=file)
     p(
-        f"{'successful requests':<32}{s['completed']:>12}\n{'failed requests':<32}{s['failed']:>12}\n{'duration (s)':<32}{s['duration_s']:>12.2f}"
+        f"{'successful requests':<32}{s['completed']:>12}\n"
+        f"{'failed requests':<32}{s['failed']:>12}\n"
+        f"{'duration (s)':<32}{s['duration_s']:>12.2f}"
     )
     p(
-        f"{'total input tokens':<32}{s['total_input_tokens']:>12}\n{'total generated tokens':<32}{s['total_output_tokens']:>12}"
+        f"{'total input tokens':<32}{s['total_input_tokens']:>12}\n"
+        f"{'total generated tokens':<32}{s['total_output_tokens']:>12}"
     )
     p(
-        f"{'request throughput (req/s)':<32}{s['request_throughput']:>12.2f}\n{'output token throughput (tok/s)':<32}{s['output_throughput']:>12.2f}"
+        f"{'request throughput (req/s)':<32}{s['request_throughput']:>12.2f}\n"
+        f"{'output token throughput (tok/s)':<32}{s['output_throughput']:>12.2f}"
     )
     p(f"{'total token throughput (tok/s)':<32}{s['total_token_throughput']:>12.2f}")
     for key, name in [
@@ -900,7 +913,8 @@ class LlamaServer:
         found = shutil.which(str(binary)) if binary else None
         if not found:
             raise FileNotFoundError(
-                f"--llama-server: no llama.cpp server binary at {str(binary)!r} (how to build one: the benchmarks notebook)"
+                f"--llama-server: no llama.cpp server binary at {str(binary)!r} (how to build one: "
+                "the benchmarks notebook)"
             )
         self.binary, self.gguf = found, Path(gguf).expanduser() if gguf else embedded_gguf_path()
         if not self.gguf.is_file():
@@ -1053,7 +1067,8 @@ def _check_llama(name: str, outs: list[dict], wl: Workload):
     ]
     if bad:
         raise RuntimeError(
-            f"{name}: prompt lengths evaluated differ from those sent (request, evaluated, sent): {bad[:5]}"
+            f"{name}: prompt lengths evaluated differ from those sent (request, evaluated, sent): "
+            f"{bad[:5]}"
         )
 
 
@@ -1096,8 +1111,10 @@ def latency_llamacpp(server, wl: Workload, name: str | None = None) -> LatencyRe
 
 # %% ../nbs/16_benchmarks.ipynb #c40d53ea
 def compare_top_logprobs(a: tuple, b: tuple) -> dict:
-    """Two greedy continuations of one prompt, each `(tokens, [{token: logprob} per step])`, compared step by step up to
-    and including the first step where they chose different tokens: top-1 agreement and |logprob differences|."""
+    """Two greedy continuations of one prompt, each `(tokens, [{token: logprob} per step])`,
+    compared step by step up to
+    and including the first step where they chose different tokens: top-1 agreement and |logprob
+    differences|."""
     (ta, la), (tb, lb) = a, b
     steps, agree, diffs = 0, 0, []
     for i in range(min(len(ta), len(tb), len(la), len(lb))):
@@ -1168,8 +1185,10 @@ def compare_logprobs_llamacpp(
     llm=None,
     **llm_kwargs,
 ) -> dict:
-    """Top-`k` log-probs of llama.cpp (`server`: a `LlamaServer`, a base URL, or a `llama-server` binary started here on
-    `gguf`) against minivllm's (`llm`, or the embedded model with `quantization`) on `prompts`: per prompt and summed up."""
+    """Top-`k` log-probs of llama.cpp (`server`: a `LlamaServer`, a base URL, or a `llama-server`
+    binary started here on
+    `gguf`) against minivllm's (`llm`, or the embedded model with `quantization`) on `prompts`: per
+    prompt and summed up."""
     from minivllm.llm import LLM
 
     own = None
@@ -1275,9 +1294,12 @@ def structured_outputs_cost(
     warmup_steps: int = 2,
     rounds: int = 2,
 ) -> dict:
-    """Mean ms per decode step of `num_requests` requests all constrained by the JSON `schema` against the same requests
-    unconstrained: the whole step, its `sampling` phase and the structured-outputs mask (fill + apply) within it. A warm-up
-    batch first, then `rounds` rounds alternating the two modes, so that neither gets the cold start or a quieter minute."""
+    """Mean ms per decode step of `num_requests` requests all constrained by the JSON `schema`
+    against the same requests
+    unconstrained: the whole step, its `sampling` phase and the structured-outputs mask (fill +
+    apply) within it. A warm-up
+    batch first, then `rounds` rounds alternating the two modes, so that neither gets the cold start
+    or a quieter minute."""
     from minivllm.config import SamplingParams, StructuredOutputsParams
 
     eng = llm.llm_engine
@@ -1343,14 +1365,18 @@ def structured_outputs_cost(
 
 # %% ../nbs/16_benchmarks.ipynb #5567f46d
 _SPEC_TEXT = (
-    "The library opens at nine in the morning and closes at six in the evening. Members may borrow up to five "
-    "books at a time for three weeks. Late returns cost ten cents a day per book. The reading room on the second "
-    "floor is quiet, and laptops are welcome there. Children's books are on the ground floor, next to the cafe."
+    "The library opens at nine in the morning and closes at six in the evening. Members may borrow "
+    "up to five "
+    "books at a time for three weeks. Late returns cost ten cents a day per book. The reading room "
+    "on the second "
+    "floor is quiet, and laptops are welcome there. Children's books are on the ground floor, next "
+    "to the cafe."
 )
 SPEC_PROMPTS = {
     "grounded": [
         f"Repeat the following text exactly, word for word:\n\n{_SPEC_TEXT}",
-        f"Rewrite the following text, replacing 'books' with 'novels' and changing nothing else:\n\n{_SPEC_TEXT}",
+        "Rewrite the following text, replacing 'books' with 'novels' and changing nothing "
+        f"else:\n\n{_SPEC_TEXT}",
         f"Copy this text and fix nothing, then stop:\n\n{_SPEC_TEXT}",
     ],
     "free": [
@@ -1387,8 +1413,10 @@ def bench_spec_decode(
     log=print,
     prompts: dict | None = None,
 ) -> dict:
-    """Batch-1 decode tokens/s with and without `speculative_config`, same engine arguments, per workload of `prompts`
-    (default `SPEC_PROMPTS`; a text is sent as a chat message, anything else, e.g. a `TokensPrompt`, as it is)."""
+    """Batch-1 decode tokens/s with and without `speculative_config`, same engine arguments, per
+    workload of `prompts`
+    (default `SPEC_PROMPTS`; a text is sent as a chat message, anything else, e.g. a `TokensPrompt`,
+    as it is)."""
     from minivllm.llm import LLM
 
     kw = dict(engine_kwargs or {})
@@ -1451,8 +1479,10 @@ def print_spec_summary(res: dict):
     "One line per workload of a `bench_spec_decode` result."
     for wl, r in res.items():
         print(
-            f"{wl:>9}: without {r['plain_tokens_per_s']:7.1f} tok/s   with {r['spec_tokens_per_s']:7.1f} tok/s   "
-            f"speedup {r['speedup']:.2f}x   accepted {r['accepted_tokens']}/{r['draft_tokens']} ({r['acceptance_rate']:.0%}), "
+            f"{wl:>9}: without {r['plain_tokens_per_s']:7.1f} tok/s   with "
+            f"{r['spec_tokens_per_s']:7.1f} tok/s   "
+            f"speedup {r['speedup']:.2f}x   accepted {r['accepted_tokens']}/{r['draft_tokens']} "
+            f"({r['acceptance_rate']:.0%}), "
             f"{r['mean_acceptance_length']:.2f} tokens per verify step"
         )
 
@@ -1485,7 +1515,8 @@ def random_peft_adapter(
     for i in range(c.num_hidden_layers):
         for t in targets:
             fin, fout = shapes[t]
-            pre = f"base_model.model.model.layers.{i}.{'mlp' if t in ('gate_proj', 'up_proj', 'down_proj') else 'self_attn'}.{t}"
+            part = "mlp" if t in ("gate_proj", "up_proj", "down_proj") else "self_attn"
+            pre = f"base_model.model.model.layers.{i}.{part}.{t}"
             w[pre + ".lora_A.weight"] = torch.randn(r, fin, generator=g) / fin**0.5
             w[pre + ".lora_B.weight"] = torch.randn(fout, r, generator=g) * 0.01
     path.mkdir(parents=True, exist_ok=True)
@@ -1515,8 +1546,10 @@ def lora_step_cost(
     rounds: int = 2,
     max_model_len: int = 512,
 ) -> dict:
-    """Mean ms per decode step of `num_requests` requests with `k` distinct LoRA adapters among them, for each `k` of
-    `distinct` (0: the base model only, on the same LoRA-enabled engine). Modes alternate over `rounds`."""
+    """Mean ms per decode step of `num_requests` requests with `k` distinct LoRA adapters among
+    them, for each `k` of
+    `distinct` (0: the base model only, on the same LoRA-enabled engine). Modes alternate over
+    `rounds`."""
     import tempfile
     from minivllm.config import SamplingParams, LoRARequest
     from minivllm.llm import LLM

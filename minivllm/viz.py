@@ -13,13 +13,12 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 try:
-    import matplotlib
     import matplotlib.pyplot as plt
     from matplotlib.patches import Rectangle
 except ImportError as e:  # serving needs none of this; say what to install
     raise ImportError(
-        "minivllm.viz draws with matplotlib and ipywidgets, which `pip install minivllm` leaves out: "
-        'pip install "minivllm[viz]"'
+        "minivllm.viz draws with matplotlib and ipywidgets, which `pip install minivllm` "
+        'leaves out: pip install "minivllm[viz]"'
     ) from e
 
 # %% auto #0
@@ -502,7 +501,8 @@ def plot_spec_steps(
         )
     axes[-1].set_xlabel("engine step")
     axes[0].set_title(
-        "guesses verified (light) and kept (dark) per request per step; dots: a step without guesses",
+        "guesses verified (light) and kept (dark) per request per step; dots: a step without "
+        "guesses",
         fontsize=10,
     )
     fig.tight_layout()
@@ -519,7 +519,8 @@ def step_table(rec: StepRecord, width: int = 100) -> list[str]:
     note and texts."""
     lines = [
         _wrap(
-            f"step {rec.step}: {rec.num_tokens} token{'s' if rec.num_tokens != 1 else ''} for {len(rec.rows)} "
+            f"step {rec.step}: {rec.num_tokens} token{'s' if rec.num_tokens != 1 else ''} for "
+            f"{len(rec.rows)} "
             f"request{'s' if len(rec.rows) != 1 else ''}, {rec.num_waiting} waiting"
             + (f"; preempted {', '.join(rec.preempted)}" if rec.preempted else "")
             + (f"; finished {', '.join(rec.finished)}" if rec.finished else ""),
@@ -558,7 +559,8 @@ def plot_step(
         colors,
         highlight=rec.step,
         window=(lo, i + 1),
-        title=f"tokens per request in engine steps {records[lo].step}–{rec.step} (this step highlighted)",
+        title=f"tokens per request in engine steps {records[lo].step}–{rec.step}"
+        " (this step highlighted)",
     )
     axb.set_xlabel("")
     ax = fig.add_subplot(gs[1])
@@ -571,8 +573,8 @@ def plot_step(
             ncols=ncols,
             legend=False,
             title=f"KV blocks after step "
-            f"{rec.step}: {rec.kv.num_used}/{rec.kv.num_blocks} used, {rec.kv.num_cached_free} free but cached"
-            + (" (outlined: read this step)" if rec.reads else ""),
+            f"{rec.step}: {rec.kv.num_used}/{rec.kv.num_blocks} used, {rec.kv.num_cached_free} "
+            "free but cached" + (" (outlined: read this step)" if rec.reads else ""),
         )
     else:
         ax.axis("off")
@@ -616,15 +618,19 @@ def pick_frames(n: int, max_frames: int) -> list[int]:
 
 # %% ../nbs/90_viz.ipynb #b098ee16
 _PLAYER_JS = """(function(){var r=document.getElementById("%(id)s");if(!r)return;
-var f=JSON.parse(r.querySelector("script.sv-frames").textContent),img=r.querySelector("img.sv-frame"),
-s=r.querySelector("input.sv-slider"),lab=r.querySelector(".sv-label"),pb=r.querySelector(".sv-play"),t=null;
-function show(i){i=Math.max(0,Math.min(f.length-1,i));s.value=i;img.src="data:image/png;base64,"+f[i][1];
+var
+f=JSON.parse(r.querySelector("script.sv-frames").textContent),img=r.querySelector("img.sv-frame"),
+s=r.querySelector("input.sv-slider"),lab=r.querySelector(".sv-label"),pb=r.querySelector(".sv-play")
+,t=null;
+function
+show(i){i=Math.max(0,Math.min(f.length-1,i));s.value=i;img.src="data:image/png;base64,"+f[i][1];
 lab.textContent="step "+f[i][0]+"  ("+(i+1)+"/"+f.length+")";}
 function stop(){if(t){clearInterval(t);t=null;pb.textContent="\\u25B6 play";}}
 s.addEventListener("input",function(){stop();show(+s.value);});
 r.querySelector(".sv-prev").onclick=function(){stop();show(+s.value-1);};
 r.querySelector(".sv-next").onclick=function(){stop();show(+s.value+1);};
-pb.onclick=function(){if(t){stop();return;}if(+s.value>=f.length-1)show(0);pb.textContent="\\u275A\\u275A pause";
+pb.onclick=function(){if(t){stop();return;}if(+s.value>=f.length-1)show(0);pb.textContent="\\u275A\\
+u275A pause";
 t=setInterval(function(){if(+s.value>=f.length-1){stop();return;}show(+s.value+1);},%(interval)d);};
 show(%(start)d);})();"""
 
@@ -637,20 +643,27 @@ def player_html(
     vid = "sv-" + uuid.uuid4().hex[:10]
     data = json.dumps([[s, base64.b64encode(p).decode()] for s, p in frames])
     start = len(frames) - 1 if start is None else start
-    btn = 'style="padding:1px 8px;margin-right:4px;border:1px solid #999;border-radius:3px;background:#f6f6f6;cursor:pointer"'
+    btn = (
+        'style="padding:1px 8px;margin-right:4px;border:1px solid #999;border-radius:3px;'
+        'background:#f6f6f6;cursor:pointer"'
+    )
     return (
-        f'<div class="step-viewer" id="{vid}" style="border:1px solid #ddd;border-radius:4px;padding:6px;margin:4px 0">'
+        f'<div class="step-viewer" id="{vid}" '
+        'style="border:1px solid #ddd;border-radius:4px;padding:6px;margin:4px 0">'
         + (
             f'<div style="font-weight:600;margin-bottom:4px">{html.escape(title)}</div>'
             if title
             else ""
         )
         + f'<div style="display:flex;align-items:center;gap:6px;flex-wrap:wrap">'
-        f'<button class="sv-play" {btn}>&#9654; play</button><button class="sv-prev" {btn}>&#9664;</button>'
+        f'<button class="sv-play" {btn}>&#9654; play</button>'
+        f'<button class="sv-prev" {btn}>&#9664;</button>'
         f'<button class="sv-next" {btn}>&#9654;</button>'
-        f'<input class="sv-slider" type="range" min="0" max="{len(frames) - 1}" value="{start}" style="width:45%">'
+        f'<input class="sv-slider" type="range" min="0" max="{len(frames) - 1}" value="{start}" '
+        'style="width:45%">'
         f'<span class="sv-label" style="font-family:monospace"></span></div>'
-        f'<img class="sv-frame" alt="engine step picture" style="max-width:100%;display:block;margin-top:4px" '
+        '<img class="sv-frame" alt="engine step picture" '
+        'style="max-width:100%;display:block;margin-top:4px" '
         f'src="data:image/png;base64,{base64.b64encode(frames[start][1]).decode()}">'
         f'<script type="application/json" class="sv-frames">{data}</script>'
         f"<script>{_PLAYER_JS % dict(id=vid, interval=interval, start=start)}</script></div>"
@@ -772,7 +785,8 @@ StepViewer.widget, StepViewer._show, StepViewer._grow = _widget, _show, _grow
 def _mimebundle(self: StepViewer, include=None, exclude=None) -> dict:
     "The display data: widget view, self-contained HTML, plain text."
     data = {
-        "text/plain": f"StepViewer({len(self.records)} steps{': ' + self.title if self.title else ''})",
+        "text/plain": f"StepViewer({len(self.records)} steps"
+        f"{': ' + self.title if self.title else ''})",
         "text/html": self.html(),
     }
     try:
@@ -817,7 +831,7 @@ def plot_lora_picture(W, A, B, scaling: float = 1.0):
             f"W  {W.shape[0]}×{W.shape[1]} (frozen)",
             f"B  {B.shape[0]}×{B.shape[1]}",
             f"A  {A.shape[0]}×{A.shape[1]}",
-            f"s·B·A  (never formed)",
+            "s·B·A  (never formed)",
         ),
     ):
         v = abs(m).max() or 1
@@ -826,7 +840,8 @@ def plot_lora_picture(W, A, B, scaling: float = 1.0):
         ax.set_xticks([])
         ax.set_yticks([])
     fig.suptitle(
-        f"y = W·x + s·B·(A·x):  {W.size} frozen numbers, {A.size + B.size} trained (s = {scaling:g})",
+        f"y = W·x + s·B·(A·x):  {W.size} frozen numbers, {A.size + B.size} trained (s = "
+        f"{scaling:g})",
         fontsize=10,
         y=1.1,
     )
