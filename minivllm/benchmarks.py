@@ -12,6 +12,7 @@ import platform
 import random
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -235,7 +236,7 @@ def hf_cb_config(kv_tokens: int, max_batch_tokens: int = 2048, page_size: int = 
         **kw,
     )
 
-
+# %% ../nbs/16_benchmarks.ipynb #5da279fe
 def run_hf_continuous(
     model, wl: Workload, record_timestamps: bool = False, cb_config=None, warmup: bool = True
 ) -> BenchResult:
@@ -293,7 +294,34 @@ def run_hf_continuous(
 # %% ../nbs/16_benchmarks.ipynb #88e91212
 SYSTEMS = ("minivllm", "hf-generate", "hf-generate_batch")
 
+# %% ../nbs/16_benchmarks.ipynb #482cc220
+def _throughput_runners(wl, systems, llm, hf, hf_batch_size, hf_sort) -> list[tuple]:
+    """(system, runner of a workload) for each of `systems`; `hf-generate` once per batch size asked
+    for."""
+    bad = [s for s in systems if s not in SYSTEMS]
+    if bad:
+        raise ValueError(f"unknown systems {bad}; choose from {SYSTEMS}")
+    cb_config = None
+    if llm is not None and "hf-generate_batch" in systems:
+        # transformers' paged cache: as big as minivllm's (at most what the whole workload
+        # needs), same token budget
+        cc, sc = llm.llm_engine.get_cache_config(), llm.llm_engine.get_scheduler_config()
+        need = wl.num_prompt_tokens + wl.num_output_tokens + 256 * wl.num_requests
+        cb_config = hf_cb_config(
+            min(cc.num_gpu_blocks * cc.block_size, need), sc.max_num_batched_tokens
+        )
+    runs = []
+    for s in systems:
+        if s == "minivllm":
+            runs.append((s, lambda w: run_minivllm(llm, w)))
+        elif s == "hf-generate":
+            for bs in [hf_batch_size] if isinstance(hf_batch_size, int) else hf_batch_size:
+                runs.append((s, lambda w, bs=bs: run_hf_generate(hf, w, bs, sort=hf_sort)))
+        else:  # (warms itself up, untimed)
+            runs.append((s, lambda w: run_hf_continuous(hf, w, cb_config=cb_config)))
+    return runs
 
+# %% ../nbs/16_benchmarks.ipynb #f55c4bc8
 def bench_throughput(
     wl: Workload,
     systems=SYSTEMS,
@@ -310,31 +338,7 @@ def bench_throughput(
     with `extra['round']`.
     `others`: more systems, name → runner of a workload (e.g. llama.cpp's server: `run_llamacpp`,
     below)."""
-    bad = [s for s in systems if s not in SYSTEMS]
-    if bad:
-        raise ValueError(f"unknown systems {bad}; choose from {SYSTEMS}")
-    cb_config = None
-    if (
-        llm is not None and "hf-generate_batch" in systems
-        # transformers' paged cache: as big as minivllm's (at most what the whole workload
-        # needs), same token budget
-    ):
-        cc, sc = llm.llm_engine.get_cache_config(), llm.llm_engine.get_scheduler_config()
-        need = wl.num_prompt_tokens + wl.num_output_tokens + 256 * wl.num_requests
-        cb_config = hf_cb_config(
-            min(cc.num_gpu_blocks * cc.block_size, need), sc.max_num_batched_tokens
-        )
-    runs = []  # (system, runner of a workload); `hf-generate` once per batch size asked for
-    for s in systems:
-        if s == "minivllm":
-            runs.append((s, lambda w: run_minivllm(llm, w)))
-        elif s == "hf-generate":
-            for bs in [hf_batch_size] if isinstance(hf_batch_size, int) else hf_batch_size:
-                runs.append((s, lambda w, bs=bs: run_hf_generate(hf, w, bs, sort=hf_sort)))
-        else:
-            runs.append(
-                (s, lambda w: run_hf_continuous(hf, w, cb_config=cb_config))
-            )  # (warms itself up, untimed)
+    runs = _throughput_runners(wl, systems, llm, hf, hf_batch_size, hf_sort)
     runs += list((others or {}).items())
     # first calls pay one-off costs (oneDNN primitives, allocator growth): pay them before the clock
     if warmup:
@@ -359,7 +363,7 @@ def bench_throughput(
                 )
     return results
 
-
+# %% ../nbs/16_benchmarks.ipynb #73154c01
 def _settle(llm):
     """Compile what the engine would compile at its first big step (the CPU's in-place attention
     kernel, lesson 05): the clock times steady state."""
@@ -524,7 +528,7 @@ def latency_hf_continuous(model, wl: Workload, warmup: bool = True) -> LatencyRe
     lat = [(ts[0] - c, (ts[-1] - ts[0]) / max(len(ts) - 1, 1)) for c, ts in r.extra["timing"]]
     return _lat(lat, "hf-generate_batch", wl.num_requests, len(wl.prompts[0]), wl.output_lens[0])
 
-
+# %% ../nbs/16_benchmarks.ipynb #b2fb3844
 def bench_latency(
     systems=SYSTEMS,
     llm=None,
@@ -657,6 +661,30 @@ async def _serve_one(
     return res
 
 # %% ../nbs/16_benchmarks.ipynb #b7390400
+async def _served_model(client, base_url: str, headers: dict, wl: Workload, model) -> str:
+    """The model the server at `base_url` serves (or `model`); refuses a workload with requests
+    longer than its `max_model_len`."""
+    import httpx
+
+    try:
+        r = await client.get(base_url + "/v1/models", headers=headers)
+    except httpx.HTTPError as e:
+        raise ValueError(f"cannot reach the server at {base_url}: {e!r}") from e
+    if r.status_code != 200:
+        raise ValueError(f"{base_url}/v1/models answered HTTP {r.status_code}: {r.text[:300]}")
+    served = r.json()["data"][0]
+    mml = served.get("max_model_len")
+    too_long = [
+        i for i, (p, n) in enumerate(zip(wl.prompts, wl.output_lens)) if mml and len(p) + n > mml
+    ]
+    if too_long:
+        raise ValueError(
+            f"{len(too_long)} requests exceed the server's max_model_len={mml} (e.g. request "
+            f"{too_long[0]})"
+        )
+    return model or served["id"]
+
+# %% ../nbs/16_benchmarks.ipynb #cf319d40
 async def bench_serve(
     base_url: str,
     wl: Workload,
@@ -676,25 +704,7 @@ async def bench_serve(
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(timeout=httpx.Timeout(timeout), limits=limits) as client:
-        try:
-            r = await client.get(base_url + "/v1/models", headers=headers)
-        except httpx.HTTPError as e:
-            raise ValueError(f"cannot reach the server at {base_url}: {e!r}") from e
-        if r.status_code != 200:
-            raise ValueError(f"{base_url}/v1/models answered HTTP {r.status_code}: {r.text[:300]}")
-        served = r.json()["data"][0]
-        model = model or served["id"]
-        mml = served.get("max_model_len")
-        too_long = [
-            i
-            for i, (p, n) in enumerate(zip(wl.prompts, wl.output_lens))
-            if mml and len(p) + n > mml
-        ]
-        if too_long:
-            raise ValueError(
-                f"{len(too_long)} requests exceed the server's max_model_len={mml} (e.g. request "
-                f"{too_long[0]})"
-            )
+        model = await _served_model(client, base_url, headers, wl, model)
         sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
         arrivals = poisson_arrivals(wl.num_requests, request_rate, seed)
         results = [ServeRequestResult(len(p), n) for p, n in zip(wl.prompts, wl.output_lens)]
@@ -858,7 +868,7 @@ def _die_with_parent():
     except (OSError, AttributeError):
         pass  # not Linux: `stop()` and the context manager still apply
 
-
+# %% ../nbs/16_benchmarks.ipynb #1a2acc3f
 def llama_server_args(
     binary,
     gguf,
@@ -894,6 +904,49 @@ def llama_server_args(
     ]
 
 # %% ../nbs/16_benchmarks.ipynb #8e23b0a2
+def _llama_files(binary, gguf) -> tuple[str, Path]:
+    "The `llama-server` binary's path and the GGUF file (default: the embedded model), checked."
+    import shutil
+    from minivllm.config import embedded_gguf_path
+
+    found = shutil.which(str(binary)) if binary else None
+    if not found:
+        raise FileNotFoundError(
+            f"--llama-server: no llama.cpp server binary at {str(binary)!r} (how to build one: "
+            "the benchmarks notebook)"
+        )
+    gguf = Path(gguf).expanduser() if gguf else embedded_gguf_path()
+    if not gguf.is_file():
+        raise FileNotFoundError(f"--llama-gguf: no GGUF file at {str(gguf)!r}")
+    return found, gguf
+
+
+def _terminate(proc):
+    "Terminate a child process; kill it if it has not exited after 10 s."
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _wait_healthy(url: str, proc, timeout: float) -> bool:
+    "Poll `url`/health until it answers 200 (True), `proc` exits or `timeout` s pass (False)."
+    import httpx
+
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < timeout and proc.poll() is None:
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return True
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    return False
+
+# %% ../nbs/16_benchmarks.ipynb #c54b9232
 class LlamaServer:
     """llama.cpp's `llama-server` as a child process serving `gguf` (default: the embedded model) on
     a free loopback port."""
@@ -907,52 +960,26 @@ class LlamaServer:
         threads: int | None = None,
         startup_timeout: float = 300.0,
     ):
-        import shutil
-        from minivllm.config import embedded_gguf_path
-
-        found = shutil.which(str(binary)) if binary else None
-        if not found:
-            raise FileNotFoundError(
-                f"--llama-server: no llama.cpp server binary at {str(binary)!r} (how to build one: "
-                "the benchmarks notebook)"
-            )
-        self.binary, self.gguf = found, Path(gguf).expanduser() if gguf else embedded_gguf_path()
-        if not self.gguf.is_file():
-            raise FileNotFoundError(f"--llama-gguf: no GGUF file at {str(self.gguf)!r}")
+        self.binary, self.gguf = _llama_files(binary, gguf)
         self.file_type = gguf_file_type(self.gguf)
         self.name = f"llama.cpp {self.file_type}"
-        self.n_parallel, self.ctx_per_slot, self.threads, self.startup_timeout = (
-            n_parallel,
-            ctx_per_slot,
-            threads,
-            startup_timeout,
-        )
+        self.n_parallel, self.ctx_per_slot = n_parallel, ctx_per_slot
+        self.threads, self.startup_timeout = threads, startup_timeout
         self.proc = self.url = self.log = None
 
     def start(self) -> "LlamaServer":
         "Start the server; return once its `/health` answers 200 (the model is loaded)."
-        import httpx
-        import tempfile
-
         port = _free_port()
         self.args = llama_server_args(
             self.binary, self.gguf, port, self.n_parallel, self.ctx_per_slot, self.threads
         )
-        self.log = tempfile.NamedTemporaryFile(
-            "w+", prefix="llama-server-", suffix=".log", delete=False
-        )
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="llama-server-", delete=False)
         self.proc = subprocess.Popen(
             self.args, stdout=self.log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
         )
         self.url = f"http://127.0.0.1:{port}"
-        t0 = time.perf_counter()
-        while time.perf_counter() - t0 < self.startup_timeout and self.proc.poll() is None:
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
+        if _wait_healthy(self.url, self.proc, self.startup_timeout):
+            return self
         self.stop()
         raise RuntimeError(
             f"llama-server did not start ({' '.join(self.args)}); its log ends:\n{self.log_tail()}"
@@ -965,18 +992,12 @@ class LlamaServer:
 
     def stop(self):
         "Terminate the server (kill it if it has not exited after 10 s)."
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        if self.proc is not None:
+            _terminate(self.proc)
         self.proc = None
 
     def version(self) -> str:
-        """The `version: ...` line of `llama-server --version` (build number and commit), for the
-        results."""
+        "The `version: ...` line of `llama-server --version` (build and commit), for the results."
         r = subprocess.run([self.binary, "--version"], capture_output=True, text=True, timeout=60)
         lines = (r.stdout + r.stderr).splitlines()
         return next((l for l in lines if l.startswith("version")), lines[0] if lines else "")
@@ -1045,7 +1066,7 @@ async def _llama_request(client, url: str, prompt, n: int, stream: bool = False,
                 return obj | dict(t_send=t0, t_first=first, t_last=time.perf_counter(), tokens=toks)
     raise RuntimeError("llama.cpp /completion: the stream ended without its final chunk")
 
-
+# %% ../nbs/16_benchmarks.ipynb #51ba5db6
 async def _llama_all(url: str, wl: Workload, stream: bool) -> list[dict]:
     "Every request of `wl` sent at once; the answers in order."
     import asyncio
@@ -1112,9 +1133,8 @@ def latency_llamacpp(server, wl: Workload, name: str | None = None) -> LatencyRe
 # %% ../nbs/16_benchmarks.ipynb #c40d53ea
 def compare_top_logprobs(a: tuple, b: tuple) -> dict:
     """Two greedy continuations of one prompt, each `(tokens, [{token: logprob} per step])`,
-    compared step by step up to
-    and including the first step where they chose different tokens: top-1 agreement and |logprob
-    differences|."""
+    compared step by step up to and including the first step where they chose different tokens:
+    top-1 agreement and |logprob differences|."""
     (ta, la), (tb, lb) = a, b
     steps, agree, diffs = 0, 0, []
     for i in range(min(len(ta), len(tb), len(la), len(lb))):
@@ -1186,9 +1206,8 @@ def compare_logprobs_llamacpp(
     **llm_kwargs,
 ) -> dict:
     """Top-`k` log-probs of llama.cpp (`server`: a `LlamaServer`, a base URL, or a `llama-server`
-    binary started here on
-    `gguf`) against minivllm's (`llm`, or the embedded model with `quantization`) on `prompts`: per
-    prompt and summed up."""
+    binary started here on `gguf`) against minivllm's (`llm`, or the embedded model with
+    `quantization`) on `prompts`: per prompt and summed up."""
     from minivllm.llm import LLM
 
     own = None
@@ -1285,7 +1304,30 @@ SO_SCHEMA = {
     "required": ["name", "description", "tags"],
 }
 
+# %% ../nbs/16_benchmarks.ipynb #3eb539df
+def _decode_steps(eng, num_requests: int, warmup_steps: int, probe=None) -> list[tuple]:
+    """Step `eng` until idle; `(seconds, StepInfo, probe delta)` of each step, after the first
+    `warmup_steps`, in which all `num_requests` requests decode (`probe()`: a counter read around
+    the step, e.g. seconds spent masking)."""
+    seen, out, k = [], [], 0
+    probe = probe or (lambda: 0.0)
+    eng.step_observers.append(seen.append)
+    try:
+        while eng.has_unfinished_requests():
+            seen.clear()
+            p0, t = probe(), time.perf_counter()
+            eng.step()
+            dt = time.perf_counter() - t
+            seqs = seen[-1].scheduler_output.seqs if seen else []
+            full = len(seqs) == num_requests and not any(s.is_prefill for s in seqs)
+            if k >= warmup_steps and full:
+                out.append((dt, seen[-1], probe() - p0))
+            k += 1
+    finally:
+        eng.step_observers.remove(seen.append)
+    return out
 
+# %% ../nbs/16_benchmarks.ipynb #44c32e06
 def structured_outputs_cost(
     llm,
     num_requests: int = 16,
@@ -1297,23 +1339,16 @@ def structured_outputs_cost(
     """Mean ms per decode step of `num_requests` requests all constrained by the JSON `schema`
     against the same requests
     unconstrained: the whole step, its `sampling` phase and the structured-outputs mask (fill +
-    apply) within it. A warm-up
-    batch first, then `rounds` rounds alternating the two modes, so that neither gets the cold start
-    or a quieter minute."""
+    apply) within it. A warm-up batch first, then `rounds` rounds alternating the two modes, so that
+    neither gets the cold start or a quieter minute."""
     from minivllm.config import SamplingParams, StructuredOutputsParams
 
     eng = llm.llm_engine
     tok = eng.get_tokenizer()
+    ask = "Describe product number {} as JSON, with a long description."
     prompts = [
         tok.apply_chat_template(
-            [
-                {
-                    "role": "user",
-                    "content": f"Describe product number {i} as JSON, with a long description.",
-                }
-            ],
-            tokenize=False,
-            add_generation_prompt=True,
+            [{"role": "user", "content": ask.format(i)}], tokenize=False, add_generation_prompt=True
         )
         for i in range(num_requests)
     ]
@@ -1336,27 +1371,12 @@ def structured_outputs_cost(
                     structured_outputs=so,
                 ),
             )
-        mgr, seen, acc, k = eng.engine_core._so_manager, [], accs[mode], 0
-        eng.step_observers.append(seen.append)
-        try:
-            while eng.has_unfinished_requests():
-                seen.clear()
-                m0 = mgr.mask_seconds if mgr is not None else 0.0
-                t = time.perf_counter()
-                eng.step()
-                dt = time.perf_counter() - t
-                seqs = seen[-1].scheduler_output.seqs if seen else []
-                if (
-                    k >= warmup_steps
-                    and len(seqs) == num_requests
-                    and not any(s.is_prefill for s in seqs)
-                ):
-                    acc["step"].append(dt)
-                    acc["sampling"].append(seen[-1].timings["sampling"])
-                    acc["mask"].append((mgr.mask_seconds - m0) if mgr is not None else 0.0)
-                k += 1
-        finally:
-            eng.step_observers.remove(seen.append)
+        mgr, acc = eng.engine_core._so_manager, accs[mode]
+        probe = lambda: mgr.mask_seconds if mgr is not None else 0.0
+        for dt, info, mask in _decode_steps(eng, num_requests, warmup_steps, probe):
+            acc["step"].append(dt)
+            acc["sampling"].append(info.timings["sampling"])
+            acc["mask"].append(mask)
     return {
         m: {f"{n}_ms": 1e3 * sum(v) / max(len(v), 1) for n, v in acc.items()}
         | {"steps": len(acc["step"])}
@@ -1405,6 +1425,24 @@ def _decode_one(engine, prompt: str, max_tokens: int) -> tuple[list[int], float]
     return list(toks), (last - first) if first is not None else 0.0
 
 # %% ../nbs/16_benchmarks.ipynb #c366839e
+def _spec_result(acc: dict, before, now) -> dict:
+    """One workload's row of `bench_spec_decode`: tokens/s of both modes (`acc`) and the
+    speculative decoder's counters between the `before` and `now` snapshots."""
+    drafted = now.num_draft_tokens - before.num_draft_tokens
+    accepted = now.num_accepted_tokens - before.num_accepted_tokens
+    res = {m: a["tokens"] / a["seconds"] if a["seconds"] else 0.0 for m, a in acc.items()}
+    return dict(
+        plain_tokens_per_s=res["plain"],
+        spec_tokens_per_s=res["spec"],
+        speedup=res["spec"] / res["plain"] if res["plain"] else 0.0,
+        draft_tokens=drafted,
+        accepted_tokens=accepted,
+        acceptance_rate=accepted / drafted if drafted else 0.0,
+        mean_acceptance_length=1 + accepted / max(now.num_drafts - before.num_drafts, 1),
+        tokens=acc["plain"]["tokens"],
+    )
+
+# %% ../nbs/16_benchmarks.ipynb #a856e3ef
 def bench_spec_decode(
     speculative_config: dict,
     engine_kwargs: dict | None = None,
@@ -1414,9 +1452,8 @@ def bench_spec_decode(
     prompts: dict | None = None,
 ) -> dict:
     """Batch-1 decode tokens/s with and without `speculative_config`, same engine arguments, per
-    workload of `prompts`
-    (default `SPEC_PROMPTS`; a text is sent as a chat message, anything else, e.g. a `TokensPrompt`,
-    as it is)."""
+    workload of `prompts` (default `SPEC_PROMPTS`; a text is sent as a chat message, anything else,
+    e.g. a `TokensPrompt`, as it is)."""
     from minivllm.llm import LLM
 
     kw = dict(engine_kwargs or {})
@@ -1451,30 +1488,16 @@ def bench_spec_decode(
         assert acc["plain"]["outputs"] == acc["spec"]["outputs"], (
             "speculation changed a greedy output"
         )
-        now = engines["spec"].engine_core.spec_decoder.stats
-        drafted, accepted = (
-            now.num_draft_tokens - sd.num_draft_tokens,
-            now.num_accepted_tokens - sd.num_accepted_tokens,
-        )
-        res = {m: a["tokens"] / a["seconds"] if a["seconds"] else 0.0 for m, a in acc.items()}
-        out[wl] = dict(
-            plain_tokens_per_s=res["plain"],
-            spec_tokens_per_s=res["spec"],
-            speedup=res["spec"] / res["plain"] if res["plain"] else 0.0,
-            draft_tokens=drafted,
-            accepted_tokens=accepted,
-            acceptance_rate=accepted / drafted if drafted else 0.0,
-            mean_acceptance_length=1 + accepted / max(now.num_drafts - sd.num_drafts, 1),
-            tokens=acc["plain"]["tokens"],
-        )
+        out[wl] = r = _spec_result(acc, sd, engines["spec"].engine_core.spec_decoder.stats)
         if log:
             log(
-                f"{wl:>9}: plain {res['plain']:.1f} tok/s, speculative {res['spec']:.1f} tok/s "
-                f"({out[wl]['speedup']:.2f}x), acceptance {out[wl]['acceptance_rate']:.0%}"
+                f"{wl:>9}: plain {r['plain_tokens_per_s']:.1f} tok/s, speculative "
+                f"{r['spec_tokens_per_s']:.1f} tok/s ({r['speedup']:.2f}x), "
+                f"acceptance {r['acceptance_rate']:.0%}"
             )
     return out
 
-
+# %% ../nbs/16_benchmarks.ipynb #ddb18baf
 def print_spec_summary(res: dict):
     "One line per workload of a `bench_spec_decode` result."
     for wl, r in res.items():
@@ -1547,9 +1570,8 @@ def lora_step_cost(
     max_model_len: int = 512,
 ) -> dict:
     """Mean ms per decode step of `num_requests` requests with `k` distinct LoRA adapters among
-    them, for each `k` of
-    `distinct` (0: the base model only, on the same LoRA-enabled engine). Modes alternate over
-    `rounds`."""
+    them, for each `k` of `distinct` (0: the base model only, on the same LoRA-enabled engine).
+    Modes alternate over `rounds`."""
     import tempfile
     from minivllm.config import SamplingParams, LoRARequest
     from minivllm.llm import LLM
@@ -1584,24 +1606,7 @@ def lora_step_cost(
                     SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True),
                     lora_request=loras[i % k] if k else None,
                 )
-            seen, n = [], 0
-            eng.step_observers.append(seen.append)
-            try:
-                while eng.has_unfinished_requests():
-                    seen.clear()
-                    t = time.perf_counter()
-                    eng.step()
-                    dt = time.perf_counter() - t
-                    seqs = seen[-1].scheduler_output.seqs if seen else []
-                    if (
-                        n >= warmup_steps
-                        and len(seqs) == num_requests
-                        and not any(s.is_prefill for s in seqs)
-                    ):
-                        acc[k].append(dt)
-                    n += 1
-            finally:
-                eng.step_observers.remove(seen.append)
+            acc[k] += [dt for dt, _, _ in _decode_steps(eng, num_requests, warmup_steps)]
     base = 1e3 * sum(acc[distinct[0]]) / max(len(acc[distinct[0]]), 1)
     out = {}
     for k, v in acc.items():

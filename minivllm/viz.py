@@ -193,7 +193,7 @@ def _llm_engine(engine):
             return inner
     return engine
 
-
+# %% ../nbs/90_viz.ipynb #1c5be2b7
 class EngineRecorder:
     """An `LLMEngine.step_observers` entry that copies each step into a `StepRecord` (`close()`
     unregisters it)."""
@@ -298,7 +298,50 @@ def record_ids(records: list[StepRecord]) -> list[str]:
 def _grid_cols(n: int) -> int:
     return min(32, max(8, int((2 * n) ** 0.5 + 0.5)))
 
+# %% ../nbs/90_viz.ipynb #8476f66b
+def _draw_block(ax, blk, x, y, colors: dict, bs: int, read: bool):
+    """One KV block at `(x, y)`: its owner's colour filled to its slots in use (hatched when
+    shared, with its ref count), grey when free but cached, white when free; framed when read."""
+    if blk.owners:
+        col = colors.get(blk.owners[0], "0.5")
+        ax.add_patch(Rectangle((x, y), 0.9, 0.9, fc=col, alpha=0.3, ec="none"))
+        hatch = "//" if blk.ref_cnt > 1 else None
+        ax.add_patch(Rectangle((x, y), 0.9 * blk.filled / bs, 0.9, fc=col, ec="none", hatch=hatch))
+        ax.add_patch(Rectangle((x, y), 0.9, 0.9, fc="none", ec="0.35", lw=0.6))
+    else:
+        fc = "0.78" if blk.cached else "white"
+        ax.add_patch(Rectangle((x, y), 0.9, 0.9, fc=fc, ec="0.5", lw=0.6))
+    if read:
+        ax.add_patch(Rectangle((x - 0.04, y - 0.04), 0.98, 0.98, fc="none", ec="black", lw=2.2))
+    if blk.ref_cnt > 1:
+        box = dict(boxstyle="circle,pad=0.1", fc="white", ec="none", alpha=0.85)
+        ax.text(
+            x + 0.45,
+            y + 0.45,
+            str(blk.ref_cnt),
+            ha="center",
+            va="center",
+            fontsize=8,
+            weight="bold",
+            bbox=box,
+        )
 
+
+def _block_legend(ax, shown: list, colors: dict, read: bool):
+    "The block grid's legend: the requests `shown`, the free blocks and (`read`) the read frame."
+    handles = [Rectangle((0, 0), 1, 1, fc=colors[r]) for r in shown] + [
+        Rectangle((0, 0), 1, 1, fc="0.78", ec="0.5"),
+        Rectangle((0, 0), 1, 1, fc="white", ec="0.5"),
+    ]
+    labels = shown + ["free, cached", "free"]
+    if read:
+        handles.append(Rectangle((0, 0), 1, 1, fc="none", ec="black", lw=2))
+        labels.append("read this step")
+    ax.legend(
+        handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=7.5, frameon=False
+    )
+
+# %% ../nbs/90_viz.ipynb #f8341985
 def plot_block_grid(
     kv: KVRecord,
     ax=None,
@@ -319,51 +362,9 @@ def plot_block_grid(
     read = {b for bl in (reads or {}).values() for b in bl}
     for blk in kv.blocks:
         i = blk.block_id
-        x, y = i % ncols, nrows - 1 - i // ncols
-        if blk.owners:
-            col = colors.get(blk.owners[0], "0.5")
-            ax.add_patch(Rectangle((x, y), 0.9, 0.9, fc=col, alpha=0.3, ec="none"))
-            ax.add_patch(
-                Rectangle(
-                    (x, y),
-                    0.9 * blk.filled / bs,
-                    0.9,
-                    fc=col,
-                    ec="none",
-                    hatch="//" if blk.ref_cnt > 1 else None,
-                )
-            )
-            ax.add_patch(Rectangle((x, y), 0.9, 0.9, fc="none", ec="0.35", lw=0.6))
-        else:
-            ax.add_patch(
-                Rectangle((x, y), 0.9, 0.9, fc="0.78" if blk.cached else "white", ec="0.5", lw=0.6)
-            )
-        if i in read:
-            ax.add_patch(Rectangle((x - 0.04, y - 0.04), 0.98, 0.98, fc="none", ec="black", lw=2.2))
-        if blk.ref_cnt > 1:
-            ax.text(
-                x + 0.45,
-                y + 0.45,
-                str(blk.ref_cnt),
-                ha="center",
-                va="center",
-                fontsize=8,
-                weight="bold",
-                bbox=dict(boxstyle="circle,pad=0.1", fc="white", ec="none", alpha=0.85),
-            )
+        _draw_block(ax, blk, i % ncols, nrows - 1 - i // ncols, colors, bs, i in read)
     if legend:
-        shown = [r for r in colors if r in kv.tables][:14]
-        handles = [Rectangle((0, 0), 1, 1, fc=colors[r]) for r in shown] + [
-            Rectangle((0, 0), 1, 1, fc="0.78", ec="0.5"),
-            Rectangle((0, 0), 1, 1, fc="white", ec="0.5"),
-        ]
-        labels = shown + ["free, cached", "free"]
-        if read:
-            handles.append(Rectangle((0, 0), 1, 1, fc="none", ec="black", lw=2))
-            labels.append("read this step")
-        ax.legend(
-            handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=7.5, frameon=False
-        )
+        _block_legend(ax, [r for r in colors if r in kv.tables][:14], colors, bool(read))
     ax.set_xlim(-0.1, ncols)
     ax.set_ylim(-0.1, nrows)
     ax.set_aspect("equal")
@@ -376,6 +377,50 @@ def plot_block_grid(
     return ax
 
 # %% ../nbs/90_viz.ipynb #7fbc40b6
+def _draw_step_bar(ax, rec: StepRecord, colors: dict, scale: float):
+    """One step's bar: each request's tokens stacked (prefill solid, decode hatched), and a
+    red-edged triangle below it for each request the step preempted."""
+    bottom = 0
+    for row in rec.rows:
+        hatch = None if row.is_prefill else "///"
+        color = colors.get(row.req_id, "0.5")
+        ax.bar(
+            rec.step,
+            row.num_tokens,
+            bottom=bottom,
+            color=color,
+            width=0.85,
+            hatch=hatch,
+            edgecolor="white",
+            linewidth=0.3,
+        )
+        bottom += row.num_tokens
+    for k, v in enumerate(rec.preempted):
+        ax.plot(
+            rec.step,
+            -0.05 * scale * (k + 1),
+            marker="^",
+            mfc=colors.get(v, "0.5"),
+            mec="red",
+            mew=1.2,
+            ms=7,
+            ls="",
+        )
+
+
+def _batch_legend(ax, ids: list, colors: dict):
+    "The batch chart's legend: the requests `ids`, decode tokens (hatched) and preemptions."
+    handles = [Rectangle((0, 0), 1, 1, color=colors[i]) for i in ids]
+    handles += [
+        Rectangle((0, 0), 1, 1, fc="white", ec="0.3", hatch="///"),
+        plt.Line2D([], [], marker="^", mfc="white", mec="red", ls=""),
+    ]
+    labels = ids + ["decode (hatched)", "preempted"]
+    ax.legend(
+        handles, labels, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False
+    )
+
+# %% ../nbs/90_viz.ipynb #2ae83b73
 def plot_batch_composition(
     records: list[StepRecord],
     ax=None,
@@ -394,38 +439,12 @@ def plot_batch_composition(
         _, ax = plt.subplots(figsize=(10, 3.2))
     budget = max((r.token_budget for r in recs), default=0)
     top = max((r.num_tokens for r in recs), default=1) or 1
-    scale = (
-        budget if budget and budget <= 1.5 * top else top
-    )  # the y range: the budget, unless it would squash the bars
+    # the y range: the budget, unless it would squash the bars
+    scale = budget if budget and budget <= 1.5 * top else top
     for rec in recs:
-        bottom = 0
-        for row in rec.rows:
-            ax.bar(
-                rec.step,
-                row.num_tokens,
-                bottom=bottom,
-                color=colors.get(row.req_id, "0.5"),
-                width=0.85,
-                hatch=None if row.is_prefill else "///",
-                edgecolor="white",
-                linewidth=0.3,
-            )
-            bottom += row.num_tokens
-        for k, v in enumerate(rec.preempted):
-            ax.plot(
-                rec.step,
-                -0.05 * scale * (k + 1),
-                marker="^",
-                mfc=colors.get(v, "0.5"),
-                mec="red",
-                mew=1.2,
-                ms=7,
-                ls="",
-            )
-    if budget and budget <= 1.5 * top:
-        ax.axhline(
-            budget, color="0.3", ls="--", lw=1
-        )  # a budget far above the bars would squash them
+        _draw_step_bar(ax, rec, colors, scale)
+    if budget and budget <= 1.5 * top:  # (a budget far above the bars would squash them)
+        ax.axhline(budget, color="0.3", ls="--", lw=1)
     else:
         ax.set_ylim(
             -0.08 * top * (1 + max((len(r.preempted) for r in recs), default=0)), top * 1.12
@@ -442,19 +461,7 @@ def plot_batch_composition(
     ax.tick_params(labelsize=7)
     if legend:
         ids = [i for i in colors if any(row.req_id == i for r in recs for row in r.rows)][:14]
-        handles = [Rectangle((0, 0), 1, 1, color=colors[i]) for i in ids]
-        handles += [
-            Rectangle((0, 0), 1, 1, fc="white", ec="0.3", hatch="///"),
-            plt.Line2D([], [], marker="^", mfc="white", mec="red", ls=""),
-        ]
-        ax.legend(
-            handles,
-            ids + ["decode (hatched)", "preempted"],
-            fontsize=7,
-            loc="upper left",
-            bbox_to_anchor=(1.01, 1),
-            frameon=False,
-        )
+        _batch_legend(ax, ids, colors)
     ax.set_title(
         title
         or "tokens per request in each step"
@@ -538,7 +545,7 @@ def step_table(rec: StepRecord, width: int = 100) -> list[str]:
         lines.append(_wrap(f"{k:>8} ▸ {v if len(v) < 80 else '…' + v[-80:]}", width))
     return lines
 
-
+# %% ../nbs/90_viz.ipynb #846dbccd
 def plot_step(
     records: list[StepRecord], i: int, fig=None, colors: dict | None = None, history: int = 24
 ):

@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""What the package's code must keep true, read from the notebooks (the source) and the exported modules:
+- no exported cell is longer than 60 lines (a lesson shows its code in pieces a reader takes in at once);
+- no method is replaced after its class: neither `Cls.name = ...` on a package class, nor a `@patch` of a name the
+  class body (or an earlier `@patch`) already defines — what runs is what the reader read.
+    python .ci/check_code.py [nbs/X.ipynb ...]      (default: every notebook in nbs/)
+Exit status 1 and one line per problem."""
+import ast
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MAX_LINES = 60
+EXPORT = re.compile(r"^#\|\s*export\b", re.M)
+
+
+def long_cells(paths) -> list[str]:
+    bad = []
+    for p in paths:
+        for i, c in enumerate(json.loads(Path(p).read_text())["cells"], 1):
+            src = "".join(c.get("source", ""))
+            if c["cell_type"] == "code" and EXPORT.search(src):
+                n = len([line for line in src.splitlines() if not line.startswith("#|")])
+                if n > MAX_LINES:
+                    bad.append(f"{Path(p).name} cell {i}: exported cell of {n} lines (> {MAX_LINES})")
+    return bad
+
+
+def _patch_target(fn: ast.FunctionDef) -> str | None:
+    "The class a fastcore `@patch` function attaches to (its first argument's annotation)."
+    if not any(
+        (isinstance(d, ast.Name) and d.id == "patch")
+        or (isinstance(d, ast.Call) and getattr(d.func, "id", None) == "patch")
+        for d in fn.decorator_list
+    ):
+        return None
+    a = fn.args.args[0].annotation if fn.args.args else None
+    return a.id if isinstance(a, ast.Name) else None
+
+
+def replaced_methods(modules) -> list[str]:
+    "Methods defined twice on one class across the package: class body, then `@patch` or assignment."
+    defined: dict[tuple[str, str], str] = {}
+    bad = []
+    trees = [(m, ast.parse(Path(m).read_text())) for m in modules]
+    for m, tree in trees:  # class bodies first
+        for n in ast.walk(tree):
+            if isinstance(n, ast.ClassDef):
+                for b in n.body:
+                    if isinstance(b, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                        defined[(n.name, b.name)] = f"{Path(m).name}:{b.lineno}"
+    classes = {c for c, _ in defined}
+    for m, tree in trees:
+        for n in ast.walk(tree):
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                cls = _patch_target(n)
+                if cls is None:
+                    continue
+                key = (cls, n.name)
+                if key in defined:
+                    bad.append(
+                        f"{Path(m).name}:{n.lineno}: @patch replaces {cls}.{n.name} "
+                        f"(defined at {defined[key]})"
+                    )
+                defined[key] = f"{Path(m).name}:{n.lineno}"
+            elif isinstance(n, ast.Assign):
+                for t in n.targets:
+                    if (
+                        isinstance(t, ast.Attribute)
+                        and isinstance(t.value, ast.Name)
+                        and t.value.id in classes
+                        and (t.value.id, t.attr) in defined
+                    ):
+                        bad.append(
+                            f"{Path(m).name}:{n.lineno}: {t.value.id}.{t.attr} reassigned "
+                            f"after its class (defined at {defined[(t.value.id, t.attr)]})"
+                        )
+    return bad
+
+
+if __name__ == "__main__":
+    nbs = sys.argv[1:] or sorted(str(p) for p in (ROOT / "nbs").glob("*.ipynb"))
+    mods = sorted(
+        str(p) for p in (ROOT / "minivllm").rglob("*.py") if p.name not in ("_modidx.py",)
+    )
+    problems = long_cells(nbs) + replaced_methods(mods)
+    for p in problems:
+        print(p)
+    sys.exit(1 if problems else 0)
