@@ -370,8 +370,18 @@ def enqueue_chat(
 
 # %% ../nbs/13_llm.ipynb #be26ad35
 @patch
-def reset_prefix_cache(self: LLM, device=None) -> bool:
-    "Forget every cached prefix block (see the block manager); False if blocks are still in use. `device`: as `LLMEngine`'s."
+def reset_prefix_cache(
+    self: LLM, reset_running_requests: bool = False, reset_connector: bool = False, device=None
+) -> bool:
+    """Forget every cached prefix block (see the block manager); False if blocks are still in use.
+    vLLM's arguments: `reset_running_requests=True` preempts the running requests first (refused
+    while requests run: minivllm does not preempt them for this), `reset_connector` resets a KV
+    connector (there is none here); `device`: as `LLMEngine`'s."""
+    if reset_running_requests and self.llm_engine.has_unfinished_requests():
+        raise NotImplementedError(
+            "reset_prefix_cache(reset_running_requests=True) while requests run is not "
+            "implemented in minivllm: wait for them to finish (or abort them) first."
+        )
     return self.llm_engine.reset_prefix_cache(device)
 
 
