@@ -62,7 +62,7 @@ def generate_parser(sub=None) -> argparse.ArgumentParser:
     )
     return EngineArgs.add_cli_args(p)
 
-
+# %% ../nbs/17_cli.ipynb #da33677d
 def cmd_generate(ns) -> int:
     """Run `minivllm generate`: build an `LLM` from the flags, generate (chat template unless
     `--raw`), print the completions."""
@@ -160,7 +160,7 @@ def _throughput_parser(bsub):
     )
     return _bench_common(t, SYSTEMS)
 
-
+# %% ../nbs/17_cli.ipynb #1207c5b6
 def _latency_parser(bsub):
     "`bench latency`: time to first token and per output token at several concurrencies."
     from minivllm.benchmarks import SYSTEMS
@@ -257,7 +257,7 @@ def _llama_server(ns, n_parallel: int, max_len: int):
         ns.llama_server, ns.llama_gguf, n_parallel, -(-(max_len + 1) // 256) * 256
     )  # context per slot
 
-
+# %% ../nbs/17_cli.ipynb #b3975153
 def _llama_info(srv) -> dict:
     "What to save about the llama.cpp server that ran (nothing when none did)."
     return (
@@ -366,7 +366,7 @@ def _bench_spec(ns) -> int:
     _save(ns, "spec_decode", dict(speculative_config=ns.speculative_config, results=res))
     return 0
 
-
+# %% ../nbs/17_cli.ipynb #b2c158ab
 def cmd_bench_serve(ns) -> int:
     "Run `minivllm bench serve` against the server at `--base-url`."
     from minivllm.benchmarks import make_workload, bench_serve, print_serve_summary, run_coroutine

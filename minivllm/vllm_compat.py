@@ -38,12 +38,10 @@ from minivllm.config import (
     SamplingParams,
     SchedulerConfig,
     SpeculativeConfig,
-    StructuredOutputsParams,
     TextPrompt,
     TokensPrompt,
     _json_or_str,
 )
-from .sampler import BeamSearchParams
 from .llm_engine import LLMEngine
 from .llm import LLM, Metric
 from .async_engine import AsyncEngineArgs, AsyncLLM, AsyncLLMEngine, EngineDeadError
@@ -267,12 +265,6 @@ def random_uuid() -> str:
 
 # %% ../nbs/95_vllm_compat.ipynb #9e694dcc
 VLLM_MODULES: dict[str, dict] = {
-    "sampling_params": dict(
-        SamplingParams=SamplingParams,
-        StructuredOutputsParams=StructuredOutputsParams,
-        RequestOutputKind=RequestOutputKind,
-        BeamSearchParams=BeamSearchParams,
-    ),
     "outputs": dict(
         RequestOutput=RequestOutput,
         CompletionOutput=CompletionOutput,
