@@ -37,10 +37,10 @@ from minivllm.sampling_params import (  # lesson 00, re-exported: the request si
 # %% auto #0
 __all__ = ['POOLING_TYPES', 'VllmConfig', 'EXTRA_ARGS', 'EMBEDDED_GGUF', 'LoRARequest', 'PoolerConfig', 'pooler_settings',
            'PoolingParams', 'PoolingOutput', 'EmbeddingOutput', 'PoolingRequestOutput', 'EmbeddingRequestOutput',
-           'ModelConfig', 'CompilationConfig', 'SpeculativeConfig', 'LoRAConfig', 'CacheConfig', 'SchedulerConfig',
-           'ParallelConfig', 'DeviceConfig', 'EngineConfig', 'register_extra_args', 'check_extra_args', 'EngineArgs',
-           'embedded_gguf_path', 'cache_dir', 'convert_gguf', 'hub_snapshot', 'resolve_model', 'tokenize_bad_words',
-           'cpu_has_bf16', 'engine_args_from_kwargs']
+           'ModelConfig', 'CompilationConfig', 'SpeculativeConfig', 'ProfilerConfig', 'LoRAConfig', 'CacheConfig',
+           'SchedulerConfig', 'ParallelConfig', 'DeviceConfig', 'EngineConfig', 'register_extra_args',
+           'check_extra_args', 'EngineArgs', 'embedded_gguf_path', 'cache_dir', 'convert_gguf', 'hub_snapshot',
+           'resolve_model', 'tokenize_bad_words', 'cpu_has_bf16', 'engine_args_from_kwargs']
 
 # %% ../nbs/00b_config.ipynb #a8b80c6b
 @dataclass
@@ -444,6 +444,56 @@ def from_dict(cls: SpeculativeConfig, d: dict | str | None) -> SpeculativeConfig
             )
     return cls(method, k, lo, hi, model)
 
+# %% ../nbs/00b_config.ipynb #82c535db
+_PROFILER_KEYS = (
+    "profiler",
+    "torch_profiler_dir",
+    "torch_profiler_with_stack",
+    "torch_profiler_record_shapes",
+    "torch_profiler_with_memory",
+    "torch_profiler_use_gzip",
+    "delay_iterations",
+    "max_iterations",
+)
+
+
+@dataclass
+class ProfilerConfig:
+    "vLLM's `profiler_config`: `profiler='torch'` writes a `torch.profiler` trace to a directory."
+
+    profiler: str | None = None  # "torch", or None: no profiling
+    torch_profiler_dir: str = ""
+    torch_profiler_with_stack: bool = True
+    torch_profiler_record_shapes: bool = False
+    torch_profiler_with_memory: bool = False
+    torch_profiler_use_gzip: bool = True
+    delay_iterations: int = 0  # vLLM's step-counted start and stop: only 0 (off) here
+    max_iterations: int = 0
+
+    def __post_init__(self):
+        if self.profiler not in (None, "torch"):
+            raise NotImplementedError(
+                f"profiler_config profiler={self.profiler!r} is not implemented in minivllm; "
+                "it has 'torch' (torch.profiler)."
+            )
+        if self.profiler and not self.torch_profiler_dir:
+            raise ValueError("profiler_config: profiler='torch' needs torch_profiler_dir.")
+        for k in ("delay_iterations", "max_iterations"):
+            if getattr(self, k) != 0:
+                raise NotImplementedError(
+                    f"profiler_config {k}={getattr(self, k)!r} is not implemented in minivllm: "
+                    "the profile spans start_profile() to stop_profile()."
+                )
+
+    @classmethod
+    def from_value(cls, value) -> "ProfilerConfig | None":
+        "`None`, a dict of vLLM's keys, or a `ProfilerConfig`; an unknown key fails by name."
+        if value is None or isinstance(value, cls):
+            return value
+        if bad := [k for k in value if k not in _PROFILER_KEYS]:
+            raise NotImplementedError(f"profiler_config {bad}: not implemented in minivllm.")
+        return cls(**value)
+
 # %% ../nbs/00b_config.ipynb #9aba41c9
 @dataclass
 class LoRAConfig:
@@ -511,6 +561,7 @@ class EngineConfig:
     speculative_config: SpeculativeConfig | None = (
         None  # speculative decoding (lesson 07b); None: off
     )
+    profiler_config: ProfilerConfig | None = None  # LLM.start_profile (lesson 13); None: off
 
 
 VllmConfig = EngineConfig  # vLLM's name for it
@@ -589,6 +640,7 @@ class _EngineArgsFields:
     max_cpu_loras: int | None = None
     speculative_config: dict | None = None
     quantization: str | None = None
+    profiler_config: dict | ProfilerConfig | None = None  # vLLM's: see `ProfilerConfig`
 
     def __post_init__(self):
         if self.max_num_seqs is None:
@@ -599,9 +651,10 @@ class _EngineArgsFields:
                 "quantization='gguf' (a GGUF file's own Q4_0/Q4_1/Q8_0 weights) or None (float "
                 "weights)."
             )
-        # an unsupported compilation option or speculative method fails here, by name
+        # an unsupported compilation, speculative or profiler option fails here, by name
         CompilationConfig.from_value(self.compilation_config)
         SpeculativeConfig.from_dict(self.speculative_config)
+        ProfilerConfig.from_value(self.profiler_config)
 
 # %% ../nbs/00b_config.ipynb #70c47fbd
 # handlers of the keywords EngineArgs has no field for (lesson 95 adds vLLM's)
@@ -1003,6 +1056,7 @@ def create_engine_config(self: EngineArgs) -> EngineConfig:
         compilation_config=self._compilation(device),
         lora_config=lora,
         speculative_config=spec,
+        profiler_config=ProfilerConfig.from_value(self.profiler_config),
     )
 
 # %% ../nbs/00b_config.ipynb #cc0d3b05

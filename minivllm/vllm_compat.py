@@ -32,6 +32,7 @@ from minivllm.config import (
     PoolingOutput,
     PoolingParams,
     PoolingRequestOutput,
+    ProfilerConfig,
     PromptType,
     RequestOutput,
     RequestOutputKind,
@@ -302,6 +303,7 @@ VLLM_CONFIG_NAMES = dict(
     LoRAConfig=LoRAConfig,
     SpeculativeConfig=SpeculativeConfig,
     PoolerConfig=PoolerConfig,
+    ProfilerConfig=ProfilerConfig,
 )
 
 # %% ../nbs/95_vllm_compat.ipynb #2862d7c2

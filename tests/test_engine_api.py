@@ -445,3 +445,24 @@ def test_vllm_default_spellings_reach_the_llm(caplog):
     with pytest.raises(NotImplementedError, match="reset_running_requests=True"):
         plain.reset_prefix_cache(reset_running_requests=True)
     assert [o.outputs[0].token_ids for o in plain.wait_for_completion(use_tqdm=False)] == [want]
+
+
+def test_profiler_writes_a_trace(tmp_path):
+    "vLLM's `profiler_config` + `LLM.start_profile()/stop_profile()`: a Chrome trace of the engine's work in the directory."
+    import gzip, json
+    from minivllm import LLM
+    kw = dict(dtype="float32", max_model_len=128, num_gpu_blocks_override=16)
+    llm = LLM(profiler_config={"profiler": "torch", "torch_profiler_dir": str(tmp_path)}, **kw)
+    llm.start_profile()
+    llm.generate(PARIS, SamplingParams(temperature=0, max_tokens=3), use_tqdm=False)
+    llm.stop_profile()
+    traces = list(tmp_path.glob("minivllm*.pt.trace.json.gz"))
+    assert len(traces) == 1
+    events = json.loads(gzip.decompress(traces[0].read_bytes()))["traceEvents"]
+    assert any(e.get("name", "").startswith("aten::") for e in events)   # the model's ops are in it
+    with pytest.raises(RuntimeError, match="no profile is running"):
+        llm.stop_profile()
+    with pytest.raises(RuntimeError, match="profiler_config"):
+        LLM(**kw).start_profile()
+    with pytest.raises(NotImplementedError, match="profiler='cuda'"):
+        EngineArgs(profiler_config={"profiler": "cuda", "torch_profiler_dir": str(tmp_path)})

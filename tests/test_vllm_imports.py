@@ -39,8 +39,6 @@ HAVE = {
     ("vllm.v1.engine.async_llm", "AsyncLLM"): "minivllm.async_engine:AsyncLLM",
     ("vllm.version", "__version__"): "minivllm:__version__",
 }
-if not hasattr(importlib.import_module("minivllm.config"), "ProfilerConfig"):
-    del HAVE[("vllm.config", "ProfilerConfig")]
 
 
 def minivllm_path(vllm_module: str) -> str:
