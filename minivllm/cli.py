@@ -8,15 +8,28 @@ import argparse
 import dataclasses
 import sys
 import time
-from minivllm.config import (
-    EngineArgs,
-    FlexibleArgumentParser,
-    SamplingParams,
-)  # FlexibleArgumentParser: re-exported for vLLM scripts
+from .config import EngineArgs, SamplingParams
 
 # %% auto #0
-__all__ = ['DEMO_PROMPTS', 'BENCH_COMMANDS', 'generate_parser', 'cmd_generate', 'bench_parser', 'cmd_bench_throughput',
-           'cmd_bench_latency', 'cmd_bench_serve', 'cmd_bench', 'main']
+__all__ = ['DEMO_PROMPTS', 'BENCH_COMMANDS', 'FlexibleArgumentParser', 'generate_parser', 'cmd_generate', 'bench_parser',
+           'cmd_bench_throughput', 'cmd_bench_latency', 'cmd_bench_serve', 'cmd_bench', 'main']
+
+# %% ../nbs/17_cli.ipynb #dafe34de
+class FlexibleArgumentParser(argparse.ArgumentParser):
+    """vLLM's parser: also takes `--max_model_len` for `--max-model-len` (scripts written for vLLM
+    use both)."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        "Parse like `argparse`, after turning `--a_b` (and `--a_b=v`) into `--a-b`."
+        args = sys.argv[1:] if args is None else list(args)
+
+        def dashes(a):
+            if not a.startswith("--") or a == "--":
+                return a
+            k, eq, v = a.partition("=")
+            return k.replace("_", "-") + eq + v
+
+        return super().parse_known_args([dashes(a) for a in args], namespace)
 
 # %% ../nbs/17_cli.ipynb #06cb4a92
 DEMO_PROMPTS = [
@@ -28,7 +41,8 @@ DEMO_PROMPTS = [
 
 
 def generate_parser(sub=None) -> argparse.ArgumentParser:
-    "The `generate` subcommand's parser (added to `sub`, a subparsers object, when given): sampling flags and every engine flag."
+    """The `generate` subcommand's parser (added to `sub`, a subparsers object, when given):
+    sampling flags and every engine flag."""
     p = (
         sub.add_parser("generate", help="generate text for prompts")
         if sub
@@ -48,9 +62,10 @@ def generate_parser(sub=None) -> argparse.ArgumentParser:
     )
     return EngineArgs.add_cli_args(p)
 
-
+# %% ../nbs/17_cli.ipynb #da33677d
 def cmd_generate(ns) -> int:
-    "Run `minivllm generate`: build an `LLM` from the flags, generate (chat template unless `--raw`), print the completions."
+    """Run `minivllm generate`: build an `LLM` from the flags, generate (chat template unless
+    `--raw`), print the completions."""
     from minivllm.llm import LLM
 
     sp = SamplingParams(
@@ -81,14 +96,16 @@ def cmd_generate(ns) -> int:
                 + f"   ({c.finish_reason})"
             )
     print(
-        f"\n{len(prompts)} prompts, {ntok} tokens in {t2 - t1:.1f}s ({ntok / (t2 - t1):.1f} tokens/s); engine ready in {t1 - t0:.1f}s",
+        f"\n{len(prompts)} prompts, {ntok} tokens in {t2 - t1:.1f}s ({ntok / (t2 - t1):.1f} "
+        f"tokens/s); engine ready in {t1 - t0:.1f}s",
         file=sys.stderr,
     )
     return 0
 
 # %% ../nbs/17_cli.ipynb #b2c4e9f7
 def _bench_common(p: argparse.ArgumentParser, systems_default) -> argparse.ArgumentParser:
-    "Flags every in-process benchmark takes: what to run, how often, where to save, and every engine flag."
+    """Flags every in-process benchmark takes: what to run, how often, where to save, and every
+    engine flag."""
     from minivllm.benchmarks import SYSTEMS
 
     p.add_argument(
@@ -143,7 +160,7 @@ def _throughput_parser(bsub):
     )
     return _bench_common(t, SYSTEMS)
 
-
+# %% ../nbs/17_cli.ipynb #1207c5b6
 def _latency_parser(bsub):
     "`bench latency`: time to first token and per output token at several concurrencies."
     from minivllm.benchmarks import SYSTEMS
@@ -228,7 +245,8 @@ def _save(ns, kind: str, payload: dict):
 
 
 def _llama_server(ns, n_parallel: int, max_len: int):
-    "The (not yet started) `LlamaServer` of `--llama-server`/`--llama-gguf`, or None: checked before any model loads."
+    """The (not yet started) `LlamaServer` of `--llama-server`/`--llama-gguf`, or None: checked
+    before any model loads."""
     from minivllm.benchmarks import LlamaServer
 
     if ns.llama_server is None:
@@ -239,7 +257,7 @@ def _llama_server(ns, n_parallel: int, max_len: int):
         ns.llama_server, ns.llama_gguf, n_parallel, -(-(max_len + 1) // 256) * 256
     )  # context per slot
 
-
+# %% ../nbs/17_cli.ipynb #b3975153
 def _llama_info(srv) -> dict:
     "What to save about the llama.cpp server that ran (nothing when none did)."
     return (
@@ -298,8 +316,9 @@ def cmd_bench_throughput(ns) -> int:
 
 # %% ../nbs/17_cli.ipynb #9b341e68
 def cmd_bench_latency(ns) -> int:
-    """Run `minivllm bench latency`. With `--speculative-config`: batch-1 decode tokens/s with and without it (same run,
-    grounded and free workloads, `bench_spec_decode`) instead of the systems comparison."""
+    """Run `minivllm bench latency`. With `--speculative-config`: batch-1 decode tokens/s with and
+    without it (same run, grounded and free workloads, `bench_spec_decode`) instead of the systems
+    comparison."""
     import contextlib
     import statistics
     from minivllm.benchmarks import bench_latency, latency_llamacpp
@@ -326,7 +345,8 @@ def cmd_bench_latency(ns) -> int:
         for s in dict.fromkeys(r.system for r in res):
             rs = [r for r in res if r.system == s and r.concurrency == c]
             print(
-                f"concurrency {c:3d} {s:>20}: TTFT {statistics.median(r.median_ttft for r in rs) * 1e3:8.1f} ms"
+                f"concurrency {c:3d} {s:>20}: TTFT "
+                f"{statistics.median(r.median_ttft for r in rs) * 1e3:8.1f} ms"
                 f"   TPOT {statistics.median(r.median_tpot for r in rs) * 1e3:7.1f} ms"
             )
     _save(ns, "latency", dict(results=[r.as_dict() for r in res]) | _llama_info(srv))
@@ -334,7 +354,8 @@ def cmd_bench_latency(ns) -> int:
 
 
 def _bench_spec(ns) -> int:
-    "`bench latency --speculative-config ...`: speculative decoding against plain decoding at batch 1."
+    """`bench latency --speculative-config ...`: speculative decoding against plain decoding at
+    batch 1."""
     from minivllm.benchmarks import bench_spec_decode, print_spec_summary
 
     kw = dataclasses.asdict(EngineArgs.from_cli_args(ns))
@@ -345,7 +366,7 @@ def _bench_spec(ns) -> int:
     _save(ns, "spec_decode", dict(speculative_config=ns.speculative_config, results=res))
     return 0
 
-
+# %% ../nbs/17_cli.ipynb #b2c158ab
 def cmd_bench_serve(ns) -> int:
     "Run `minivllm bench serve` against the server at `--base-url`."
     from minivllm.benchmarks import make_workload, bench_serve, print_serve_summary, run_coroutine
@@ -386,7 +407,8 @@ def cmd_bench(ns) -> int:
 
 # %% ../nbs/17_cli.ipynb #171ccecc
 def main(argv: list[str] | None = None) -> int:
-    "The `minivllm` console script: `generate`, `bench` and `serve`; errors in the arguments exit with status 2 and a one-line message."
+    """The `minivllm` console script: `generate`, `bench` and `serve`; errors in the arguments exit
+    with status 2 and a one-line message."""
     parser = argparse.ArgumentParser("minivllm", description="minivllm: a small, literate vLLM.")
     sub = parser.add_subparsers(dest="command", required=True)
     generate_parser(sub)

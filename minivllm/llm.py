@@ -370,8 +370,18 @@ def enqueue_chat(
 
 # %% ../nbs/13_llm.ipynb #be26ad35
 @patch
-def reset_prefix_cache(self: LLM, device=None) -> bool:
-    "Forget every cached prefix block (see the block manager); False if blocks are still in use. `device`: as `LLMEngine`'s."
+def reset_prefix_cache(
+    self: LLM, reset_running_requests: bool = False, reset_connector: bool = False, device=None
+) -> bool:
+    """Forget every cached prefix block (see the block manager); False if blocks are still in use.
+    vLLM's arguments: `reset_running_requests=True` preempts the running requests first (refused
+    while requests run: minivllm does not preempt them for this), `reset_connector` resets a KV
+    connector (there is none here); `device`: as `LLMEngine`'s."""
+    if reset_running_requests and self.llm_engine.has_unfinished_requests():
+        raise NotImplementedError(
+            "reset_prefix_cache(reset_running_requests=True) while requests run is not "
+            "implemented in minivllm: wait for them to finish (or abort them) first."
+        )
     return self.llm_engine.reset_prefix_cache(device)
 
 
@@ -434,8 +444,6 @@ def _not_here(name: str, why: str):
 for _name, _why in [
     ("sleep", "there is no GPU memory to release (sleep mode)"),
     ("wake_up", "there is no sleep mode"),
-    ("start_profile", "no profiler is built in"),
-    ("stop_profile", "no profiler is built in"),
     (
         "collective_rpc",
         "there are no worker processes to call (except tensor-parallel ones, not exposed)",
@@ -446,6 +454,45 @@ for _name, _why in [
     ("reward", "no reward models"),
 ]:
     setattr(LLM, _name, _not_here(_name, _why))
+
+# %% ../nbs/13_llm.ipynb #650fefcb
+@patch
+def start_profile(self: LLM, profile_prefix: str | None = None) -> None:
+    "Start `torch.profiler` on this process (vLLM's method); `stop_profile` writes the trace."
+    import torch
+
+    cfg = self.llm_engine.vllm_config.profiler_config
+    if cfg is None or cfg.profiler is None:
+        raise RuntimeError(
+            "start_profile needs profiling on: build the LLM with profiler_config="
+            "{'profiler': 'torch', 'torch_profiler_dir': DIR} (vLLM's argument)."
+        )
+    if getattr(self, "_profiler", None) is not None:
+        raise RuntimeError("start_profile: a profile is already running (call stop_profile).")
+    acts = [torch.profiler.ProfilerActivity.CPU]
+    if self.llm_engine.vllm_config.device_config.device.type == "cuda":
+        acts.append(torch.profiler.ProfilerActivity.CUDA)
+    name = profile_prefix or "minivllm"
+    handler = torch.profiler.tensorboard_trace_handler(
+        cfg.torch_profiler_dir, worker_name=name, use_gzip=cfg.torch_profiler_use_gzip
+    )
+    self._profiler = torch.profiler.profile(
+        activities=acts,
+        record_shapes=cfg.torch_profiler_record_shapes,
+        with_stack=cfg.torch_profiler_with_stack,
+        profile_memory=cfg.torch_profiler_with_memory,
+        on_trace_ready=handler,
+    )
+    self._profiler.start()
+
+
+@patch
+def stop_profile(self: LLM) -> None:
+    "Stop the profile `start_profile` began and write its trace to `torch_profiler_dir`."
+    if getattr(self, "_profiler", None) is None:
+        raise RuntimeError("stop_profile: no profile is running (call start_profile first).")
+    self._profiler.stop()
+    self._profiler = None
 
 # %% ../nbs/13_llm.ipynb #7b38c105
 @patch

@@ -417,3 +417,52 @@ def test_profile_num_blocks_runs_the_budget_within_max_model_len(tmp_path, monke
     monkeypatch.setattr(torch, "cuda", fake)
     assert runner.profile_num_blocks() > 0
     assert seen == [63]   # 200 tokens as prompts of 64, 64, 64, 8: the largest position is max_model_len - 1
+
+
+# ---------------------------------------------------------------- vLLM's spellings that scripts pass to LLM(...)
+
+def test_vllm_default_spellings_reach_the_llm(caplog):
+    """`LLM(max_num_seqs=None)` (vLLM's default) means minivllm's default; `enforce_eager=False` (vLLM's default, which
+    scripts pass) on a model minivllm does not compile (here: speculative decoding) runs eagerly with a log line, and
+    gives the plain engine's greedy tokens; `reset_prefix_cache` takes vLLM's arguments."""
+    from minivllm import LLM
+    kw = dict(dtype="float32", max_model_len=256, num_gpu_blocks_override=64)
+    plain = LLM(max_num_seqs=None, **kw)
+    assert plain.llm_engine.vllm_config.scheduler_config.max_num_seqs == 256
+    sp = SamplingParams(temperature=0, max_tokens=12)
+    want = plain.generate(PARIS, sp, use_tqdm=False)[0].outputs[0].token_ids
+    with caplog.at_level(logging.WARNING, logger="minivllm"):
+        spec = LLM(enforce_eager=False, speculative_config={"method": "ngram", "num_speculative_tokens": 3}, **kw)
+    assert any("runs eagerly" in r.getMessage() and "speculative" in r.getMessage() for r in caplog.records)
+    assert spec.llm_engine.vllm_config.compilation_config.level == 0
+    assert spec.generate(PARIS, sp, use_tqdm=False)[0].outputs[0].token_ids == want
+    with pytest.raises(NotImplementedError, match="does not compile"):   # asking in so many words is refused
+        LLM(compilation_config=3, speculative_config={"method": "ngram", "num_speculative_tokens": 3}, **kw)
+    # reset_prefix_cache(reset_running_requests=..., reset_connector=...): vLLM's signature
+    plain.generate(PARIS, sp, use_tqdm=False)
+    assert plain.reset_prefix_cache(reset_running_requests=True, reset_connector=True) is True
+    plain.enqueue(PARIS, sp)
+    with pytest.raises(NotImplementedError, match="reset_running_requests=True"):
+        plain.reset_prefix_cache(reset_running_requests=True)
+    assert [o.outputs[0].token_ids for o in plain.wait_for_completion(use_tqdm=False)] == [want]
+
+
+def test_profiler_writes_a_trace(tmp_path):
+    "vLLM's `profiler_config` + `LLM.start_profile()/stop_profile()`: a Chrome trace of the engine's work in the directory."
+    import gzip, json
+    from minivllm import LLM
+    kw = dict(dtype="float32", max_model_len=128, num_gpu_blocks_override=16)
+    llm = LLM(profiler_config={"profiler": "torch", "torch_profiler_dir": str(tmp_path)}, **kw)
+    llm.start_profile()
+    llm.generate(PARIS, SamplingParams(temperature=0, max_tokens=3), use_tqdm=False)
+    llm.stop_profile()
+    traces = list(tmp_path.glob("minivllm*.pt.trace.json.gz"))
+    assert len(traces) == 1
+    events = json.loads(gzip.decompress(traces[0].read_bytes()))["traceEvents"]
+    assert any(e.get("name", "").startswith("aten::") for e in events)   # the model's ops are in it
+    with pytest.raises(RuntimeError, match="no profile is running"):
+        llm.stop_profile()
+    with pytest.raises(RuntimeError, match="profiler_config"):
+        LLM(**kw).start_profile()
+    with pytest.raises(NotImplementedError, match="profiler='cuda'"):
+        EngineArgs(profiler_config={"profiler": "cuda", "torch_profiler_dir": str(tmp_path)})

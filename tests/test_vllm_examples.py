@@ -361,7 +361,13 @@ def test_flexible_argument_parser_and_cli_args():
                                                "--scheduling_policy=priority"]))
     assert a == EngineArgs(max_model_len=512, block_size=32, enable_prefix_caching=False, scheduling_policy="priority")
     assert EngineArgs.from_cli_args(p.parse_args([])) == EngineArgs()
-    assert isinstance(p, argparse.ArgumentParser)
+    # underscores are rewritten in flag names only: values keep theirs, `=` or not
+    ns = p.parse_args(["--tokenizer", "my_org/my_tok", "--served_model_name=a_b", "--max_num_seqs=4"])
+    assert (ns.tokenizer, ns.served_model_name, ns.max_num_seqs) == ("my_org/my_tok", "a_b", 4)
+    # what FlexibleArgumentParser adds: plain argparse refuses the underscore spelling vLLM's scripts use
+    plain = EngineArgs.add_cli_args(argparse.ArgumentParser())
+    with pytest.raises(SystemExit):
+        plain.parse_args(["--max_model_len", "512"])
 
 
 def test_async_llm_streaming_example(monkeypatch):

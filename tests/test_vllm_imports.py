@@ -1,0 +1,86 @@
+"""vLLM's import surface: each `from vllm.X import Y` that vLLM 0.33.0's examples write, and each name its
+`vllm/__init__.py` documents (the list is the data file `vllm_imports.tsv`), written `from minivllm.X import Y`.
+Where minivllm has the thing the import works and gives the lessons' own object; where it does not, the import fails
+with an `ImportError` that names what is missing."""
+import importlib, subprocess, sys
+from pathlib import Path
+import pytest
+import minivllm
+
+ROWS = [tuple(l.rstrip("\n").split("\t")[:2]) for l in (Path(__file__).parent / "vllm_imports.tsv").read_text().splitlines()
+        if l and not l.startswith("#")]
+
+# (vLLM module, name) -> the lesson module:object it must be (everything minivllm has of vLLM's list)
+HAVE = {
+    **{("vllm", n): f"minivllm:{n}" for n in [
+        "AsyncEngineArgs", "AsyncLLMEngine", "CompletionOutput", "EmbeddingOutput", "EmbeddingRequestOutput",
+        "EngineArgs", "LLM", "LLMEngine", "PoolingOutput", "PoolingParams", "PoolingRequestOutput", "PromptType",
+        "RequestOutput", "SamplingParams", "TextPrompt", "TokensPrompt", "__version__"]},
+    ("vllm.config", "PoolerConfig"): "minivllm.config:PoolerConfig",
+    ("vllm.config", "VllmConfig"): "minivllm.config:EngineConfig",
+    ("vllm.config", "ProfilerConfig"): "minivllm.config:ProfilerConfig",
+    ("vllm.distributed", "cleanup_dist_env_and_memory"): "minivllm.vllm_compat:cleanup_dist_env_and_memory",
+    ("vllm.engine.arg_utils", "AsyncEngineArgs"): "minivllm.async_engine:AsyncEngineArgs",
+    ("vllm.engine.arg_utils", "EngineArgs"): "minivllm.config:EngineArgs",
+    ("vllm.engine.async_llm_engine", "AsyncLLMEngine"): "minivllm.async_engine:AsyncLLMEngine",
+    ("vllm.engine.llm_engine", "LLMEngine"): "minivllm.llm_engine:LLMEngine",
+    ("vllm.entrypoints.llm", "LLM"): "minivllm.llm:LLM",
+    **{("vllm.inputs", n): f"minivllm.config:{n}" for n in ["PromptType", "TextPrompt", "TokensPrompt"]},
+    ("vllm.logger", "init_logger"): "minivllm.vllm_compat:init_logger",
+    ("vllm.lora.request", "LoRARequest"): "minivllm.config:LoRARequest",
+    **{("vllm.outputs", n): f"minivllm.config:{n}" for n in [
+        "CompletionOutput", "EmbeddingOutput", "EmbeddingRequestOutput", "PoolingOutput", "PoolingRequestOutput",
+        "RequestOutput"]},
+    ("vllm.pooling_params", "PoolingParams"): "minivllm.config:PoolingParams",
+    **{("vllm.sampling_params", n): f"minivllm.config:{n}" for n in [
+        "RequestOutputKind", "SamplingParams", "StructuredOutputsParams"]},
+    ("vllm.utils", "random_uuid"): "minivllm.vllm_compat:random_uuid",
+    ("vllm.utils.argparse_utils", "FlexibleArgumentParser"): "minivllm.cli:FlexibleArgumentParser",
+    ("vllm.v1.engine.async_llm", "AsyncLLM"): "minivllm.async_engine:AsyncLLM",
+    ("vllm.version", "__version__"): "minivllm:__version__",
+}
+
+
+def minivllm_path(vllm_module: str) -> str:
+    return "minivllm" + vllm_module[len("vllm"):]
+
+
+def test_the_list():
+    "The data file is vLLM's list, whole: its examples' imports and its documented names."
+    assert len(ROWS) == len(set(ROWS)) >= 140
+    assert ("vllm.lora.request", "LoRARequest") in ROWS and ("vllm", "ModelRegistry") in ROWS
+    assert set(HAVE) <= set(ROWS)
+
+
+@pytest.mark.parametrize("module,name", sorted(HAVE))
+def test_what_minivllm_has_imports(module, name):
+    ns = {}
+    exec(f"from {minivllm_path(module)} import {name}", ns)
+    where, attr = HAVE[(module, name)].split(":")
+    assert ns[name] is getattr(importlib.import_module(where), attr)
+
+
+@pytest.mark.parametrize("module,name", sorted(set(ROWS) - set(HAVE)))
+def test_what_minivllm_lacks_is_refused_by_name(module, name):
+    path = minivllm_path(module)
+    with pytest.raises(ImportError) as e:
+        exec(f"from {path} import {name}", {})
+    missing_module = isinstance(e.value, ModuleNotFoundError) and path.startswith(e.value.name or "?")
+    assert name in str(e.value) or (missing_module and e.value.name in str(e.value)), str(e.value)
+
+
+def test_thin_modules_say_what_they_have():
+    with pytest.raises(ImportError, match=r"no 'Counter'.*vLLM's Counter.*It has: Metric"):
+        from minivllm.v1.metrics.reader import Counter  # noqa: F401
+    import minivllm.outputs
+    assert "RequestOutput" in minivllm.outputs.__all__ and not hasattr(minivllm.outputs, "_private")
+
+
+def test_fresh_interpreter():
+    "The paths resolve in a new process whatever is imported first (the package's __init__ registers them)."
+    code = ("from minivllm.utils.argparse_utils import FlexibleArgumentParser as F; import minivllm.lora.request as r; "
+            "from minivllm.v1.engine.async_llm import AsyncLLM; from minivllm.cli import FlexibleArgumentParser; "
+            "import minivllm; print(F is FlexibleArgumentParser, r.LoRARequest is minivllm.LoRARequest, "
+            "AsyncLLM is minivllm.AsyncLLM)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.stdout.split() == ["True"] * 3, r.stderr
