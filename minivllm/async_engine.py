@@ -22,10 +22,11 @@ from minivllm.config import (
 from .config import PoolingParams, PoolingRequestOutput
 from fastcore.basics import patch
 from .llm_engine import LLMEngine
+from .llm import EngineDeadError, engine_failure
 from .metrics import Stats
 
 # %% auto #0
-__all__ = ['logger', 'AsyncEngineArgs', 'AsyncLLM', 'merge_delta_outputs', 'EngineDeadError', 'AsyncLLMEngine']
+__all__ = ['logger', 'AsyncEngineArgs', 'AsyncLLM', 'merge_delta_outputs', 'EngineGenerateError', 'AsyncLLMEngine']
 
 # %% ../nbs/14_async_engine.ipynb #2f16174f
 logger = logging.getLogger("minivllm")
@@ -65,14 +66,8 @@ def merge_delta_outputs(a: RequestOutput, b: RequestOutput) -> RequestOutput:
     )
 
 # %% ../nbs/14_async_engine.ipynb #43587079
-class EngineDeadError(RuntimeError):
-    "The engine loop has stopped (shut down, or failed): no request can run."
-
-    def __init__(
-        self,
-        msg: str = "The engine loop is not running (it was shut down or it failed); see the logs.",
-    ):
-        super().__init__(msg)
+class EngineGenerateError(RuntimeError):
+    "One request failed inside an engine step (the error is its `__cause__`); the engine goes on."
 
 
 AsyncEngineArgs = (
@@ -186,6 +181,12 @@ def errored(self: AsyncLLMEngine) -> bool:
 
 
 @patch(as_prop=True)
+def failed(self: AsyncLLMEngine) -> bool:
+    "Whether the engine loop failed (not merely shut down): the engine is dead."
+    return self._dead is not None
+
+
+@patch(as_prop=True)
 def dead_error(self: AsyncLLMEngine) -> BaseException:
     "The `EngineDeadError` to raise now (naming the failure, if the loop failed)."
     return (
@@ -217,10 +218,7 @@ def _loop(self: AsyncLLMEngine):
             if self._stopping:
                 break
             if self.engine.has_unfinished_requests():
-                t0 = time.perf_counter()
-                outs = self.engine.step()
-                self.step_times.append((t0, time.perf_counter(), len(outs)))
-                self._deliver(outs)
+                self._step()
             elif not self._ops:
                 self._wake.wait()
     except BaseException as e:
@@ -241,6 +239,44 @@ def _run_ops(self: AsyncLLMEngine):
             res, ok = e, False
         if done is not None:
             done(ok, res)
+
+# %% ../nbs/14_async_engine.ipynb #fs14a
+@patch
+def _step(self: AsyncLLMEngine):
+    "(engine thread) One step, its outputs delivered; a step that raises goes to `_fail_step`."
+    t0 = time.perf_counter()
+    try:
+        outs = self.engine.step()
+    except Exception as e:
+        self._fail_step(e)
+        return
+    self.step_times.append((t0, time.perf_counter(), len(outs)))
+    self._deliver(outs)
+
+
+@patch
+def _fail_step(self: AsyncLLMEngine, error: Exception):
+    "(engine thread) End the requests of the failed step with `EngineGenerateError`; re-raise if fatal."
+    eng = self.engine
+    if engine_failure(eng) is not None:
+        raise error
+    running = {r.request_id for r in eng.scheduler.running}
+    known = eng.scheduler.requests
+    blamed = [
+        rid
+        for rid, kids in eng.children.items()
+        if any(k in running or k not in known for k in kids)
+    ]
+    if not blamed:
+        raise error
+    logger.error("AsyncLLMEngine: a step failed; ending requests %s", blamed, exc_info=error)
+    eng.abort_request(blamed, final_output=False)
+    for rid, s in list(self._streams.items()):
+        if rid in blamed or rid not in eng.children:  # (an aborted one's final output was lost)
+            err = EngineGenerateError(f"Request {rid} failed in an engine step: {error!r}")
+            err.__cause__ = error
+            del self._streams[rid]
+            s.put_threadsafe([err])
 
 # %% ../nbs/14_async_engine.ipynb #3312e8f2
 @patch
@@ -266,11 +302,7 @@ def _close(self: AsyncLLMEngine):
         self.engine.abort_request(list(self.engine.children), final_output=False)
     except Exception:
         logger.exception("AsyncLLMEngine: aborting requests at shutdown failed")
-    err = (
-        EngineDeadError()
-        if self._dead is None
-        else EngineDeadError(f"The engine loop failed: {self._dead!r}")
-    )
+    err = self.dead_error
     if self._dead is not None:
         err.__cause__ = self._dead
     for s in self._streams.values():
@@ -351,22 +383,13 @@ async def generate(
     )
     stream = _Stream(request_id, asyncio.get_running_loop(), delta)
 
-    def add(engine: LLMEngine):
-        if request_id in self._streams:
-            raise ValueError(f"request_id {request_id!r} is already in use.")
-        engine.add_request(
-            request_id,
-            prompt,
-            sampling_params,
-            arrival_time=arrival_time,
-            lora_request=lora_request,
-            priority=priority,
-        )
-        self._streams[request_id] = stream
-
     finished = False
     try:
-        await self.run_in_engine(add)  # bad input raises here, for this request only
+        await self.run_in_engine(  # bad input raises here, for this request only
+            lambda e: self._add(
+                e, stream, prompt, sampling_params, arrival_time, lora_request, priority
+            )
+        )
         while not finished:
             out = await stream.get()
             finished = out.finished
@@ -374,6 +397,24 @@ async def generate(
     finally:
         if not finished:
             self._post(lambda: self._abort_stream(stream))
+
+# %% ../nbs/14_async_engine.ipynb #fs14c
+@patch
+def _add(
+    self: AsyncLLMEngine, engine, stream, prompt, params, arrival_time, lora_request, priority
+):
+    "(engine thread) Add the request of `stream` to the engine and route its outputs to `stream`."
+    if stream.request_id in self._streams:
+        raise ValueError(f"request_id {stream.request_id!r} is already in use.")
+    engine.add_request(
+        stream.request_id,
+        prompt,
+        params,
+        arrival_time=arrival_time,
+        lora_request=lora_request,
+        priority=priority,
+    )
+    self._streams[stream.request_id] = stream
 
 
 @patch
@@ -448,7 +489,7 @@ def tokenizer(self: AsyncLLMEngine):
     "The tokenizer (a property, for code that reads it without awaiting)."
     return self.engine.get_tokenizer()
 
-
+# %% ../nbs/14_async_engine.ipynb #fs14b
 @patch
 async def get_stats(self: AsyncLLMEngine) -> Stats:
     "The engine's `Stats`, read in the engine thread."

@@ -26,7 +26,8 @@ from .llm_engine import LLMEngine
 from .sampler import BeamSearchParams, BeamSearchOutput, beam_search
 
 # %% auto #0
-__all__ = ['load_chat_template', 'LLM', 'resolve_content_format', 'convert_content_parts', 'Metric']
+__all__ = ['load_chat_template', 'LLM', 'EngineDeadError', 'engine_failure', 'resolve_content_format', 'convert_content_parts',
+           'Metric']
 
 # %% ../nbs/13_llm.ipynb #44cd7931
 def load_chat_template(chat_template: str | None) -> str | None:
@@ -153,9 +154,11 @@ def list_loras(self: LLM) -> set[int]:
 # %% ../nbs/13_llm.ipynb #a4424d3d
 @patch
 def _run_engine(self: LLM, use_tqdm: bool = True, wanted: int | None = None) -> None:
-    "Step until the engine is idle, keeping every finished output; a progress bar with input/output speeds."
+    """Step until the engine is idle, keeping every finished output; a progress bar with input/output
+    speeds. If a step raises, `_recover` ends every unfinished request before the error goes on."""
     from tqdm.auto import tqdm
 
+    self._check_alive()
     total = wanted if wanted is not None else self.llm_engine.get_num_unfinished_requests()
     bar = tqdm(total=total, desc="Processed prompts", dynamic_ncols=True, disable=not use_tqdm)
     t0, n_in, n_out = time.perf_counter(), 0, 0
@@ -175,6 +178,9 @@ def _run_engine(self: LLM, use_tqdm: bool = True, wanted: int | None = None) -> 
                     refresh=False,
                 )
                 bar.update(1)
+    except BaseException as e:
+        self._recover(e)
+        raise
     finally:
         bar.close()
 
@@ -183,6 +189,51 @@ def _run_engine(self: LLM, use_tqdm: bool = True, wanted: int | None = None) -> 
 def _collect(self: LLM, ids: list[str]) -> list[RequestOutput]:
     "Hand over (and forget) the finished outputs of `ids`, in that order."
     return [self._done.pop(i) for i in ids]
+
+# %% ../nbs/13_llm.ipynb #fs13b
+class EngineDeadError(RuntimeError):
+    "The engine can run no step any more (its loop stopped, or its workers are gone): build a new one."
+
+    def __init__(
+        self,
+        msg: str = "The engine loop is not running (it was shut down or it failed); see the logs.",
+    ):
+        super().__init__(msg)
+
+
+def engine_failure(engine: LLMEngine) -> str | None:
+    "Why `engine` can never step again (its tensor-parallel workers are shut down), or None."
+    st = getattr(getattr(engine.engine_core, "model_runner", None), "_state", None)
+    if st is not None and (getattr(st, "closed", False) or getattr(st, "failed", False)):
+        return "the tensor-parallel workers are shut down" + (
+            f":{st.error}" if getattr(st, "error", None) else "."
+        )
+    return None
+
+
+@patch
+def _recover(self: LLM, error: BaseException) -> None:
+    "After a failed step: abort every unfinished request (blocks freed), drop collected outputs."
+    eng = self.llm_engine
+    try:
+        eng.abort_request(list(eng.children), final_output=False)
+        eng.step()  # hands back what aborted requests left pending; runs no model (nothing is left)
+    except Exception:
+        pass
+    self._done.clear()
+    why = engine_failure(eng)
+    if why is not None:
+        self._dead_reason = f"{why} (the step failed with {error!r})"
+
+
+@patch
+def _check_alive(self: LLM) -> None:
+    "Raise `EngineDeadError` (and leave nothing running) if an earlier step killed the engine."
+    why = getattr(self, "_dead_reason", None)
+    if why is not None:
+        eng = self.llm_engine
+        eng.abort_request(list(eng.children), final_output=False)
+        raise EngineDeadError(f"The engine is dead: {why}. Build a new LLM.")
 
 # %% ../nbs/13_llm.ipynb #5c6cd57c
 @patch
