@@ -33,7 +33,8 @@ logger = logging.getLogger("minivllm")
 
 # %% ../nbs/14_async_engine.ipynb #69098ae5
 def merge_delta_outputs(a: RequestOutput, b: RequestOutput) -> RequestOutput:
-    "One DELTA `RequestOutput` with what `a` and then `b` (the next one of the same request) brought."
+    """One DELTA `RequestOutput` with what `a` and then `b` (the next one of the same request)
+    brought."""
     seqs = {c.index: c for c in a.outputs}
     for c in b.outputs:
         p = seqs.get(c.index)
@@ -76,7 +77,8 @@ AsyncEngineArgs = (
 
 
 class _Stream:
-    "The outputs of one request, on its caller's event loop; a consumer that falls behind gets them merged."
+    """The outputs of one request, on its caller's event loop; a consumer that falls behind gets
+    them merged."""
 
     def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop, delta: bool):
         self.request_id, self.loop, self.delta = request_id, loop, delta
@@ -97,7 +99,8 @@ class _Stream:
         self.ready.set()
 
     async def get(self) -> RequestOutput:
-        "The next output — all the pending ones merged into one — or raise the exception that ended the stream."
+        """The next output — all the pending ones merged into one — or raise the exception that
+        ended the stream."""
         while not self.items:
             self.ready.clear()
             await self.ready.wait()
@@ -141,8 +144,9 @@ class AsyncLLMEngine:
         stat_loggers=None,
         **kwargs,
     ) -> "AsyncLLMEngine":
-        """Build the engine (load the model, allocate the KV cache); its thread starts with the first request.
-        (`usage_context` is vLLM's telemetry label; vLLM v1's other options are refused by `LLMEngine.from_engine_args`.)"""
+        """Build the engine (load the model, allocate the KV cache); its thread starts with the
+        first request. (`usage_context` is vLLM's telemetry label; vLLM v1's other options are
+        refused by `LLMEngine.from_engine_args`.)"""
         return cls(
             LLMEngine.from_engine_args(engine_args, usage_context, stat_loggers, **kwargs),
             start_engine_loop,
@@ -210,7 +214,8 @@ def start_background_loop(self: AsyncLLMEngine):
 
 @patch
 def _loop(self: AsyncLLMEngine):
-    "(engine thread) Run the queued operations, step while there is work, sleep when there is none; end cleanly."
+    """(engine thread) Run the queued operations, step while there is work, sleep when there is
+    none; end cleanly."""
     try:
         while True:
             self._wake.clear()
@@ -256,7 +261,8 @@ def _step(self: AsyncLLMEngine):
 
 @patch
 def _fail_step(self: AsyncLLMEngine, error: Exception):
-    "(engine thread) End the requests of the failed step with `EngineGenerateError`; re-raise if fatal."
+    """(engine thread) End the requests of the failed step with `EngineGenerateError`; re-raise if
+    fatal."""
     eng = self.engine
     if engine_failure(eng) is not None:
         raise error
@@ -296,7 +302,8 @@ def _deliver(self: AsyncLLMEngine, outputs: list[RequestOutput]):
 
 @patch
 def _close(self: AsyncLLMEngine):
-    "In the engine thread, once it stops: abort every request (their blocks are freed), end every stream."
+    """In the engine thread, once it stops: abort every request (their blocks are freed), end every
+    stream."""
     self._stopping = True
     try:
         self.engine.abort_request(list(self.engine.children), final_output=False)
@@ -316,7 +323,8 @@ def _close(self: AsyncLLMEngine):
 # %% ../nbs/14_async_engine.ipynb #15a0a0e1
 @patch
 def _post(self: AsyncLLMEngine, fn: Callable, done: Callable | None = None):
-    "Queue `fn` for the engine thread (started on demand); `done(ok, result)` is called there with its outcome."
+    """Queue `fn` for the engine thread (started on demand); `done(ok, result)` is called there with
+    its outcome."""
     if self.errored:
         if done is not None:
             done(False, self.dead_error)
@@ -329,7 +337,8 @@ def _post(self: AsyncLLMEngine, fn: Callable, done: Callable | None = None):
 
 @patch
 async def run_in_engine(self: AsyncLLMEngine, fn: Callable[[LLMEngine], object]):
-    "Run `fn(engine)` in the engine thread, between two steps; return its result (or raise its exception)."
+    """Run `fn(engine)` in the engine thread, between two steps; return its result (or raise its
+    exception)."""
     loop = asyncio.get_running_loop()
     fut = loop.create_future()
 
@@ -362,7 +371,8 @@ async def generate(
     data_parallel_rank: int | None = None,
     arrival_time: float | None = None,
 ) -> AsyncIterator[RequestOutput]:
-    "Add a request and yield its `RequestOutput`s as the engine makes them; leaving early aborts it."
+    """Add a request and yield its `RequestOutput`s as the engine makes them; leaving early aborts
+    it."""
     if self.errored:
         raise self.dead_error
     if tokenization_kwargs:
@@ -427,7 +437,8 @@ def _abort_stream(self: AsyncLLMEngine, stream: _Stream):
 
 @patch
 async def abort(self: AsyncLLMEngine, request_id: str | Iterable[str]) -> None:
-    "Abort requests (unknown ids are ignored): their blocks are freed, their iterators end with `finish_reason='abort'`."
+    """Abort requests (unknown ids are ignored): their blocks are freed, their iterators end with
+    `finish_reason='abort'`."""
     ids = [request_id] if isinstance(request_id, str) else list(request_id)
     await self.run_in_engine(lambda e: e.abort_request(ids))
 
@@ -551,8 +562,9 @@ async def check_health(self: AsyncLLMEngine) -> None:
 # %% ../nbs/14_async_engine.ipynb #bbd8efbe
 @patch
 def shutdown(self: AsyncLLMEngine, timeout: float | None = 60) -> None:
-    """Stop the engine thread: every request is aborted and its blocks freed; open iterators raise `EngineDeadError`.
-    Then the engine releases its worker processes, if it has any (tensor parallelism)."""
+    """Stop the engine thread: every request is aborted and its blocks freed; open iterators raise
+    `EngineDeadError`. Then the engine releases its worker processes, if it has any (tensor
+    parallelism)."""
     self._stopping = True
     t = self._thread
     if t is None:  # never started: clean up here

@@ -53,7 +53,8 @@ class StreamOptions(BaseModel):
 
 
 class JsonSchemaFormat(BaseModel):
-    "OpenAI's `response_format.json_schema`: a named JSON schema (`strict` is accepted; the output always follows the schema)."
+    """OpenAI's `response_format.json_schema`: a named JSON schema (`strict` is accepted; the output
+    always follows the schema)."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
     name: str
@@ -70,14 +71,16 @@ class ResponseFormat(BaseModel):
     json_schema: Optional[JsonSchemaFormat] = None
 
 # %% ../nbs/15_server.ipynb #5eb52105
-# what the schema promises is what the server takes: no empty prompts, token ids that are integers (not `true`)
+# what the schema promises is what the server takes: no empty prompts, token ids that are integers
+# (not `true`)
 Text = Annotated[str, Field(min_length=1)]
 Bool = StrictBool  # `true` or `false`, never `0` or `"yes"` (which pydantic's lax mode would take)
 INT64 = dict(ge=-(2**63), le=2**63 - 1)  # a seed the sampler's generators can take
 
 
 def _token_id(v):
-    'A token id the way JSON Schema\'s `integer` means it: an int or an integral float (`3.0`), never `true` or `"3"`.'
+    """A token id the way JSON Schema's `integer` means it: an int or an integral float (`3.0`),
+    never `true` or `"3"`."""
     if (
         isinstance(v, bool)
         or not isinstance(v, (int, float))
@@ -94,7 +97,7 @@ OneText = Annotated[
 ]  # one prompt per request: a list of one
 OneTokenIds = Annotated[list[TokenIds], Field(min_length=1, max_length=1)]
 
-
+# %% ../nbs/15_server.ipynb #fs15r
 class _SamplingFields(BaseModel):
     "The fields both APIs share: OpenAI's sampling parameters and vLLM's extra ones."
 
@@ -120,7 +123,8 @@ class _SamplingFields(BaseModel):
     stop_token_ids: Optional[list[TokenId]] = None
     skip_special_tokens: Bool = True
     include_stop_str_in_output: Bool = False
-    # structured outputs: OpenAI's `response_format`, vLLM's `structured_outputs` (and its older `guided_*` fields)
+    # structured outputs: OpenAI's `response_format`, vLLM's `structured_outputs` (and its older
+    # `guided_*` fields)
     response_format: Optional[ResponseFormat] = None
     structured_outputs: Optional[dict[str, Any]] = None
     guided_json: Optional[Union[str, dict[str, Any]]] = None
@@ -140,7 +144,8 @@ class CompletionRequest(_SamplingFields):
 
 
 class ChatMessage(BaseModel):
-    "One message of a chat: a role and its content (extra keys, e.g. `name`, go to the chat template)."
+    """One message of a chat: a role and its content (extra keys, e.g. `name`, go to the chat
+    template)."""
 
     model_config = ConfigDict(extra="allow")
     role: Literal["system", "developer", "user", "assistant", "tool"]
@@ -148,7 +153,8 @@ class ChatMessage(BaseModel):
 
 
 class ChatCompletionRequest(_SamplingFields):
-    "The JSON body of `POST /v1/chat/completions`: the messages, rendered with the model's chat template."
+    """The JSON body of `POST /v1/chat/completions`: the messages, rendered with the model's chat
+    template."""
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: Optional[int] = Field(None, ge=1)
@@ -169,7 +175,8 @@ class ErrorInfo(BaseModel):
 
 
 class ErrorResponse(BaseModel):
-    'OpenAI\'s error JSON, `{"error": {...}}`: the body of every error answer (documented in the OpenAPI schema).'
+    """OpenAI's error JSON, `{"error": {...}}`: the body of every error answer (documented in the
+    OpenAPI schema)."""
 
     error: ErrorInfo
 
@@ -256,7 +263,8 @@ def to_sampling_params(
 
 # %% ../nbs/15_server.ipynb #9bb2a6ba
 def structured_outputs_of(req: _SamplingFields) -> StructuredOutputsParams | None:
-    "The request's structured-outputs constraint (from `response_format`, `structured_outputs` or `guided_*`), checked; an `APIError` if invalid."
+    """The request's structured-outputs constraint (from `response_format`, `structured_outputs` or
+    `guided_*`), checked; an `APIError` if invalid."""
     rf, ways = req.response_format, {}
     if rf is not None and rf.type == "json_object":
         ways["response_format"] = dict(json_object=True)
@@ -314,6 +322,22 @@ class _VllmNames:
                 ]
                 yield fam
 
+
+def _vllm_names(m, g: dict) -> _VllmNames:
+    "The metrics of `m` (and its gauges `g`) that vLLM's dashboards read, under vLLM's names."
+    return _VllmNames(
+        [
+            (g["num_requests_running"], "vllm:num_requests_running", {}),
+            (g["num_requests_waiting"], "vllm:num_requests_waiting", {}),
+            (g["kv_cache_usage_perc"], "vllm:kv_cache_usage_perc", {}),
+            (m.requests, "vllm:request_success", {"finish_reason": "finished_reason"}),
+            (m.prompt_tokens, "vllm:prompt_tokens", {}),
+            (m.generation_tokens, "vllm:generation_tokens", {}),
+            (m.ttft, "vllm:time_to_first_token_seconds", {}),
+            (m.e2e, "vllm:e2e_request_latency_seconds", {}),
+        ]
+    )
+
 # %% ../nbs/15_server.ipynb #fs15c
 class Metrics:
     "Prometheus metrics of one server (its own registry, so several apps can live in one process)."
@@ -357,20 +381,7 @@ class Metrics:
         for name, (doc, fn) in gauges.items():
             g[name] = G(f"minivllm_{name}", doc, registry=r)
             g[name].set_function(fn)
-        r.register(
-            _VllmNames(
-                [
-                    (g["num_requests_running"], "vllm:num_requests_running", {}),
-                    (g["num_requests_waiting"], "vllm:num_requests_waiting", {}),
-                    (g["kv_cache_usage_perc"], "vllm:kv_cache_usage_perc", {}),
-                    (self.requests, "vllm:request_success", {"finish_reason": "finished_reason"}),
-                    (self.prompt_tokens, "vllm:prompt_tokens", {}),
-                    (self.generation_tokens, "vllm:generation_tokens", {}),
-                    (self.ttft, "vllm:time_to_first_token_seconds", {}),
-                    (self.e2e, "vllm:e2e_request_latency_seconds", {}),
-                ]
-            )
-        )
+        r.register(_vllm_names(self, g))
         if getattr(llm.engine_core, "spec_decoder", None) is not None:
             r.register(_SpecDecodeCollector(llm.engine_core.spec_decoder))
 
@@ -382,7 +393,8 @@ class Metrics:
 
 # %% ../nbs/15_server.ipynb #38b6a13e
 class _SpecDecodeCollector:
-    "vLLM's `vllm:spec_decode_*` counters, read from the engine's speculative decoder at each scrape."
+    """vLLM's `vllm:spec_decode_*` counters, read from the engine's speculative decoder at each
+    scrape."""
 
     def __init__(self, spec_decoder):
         self.sd = spec_decoder
@@ -465,7 +477,8 @@ def _error(app, e: APIError, headers: dict | None = None):
 
 
 def _validation_message(errs: list[dict]) -> tuple[str, str | None]:
-    "A one-line message (and the field) for pydantic's validation errors, phrased as OpenAI phrases them."
+    """A one-line message (and the field) for pydantic's validation errors, phrased as OpenAI
+    phrases them."""
     first = errs[0] if errs else {}
     if first.get("type") == "json_invalid":  # its `loc` is a character position, not a field
         return f"Malformed JSON body: {first.get('msg', '')}", None
@@ -490,7 +503,8 @@ def _validation_message(errs: list[dict]) -> tuple[str, str | None]:
 
 
 def _add_error_handlers(app):
-    "Every error as OpenAI's error JSON: ours, Starlette's (headers kept), pydantic's, a dead engine's."
+    """Every error as OpenAI's error JSON: ours, Starlette's (headers kept), pydantic's, a dead
+    engine's."""
     from fastapi.exceptions import RequestValidationError
     from starlette.exceptions import HTTPException
 
@@ -513,7 +527,8 @@ def _add_error_handlers(app):
 
 # %% ../nbs/15_server.ipynb #fs15d
 def _key_ok(header: str, api_key: str) -> bool:
-    "Whether an `Authorization` header carries `api_key` (scheme `Bearer` in any case; constant-time compare)."
+    """Whether an `Authorization` header carries `api_key` (scheme `Bearer` in any case;
+    constant-time compare)."""
     scheme, _, token = header.partition(" ")
     return scheme.lower() == "bearer" and secrets.compare_digest(
         token.strip().encode(), api_key.encode()
@@ -521,7 +536,8 @@ def _key_ok(header: str, api_key: str) -> bool:
 
 
 class _Guard:
-    "ASGI middleware: the API key on `/v1` paths, and the body size limit (413), before any route runs."
+    """ASGI middleware: the API key on `/v1` paths, and the body size limit (413), before any route
+    runs."""
 
     def __init__(self, asgi, owner, api_key: str | None, max_body_bytes: int | None):
         self.asgi, self.owner, self.api_key, self.limit = asgi, owner, api_key, max_body_bytes
@@ -566,13 +582,15 @@ class _Guard:
 
 # %% ../nbs/15_server.ipynb #fs15g
 def max_token_chars(tokenizer) -> int:
-    "The most characters one token of `tokenizer` stands for (a text longer than this × n has over n tokens)."
+    """The most characters one token of `tokenizer` stands for (a text longer than this × n has over
+    n tokens)."""
     toks = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
     return max([len(t) for t in toks if isinstance(t, str)] + [1])
 
 
 def init_prep(app, workers: int = 2, prep_timeout: float = 30.0):
-    "The app's preparation threads (each with its own tokenizer copy), its time limit and its character bound."
+    """The app's preparation threads (each with its own tokenizer copy), its time limit and its
+    character bound."""
     s = app.state
     s.prep_pool = ThreadPoolExecutor(workers, thread_name_prefix="minivllm-prep")
     s.prep_local, s.prep_timeout = threading.local(), prep_timeout
@@ -625,8 +643,9 @@ def tokens_of(app, text: str, param: str) -> TokensPrompt:
 
 # %% ../nbs/15_server.ipynb #fs15h
 async def compile_grammar(app, sp: SamplingParams, param: str = "structured_outputs"):
-    """Compile the request's grammar (if any) on the engine's grammar thread and wait for it here, so that the
-    request reaches the engine with its grammar ready and no step waits for it (a 400 past `prep_timeout`)."""
+    """Compile the request's grammar (if any) on the engine's grammar thread and wait for it
+    here, so that the request reaches the engine with its grammar ready and no step waits for it
+    (a 400 past `prep_timeout`)."""
     so = sp.structured_outputs
     if so is None:
         return
@@ -661,7 +680,8 @@ def base_app(
     api_key: str | None = None,
     max_body_bytes: int | None = DEFAULT_MAX_BODY_BYTES,
 ):
-    "A FastAPI app holding `engine` and its metrics, with OpenAI-style errors, the API key and the body limit."
+    """A FastAPI app holding `engine` and its metrics, with OpenAI-style errors, the API key and the
+    body limit."""
     from fastapi import FastAPI
 
     app = FastAPI(title="minivllm", responses=ERROR_RESPONSES, lifespan=_lifespan)
@@ -669,7 +689,9 @@ def base_app(
     s.engine, s.metrics, s.served_model_name = engine, Metrics(engine), served_model_name
     s.tokenizer = engine.engine.get_tokenizer()
     s.max_model_len = engine.engine.get_model_config().max_model_len
-    s.loras = {}  # LoRA adapters served, by name (`--lora-modules`, `/v1/load_lora_adapter`): `model=<name>` selects one
+    # LoRA adapters served, by name (`--lora-modules`, `/v1/load_lora_adapter`); `model=<name>`
+    # selects one
+    s.loras = {}
     s.on_engine_dead, s.engine_dead = None, False  # `cmd_serve` sets the first: stop the server
     init_prep(app)
     _add_error_handlers(app)
@@ -681,7 +703,8 @@ logger = logging.getLogger("minivllm")
 
 
 async def _watchdog(app, every: float = 0.2, grace: float = 1.0):
-    "Wait for the engine to fail (not a shutdown); then log why and, after `grace` s, call `on_engine_dead`."
+    """Wait for the engine to fail (not a shutdown); then log why and, after `grace` s, call
+    `on_engine_dead`."""
     s = app.state
     while not s.engine.failed:
         await asyncio.sleep(every)
@@ -727,7 +750,8 @@ def add_info_routes(app):
 
 
 def check_model(app, name: str | None):
-    "The `LoRARequest` of the adapter named `name`, None for the served model's name (or none given); else a 404."
+    """The `LoRARequest` of the adapter named `name`, None for the served model's name (or none
+    given); else a 404."""
     if name is None or name == app.state.served_model_name:
         return None
     if name in app.state.loras:
@@ -751,7 +775,8 @@ def apply_sampling_defaults(app, req) -> None:
 async def run_request(
     app, prompt, sp: SamplingParams, request_id: str, on_output, lora_request=None, param=None
 ):
-    "Drive one request (under `lora_request`, if given) through the app's engine, yielding what `on_output(RequestOutput)` yields; record its metrics."
+    """Drive one request (under `lora_request`, if given) through the app's engine, yielding what
+    `on_output(RequestOutput)` yields; record its metrics."""
     engine, metrics = app.state.engine, app.state.metrics
     t0, first, n_gen, last = time.monotonic(), None, 0, None
     try:
@@ -792,7 +817,8 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
 
 # %% ../nbs/15_server.ipynb #fs15i
 async def until_gone(request, aw, every: float = 0.2):
-    "Await `aw` as a task; `(True, result)`, or `(False, None)` (the task cancelled) if the client left first."
+    """Await `aw` as a task; `(True, result)`, or `(False, None)` (the task cancelled) if the client
+    left first."""
     task = asyncio.ensure_future(aw)
     try:
         while True:
@@ -868,8 +894,8 @@ class Accumulator:
 
 
 async def serve_choices(app, request, req, prompt, sp, rid, lora, views, objects, param):
-    """Run a completion or chat request: its chunks (objects[0]) streamed, or its JSON (objects[1]) at the end.
-    `views = (pieces, final)` shape the choices; `param` names the prompt in errors."""
+    """Run a completion or chat request: its chunks (objects[0]) streamed, or its JSON (objects[1])
+    at the end. `views = (pieces, final)` shape the choices; `param` names the prompt in errors."""
     s, acc, created, (pieces, final) = app.state, Accumulator(req.n), _now(), views
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
@@ -934,14 +960,15 @@ _STREAMED = {
             "application/json": {},
             "text/event-stream": {"schema": {"type": "string"}},
         },
-        "description": "The completion (JSON), or its chunks as server-sent events when `stream` is true",
+        "description": "The completion (JSON), or its chunks as server-sent events "
+        "when `stream` is true",
     }
 }
 
 
 def add_completions_route(app):
-    "`POST /v1/completions`: a prompt in, `n` completions out (streamed as SSE chunks, or in one JSON)."
-    s = app.state
+    """`POST /v1/completions`: a prompt in, `n` completions out (streamed as SSE chunks, or in one
+    JSON)."""
 
     @app.post("/v1/completions", responses=_STREAMED)
     async def completions(req: CompletionRequest, request: Request):
@@ -997,14 +1024,16 @@ def _embedding_inputs(inp) -> list:
 
 
 def _encode_vector(v, fmt: str):
-    "An embedding as OpenAI sends it: a list of floats, or the base64 of its little-endian float32 bytes."
+    """An embedding as OpenAI sends it: a list of floats, or the base64 of its little-endian float32
+    bytes."""
     if fmt == "float":
         return v.tolist()
     return base64.b64encode(v.float().numpy().astype("<f4").tobytes()).decode()
 
 # %% ../nbs/15_server.ipynb #p15c
 async def _embed_all(app, prompts, pp, rid) -> list:
-    "Run every input as a pooling request at once; a bad one cancels the others (their requests aborted)."
+    """Run every input as a pooling request at once; a bad one cancels the others (their requests
+    aborted)."""
 
     async def one(i, p):
         async for out in app.state.engine.encode(p, pp, f"{rid}-{i}"):
@@ -1023,7 +1052,8 @@ async def _embed_all(app, prompts, pp, rid) -> list:
 
 
 def add_embeddings_route(app):
-    "`POST /v1/embeddings`: one pooled (by default normalised) vector per input, in OpenAI's response shape."
+    """`POST /v1/embeddings`: one pooled (by default normalised) vector per input, in OpenAI's
+    response shape."""
     from fastapi.responses import Response
 
     s = app.state
@@ -1046,8 +1076,9 @@ def add_embeddings_route(app):
             return Response(status_code=499)  # the client left: nobody reads this
         n = sum(len(o.prompt_token_ids) for o in outs)
         s.metrics.prompt_tokens.inc(n)
+        fmt = req.encoding_format
         data = [
-            dict(object="embedding", index=i, embedding=_encode_vector(o.outputs.data, req.encoding_format))
+            dict(object="embedding", index=i, embedding=_encode_vector(o.outputs.data, fmt))
             for i, o in enumerate(outs)
         ]  # fmt: skip
         head = dict(id=rid, object="list", created=_now(), model=s.served_model_name)
@@ -1059,7 +1090,8 @@ def add_embeddings_route(app):
 def _chat_prompt(
     tokenizer, req: ChatCompletionRequest, default_template: str | None = None, fmt: str = "auto"
 ) -> TokensPrompt:
-    "The chat's messages rendered with the (request's, server's or model's) chat template, as token ids."
+    """The chat's messages rendered with the (request's, server's or model's) chat template, as
+    token ids."""
     from minivllm.llm import convert_content_parts, resolve_content_format
 
     template = req.chat_template or default_template
@@ -1091,7 +1123,8 @@ def _content_chars(messages: list[ChatMessage]) -> int:
 
 
 def _chat_views(app, req: ChatCompletionRequest, top: int):
-    "How a chat completion's choices look: streamed (a role delta first, then content deltas) and final."
+    """How a chat completion's choices look: streamed (a role delta first, then content deltas) and
+    final."""
     tok, started = app.state.tokenizer, set()
 
     def lps(toks, lp):
@@ -1117,7 +1150,8 @@ def _chat_views(app, req: ChatCompletionRequest, top: int):
 
 # %% ../nbs/15_server.ipynb #fs15l
 def add_chat_route(app):
-    "`POST /v1/chat/completions`: messages in, `n` assistant messages out (streamed as deltas, or in one JSON)."
+    """`POST /v1/chat/completions`: messages in, `n` assistant messages out (streamed as deltas, or
+    in one JSON)."""
     s = app.state
 
     @app.post("/v1/chat/completions", responses=_STREAMED)
@@ -1161,7 +1195,8 @@ class LoadLoRAAdapterRequest(BaseModel):
 
 
 async def add_lora_adapter(app, name: str, path: str):
-    "Load an adapter (in the engine's thread) and serve it under `name`; a clear 400 if LoRA is off, the name taken or the adapter bad."
+    """Load an adapter (in the engine's thread) and serve it under `name`; a clear 400 if LoRA is
+    off, the name taken or the adapter bad."""
     s = app.state
     if name in s.loras or name == s.served_model_name:
         raise APIError(f"The lora adapter '{name}' has already been loaded.", param="lora_name")
@@ -1173,9 +1208,10 @@ async def add_lora_adapter(app, name: str, path: str):
     s.loras[name] = lr
     return lr
 
-
+# %% ../nbs/15_server.ipynb #fs15s
 def add_lora_routes(app):
-    "vLLM's `POST /v1/load_lora_adapter` and `POST /v1/unload_lora_adapter` (bodies `{lora_name, lora_path}`)."
+    """vLLM's `POST /v1/load_lora_adapter` and `POST /v1/unload_lora_adapter` (bodies `{lora_name,
+    lora_path}`)."""
     from fastapi.responses import PlainTextResponse
 
     s = app.state
@@ -1222,7 +1258,8 @@ def build_app(
     max_body_bytes: int | None = DEFAULT_MAX_BODY_BYTES,
     prep_timeout: float = 30.0,
 ):
-    "A FastAPI app serving `engine` (an `AsyncLLMEngine`) with OpenAI's API: the base app and its routes."
+    """A FastAPI app serving `engine` (an `AsyncLLMEngine`) with OpenAI's API: the base app and its
+    routes."""
     from minivllm.llm import load_chat_template
 
     app = base_app(engine, served_model_name, api_key, max_body_bytes)
@@ -1321,7 +1358,7 @@ def cmd_serve(ns) -> int:
     engine = AsyncLLMEngine.from_engine_args(ea)
     runner = getattr(engine.engine.engine_core, "model_runner", None)
     if hasattr(runner, "prepare_attention"):
-        runner.prepare_attention()  # the CPU's attention kernel, compiled before serving (lesson 05)
+        runner.prepare_attention()  # the CPU's attention kernel, compiled now (lesson 05)
     app = build_app(
         engine,
         served_model_name=name,
