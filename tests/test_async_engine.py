@@ -207,8 +207,8 @@ def test_api_and_output_kinds(llm_engine):
 
 
 def test_step_failure_fails_its_requests_alone(llm_engine, monkeypatch):
-    "An exception inside step() ends the requests that step ran with EngineGenerateError (their blocks freed);
-    a request that was not in it, and later ones, run on: the engine is not dead."
+    """An exception inside step() ends the requests that step ran with EngineGenerateError (their blocks freed);
+    a request that was not in it, and later ones, run on: the engine is not dead."""
     from minivllm.async_engine import EngineGenerateError
     engine = AsyncLLMEngine(llm_engine)
     calls, step = [0], llm_engine.step
@@ -241,8 +241,8 @@ def test_step_failure_fails_its_requests_alone(llm_engine, monkeypatch):
 
 
 def test_fatal_step_failure_is_engine_dead_error(llm_engine, monkeypatch):
-    "A step failure the engine cannot survive (its workers gone) ends every open stream with EngineDeadError (no
-    hang); the blocks are freed, and the engine reports itself failed."
+    """A step failure the engine cannot survive (its workers gone) ends every open stream with EngineDeadError
+    (no hang); the blocks are freed, and the engine reports itself failed."""
     import minivllm.async_engine as ae
     engine = AsyncLLMEngine(llm_engine)
     calls, step = [0], llm_engine.step
