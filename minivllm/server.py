@@ -501,7 +501,7 @@ def _validation_message(errs: list[dict]) -> tuple[str, str | None]:
         )
     return msg, loc or None
 
-
+# %% ../nbs/15_server.ipynb #fs15t
 def _add_error_handlers(app):
     """Every error as OpenAI's error JSON: ours, Starlette's (headers kept), pydantic's, a dead
     engine's."""
@@ -524,6 +524,10 @@ def _add_error_handlers(app):
     @app.exception_handler(EngineDeadError)
     async def _dead(request, e: EngineDeadError):
         return _error(app, APIError(str(e), 503, type_="EngineDeadError"))
+
+    @app.exception_handler(Exception)  # a bug: still JSON, never a plain-text 500
+    async def _internal(request, e: Exception):
+        return _error(app, APIError(f"Internal error: {e!r}", 500))
 
 # %% ../nbs/15_server.ipynb #fs15d
 def _key_ok(header: str, api_key: str) -> bool:
@@ -954,11 +958,15 @@ def _completion_views(app, req: CompletionRequest):
     return pieces, final
 
 # %% ../nbs/15_server.ipynb #fs15k
+_SSE_EVENT = {  # one server-sent event (before OpenAPI 3.2, `schema` describes each event)
+    "type": "object",
+    "properties": {"data": {"type": "string"}, "event": {"type": "string"}},
+}
 _STREAMED = {
     200: {
         "content": {
             "application/json": {},
-            "text/event-stream": {"schema": {"type": "string"}},
+            "text/event-stream": {"schema": _SSE_EVENT},
         },
         "description": "The completion (JSON), or its chunks as server-sent events "
         "when `stream` is true",

@@ -11,7 +11,8 @@ pytestmark = pytest.mark.xdist_group("server_fuzz")
 # JSON schema can say that a grammar must parse, that a token id must be below the vocabulary size or that a
 # `logit_bias` key must be a token id — such requests get a 400 that names the field, which the schema documents.
 # `--max-response-time` is generous: a request may generate up to the 128-token context on a loaded 2-core CPU; the
-# server's latency is not what this test checks.
+# server's latency is not what this test checks. One worker: schemathesis' generation in two threads at once hits a
+# CPython 3.11 bug in `ast.parse` ("AST constructor recursion depth mismatch"), a crash of the fuzzer, not the server.
 CHECKS = ["--checks", "all", "--exclude-checks", "positive_data_acceptance", "--max-response-time", "120"]
 
 
@@ -42,7 +43,7 @@ def test_published_schema(tiny_server):
 @pytest.mark.skipif(shutil.which("st") is None, reason="schemathesis is not installed")
 def test_schemathesis_fuzz(tiny_server, tmp_path):
     r = subprocess.run(["st", "run", tiny_server + "/openapi.json", *CHECKS, "--continue-on-failure", "--phases", "examples,coverage,fuzzing",
-                        "-n", "40", "--seed", "16", "--workers", "2", "--request-timeout", "120"],
+                        "-n", "40", "--seed", "16", "--workers", "1", "--request-timeout", "120"],
                        capture_output=True, text=True, cwd=tmp_path, timeout=900)
     assert r.returncode == 0, r.stdout[-6000:]
     assert "failures" not in r.stdout.split("SUMMARY")[-1].lower() or " 0 failures" in r.stdout
