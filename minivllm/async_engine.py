@@ -22,17 +22,19 @@ from minivllm.config import (
 from .config import PoolingParams, PoolingRequestOutput
 from fastcore.basics import patch
 from .llm_engine import LLMEngine
+from .llm import EngineDeadError, engine_failure
 from .metrics import Stats
 
 # %% auto #0
-__all__ = ['logger', 'AsyncEngineArgs', 'AsyncLLM', 'merge_delta_outputs', 'EngineDeadError', 'AsyncLLMEngine']
+__all__ = ['logger', 'AsyncEngineArgs', 'AsyncLLM', 'merge_delta_outputs', 'EngineGenerateError', 'AsyncLLMEngine']
 
 # %% ../nbs/14_async_engine.ipynb #2f16174f
 logger = logging.getLogger("minivllm")
 
 # %% ../nbs/14_async_engine.ipynb #69098ae5
 def merge_delta_outputs(a: RequestOutput, b: RequestOutput) -> RequestOutput:
-    "One DELTA `RequestOutput` with what `a` and then `b` (the next one of the same request) brought."
+    """One DELTA `RequestOutput` with what `a` and then `b` (the next one of the same request)
+    brought."""
     seqs = {c.index: c for c in a.outputs}
     for c in b.outputs:
         p = seqs.get(c.index)
@@ -65,14 +67,8 @@ def merge_delta_outputs(a: RequestOutput, b: RequestOutput) -> RequestOutput:
     )
 
 # %% ../nbs/14_async_engine.ipynb #43587079
-class EngineDeadError(RuntimeError):
-    "The engine loop has stopped (shut down, or failed): no request can run."
-
-    def __init__(
-        self,
-        msg: str = "The engine loop is not running (it was shut down or it failed); see the logs.",
-    ):
-        super().__init__(msg)
+class EngineGenerateError(RuntimeError):
+    "One request failed inside an engine step (the error is its `__cause__`); the engine goes on."
 
 
 AsyncEngineArgs = (
@@ -81,7 +77,8 @@ AsyncEngineArgs = (
 
 
 class _Stream:
-    "The outputs of one request, on its caller's event loop; a consumer that falls behind gets them merged."
+    """The outputs of one request, on its caller's event loop; a consumer that falls behind gets
+    them merged."""
 
     def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop, delta: bool):
         self.request_id, self.loop, self.delta = request_id, loop, delta
@@ -102,7 +99,8 @@ class _Stream:
         self.ready.set()
 
     async def get(self) -> RequestOutput:
-        "The next output — all the pending ones merged into one — or raise the exception that ended the stream."
+        """The next output — all the pending ones merged into one — or raise the exception that
+        ended the stream."""
         while not self.items:
             self.ready.clear()
             await self.ready.wait()
@@ -146,8 +144,9 @@ class AsyncLLMEngine:
         stat_loggers=None,
         **kwargs,
     ) -> "AsyncLLMEngine":
-        """Build the engine (load the model, allocate the KV cache); its thread starts with the first request.
-        (`usage_context` is vLLM's telemetry label; vLLM v1's other options are refused by `LLMEngine.from_engine_args`.)"""
+        """Build the engine (load the model, allocate the KV cache); its thread starts with the
+        first request. (`usage_context` is vLLM's telemetry label; vLLM v1's other options are
+        refused by `LLMEngine.from_engine_args`.)"""
         return cls(
             LLMEngine.from_engine_args(engine_args, usage_context, stat_loggers, **kwargs),
             start_engine_loop,
@@ -186,6 +185,12 @@ def errored(self: AsyncLLMEngine) -> bool:
 
 
 @patch(as_prop=True)
+def failed(self: AsyncLLMEngine) -> bool:
+    "Whether the engine loop failed (not merely shut down): the engine is dead."
+    return self._dead is not None
+
+
+@patch(as_prop=True)
 def dead_error(self: AsyncLLMEngine) -> BaseException:
     "The `EngineDeadError` to raise now (naming the failure, if the loop failed)."
     return (
@@ -209,7 +214,8 @@ def start_background_loop(self: AsyncLLMEngine):
 
 @patch
 def _loop(self: AsyncLLMEngine):
-    "(engine thread) Run the queued operations, step while there is work, sleep when there is none; end cleanly."
+    """(engine thread) Run the queued operations, step while there is work, sleep when there is
+    none; end cleanly."""
     try:
         while True:
             self._wake.clear()
@@ -217,10 +223,7 @@ def _loop(self: AsyncLLMEngine):
             if self._stopping:
                 break
             if self.engine.has_unfinished_requests():
-                t0 = time.perf_counter()
-                outs = self.engine.step()
-                self.step_times.append((t0, time.perf_counter(), len(outs)))
-                self._deliver(outs)
+                self._step()
             elif not self._ops:
                 self._wake.wait()
     except BaseException as e:
@@ -242,6 +245,45 @@ def _run_ops(self: AsyncLLMEngine):
         if done is not None:
             done(ok, res)
 
+# %% ../nbs/14_async_engine.ipynb #fs14a
+@patch
+def _step(self: AsyncLLMEngine):
+    "(engine thread) One step, its outputs delivered; a step that raises goes to `_fail_step`."
+    t0 = time.perf_counter()
+    try:
+        outs = self.engine.step()
+    except Exception as e:
+        self._fail_step(e)
+        return
+    self.step_times.append((t0, time.perf_counter(), len(outs)))
+    self._deliver(outs)
+
+
+@patch
+def _fail_step(self: AsyncLLMEngine, error: Exception):
+    """(engine thread) End the requests of the failed step with `EngineGenerateError`; re-raise if
+    fatal."""
+    eng = self.engine
+    if engine_failure(eng) is not None:
+        raise error
+    running = {r.request_id for r in eng.scheduler.running}
+    known = eng.scheduler.requests
+    blamed = [
+        rid
+        for rid, kids in eng.children.items()
+        if any(k in running or k not in known for k in kids)
+    ]
+    if not blamed:
+        raise error
+    logger.error("AsyncLLMEngine: a step failed; ending requests %s", blamed, exc_info=error)
+    eng.abort_request(blamed, final_output=False)
+    for rid, s in list(self._streams.items()):
+        if rid in blamed or rid not in eng.children:  # (an aborted one's final output was lost)
+            err = EngineGenerateError(f"Request {rid} failed in an engine step: {error!r}")
+            err.__cause__ = error
+            del self._streams[rid]
+            s.put_threadsafe([err])
+
 # %% ../nbs/14_async_engine.ipynb #3312e8f2
 @patch
 def _deliver(self: AsyncLLMEngine, outputs: list[RequestOutput]):
@@ -260,17 +302,14 @@ def _deliver(self: AsyncLLMEngine, outputs: list[RequestOutput]):
 
 @patch
 def _close(self: AsyncLLMEngine):
-    "In the engine thread, once it stops: abort every request (their blocks are freed), end every stream."
+    """In the engine thread, once it stops: abort every request (their blocks are freed), end every
+    stream."""
     self._stopping = True
     try:
         self.engine.abort_request(list(self.engine.children), final_output=False)
     except Exception:
         logger.exception("AsyncLLMEngine: aborting requests at shutdown failed")
-    err = (
-        EngineDeadError()
-        if self._dead is None
-        else EngineDeadError(f"The engine loop failed: {self._dead!r}")
-    )
+    err = self.dead_error
     if self._dead is not None:
         err.__cause__ = self._dead
     for s in self._streams.values():
@@ -284,7 +323,8 @@ def _close(self: AsyncLLMEngine):
 # %% ../nbs/14_async_engine.ipynb #15a0a0e1
 @patch
 def _post(self: AsyncLLMEngine, fn: Callable, done: Callable | None = None):
-    "Queue `fn` for the engine thread (started on demand); `done(ok, result)` is called there with its outcome."
+    """Queue `fn` for the engine thread (started on demand); `done(ok, result)` is called there with
+    its outcome."""
     if self.errored:
         if done is not None:
             done(False, self.dead_error)
@@ -297,7 +337,8 @@ def _post(self: AsyncLLMEngine, fn: Callable, done: Callable | None = None):
 
 @patch
 async def run_in_engine(self: AsyncLLMEngine, fn: Callable[[LLMEngine], object]):
-    "Run `fn(engine)` in the engine thread, between two steps; return its result (or raise its exception)."
+    """Run `fn(engine)` in the engine thread, between two steps; return its result (or raise its
+    exception)."""
     loop = asyncio.get_running_loop()
     fut = loop.create_future()
 
@@ -330,7 +371,8 @@ async def generate(
     data_parallel_rank: int | None = None,
     arrival_time: float | None = None,
 ) -> AsyncIterator[RequestOutput]:
-    "Add a request and yield its `RequestOutput`s as the engine makes them; leaving early aborts it."
+    """Add a request and yield its `RequestOutput`s as the engine makes them; leaving early aborts
+    it."""
     if self.errored:
         raise self.dead_error
     if tokenization_kwargs:
@@ -351,22 +393,13 @@ async def generate(
     )
     stream = _Stream(request_id, asyncio.get_running_loop(), delta)
 
-    def add(engine: LLMEngine):
-        if request_id in self._streams:
-            raise ValueError(f"request_id {request_id!r} is already in use.")
-        engine.add_request(
-            request_id,
-            prompt,
-            sampling_params,
-            arrival_time=arrival_time,
-            lora_request=lora_request,
-            priority=priority,
-        )
-        self._streams[request_id] = stream
-
     finished = False
     try:
-        await self.run_in_engine(add)  # bad input raises here, for this request only
+        await self.run_in_engine(  # bad input raises here, for this request only
+            lambda e: self._add(
+                e, stream, prompt, sampling_params, arrival_time, lora_request, priority
+            )
+        )
         while not finished:
             out = await stream.get()
             finished = out.finished
@@ -374,6 +407,24 @@ async def generate(
     finally:
         if not finished:
             self._post(lambda: self._abort_stream(stream))
+
+# %% ../nbs/14_async_engine.ipynb #fs14c
+@patch
+def _add(
+    self: AsyncLLMEngine, engine, stream, prompt, params, arrival_time, lora_request, priority
+):
+    "(engine thread) Add the request of `stream` to the engine and route its outputs to `stream`."
+    if stream.request_id in self._streams:
+        raise ValueError(f"request_id {stream.request_id!r} is already in use.")
+    engine.add_request(
+        stream.request_id,
+        prompt,
+        params,
+        arrival_time=arrival_time,
+        lora_request=lora_request,
+        priority=priority,
+    )
+    self._streams[stream.request_id] = stream
 
 
 @patch
@@ -386,7 +437,8 @@ def _abort_stream(self: AsyncLLMEngine, stream: _Stream):
 
 @patch
 async def abort(self: AsyncLLMEngine, request_id: str | Iterable[str]) -> None:
-    "Abort requests (unknown ids are ignored): their blocks are freed, their iterators end with `finish_reason='abort'`."
+    """Abort requests (unknown ids are ignored): their blocks are freed, their iterators end with
+    `finish_reason='abort'`."""
     ids = [request_id] if isinstance(request_id, str) else list(request_id)
     await self.run_in_engine(lambda e: e.abort_request(ids))
 
@@ -448,7 +500,7 @@ def tokenizer(self: AsyncLLMEngine):
     "The tokenizer (a property, for code that reads it without awaiting)."
     return self.engine.get_tokenizer()
 
-
+# %% ../nbs/14_async_engine.ipynb #fs14b
 @patch
 async def get_stats(self: AsyncLLMEngine) -> Stats:
     "The engine's `Stats`, read in the engine thread."
@@ -510,8 +562,9 @@ async def check_health(self: AsyncLLMEngine) -> None:
 # %% ../nbs/14_async_engine.ipynb #bbd8efbe
 @patch
 def shutdown(self: AsyncLLMEngine, timeout: float | None = 60) -> None:
-    """Stop the engine thread: every request is aborted and its blocks freed; open iterators raise `EngineDeadError`.
-    Then the engine releases its worker processes, if it has any (tensor parallelism)."""
+    """Stop the engine thread: every request is aborted and its blocks freed; open iterators raise
+    `EngineDeadError`. Then the engine releases its worker processes, if it has any (tensor
+    parallelism)."""
     self._stopping = True
     t = self._thread
     if t is None:  # never started: clean up here

@@ -26,11 +26,13 @@ from .llm_engine import LLMEngine
 from .sampler import BeamSearchParams, BeamSearchOutput, beam_search
 
 # %% auto #0
-__all__ = ['load_chat_template', 'LLM', 'resolve_content_format', 'convert_content_parts', 'Metric']
+__all__ = ['load_chat_template', 'LLM', 'EngineDeadError', 'engine_failure', 'resolve_content_format', 'convert_content_parts',
+           'Metric']
 
 # %% ../nbs/13_llm.ipynb #44cd7931
 def load_chat_template(chat_template: str | None) -> str | None:
-    "A chat template given inline, or the text of the file it names (vLLM's `--chat-template` takes both)."
+    """A chat template given inline, or the text of the file it names (vLLM's `--chat-template`
+    takes both)."""
     if chat_template is None:
         return None
     try:
@@ -60,7 +62,8 @@ class LLM:
 
     @classmethod
     def from_engine_args(cls, engine_args: EngineArgs, chat_template: str | None = None) -> "LLM":
-        "An `LLM` over the engine of `engine_args` (an `EngineArgs` built beforehand, e.g. from the command line)."
+        """An `LLM` over the engine of `engine_args` (an `EngineArgs` built beforehand, e.g. from
+        the command line)."""
         self = cls.__new__(cls)
         self._setup(LLMEngine.from_engine_args(engine_args), chat_template)
         return self
@@ -70,14 +73,16 @@ class LLM:
         return self.llm_engine.get_tokenizer()
 
     def get_default_sampling_params(self) -> SamplingParams:
-        "The `SamplingParams` used when a call gives none: vLLM's defaults, with the model's generation config on top."
+        """The `SamplingParams` used when a call gives none: vLLM's defaults, with the model's
+        generation config on top."""
         diff = self.llm_engine.get_model_config().get_diff_sampling_param()
         return SamplingParams(**diff) if diff else SamplingParams()
 
 # %% ../nbs/13_llm.ipynb #f94634e4
 @patch
 def _params_list(self: LLM, n: int, sampling_params) -> list[SamplingParams]:
-    "One `SamplingParams` per prompt: the default, the one given for all, or the list given (of the right length)."
+    """One `SamplingParams` per prompt: the default, the one given for all, or the list given (of
+    the right length)."""
     if sampling_params is None:
         sampling_params = self.get_default_sampling_params()
     params = (
@@ -96,7 +101,8 @@ def _params_list(self: LLM, n: int, sampling_params) -> list[SamplingParams]:
 def _add_requests(
     self: LLM, prompts, sampling_params, priority, lora_request, final_only: bool
 ) -> list[str]:
-    "Add every prompt (with its `lora_request`: one for all, or one per prompt); if one is bad, take back the ones added and raise."
+    """Add every prompt (with its `lora_request`: one for all, or one per prompt); if one is bad,
+    take back the ones added and raise."""
     if isinstance(prompts, (str, dict)):
         prompts = [prompts]
     prompts = list(prompts)
@@ -153,9 +159,12 @@ def list_loras(self: LLM) -> set[int]:
 # %% ../nbs/13_llm.ipynb #a4424d3d
 @patch
 def _run_engine(self: LLM, use_tqdm: bool = True, wanted: int | None = None) -> None:
-    "Step until the engine is idle, keeping every finished output; a progress bar with input/output speeds."
+    """Step until the engine is idle, keeping every finished output; a progress bar with input and
+    output speeds. If a step raises, `_recover` ends every unfinished request before the error goes
+    on."""
     from tqdm.auto import tqdm
 
+    self._check_alive()
     total = wanted if wanted is not None else self.llm_engine.get_num_unfinished_requests()
     bar = tqdm(total=total, desc="Processed prompts", dynamic_ncols=True, disable=not use_tqdm)
     t0, n_in, n_out = time.perf_counter(), 0, 0
@@ -175,6 +184,9 @@ def _run_engine(self: LLM, use_tqdm: bool = True, wanted: int | None = None) -> 
                     refresh=False,
                 )
                 bar.update(1)
+    except BaseException as e:
+        self._recover(e)
+        raise
     finally:
         bar.close()
 
@@ -183,6 +195,52 @@ def _run_engine(self: LLM, use_tqdm: bool = True, wanted: int | None = None) -> 
 def _collect(self: LLM, ids: list[str]) -> list[RequestOutput]:
     "Hand over (and forget) the finished outputs of `ids`, in that order."
     return [self._done.pop(i) for i in ids]
+
+# %% ../nbs/13_llm.ipynb #fs13b
+class EngineDeadError(RuntimeError):
+    """The engine can run no step any more (its loop stopped, or its workers are gone): build a new
+    one."""
+
+    def __init__(
+        self,
+        msg: str = "The engine loop is not running (it was shut down or it failed); see the logs.",
+    ):
+        super().__init__(msg)
+
+
+def engine_failure(engine: LLMEngine) -> str | None:
+    "Why `engine` can never step again (its tensor-parallel workers are shut down), or None."
+    st = getattr(getattr(engine.engine_core, "model_runner", None), "_state", None)
+    if st is not None and (getattr(st, "closed", False) or getattr(st, "failed", False)):
+        return "the tensor-parallel workers are shut down" + (
+            f":{st.error}" if getattr(st, "error", None) else "."
+        )
+    return None
+
+
+@patch
+def _recover(self: LLM, error: BaseException) -> None:
+    "After a failed step: abort every unfinished request (blocks freed), drop collected outputs."
+    eng = self.llm_engine
+    try:
+        eng.abort_request(list(eng.children), final_output=False)
+        eng.step()  # hands back what aborted requests left pending; runs no model (nothing is left)
+    except Exception:
+        pass
+    self._done.clear()
+    why = engine_failure(eng)
+    if why is not None:
+        self._dead_reason = f"{why} (the step failed with {error!r})"
+
+
+@patch
+def _check_alive(self: LLM) -> None:
+    "Raise `EngineDeadError` (and leave nothing running) if an earlier step killed the engine."
+    why = getattr(self, "_dead_reason", None)
+    if why is not None:
+        eng = self.llm_engine
+        eng.abort_request(list(eng.children), final_output=False)
+        raise EngineDeadError(f"The engine is dead: {why}. Build a new LLM.")
 
 # %% ../nbs/13_llm.ipynb #5c6cd57c
 @patch
@@ -194,7 +252,8 @@ def generate(
     lora_request=None,
     priority: list[int] | None = None,
 ) -> list[RequestOutput]:
-    "Generate completions for `prompts` (one `SamplingParams` for all, or one each); outputs in prompt order."
+    """Generate completions for `prompts` (one `SamplingParams` for all, or one each); outputs in
+    prompt order."""
     ids = self._add_requests(prompts, sampling_params, priority, lora_request, final_only=True)
     self._run_engine(use_tqdm, wanted=self.llm_engine.get_num_unfinished_requests())
     return self._collect(ids)
@@ -209,7 +268,8 @@ def enqueue(
     priority: list[int] | None = None,
     use_tqdm: bool = False,
 ) -> list[str]:
-    "Add prompts to the engine without running it; returns their request ids. `wait_for_completion` runs them."
+    """Add prompts to the engine without running it; returns their request ids.
+    `wait_for_completion` runs them."""
     return self._add_requests(prompts, sampling_params, priority, lora_request, final_only=True)
 
 
@@ -217,16 +277,19 @@ def enqueue(
 def wait_for_completion(
     self: LLM, *args, use_tqdm: bool = True, output_type: type | None = None
 ) -> list[RequestOutput]:
-    "Run the engine until every enqueued request is done; their outputs, in the order they were enqueued."
+    """Run the engine until every enqueued request is done; their outputs, in the order they were
+    enqueued."""
     if len(args) == 1 and isinstance(args[0], type):
         output_type, args = args[0], ()  # vLLM's positional output_type
     if args:
         raise TypeError(
-            f"wait_for_completion takes use_tqdm and output_type by keyword, got positional {args!r}"
+            "wait_for_completion takes use_tqdm and output_type by keyword, "
+            f"got positional {args!r}"
         )
     if output_type not in (None, RequestOutput):
         raise NotImplementedError(
-            f"wait_for_completion(output_type={output_type.__name__}): enqueued requests give RequestOutputs."
+            f"wait_for_completion(output_type={output_type.__name__}): "
+            "enqueued requests give RequestOutputs."
         )
     self._run_engine(use_tqdm)
     return self._collect(
@@ -235,8 +298,9 @@ def wait_for_completion(
 
 # %% ../nbs/13_llm.ipynb #f168e196
 def resolve_content_format(chat_template: str | None, fmt: str = "auto") -> str:
-    """vLLM's `chat_template_content_format`: "string" (content parts joined into one text) or "openai" (the list of
-    parts, for templates that loop over them); "auto" reads the template: a `for` over a message's content means "openai"."""
+    """vLLM's `chat_template_content_format`: "string" (content parts joined into one text) or
+    "openai" (the list of parts, for templates that loop over them); "auto" reads the template: a
+    `for` over a message's content means "openai"."""
     if fmt not in ("auto", "string", "openai"):
         raise ValueError(
             f"chat_template_content_format must be 'auto', 'string' or 'openai', got {fmt!r}"
@@ -251,7 +315,8 @@ def resolve_content_format(chat_template: str | None, fmt: str = "auto") -> str:
 
 
 def convert_content_parts(messages: list[dict], fmt: str) -> list[dict]:
-    "OpenAI content-part lists (`[{'type': 'text', 'text': ...}]`) as the template wants them: one string, or text parts."
+    """OpenAI content-part lists (`[{'type': 'text', 'text': ...}]`) as the template wants them: one
+    string, or text parts."""
     out = []
     for m in messages:
         c = m.get("content") if isinstance(m, dict) else None
@@ -291,8 +356,9 @@ def _chat_prompts(
     "One `TokensPrompt` (with its text) per conversation, rendered with the chat template."
     if add_generation_prompt and continue_final_message:
         raise ValueError(
-            "add_generation_prompt and continue_final_message cannot both be True: a continued message "
-            "must not be followed by a new assistant turn (pass add_generation_prompt=False)."
+            "add_generation_prompt and continue_final_message cannot both be True: "
+            "a continued message must not be followed by a new assistant turn "
+            "(pass add_generation_prompt=False)."
         )
     convs = [messages] if messages and isinstance(messages[0], dict) else list(messages)
     tok = self.get_tokenizer()
@@ -329,7 +395,8 @@ def chat(
     chat_template_kwargs: dict | None = None,
     tools: list[dict] | None = None,
 ) -> list[RequestOutput]:
-    "Generate replies to one conversation (a list of `{'role', 'content'}` messages) or to a list of them."
+    """Generate replies to one conversation (a list of `{'role', 'content'}` messages) or to a list
+    of them."""
     prompts = self._chat_prompts(
         messages,
         chat_template,
@@ -356,7 +423,8 @@ def enqueue_chat(
     tools=None,
     priority: list[int] | None = None,
 ) -> list[str]:
-    "`chat`'s conversations added without running them (like `enqueue`); `wait_for_completion` runs them."
+    """`chat`'s conversations added without running them (like `enqueue`); `wait_for_completion`
+    runs them."""
     prompts = self._chat_prompts(
         messages,
         chat_template,
@@ -387,7 +455,8 @@ def reset_prefix_cache(
 
 @dataclass
 class Metric:
-    "One metric of `LLM.get_metrics()` (vLLM's reader shape): its name, labels, kind ('counter' or 'gauge') and value."
+    """One metric of `LLM.get_metrics()` (vLLM's reader shape): its name, labels, kind ('counter' or
+    'gauge') and value."""
 
     name: str
     labels: dict
@@ -432,7 +501,8 @@ def _spec_metrics(s, c) -> list[Metric]:
 
 
 def _not_here(name: str, why: str):
-    "A method of vLLM's `LLM` that means nothing on minivllm's one process: a clear `NotImplementedError`."
+    """A method of vLLM's `LLM` that means nothing on minivllm's one process: a clear
+    `NotImplementedError`."""
 
     def method(self, *args, **kwargs):
         raise NotImplementedError(f"LLM.{name} is not implemented in minivllm: {why}.")
@@ -504,8 +574,9 @@ def beam_search(
     use_tqdm: bool = False,
     concurrency_limit: int | None = None,
 ) -> list[BeamSearchOutput]:
-    """vLLM's beam search: the best `params.beam_width` sequences of each prompt, best first. Each step runs every
-    live beam one token further through `generate` (`logprobs = 2 · beam_width`, `max_tokens=1`)."""
+    """vLLM's beam search: the best `params.beam_width` sequences of each prompt, best first. Each
+    step runs every live beam one token further through `generate` (`logprobs = 2 · beam_width`,
+    `max_tokens=1`)."""
     if lora_request is not None:
         raise NotImplementedError(
             "LoRA is not implemented in minivllm (lora_request must be None)."
@@ -559,7 +630,8 @@ def encode(
     pooling_task: str | None = None,
     tokenization_kwargs: dict | None = None,
 ) -> list[PoolingRequestOutput]:
-    "Pool each prompt's hidden states (the model's `pooler_config`: LAST by default, normalised); outputs in prompt order."
+    """Pool each prompt's hidden states (the model's `pooler_config`: LAST by default, normalised);
+    outputs in prompt order."""
     if tokenization_kwargs:
         raise NotImplementedError("tokenization_kwargs is not implemented in minivllm.")
     n = 1 if isinstance(prompts, (str, dict)) else len(prompts)
@@ -591,7 +663,8 @@ def embed(
     lora_request=None,
     tokenization_kwargs: dict | None = None,
 ) -> list[EmbeddingRequestOutput]:
-    'One embedding per prompt (`outputs.embedding`, a list of floats): `encode` with the task "embed".'
+    """One embedding per prompt (`outputs.embedding`, a list of floats): `encode` with the task
+    "embed"."""
     outs = self.encode(
         prompts,
         pooling_params,

@@ -6,11 +6,20 @@
 from __future__ import annotations
 import asyncio
 import base64
+import contextlib
+import copy
 import json
+import logging
+import re
+import secrets
+import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
+from http import HTTPStatus
 from typing import Annotated, Any, Literal, Optional, Union
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from starlette.requests import Request
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool
 from minivllm.config import (
     EngineArgs,
     SamplingParams,
@@ -21,31 +30,37 @@ from minivllm.config import (
 )
 from .config import StructuredOutputsParams
 from .structured_outputs import validate_structured_outputs
+from .llm import EngineDeadError
+from .async_engine import EngineGenerateError
 
 # %% auto #0
-__all__ = ['Text', 'TokenIds', 'OneText', 'OneTokenIds', 'ERROR_RESPONSES', 'StreamOptions', 'JsonSchemaFormat', 'ResponseFormat',
-           'CompletionRequest', 'ChatMessage', 'ChatCompletionRequest', 'ErrorInfo', 'ErrorResponse', 'APIError',
-           'to_sampling_params', 'structured_outputs_of', 'Metrics', 'completion_logprobs', 'chat_logprobs', 'base_app',
-           'add_info_routes', 'check_model', 'apply_sampling_defaults', 'run_request', 'usage', 'respond',
-           'add_completions_route', 'EmbeddingRequest', 'add_embeddings_route', 'add_chat_route',
-           'LoadLoRAAdapterRequest', 'add_lora_adapter', 'add_lora_routes', 'build_app', 'serve_parser', 'cmd_serve']
+__all__ = ['Text', 'Bool', 'INT64', 'TokenId', 'TokenIds', 'OneText', 'OneTokenIds', 'ERROR_RESPONSES', 'DEFAULT_MAX_BODY_BYTES',
+           'logger', 'StreamOptions', 'JsonSchemaFormat', 'ResponseFormat', 'CompletionRequest', 'ChatMessage',
+           'ChatCompletionRequest', 'ErrorInfo', 'ErrorResponse', 'APIError', 'to_sampling_params',
+           'structured_outputs_of', 'Metrics', 'completion_logprobs', 'chat_logprobs', 'max_token_chars', 'init_prep',
+           'thread_tokenizer', 'offload', 'check_prompt_chars', 'check_prompt_len', 'tokens_of', 'compile_grammar',
+           'base_app', 'add_info_routes', 'check_model', 'apply_sampling_defaults', 'run_request', 'usage',
+           'until_gone', 'respond', 'Accumulator', 'serve_choices', 'add_completions_route', 'EmbeddingRequest',
+           'add_embeddings_route', 'add_chat_route', 'LoadLoRAAdapterRequest', 'add_lora_adapter', 'add_lora_routes',
+           'build_app', 'serve_parser', 'cmd_serve']
 
 # %% ../nbs/15_server.ipynb #738e7691
 class StreamOptions(BaseModel):
     "OpenAI's `stream_options`: `include_usage` adds a last chunk with the token counts."
 
     model_config = ConfigDict(extra="forbid")
-    include_usage: bool = False
+    include_usage: StrictBool = False
 
 
 class JsonSchemaFormat(BaseModel):
-    "OpenAI's `response_format.json_schema`: a named JSON schema (`strict` is accepted; the output always follows the schema)."
+    """OpenAI's `response_format.json_schema`: a named JSON schema (`strict` is accepted; the output
+    always follows the schema)."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
     name: str
     description: Optional[str] = None
     schema_: Optional[dict[str, Any]] = Field(None, alias="schema")
-    strict: Optional[bool] = None
+    strict: Optional[StrictBool] = None
 
 
 class ResponseFormat(BaseModel):
@@ -56,12 +71,16 @@ class ResponseFormat(BaseModel):
     json_schema: Optional[JsonSchemaFormat] = None
 
 # %% ../nbs/15_server.ipynb #5eb52105
-# what the schema promises is what the server takes: no empty prompts, token ids that are integers (not `true`)
+# what the schema promises is what the server takes: no empty prompts, token ids that are integers
+# (not `true`)
 Text = Annotated[str, Field(min_length=1)]
+Bool = StrictBool  # `true` or `false`, never `0` or `"yes"` (which pydantic's lax mode would take)
+INT64 = dict(ge=-(2**63), le=2**63 - 1)  # a seed the sampler's generators can take
 
 
 def _token_id(v):
-    'A token id the way JSON Schema\'s `integer` means it: an int or an integral float (`3.0`), never `true` or `"3"`.'
+    """A token id the way JSON Schema's `integer` means it: an int or an integral float (`3.0`),
+    never `true` or `"3"`."""
     if (
         isinstance(v, bool)
         or not isinstance(v, (int, float))
@@ -71,15 +90,14 @@ def _token_id(v):
     return int(v)
 
 
-TokenIds = Annotated[
-    list[Annotated[int, Field(ge=0), BeforeValidator(_token_id)]], Field(min_length=1)
-]
+TokenId = Annotated[int, Field(ge=0), BeforeValidator(_token_id)]
+TokenIds = Annotated[list[TokenId], Field(min_length=1)]
 OneText = Annotated[
     list[Text], Field(min_length=1, max_length=1)
 ]  # one prompt per request: a list of one
 OneTokenIds = Annotated[list[TokenIds], Field(min_length=1, max_length=1)]
 
-
+# %% ../nbs/15_server.ipynb #fs15r
 class _SamplingFields(BaseModel):
     "The fields both APIs share: OpenAI's sampling parameters and vLLM's extra ones."
 
@@ -89,23 +107,24 @@ class _SamplingFields(BaseModel):
     temperature: Optional[float] = Field(None, ge=0, le=2)
     top_p: Optional[float] = Field(None, gt=0, le=1)
     stop: Optional[Union[str, list[str]]] = None
-    seed: Optional[int] = None
-    stream: bool = False
+    seed: Optional[int] = Field(None, **INT64)
+    stream: Bool = False
     stream_options: Optional[StreamOptions] = None
     presence_penalty: float = Field(0.0, ge=-2, le=2)
     frequency_penalty: float = Field(0.0, ge=-2, le=2)
     logit_bias: Optional[dict[str, float]] = None
     user: Optional[str] = None
     # vLLM's extra sampling parameters
-    top_k: Optional[int] = None
-    min_p: Optional[float] = None
-    repetition_penalty: Optional[float] = None
+    top_k: Optional[int] = Field(None, ge=-1)  # -1 or 0: every token
+    min_p: Optional[float] = Field(None, ge=0, le=1)
+    repetition_penalty: Optional[float] = Field(None, gt=0)
     min_tokens: int = Field(0, ge=0)
-    ignore_eos: bool = False
-    stop_token_ids: Optional[list[int]] = None
-    skip_special_tokens: bool = True
-    include_stop_str_in_output: bool = False
-    # structured outputs: OpenAI's `response_format`, vLLM's `structured_outputs` (and its older `guided_*` fields)
+    ignore_eos: Bool = False
+    stop_token_ids: Optional[list[TokenId]] = None
+    skip_special_tokens: Bool = True
+    include_stop_str_in_output: Bool = False
+    # structured outputs: OpenAI's `response_format`, vLLM's `structured_outputs` (and its older
+    # `guided_*` fields)
     response_format: Optional[ResponseFormat] = None
     structured_outputs: Optional[dict[str, Any]] = None
     guided_json: Optional[Union[str, dict[str, Any]]] = None
@@ -113,19 +132,20 @@ class _SamplingFields(BaseModel):
     guided_choice: Optional[list[str]] = None
     guided_grammar: Optional[str] = None
 
-
+# %% ../nbs/15_server.ipynb #fs15a
 class CompletionRequest(_SamplingFields):
     "The JSON body of `POST /v1/completions`: a prompt (text or token ids) and the sampling fields."
 
     prompt: Union[Text, OneText, TokenIds, OneTokenIds]
     max_tokens: Optional[int] = Field(16, ge=1)
     logprobs: Optional[int] = Field(None, ge=0, le=20)
-    echo: bool = False
+    echo: Bool = False
     suffix: Optional[str] = None
 
 
 class ChatMessage(BaseModel):
-    "One message of a chat: a role and its content (extra keys, e.g. `name`, go to the chat template)."
+    """One message of a chat: a role and its content (extra keys, e.g. `name`, go to the chat
+    template)."""
 
     model_config = ConfigDict(extra="allow")
     role: Literal["system", "developer", "user", "assistant", "tool"]
@@ -133,15 +153,16 @@ class ChatMessage(BaseModel):
 
 
 class ChatCompletionRequest(_SamplingFields):
-    "The JSON body of `POST /v1/chat/completions`: the messages, rendered with the model's chat template."
+    """The JSON body of `POST /v1/chat/completions`: the messages, rendered with the model's chat
+    template."""
 
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: Optional[int] = Field(None, ge=1)
     max_completion_tokens: Optional[int] = Field(None, ge=1)
-    logprobs: bool = False
+    logprobs: Bool = False
     top_logprobs: Optional[int] = Field(None, ge=0, le=20)
-    add_generation_prompt: bool = True
-    chat_template: Optional[str] = None
+    add_generation_prompt: Bool = True
+    chat_template: Optional[str] = None  # refused unless the server trusts request templates
 
 # %% ../nbs/15_server.ipynb #5483cdfc
 class ErrorInfo(BaseModel):
@@ -154,14 +175,29 @@ class ErrorInfo(BaseModel):
 
 
 class ErrorResponse(BaseModel):
-    'OpenAI\'s error JSON, `{"error": {...}}`: the body of every 4xx answer (documented in the OpenAPI schema).'
+    """OpenAI's error JSON, `{"error": {...}}`: the body of every error answer (documented in the
+    OpenAPI schema)."""
 
     error: ErrorInfo
 
 
 ERROR_RESPONSES = {
     s: {"model": ErrorResponse, "description": d}
-    for s, d in [(400, "Bad request"), (401, "Invalid or missing API key"), (404, "Unknown model")]
+    for s, d in [
+        (400, "Bad request"),
+        (401, "Invalid or missing API key"),
+        (404, "Unknown model"),
+        (413, "Request body too large"),
+        (500, "A request failed inside the engine"),
+        (503, "The engine is dead (the server is exiting)"),
+    ]
+}
+_ERROR_TYPES = {
+    400: "BadRequestError",
+    401: "AuthenticationError",
+    404: "NotFoundError",
+    413: "RequestTooLargeError",  # (Python's phrase for 413 changed in 3.13)
+    500: "InternalServerError",
 }
 
 
@@ -173,11 +209,8 @@ class APIError(Exception):
     ):
         super().__init__(message)
         self.message, self.status, self.param = message, status, param
-        self.type = type_ or {
-            400: "BadRequestError",
-            401: "AuthenticationError",
-            404: "NotFoundError",
-        }.get(status, "InternalServerError")
+        phrase = HTTPStatus(status).phrase.title().replace(" ", "").replace("-", "")
+        self.type = type_ or _ERROR_TYPES.get(status, phrase + "Error")
 
     def body(self) -> dict:
         'OpenAI\'s error JSON: `{"error": {message, type, param, code}}`.'
@@ -190,7 +223,7 @@ class APIError(Exception):
             }
         }
 
-
+# %% ../nbs/15_server.ipynb #fs15b
 def to_sampling_params(
     req: _SamplingFields, max_tokens: int | None, logprobs: int | None
 ) -> SamplingParams:
@@ -222,11 +255,16 @@ def to_sampling_params(
     try:
         return SamplingParams(**kw)
     except (ValueError, NotImplementedError) as e:
-        raise APIError(str(e)) from e
+        first = re.match(
+            r"\w+", str(e)
+        )  # `SamplingParams` names the field first: "min_p must be..."
+        field = first.group() if first and first.group() in type(req).model_fields else None
+        raise APIError(str(e), param=field) from e
 
 # %% ../nbs/15_server.ipynb #9bb2a6ba
 def structured_outputs_of(req: _SamplingFields) -> StructuredOutputsParams | None:
-    "The request's structured-outputs constraint (from `response_format`, `structured_outputs` or `guided_*`), checked; an `APIError` if invalid."
+    """The request's structured-outputs constraint (from `response_format`, `structured_outputs` or
+    `guided_*`), checked; an `APIError` if invalid."""
     rf, ways = req.response_format, {}
     if rf is not None and rf.type == "json_object":
         ways["response_format"] = dict(json_object=True)
@@ -265,61 +303,85 @@ def _sse(obj) -> str:
     return f"data: {json.dumps(obj)}\n\n"
 
 
+class _VllmNames:
+    "A collector that serves metrics again under vLLM's names, read from the same metric objects."
+
+    def __init__(self, pairs: list):
+        self.pairs = pairs  # (metric, vLLM's name, {minivllm label: vLLM label})
+
+    def collect(self):
+        for metric, name, labels in self.pairs:
+            for fam in metric.collect():
+                old, fam.name = fam.name, name
+                fam.samples = [
+                    s._replace(
+                        name=name + s.name[len(old) :],
+                        labels={labels.get(k, k): v for k, v in s.labels.items()},
+                    )
+                    for s in fam.samples
+                ]
+                yield fam
+
+
+def _vllm_names(m, g: dict) -> _VllmNames:
+    "The metrics of `m` (and its gauges `g`) that vLLM's dashboards read, under vLLM's names."
+    return _VllmNames(
+        [
+            (g["num_requests_running"], "vllm:num_requests_running", {}),
+            (g["num_requests_waiting"], "vllm:num_requests_waiting", {}),
+            (g["kv_cache_usage_perc"], "vllm:kv_cache_usage_perc", {}),
+            (m.requests, "vllm:request_success", {"finish_reason": "finished_reason"}),
+            (m.prompt_tokens, "vllm:prompt_tokens", {}),
+            (m.generation_tokens, "vllm:generation_tokens", {}),
+            (m.ttft, "vllm:time_to_first_token_seconds", {}),
+            (m.e2e, "vllm:e2e_request_latency_seconds", {}),
+        ]
+    )
+
+# %% ../nbs/15_server.ipynb #fs15c
 class Metrics:
     "Prometheus metrics of one server (its own registry, so several apps can live in one process)."
 
     def __init__(self, engine):
-        from prometheus_client import (
-            CollectorRegistry,
-            Counter,
-            Gauge,
-            Histogram,
-            disable_created_metrics,
-        )
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+        from prometheus_client import disable_created_metrics
 
         disable_created_metrics()  # no `*_created` timestamp series
         r = self.registry = CollectorRegistry()
-        self.requests = Counter(
-            "minivllm_requests", "Finished requests by finish reason", ["finish_reason"], registry=r
+        C, G, llm = (lambda *a, **k: Counter(*a, **k, registry=r)), Gauge, engine.engine
+        self.requests = C(
+            "minivllm_requests", "Finished requests by finish reason", ["finish_reason"]
         )
-        self.errors = Counter(
-            "minivllm_request_errors",
-            "Requests rejected with an error, by HTTP status",
-            ["status"],
-            registry=r,
+        self.errors = C(
+            "minivllm_request_errors", "Requests rejected with an error, by status", ["status"]
         )
-        self.prompt_tokens = Counter(
-            "minivllm_prompt_tokens", "Prompt tokens processed", registry=r
-        )
-        self.generation_tokens = Counter(
-            "minivllm_generation_tokens", "Tokens generated", registry=r
-        )
-        buckets = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+        self.prompt_tokens = C("minivllm_prompt_tokens", "Prompt tokens processed")
+        self.generation_tokens = C("minivllm_generation_tokens", "Tokens generated")
+        b = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
         self.ttft = Histogram(
-            "minivllm_time_to_first_token_seconds",
-            "Time to first token",
-            buckets=buckets,
-            registry=r,
+            "minivllm_time_to_first_token_seconds", "Time to first token", buckets=b, registry=r
         )
         self.e2e = Histogram(
-            "minivllm_e2e_request_latency_seconds", "Request latency", buckets=buckets, registry=r
+            "minivllm_e2e_request_latency_seconds", "Request latency", buckets=b, registry=r
         )
-        llm = engine.engine
-        Gauge("minivllm_num_requests_running", "Requests running", registry=r).set_function(
-            lambda: len(llm.scheduler.running)
-        )
-        Gauge("minivllm_num_requests_waiting", "Requests waiting", registry=r).set_function(
-            lambda: len(llm.scheduler.waiting)
-        )
-        Gauge(
-            "minivllm_kv_cache_usage_perc", "Fraction of KV blocks in use", registry=r
-        ).set_function(lambda: llm.kv_cache_manager.usage)
-        Gauge("minivllm_kv_cache_free_blocks", "Free KV blocks", registry=r).set_function(
-            lambda: llm.kv_cache_manager.block_pool.get_num_free_blocks()
-        )
-        Gauge("minivllm_kv_cache_total_blocks", "KV blocks", registry=r).set_function(
-            lambda: llm.kv_cache_manager.num_blocks
-        )
+        gauges = {
+            "num_requests_running": ("Requests running", lambda: len(llm.scheduler.running)),
+            "num_requests_waiting": ("Requests waiting", lambda: len(llm.scheduler.waiting)),
+            "kv_cache_usage_perc": (
+                "Fraction of KV blocks in use",
+                lambda: llm.kv_cache_manager.usage,
+            ),
+            "kv_cache_free_blocks": (
+                "Free KV blocks",
+                lambda: llm.kv_cache_manager.block_pool.get_num_free_blocks(),
+            ),
+            "kv_cache_total_blocks": ("KV blocks", lambda: llm.kv_cache_manager.num_blocks),
+        }
+        g = {}
+        for name, (doc, fn) in gauges.items():
+            g[name] = G(f"minivllm_{name}", doc, registry=r)
+            g[name].set_function(fn)
+        r.register(_vllm_names(self, g))
         if getattr(llm.engine_core, "spec_decoder", None) is not None:
             r.register(_SpecDecodeCollector(llm.engine_core.spec_decoder))
 
@@ -331,7 +393,8 @@ class Metrics:
 
 # %% ../nbs/15_server.ipynb #38b6a13e
 class _SpecDecodeCollector:
-    "vLLM's `vllm:spec_decode_*` counters, read from the engine's speculative decoder at each scrape."
+    """vLLM's `vllm:spec_decode_*` counters, read from the engine's speculative decoder at each
+    scrape."""
 
     def __init__(self, spec_decoder):
         self.sd = spec_decoder
@@ -405,29 +468,31 @@ def chat_logprobs(tokenizer, token_ids: list[int], logprobs: list | None, top: i
     return {"content": content}
 
 # %% ../nbs/15_server.ipynb #b3adbc9e
-def _error(app, e: APIError):
+def _error(app, e: APIError, headers: dict | None = None):
     "`e` as OpenAI's error JSON, counted in the app's metrics."
     from fastapi.responses import JSONResponse
 
     app.state.metrics.errors.labels(str(e.status)).inc()
-    return JSONResponse(e.body(), status_code=e.status)
+    return JSONResponse(e.body(), status_code=e.status, headers=headers)
 
 
 def _validation_message(errs: list[dict]) -> tuple[str, str | None]:
-    "A one-line message (and the field) for pydantic's validation errors, phrased as OpenAI phrases them."
+    """A one-line message (and the field) for pydantic's validation errors, phrased as OpenAI
+    phrases them."""
     first = errs[0] if errs else {}
+    if first.get("type") == "json_invalid":  # its `loc` is a character position, not a field
+        return f"Malformed JSON body: {first.get('msg', '')}", None
     locs = [[x for x in e.get("loc", ()) if x != "body"] for e in errs] or [[]]
     n = 0  # a value that fits none of a union's forms gives one error per form: name the field
     while all(len(l) > n for l in locs) and len({str(l[n]) for l in locs}) == 1:
         n += 1
     union = len(errs) > 1 and 0 < n < len(locs[0])
     loc = ".".join(str(x) for x in (locs[0][:n] if union else locs[0]))
-    if first.get("type") == "json_invalid":
-        msg = f"Malformed JSON body: {first.get('msg', '')}"
-    elif first.get("type") == "extra_forbidden":
+    if first.get("type") == "extra_forbidden":
         msg = f"Unrecognized request argument supplied: {loc}"
     elif union:
-        msg = f"{loc}: not one of the accepted forms ({'; '.join(dict.fromkeys(e.get('msg', '') for e in errs))})"
+        forms = "; ".join(dict.fromkeys(e.get("msg", "") for e in errs))
+        msg = f"{loc}: not one of the accepted forms ({forms})"
     else:
         msg = (
             f"{loc}: {first.get('msg', 'invalid value')}"
@@ -436,48 +501,224 @@ def _validation_message(errs: list[dict]) -> tuple[str, str | None]:
         )
     return msg, loc or None
 
-
-def base_app(engine, served_model_name: str = "minivllm", api_key: str | None = None):
-    "A FastAPI app holding `engine` and its metrics, with OpenAI-style errors and the optional API key; no routes yet."
-    from fastapi import FastAPI, Request
+# %% ../nbs/15_server.ipynb #fs15t
+def _add_error_handlers(app):
+    """Every error as OpenAI's error JSON: ours, Starlette's (headers kept), pydantic's, a dead
+    engine's."""
     from fastapi.exceptions import RequestValidationError
-
-    app = FastAPI(title="minivllm", responses=ERROR_RESPONSES)
-    s = app.state
-    s.engine, s.metrics, s.served_model_name = engine, Metrics(engine), served_model_name
-    s.tokenizer, s.max_model_len = (
-        engine.engine.get_tokenizer(),
-        engine.engine.get_model_config().max_model_len,
-    )
-    s.loras = {}  # LoRA adapters served, by name (`--lora-modules`, `/v1/load_lora_adapter`): `model=<name>` selects one
+    from starlette.exceptions import HTTPException
 
     @app.exception_handler(APIError)
     async def _api_error(request, e: APIError):
         return _error(app, e)
 
-    from starlette.exceptions import HTTPException
-
-    @app.exception_handler(
-        HTTPException
-    )  # e.g. a body that is not UTF-8: still OpenAI's (documented) error JSON
+    @app.exception_handler(HTTPException)  # a 405 (with its `Allow`), a body that is not UTF-8…
     async def _http_error(request, e: HTTPException):
-        return _error(app, APIError(str(e.detail), e.status_code))
+        return _error(app, APIError(str(e.detail), e.status_code), getattr(e, "headers", None))
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request, e: RequestValidationError):
         msg, param = _validation_message(e.errors())
         return _error(app, APIError(msg, 400, param=param))
 
-    @app.middleware("http")
-    async def _auth(request: Request, call_next):
-        if api_key and request.url.path.startswith("/v1"):
-            if request.headers.get("authorization", "") != f"Bearer {api_key}":
-                return _error(app, APIError("Invalid or missing API key.", 401))
-        return await call_next(request)
+    @app.exception_handler(EngineDeadError)
+    async def _dead(request, e: EngineDeadError):
+        return _error(app, APIError(str(e), 503, type_="EngineDeadError"))
 
+    @app.exception_handler(Exception)  # a bug: still JSON, never a plain-text 500
+    async def _internal(request, e: Exception):
+        return _error(app, APIError(f"Internal error: {e!r}", 500))
+
+# %% ../nbs/15_server.ipynb #fs15d
+def _key_ok(header: str, api_key: str) -> bool:
+    """Whether an `Authorization` header carries `api_key` (scheme `Bearer` in any case;
+    constant-time compare)."""
+    scheme, _, token = header.partition(" ")
+    return scheme.lower() == "bearer" and secrets.compare_digest(
+        token.strip().encode(), api_key.encode()
+    )
+
+
+class _Guard:
+    """ASGI middleware: the API key on `/v1` paths, and the body size limit (413), before any route
+    runs."""
+
+    def __init__(self, asgi, owner, api_key: str | None, max_body_bytes: int | None):
+        self.asgi, self.owner, self.api_key, self.limit = asgi, owner, api_key, max_body_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.asgi(scope, receive, send)
+        headers = dict(scope["headers"])
+        if self.api_key and scope["path"].startswith("/v1"):
+            if not _key_ok(headers.get(b"authorization", b"").decode("latin-1"), self.api_key):
+                err = APIError("Invalid or missing API key.", 401)
+                return await _error(self.owner, err)(scope, receive, send)
+        size = headers.get(b"content-length", b"")
+        if self.limit is not None and size.isdigit() and int(size) > self.limit:
+            return await self._refuse(scope, receive, send)
+        seen = 0
+
+        async def counted():
+            nonlocal seen
+            m = await receive()
+            seen += len(m.get("body", b""))
+            if self.limit is not None and seen > self.limit:
+                from fastapi import HTTPException
+
+                await self._drain(receive, m)
+                raise HTTPException(413, self._too_large())
+            return m
+
+        await self.asgi(scope, counted, send)
+
+    def _too_large(self) -> str:
+        return f"The request body is larger than the server's limit of {self.limit} bytes."
+
+    async def _drain(self, receive, m):
+        "Read the rest of the body, keeping none of it (so the client gets its answer)."
+        while m.get("type") == "http.request" and m.get("more_body"):
+            m = await receive()
+
+    async def _refuse(self, scope, receive, send):
+        await self._drain(receive, {"type": "http.request", "more_body": True})
+        await _error(self.owner, APIError(self._too_large(), 413))(scope, receive, send)
+
+# %% ../nbs/15_server.ipynb #fs15g
+def max_token_chars(tokenizer) -> int:
+    """The most characters one token of `tokenizer` stands for (a text longer than this × n has over
+    n tokens)."""
+    toks = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+    return max([len(t) for t in toks if isinstance(t, str)] + [1])
+
+
+def init_prep(app, workers: int = 2, prep_timeout: float = 30.0):
+    """The app's preparation threads (each with its own tokenizer copy), its time limit and its
+    character bound."""
+    s = app.state
+    s.prep_pool = ThreadPoolExecutor(workers, thread_name_prefix="minivllm-prep")
+    s.prep_local, s.prep_timeout = threading.local(), prep_timeout
+    s.max_prompt_chars = s.max_model_len * max_token_chars(s.tokenizer)
+
+
+def thread_tokenizer(app):
+    "(preparation thread) This thread's own copy of the tokenizer."
+    loc = app.state.prep_local
+    if getattr(loc, "tokenizer", None) is None:
+        loc.tokenizer = copy.deepcopy(app.state.tokenizer)
+    return loc.tokenizer
+
+
+async def offload(app, fn, what: str, param: str | None = None):
+    "Run `fn()` on a preparation thread and await it; a 400 if it takes longer than `prep_timeout`."
+    fut = asyncio.get_running_loop().run_in_executor(app.state.prep_pool, fn)
+    try:
+        return await asyncio.wait_for(fut, app.state.prep_timeout)
+    except asyncio.TimeoutError:
+        t = app.state.prep_timeout
+        raise APIError(f"{what} took longer than {t:g} s; the request is refused.", param=param)
+
+
+def check_prompt_chars(app, n_chars: int, param: str):
+    "A 400 at once if a text of `n_chars` characters cannot fit in the model's context."
+    if n_chars > app.state.max_prompt_chars:
+        raise APIError(
+            f"The prompt ({n_chars} characters) is longer than the maximum model length of "
+            f"{app.state.max_model_len} tokens can hold.",
+            param=param,
+        )
+
+
+def check_prompt_len(app, n_tokens: int, param: str):
+    "A 400 naming `param` if a prompt of `n_tokens` tokens is longer than the model's context."
+    if n_tokens > app.state.max_model_len:
+        raise APIError(
+            f"The prompt (length {n_tokens}) is longer than the maximum model length of "
+            f"{app.state.max_model_len}.",
+            param=param,
+        )
+
+
+def tokens_of(app, text: str, param: str) -> TokensPrompt:
+    "(preparation thread) A text prompt as a checked `TokensPrompt` (the text kept for the output)."
+    ids = thread_tokenizer(app)(text).input_ids
+    check_prompt_len(app, len(ids), param)
+    return TokensPrompt(prompt_token_ids=ids, prompt=text)
+
+# %% ../nbs/15_server.ipynb #fs15h
+async def compile_grammar(app, sp: SamplingParams, param: str = "structured_outputs"):
+    """Compile the request's grammar (if any) on the engine's grammar thread and wait for it
+    here, so that the request reaches the engine with its grammar ready and no step waits for it
+    (a 400 past `prep_timeout`)."""
+    so = sp.structured_outputs
+    if so is None:
+        return
+    fut = await app.state.engine.run_in_engine(
+        lambda e: e.engine_core.structured_output_manager.compile(so)
+    )
+    try:  # (shielded: the compilation is shared with later requests of the same schema)
+        await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(fut)), app.state.prep_timeout)
+    except asyncio.TimeoutError:
+        t = app.state.prep_timeout
+        raise APIError(f"The grammar took longer than {t:g} s to compile; refused.", param=param)
+    except (ValueError, RuntimeError) as e:
+        raise APIError(f"The grammar could not be compiled: {e}", param=param) from e
+
+# %% ../nbs/15_server.ipynb #fs15e
+DEFAULT_MAX_BODY_BYTES = 16 << 20  # 16 MiB: a max-length prompt as token ids is far below this
+
+
+@contextlib.asynccontextmanager
+async def _lifespan(app):
+    "While the app serves: the watchdog that notices a dead engine."
+    task = asyncio.create_task(_watchdog(app))
+    try:
+        yield
+    finally:
+        task.cancel()
+
+
+def base_app(
+    engine,
+    served_model_name: str = "minivllm",
+    api_key: str | None = None,
+    max_body_bytes: int | None = DEFAULT_MAX_BODY_BYTES,
+):
+    """A FastAPI app holding `engine` and its metrics, with OpenAI-style errors, the API key and the
+    body limit."""
+    from fastapi import FastAPI
+
+    app = FastAPI(title="minivllm", responses=ERROR_RESPONSES, lifespan=_lifespan)
+    s = app.state
+    s.engine, s.metrics, s.served_model_name = engine, Metrics(engine), served_model_name
+    s.tokenizer = engine.engine.get_tokenizer()
+    s.max_model_len = engine.engine.get_model_config().max_model_len
+    # LoRA adapters served, by name (`--lora-modules`, `/v1/load_lora_adapter`); `model=<name>`
+    # selects one
+    s.loras = {}
+    s.on_engine_dead, s.engine_dead = None, False  # `cmd_serve` sets the first: stop the server
+    init_prep(app)
+    _add_error_handlers(app)
+    app.add_middleware(_Guard, owner=app, api_key=api_key, max_body_bytes=max_body_bytes)
     return app
 
 # %% ../nbs/15_server.ipynb #96c1037c
+logger = logging.getLogger("minivllm")
+
+
+async def _watchdog(app, every: float = 0.2, grace: float = 1.0):
+    """Wait for the engine to fail (not a shutdown); then log why and, after `grace` s, call
+    `on_engine_dead`."""
+    s = app.state
+    while not s.engine.failed:
+        await asyncio.sleep(every)
+    s.engine_dead = True
+    logger.error("minivllm: %s; the server stops.", s.engine.dead_error)
+    await asyncio.sleep(grace)  # the open streams send their error events
+    if s.on_engine_dead is not None:
+        s.on_engine_dead()
+
+
 def add_info_routes(app):
     "`GET /health`, `GET /metrics` (Prometheus) and `GET /v1/models`."
     from fastapi.responses import PlainTextResponse
@@ -486,6 +727,8 @@ def add_info_routes(app):
 
     @app.get("/health", response_class=PlainTextResponse)
     async def health():
+        if s.engine.errored:
+            raise s.engine.dead_error
         return PlainTextResponse("OK")
 
     @app.get("/metrics", response_class=PlainTextResponse)
@@ -494,22 +737,14 @@ def add_info_routes(app):
 
     @app.get("/v1/models")
     async def models():
-        base = {
-            "id": s.served_model_name,
-            "object": "model",
-            "created": _now(),
-            "owned_by": "minivllm",
-            "max_model_len": s.max_model_len,
-        }
+        base = {"id": s.served_model_name, "object": "model", "created": _now()}
+        base.update(owned_by="minivllm", max_model_len=s.max_model_len)
         loras = [
             {
+                **base,
                 "id": n,
-                "object": "model",
-                "created": _now(),
-                "owned_by": "minivllm",
                 "root": lr.lora_path,
                 "parent": s.served_model_name,
-                "max_model_len": s.max_model_len,
             }
             for n, lr in s.loras.items()
         ]
@@ -519,7 +754,8 @@ def add_info_routes(app):
 
 
 def check_model(app, name: str | None):
-    "The `LoRARequest` of the adapter named `name`, None for the served model's name (or none given); else a 404."
+    """The `LoRARequest` of the adapter named `name`, None for the served model's name (or none
+    given); else a 404."""
     if name is None or name == app.state.served_model_name:
         return None
     if name in app.state.loras:
@@ -541,9 +777,10 @@ def apply_sampling_defaults(app, req) -> None:
 
 # %% ../nbs/15_server.ipynb #0e10d7fb
 async def run_request(
-    app, prompt, sp: SamplingParams, request_id: str, on_output, lora_request=None
+    app, prompt, sp: SamplingParams, request_id: str, on_output, lora_request=None, param=None
 ):
-    "Drive one request (under `lora_request`, if given) through the app's engine, yielding what `on_output(RequestOutput)` yields; record its metrics."
+    """Drive one request (under `lora_request`, if given) through the app's engine, yielding what
+    `on_output(RequestOutput)` yields; record its metrics."""
     engine, metrics = app.state.engine, app.state.metrics
     t0, first, n_gen, last = time.monotonic(), None, 0, None
     try:
@@ -556,7 +793,11 @@ async def run_request(
             async for chunk in on_output(out):
                 yield chunk
     except (ValueError, TypeError, NotImplementedError) as e:
-        raise APIError(str(e)) from e
+        raise APIError(str(e), param=param if "prompt" in str(e) else None) from e
+    except EngineDeadError as e:
+        raise APIError(str(e), 503, type_="EngineDeadError") from e
+    except EngineGenerateError as e:
+        raise APIError(str(e), 500, type_="EngineGenerateError") from e
     finally:  # also when the client went away: the request was aborted
         if last is not None:
             metrics.prompt_tokens.inc(len(last.prompt_token_ids))
@@ -578,35 +819,111 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
         total_tokens=prompt_tokens + completion_tokens,
     )
 
+# %% ../nbs/15_server.ipynb #fs15i
+async def until_gone(request, aw, every: float = 0.2):
+    """Await `aw` as a task; `(True, result)`, or `(False, None)` (the task cancelled) if the client
+    left first."""
+    task = asyncio.ensure_future(aw)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=every)
+            if done:
+                return True, task.result()
+            if request is not None and await request.is_disconnected():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                return False, None
+    finally:
+        task.cancel()  # (a no-op when it is done; the handler itself may have been cancelled)
 
-async def respond(stream: bool, gen, finish):
-    "Stream the SSE chunks of the async iterator `gen`, or drain it and return `finish()`'s JSON."
-    from fastapi.responses import StreamingResponse
 
-    if stream:
-        # Pull the first chunk now, so that bad input becomes a 4xx instead of a broken stream.
-        it = gen.__aiter__()
-        try:
-            first = await it.__anext__()
-        except StopAsyncIteration:
-            first = None
-
-        async def body():
-            try:
-                if first is not None:
-                    yield first
-                async for c in it:
-                    yield c
-                yield "data: [DONE]\n\n"
-            finally:
-                await it.aclose()
-
-        return StreamingResponse(body(), media_type="text/event-stream")
+async def _drain(gen):
     async for _ in gen:
         pass
-    return finish()
+
+
+async def respond(stream: bool, gen, finish, request=None):
+    "Stream the SSE chunks of the async iterator `gen`, or drain it and return `finish()`'s JSON."
+    from fastapi.responses import Response, StreamingResponse
+
+    if not stream:
+        done, _ = await until_gone(request, _drain(gen))
+        return finish() if done else Response(status_code=499)  # (nobody reads it)
+    # Pull the first chunk now, so that bad input becomes a 4xx instead of a broken stream.
+    it = gen.__aiter__()
+    try:
+        first = await it.__anext__()
+    except StopAsyncIteration:
+        first = None
+
+    async def body():
+        try:
+            if first is not None:
+                yield first
+            async for c in it:
+                yield c
+        except APIError as e:  # the engine died, or the request failed in a step: say so
+            yield _sse(e.body())
+        except Exception as e:
+            yield _sse(APIError(f"Internal error: {e!r}", 500).body())
+        finally:
+            await it.aclose()
+        yield "data: [DONE]\n\n"
+
+    return StreamingResponse(body(), media_type="text/event-stream")
 
 # %% ../nbs/15_server.ipynb #087d5a1e
+class Accumulator:
+    "What a request's (delta) outputs brought so far, per choice; and the prompt's length."
+
+    def __init__(self, n: int):
+        self.texts, self.finish = [""] * n, [None] * n
+        self.toks, self.lps = [[] for _ in range(n)], [[] for _ in range(n)]
+        self.prompt_tokens = 0
+
+    def add(self, out) -> list[tuple]:
+        "Take one output in; its pieces, each with its choice's text length before it."
+        self.prompt_tokens, got = len(out.prompt_token_ids), []
+        for c in out.outputs:
+            got.append((c, len(self.texts[c.index])))
+            self.texts[c.index] += c.text
+            self.toks[c.index] += c.token_ids
+            if c.logprobs is not None:
+                self.lps[c.index] += c.logprobs
+            self.finish[c.index] = c.finish_reason
+        return got
+
+    def usage(self) -> dict:
+        return usage(self.prompt_tokens, sum(map(len, self.toks)))
+
+
+async def serve_choices(app, request, req, prompt, sp, rid, lora, views, objects, param):
+    """Run a completion or chat request: its chunks (objects[0]) streamed, or its JSON (objects[1])
+    at the end. `views = (pieces, final)` shape the choices; `param` names the prompt in errors."""
+    s, acc, created, (pieces, final) = app.state, Accumulator(req.n), _now(), views
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+
+    def event(choices, **extra):
+        head = dict(id=rid, object=objects[0], created=created, model=s.served_model_name)
+        return _sse(dict(head, choices=choices, **extra))
+
+    async def on_output(out):
+        for c, offset in acc.add(out):
+            if req.stream:
+                for choice in pieces(c, offset):
+                    yield event([choice])
+        if req.stream and include_usage and out.finished:
+            yield event([], usage=acc.usage())
+
+    def finish():
+        choices = [final(i, acc) for i in range(req.n)]
+        head = dict(id=rid, object=objects[1], created=created, model=s.served_model_name)
+        return dict(head, choices=choices, usage=acc.usage())
+
+    gen = run_request(app, prompt, sp, rid, on_output, lora, param)
+    return await respond(req.stream, gen, finish, request)
+
+# %% ../nbs/15_server.ipynb #fs15j
 def _completion_prompt(req: CompletionRequest):
     "The one prompt of a completion request: text, or token ids as a `TokensPrompt`."
     if req.echo:
@@ -619,100 +936,69 @@ def _completion_prompt(req: CompletionRequest):
     return TokensPrompt(prompt_token_ids=p) if isinstance(p, list) else p
 
 
-def add_completions_route(app):
-    "`POST /v1/completions`: a prompt in, `n` completions out (streamed as SSE chunks, or in one JSON)."
-    s = app.state
+def _so_param(req) -> str:
+    "The field that carries the request's structured-outputs constraint (for errors)."
+    names = ("response_format", "structured_outputs", "guided_json", "guided_regex")
+    names += ("guided_choice", "guided_grammar")
+    return next((n for n in names if getattr(req, n, None) is not None), "structured_outputs")
 
-    @app.post(
-        "/v1/completions",
-        responses={
-            200: {
-                "content": {
-                    "application/json": {},
-                    "text/event-stream": {"schema": {"type": "string"}},
-                },
-                "description": "The completion (JSON), or its chunks as server-sent events when `stream` is true",
-            }
+
+def _completion_views(app, req: CompletionRequest):
+    "How a completion's choices look: streamed (the new text) and final (all of it)."
+    tok, want = app.state.tokenizer, req.logprobs is not None
+
+    def pieces(c, offset):
+        lp = completion_logprobs(tok, c.token_ids, c.logprobs, offset) if want else None
+        return [dict(index=c.index, text=c.text, logprobs=lp, finish_reason=c.finish_reason)]
+
+    def final(i, acc):
+        lp = completion_logprobs(tok, acc.toks[i], acc.lps[i]) if want else None
+        return dict(index=i, text=acc.texts[i], finish_reason=acc.finish[i], logprobs=lp)
+
+    return pieces, final
+
+# %% ../nbs/15_server.ipynb #fs15k
+_SSE_EVENT = {  # one server-sent event (before OpenAPI 3.2, `schema` describes each event)
+    "type": "object",
+    "properties": {"data": {"type": "string"}, "event": {"type": "string"}},
+}
+_STREAMED = {
+    200: {
+        "content": {
+            "application/json": {},
+            "text/event-stream": {"schema": _SSE_EVENT},
         },
-    )
-    async def completions(req: CompletionRequest):
+        "description": "The completion (JSON), or its chunks as server-sent events "
+        "when `stream` is true",
+    }
+}
+
+
+def add_completions_route(app):
+    """`POST /v1/completions`: a prompt in, `n` completions out (streamed as SSE chunks, or in one
+    JSON)."""
+
+    @app.post("/v1/completions", responses=_STREAMED)
+    async def completions(req: CompletionRequest, request: Request):
         lora = check_model(app, req.model)
         apply_sampling_defaults(app, req)
-        prompt, sp = _completion_prompt(req), to_sampling_params(req, req.max_tokens, req.logprobs)
-        rid, created, name, n = f"cmpl-{uuid.uuid4().hex}", _now(), s.served_model_name, req.n
-        texts, toks, lps, finish_reasons, prompt_tokens = (
-            [""] * n,
-            [[] for _ in range(n)],
-            [[] for _ in range(n)],
-            [None] * n,
-            [0],
+        prompt = _completion_prompt(req)
+        if isinstance(prompt, str):
+            check_prompt_chars(app, len(prompt), "prompt")
+        else:
+            check_prompt_len(app, len(prompt["prompt_token_ids"]), "prompt")
+
+        def prepare():
+            p = tokens_of(app, prompt, "prompt") if isinstance(prompt, str) else prompt
+            return p, to_sampling_params(req, req.max_tokens, req.logprobs)
+
+        prompt, sp = await offload(app, prepare, "Preparing the prompt", "prompt")
+        await compile_grammar(app, sp, _so_param(req))
+        rid, views = f"cmpl-{uuid.uuid4().hex}", _completion_views(app, req)
+        objects = ("text_completion", "text_completion")
+        return await serve_choices(
+            app, request, req, prompt, sp, rid, lora, views, objects, "prompt"
         )
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        want_lp = req.logprobs is not None
-
-        async def on_output(out):
-            prompt_tokens[0] = len(out.prompt_token_ids)
-            for c in out.outputs:
-                offset = len(texts[c.index])
-                texts[c.index] += c.text
-                toks[c.index] += c.token_ids
-                if c.logprobs is not None:
-                    lps[c.index] += c.logprobs
-                finish_reasons[c.index] = c.finish_reason
-                if req.stream:
-                    lp = (
-                        completion_logprobs(s.tokenizer, c.token_ids, c.logprobs, offset)
-                        if want_lp
-                        else None
-                    )
-                    yield _sse(
-                        dict(
-                            id=rid,
-                            object="text_completion",
-                            created=created,
-                            model=name,
-                            choices=[
-                                dict(
-                                    index=c.index,
-                                    text=c.text,
-                                    logprobs=lp,
-                                    finish_reason=c.finish_reason,
-                                )
-                            ],
-                        )
-                    )
-            if req.stream and include_usage and out.finished:
-                yield _sse(
-                    dict(
-                        id=rid,
-                        object="text_completion",
-                        created=created,
-                        model=name,
-                        choices=[],
-                        usage=usage(prompt_tokens[0], sum(map(len, toks))),
-                    )
-                )
-
-        def finish():
-            choices = [
-                dict(
-                    index=i,
-                    text=texts[i],
-                    finish_reason=finish_reasons[i],
-                    logprobs=completion_logprobs(s.tokenizer, toks[i], lps[i]) if want_lp else None,
-                )
-                for i in range(n)
-            ]
-            return dict(
-                id=rid,
-                object="text_completion",
-                created=created,
-                model=name,
-                choices=choices,
-                usage=usage(prompt_tokens[0], sum(map(len, toks))),
-            )
-
-        return await respond(req.stream, run_request(app, prompt, sp, rid, on_output, lora), finish)
 
     return app
 
@@ -731,7 +1017,7 @@ class EmbeddingRequest(BaseModel):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: Optional[int] = Field(None, ge=1)
     user: Optional[str] = None
-    normalize: Optional[bool] = None
+    normalize: Optional[Bool] = None
 
 
 def _embedding_inputs(inp) -> list:
@@ -746,53 +1032,65 @@ def _embedding_inputs(inp) -> list:
 
 
 def _encode_vector(v, fmt: str):
-    "An embedding as OpenAI sends it: a list of floats, or the base64 of its little-endian float32 bytes."
+    """An embedding as OpenAI sends it: a list of floats, or the base64 of its little-endian float32
+    bytes."""
     if fmt == "float":
         return v.tolist()
     return base64.b64encode(v.float().numpy().astype("<f4").tobytes()).decode()
 
 # %% ../nbs/15_server.ipynb #p15c
+async def _embed_all(app, prompts, pp, rid) -> list:
+    """Run every input as a pooling request at once; a bad one cancels the others (their requests
+    aborted)."""
+
+    async def one(i, p):
+        async for out in app.state.engine.encode(p, pp, f"{rid}-{i}"):
+            last = out
+        return last
+
+    tasks = [asyncio.ensure_future(one(i, p)) for i, p in enumerate(prompts)]
+    try:
+        return await asyncio.gather(*tasks)
+    except (ValueError, TypeError, NotImplementedError) as e:
+        param = "dimensions" if "dimensions" in str(e) else "input"
+        raise APIError(str(e), param=param) from e
+    finally:
+        for t in tasks:
+            t.cancel()  # (no-ops for the finished ones)
+
+
 def add_embeddings_route(app):
-    "`POST /v1/embeddings`: one pooled (by default normalised) vector per input, in OpenAI's response shape."
+    """`POST /v1/embeddings`: one pooled (by default normalised) vector per input, in OpenAI's
+    response shape."""
+    from fastapi.responses import Response
+
     s = app.state
 
     @app.post("/v1/embeddings")
-    async def embeddings(req: EmbeddingRequest):
+    async def embeddings(req: EmbeddingRequest, request: Request):
         check_model(app, req.model)
         prompts = _embedding_inputs(req.input)
+        for p in prompts:
+            if isinstance(p, str):
+                check_prompt_chars(app, len(p), "input")
+        prompts = await offload(
+            app, lambda: [tokens_of(app, p, "input") if isinstance(p, str) else p for p in prompts],
+            "Tokenizing the input", "input",
+        )  # fmt: skip
         pp = PoolingParams(dimensions=req.dimensions, normalize=req.normalize, task="embed")
         rid = f"embd-{uuid.uuid4().hex}"
-
-        async def one(i, p):
-            async for out in s.engine.encode(p, pp, f"{rid}-{i}"):
-                last = out
-            return last
-
-        tasks = [asyncio.ensure_future(one(i, p)) for i, p in enumerate(prompts)]
-        try:
-            outs = await asyncio.gather(*tasks)
-        except (ValueError, TypeError, NotImplementedError) as e:
-            for t in tasks:
-                t.cancel()  # the other inputs' requests are aborted
-            raise APIError(str(e), param="dimensions" if "dimensions" in str(e) else "input") from e
+        done, outs = await until_gone(request, _embed_all(app, prompts, pp, rid))
+        if not done:
+            return Response(status_code=499)  # the client left: nobody reads this
         n = sum(len(o.prompt_token_ids) for o in outs)
         s.metrics.prompt_tokens.inc(n)
+        fmt = req.encoding_format
         data = [
-            dict(
-                object="embedding",
-                index=i,
-                embedding=_encode_vector(o.outputs.data, req.encoding_format),
-            )
+            dict(object="embedding", index=i, embedding=_encode_vector(o.outputs.data, fmt))
             for i, o in enumerate(outs)
-        ]
-        return dict(
-            id=rid,
-            object="list",
-            created=_now(),
-            model=s.served_model_name,
-            data=data,
-            usage=dict(prompt_tokens=n, total_tokens=n),
-        )
+        ]  # fmt: skip
+        head = dict(id=rid, object="list", created=_now(), model=s.served_model_name)
+        return dict(head, data=data, usage=dict(prompt_tokens=n, total_tokens=n))
 
     return app
 
@@ -800,7 +1098,8 @@ def add_embeddings_route(app):
 def _chat_prompt(
     tokenizer, req: ChatCompletionRequest, default_template: str | None = None, fmt: str = "auto"
 ) -> TokensPrompt:
-    "The chat's messages rendered with the (request's, server's or model's) chat template, as token ids."
+    """The chat's messages rendered with the (request's, server's or model's) chat template, as
+    token ids."""
     from minivllm.llm import convert_content_parts, resolve_content_format
 
     template = req.chat_template or default_template
@@ -822,128 +1121,79 @@ def _chat_prompt(
     return TokensPrompt(prompt_token_ids=tokenizer(text, add_special_tokens=False).input_ids)
 
 # %% ../nbs/15_server.ipynb #ee7f714c
+def _content_chars(messages: list[ChatMessage]) -> int:
+    "How many characters of text the messages carry (string contents and text parts)."
+    n = 0
+    for m in messages:
+        parts = [m.content] if isinstance(m.content, str) else [p.get("text") for p in m.content]
+        n += sum(len(p) for p in parts if isinstance(p, str))
+    return n
+
+
+def _chat_views(app, req: ChatCompletionRequest, top: int):
+    """How a chat completion's choices look: streamed (a role delta first, then content deltas) and
+    final."""
+    tok, started = app.state.tokenizer, set()
+
+    def lps(toks, lp):
+        return chat_logprobs(tok, toks, lp, top) if req.logprobs else None
+
+    def pieces(c, offset):
+        out = []
+        if c.index not in started:
+            started.add(c.index)
+            delta = dict(role="assistant", content="")
+            out.append(dict(index=c.index, delta=delta, logprobs=None, finish_reason=None))
+        delta = dict(content=c.text) if c.text else {}
+        lp = lps(c.token_ids, c.logprobs)
+        out.append(dict(index=c.index, delta=delta, logprobs=lp, finish_reason=c.finish_reason))
+        return out
+
+    def final(i, acc):
+        msg = dict(role="assistant", content=acc.texts[i])
+        lp = lps(acc.toks[i], acc.lps[i])
+        return dict(index=i, message=msg, finish_reason=acc.finish[i], logprobs=lp)
+
+    return pieces, final
+
+# %% ../nbs/15_server.ipynb #fs15l
 def add_chat_route(app):
-    "`POST /v1/chat/completions`: messages in, `n` assistant messages out (streamed as deltas, or in one JSON)."
+    """`POST /v1/chat/completions`: messages in, `n` assistant messages out (streamed as deltas, or
+    in one JSON)."""
     s = app.state
 
-    @app.post(
-        "/v1/chat/completions",
-        responses={
-            200: {
-                "content": {
-                    "application/json": {},
-                    "text/event-stream": {"schema": {"type": "string"}},
-                },
-                "description": "The completion (JSON), or its chunks as server-sent events when `stream` is true",
-            }
-        },
-    )
-    async def chat(req: ChatCompletionRequest):
+    @app.post("/v1/chat/completions", responses=_STREAMED)
+    async def chat(req: ChatCompletionRequest, request: Request):
         lora = check_model(app, req.model)
         apply_sampling_defaults(app, req)
-        prompt = _chat_prompt(
-            s.tokenizer,
-            req,
-            getattr(s, "chat_template", None),
-            getattr(s, "content_format", "auto"),
-        )
-        top = req.top_logprobs or 0
+        if req.chat_template is not None and not getattr(s, "trust_request_chat_template", False):
+            raise APIError(
+                "The request sends a chat_template, but this server does not run templates from "
+                "requests (start it with --trust-request-chat-template to allow them).",
+                param="chat_template",
+            )
+        check_prompt_chars(app, _content_chars(req.messages), "messages")
         if req.top_logprobs and not req.logprobs:
             raise APIError("top_logprobs needs logprobs=true.", param="top_logprobs")
-        sp = to_sampling_params(
-            req, req.max_completion_tokens or req.max_tokens, max(top, 1) if req.logprobs else None
+        top, max_tokens = req.top_logprobs or 0, req.max_completion_tokens or req.max_tokens
+
+        def prepare():
+            tmpl, fmt = getattr(s, "chat_template", None), getattr(s, "content_format", "auto")
+            p = _chat_prompt(thread_tokenizer(app), req, tmpl, fmt)
+            check_prompt_len(app, len(p["prompt_token_ids"]), "messages")
+            return p, to_sampling_params(req, max_tokens, max(top, 1) if req.logprobs else None)
+
+        prompt, sp = await offload(app, prepare, "Rendering the chat template", "messages")
+        await compile_grammar(app, sp, _so_param(req))
+        rid, views = f"chatcmpl-{uuid.uuid4().hex}", _chat_views(app, req, top)
+        objects = ("chat.completion.chunk", "chat.completion")
+        return await serve_choices(
+            app, request, req, prompt, sp, rid, lora, views, objects, "messages"
         )
-        rid, created, n = f"chatcmpl-{uuid.uuid4().hex}", _now(), req.n
-        texts, toks, lps, finish_reasons, prompt_tokens = (
-            [""] * n,
-            [[] for _ in range(n)],
-            [[] for _ in range(n)],
-            [None] * n,
-            [0],
-        )
-        started, include_usage = (
-            set(),
-            bool(req.stream_options and req.stream_options.include_usage),
-        )
-
-        def chunk(choices, **extra):
-            return _sse(
-                dict(
-                    id=rid,
-                    object="chat.completion.chunk",
-                    created=created,
-                    model=s.served_model_name,
-                    choices=choices,
-                    **extra,
-                )
-            )
-
-        async def on_output(out):
-            prompt_tokens[0] = len(out.prompt_token_ids)
-            for c in out.outputs:
-                texts[c.index] += c.text
-                toks[c.index] += c.token_ids
-                if c.logprobs is not None:
-                    lps[c.index] += c.logprobs
-                finish_reasons[c.index] = c.finish_reason
-                if not req.stream:
-                    continue
-                if c.index not in started:
-                    started.add(c.index)
-                    yield chunk(
-                        [
-                            dict(
-                                index=c.index,
-                                delta=dict(role="assistant", content=""),
-                                logprobs=None,
-                                finish_reason=None,
-                            )
-                        ]
-                    )
-                lp = (
-                    chat_logprobs(s.tokenizer, c.token_ids, c.logprobs, top)
-                    if req.logprobs
-                    else None
-                )
-                yield chunk(
-                    [
-                        dict(
-                            index=c.index,
-                            delta=dict(content=c.text) if c.text else {},
-                            logprobs=lp,
-                            finish_reason=c.finish_reason,
-                        )
-                    ]
-                )
-            if req.stream and include_usage and out.finished:
-                yield chunk([], usage=usage(prompt_tokens[0], sum(map(len, toks))))
-
-        def finish():
-            choices = [
-                dict(
-                    index=i,
-                    message=dict(role="assistant", content=texts[i]),
-                    finish_reason=finish_reasons[i],
-                    logprobs=chat_logprobs(s.tokenizer, toks[i], lps[i], top)
-                    if req.logprobs
-                    else None,
-                )
-                for i in range(n)
-            ]
-            return dict(
-                id=rid,
-                object="chat.completion",
-                created=created,
-                model=s.served_model_name,
-                choices=choices,
-                usage=usage(prompt_tokens[0], sum(map(len, toks))),
-            )
-
-        return await respond(req.stream, run_request(app, prompt, sp, rid, on_output, lora), finish)
 
     return app
 
-
+# %% ../nbs/15_server.ipynb #fs15m
 class LoadLoRAAdapterRequest(BaseModel):
     "vLLM's body of `/v1/load_lora_adapter` and `/v1/unload_lora_adapter`."
 
@@ -953,7 +1203,8 @@ class LoadLoRAAdapterRequest(BaseModel):
 
 
 async def add_lora_adapter(app, name: str, path: str):
-    "Load an adapter (in the engine's thread) and serve it under `name`; a clear 400 if LoRA is off, the name taken or the adapter bad."
+    """Load an adapter (in the engine's thread) and serve it under `name`; a clear 400 if LoRA is
+    off, the name taken or the adapter bad."""
     s = app.state
     if name in s.loras or name == s.served_model_name:
         raise APIError(f"The lora adapter '{name}' has already been loaded.", param="lora_name")
@@ -965,9 +1216,10 @@ async def add_lora_adapter(app, name: str, path: str):
     s.loras[name] = lr
     return lr
 
-
+# %% ../nbs/15_server.ipynb #fs15s
 def add_lora_routes(app):
-    "vLLM's `POST /v1/load_lora_adapter` and `POST /v1/unload_lora_adapter` (bodies `{lora_name, lora_path}`)."
+    """vLLM's `POST /v1/load_lora_adapter` and `POST /v1/unload_lora_adapter` (bodies `{lora_name,
+    lora_path}`)."""
     from fastapi.responses import PlainTextResponse
 
     s = app.state
@@ -1003,22 +1255,28 @@ def add_lora_routes(app):
 
     return app
 
-
+# %% ../nbs/15_server.ipynb #fs15n
 def build_app(
     engine,
     served_model_name: str = "minivllm",
     api_key: str | None = None,
     chat_template: str | None = None,
     chat_template_content_format: str = "auto",
+    trust_request_chat_template: bool = False,
+    max_body_bytes: int | None = DEFAULT_MAX_BODY_BYTES,
+    prep_timeout: float = 30.0,
 ):
-    "A FastAPI app serving `engine` (an `AsyncLLMEngine`) with OpenAI's API: the base app and its routes."
+    """A FastAPI app serving `engine` (an `AsyncLLMEngine`) with OpenAI's API: the base app and its
+    routes."""
     from minivllm.llm import load_chat_template
 
-    app = base_app(engine, served_model_name, api_key)
-    app.state.chat_template, app.state.content_format = (
+    app = base_app(engine, served_model_name, api_key, max_body_bytes)
+    s = app.state
+    s.chat_template, s.content_format = (
         load_chat_template(chat_template),
         chat_template_content_format,
     )
+    s.trust_request_chat_template, s.prep_timeout = trust_request_chat_template, prep_timeout
     for add in (
         add_info_routes,
         add_completions_route,
@@ -1059,6 +1317,17 @@ def serve_parser(sub):
         "--chat-template-content-format", default="auto", choices=["auto", "string", "openai"]
     )
     p.add_argument(
+        "--trust-request-chat-template",
+        action="store_true",
+        help="run chat templates sent in requests (refused otherwise: a template is a program)",
+    )
+    p.add_argument(
+        "--max-request-body-bytes",
+        type=int,
+        default=DEFAULT_MAX_BODY_BYTES,
+        help="refuse larger request bodies with 413 (default: 16 MiB)",
+    )
+    p.add_argument(
         "--lora-modules",
         nargs="+",
         default=None,
@@ -1067,19 +1336,11 @@ def serve_parser(sub):
     )
     return EngineArgs.add_cli_args(p)
 
-
-def cmd_serve(ns) -> int:
-    "Run `minivllm serve`: build the engine from the flags and serve it with uvicorn until interrupted."
-    import uvicorn
-    from minivllm.async_engine import AsyncLLMEngine
-
-    ea = EngineArgs.from_cli_args(ns)
-    if ns.model_tag is not None:
-        ea.model = ns.model_tag
+# %% ../nbs/15_server.ipynb #fs15o
+def _lora_modules(ns) -> list[tuple[str, str]]:
+    "`--lora-modules`: vLLM's `name=path` (or its JSON form `{name, path}`) pairs."
     loras = []
-    for m in (
-        getattr(ns, "lora_modules", None) or []
-    ):  # vLLM's `name=path` (or its JSON form {"name", "path"})
+    for m in getattr(ns, "lora_modules", None) or []:
         d = (
             json.loads(m)
             if m.lstrip().startswith("{")
@@ -1088,31 +1349,46 @@ def cmd_serve(ns) -> int:
         if not d.get("name") or not d.get("path"):
             raise SystemExit(f"--lora-modules: expected NAME=PATH, got {m!r}")
         loras.append((d["name"], d["path"]))
-    if loras:
-        ea.enable_lora = True
+    return loras
+
+
+def cmd_serve(ns) -> int:
+    "Run `minivllm serve` until interrupted (status 0) or until the engine dies (status 1)."
+    import uvicorn
+    from minivllm.async_engine import AsyncLLMEngine
+
+    ea = EngineArgs.from_cli_args(ns)
+    if ns.model_tag is not None:
+        ea.model = ns.model_tag
+    loras = _lora_modules(ns)
+    ea.enable_lora = ea.enable_lora or bool(loras)
     name = ns.served_model_name or (ea.model if ea.model else "SmolLM2-135M-Instruct")
     engine = AsyncLLMEngine.from_engine_args(ea)
     runner = getattr(engine.engine.engine_core, "model_runner", None)
     if hasattr(runner, "prepare_attention"):
-        runner.prepare_attention()  # the CPU's attention kernel, compiled before serving (lesson 05)
+        runner.prepare_attention()  # the CPU's attention kernel, compiled now (lesson 05)
     app = build_app(
         engine,
         served_model_name=name,
         api_key=ns.api_key,
         chat_template=ns.chat_template,
         chat_template_content_format=ns.chat_template_content_format,
+        trust_request_chat_template=ns.trust_request_chat_template,
+        max_body_bytes=ns.max_request_body_bytes,
     )
-    for k, (n, path) in enumerate(
-        loras, 1
-    ):  # read and checked before serving: a bad adapter stops the server here
-        lr = LoRARequest(n, k, path)
+    for k, (n, path) in enumerate(loras, 1):  # read and checked now: a bad adapter stops here
+        app.state.loras[n] = lr = LoRARequest(n, k, path)
         engine.engine.add_lora(lr)
-        app.state.loras[n] = lr
-    print(
-        f"minivllm: serving {name!r}"
-        + (f" and LoRA adapters {[n for n, _ in loras]}" if loras else "")
-        + f" on http://{ns.host}:{ns.port}/v1",
-        flush=True,
-    )
-    uvicorn.run(app, host=ns.host, port=ns.port, log_level=ns.log_level)
+    served = f" and LoRA adapters {[n for n, _ in loras]}" if loras else ""
+    print(f"minivllm: serving {name!r}{served} on http://{ns.host}:{ns.port}/v1", flush=True)
+    config = uvicorn.Config(app, host=ns.host, port=ns.port, log_level=ns.log_level)
+    server = uvicorn.Server(config)
+    app.state.on_engine_dead = lambda: setattr(server, "should_exit", True)
+    try:
+        server.run()
+    finally:
+        engine.shutdown()
+    if app.state.engine_dead:
+        print("minivllm: the engine died; exiting with status 1.", flush=True)
+        return 1
     return 0

@@ -1,6 +1,7 @@
 """AsyncLLMEngine on the embedded SmolLM2: 32 concurrent `generate` iterators (8 of them aborted midway, in four
 different ways) give exactly the sync `LLMEngine`'s text; bad requests fail alone; the event loop keeps ticking while
-the model runs; all KV blocks are free afterwards; a failing engine loop surfaces as `EngineDeadError`, not a hang."""
+the model runs; all KV blocks are free afterwards; a step that raises fails its own requests; a failure the engine
+cannot survive surfaces as `EngineDeadError`, not a hang."""
 import asyncio, gc, time
 import pytest, torch
 from minivllm import LLMEngine, EngineArgs, SamplingParams, TokensPrompt, RequestOutputKind
@@ -205,8 +206,44 @@ def test_api_and_output_kinds(llm_engine):
     assert_idle(llm_engine)
 
 
-def test_engine_loop_failure_is_engine_dead_error(llm_engine, monkeypatch):
-    "An exception inside step() ends every open stream with EngineDeadError (no hang); the blocks are freed."
+def test_step_failure_fails_its_requests_alone(llm_engine, monkeypatch):
+    """An exception inside step() ends the requests that step ran with EngineGenerateError (their blocks freed);
+    a request that was not in it, and later ones, run on: the engine is not dead."""
+    from minivllm.async_engine import EngineGenerateError
+    engine = AsyncLLMEngine(llm_engine)
+    calls, step = [0], llm_engine.step
+    def failing_step():
+        calls[0] += 1
+        if calls[0] == 4: raise RuntimeError("simulated fault")
+        return step()
+    monkeypatch.setattr(llm_engine, "step", failing_step)
+    long = SamplingParams(temperature=0, max_tokens=50, ignore_eos=True)
+
+    async def one(rid, p="Tell me a story."):
+        n = 0
+        try:
+            async for _ in engine.generate(p, long, rid): n += 1
+        except EngineGenerateError as e: return n, e
+        return n, None
+
+    async def main():
+        res = await asyncio.wait_for(asyncio.gather(one("a"), one("b")), 30)
+        later = await asyncio.wait_for(one("c", "Hello"), 60)
+        await engine.check_health()
+        return res, later
+    res, later = asyncio.run(main())
+    assert all(n < 50 and isinstance(e, EngineGenerateError) and "simulated fault" in str(e) for n, e in res)
+    assert isinstance(res[0][1].__cause__, RuntimeError) and engine.is_running and not engine.errored
+    assert later[0] > 0 and later[1] is None
+    engine.shutdown()
+    monkeypatch.undo()
+    assert_idle(llm_engine)
+
+
+def test_fatal_step_failure_is_engine_dead_error(llm_engine, monkeypatch):
+    """A step failure the engine cannot survive (its workers gone) ends every open stream with EngineDeadError
+    (no hang); the blocks are freed, and the engine reports itself failed."""
+    import minivllm.async_engine as ae
     engine = AsyncLLMEngine(llm_engine)
     calls, step = [0], llm_engine.step
     def failing_step():
@@ -214,6 +251,7 @@ def test_engine_loop_failure_is_engine_dead_error(llm_engine, monkeypatch):
         if calls[0] == 4: raise RuntimeError("simulated device failure")
         return step()
     monkeypatch.setattr(llm_engine, "step", failing_step)
+    monkeypatch.setattr(ae, "engine_failure", lambda e: "the workers are gone (simulated)")
     long = SamplingParams(temperature=0, max_tokens=50, ignore_eos=True)
 
     async def one(rid):
@@ -229,7 +267,7 @@ def test_engine_loop_failure_is_engine_dead_error(llm_engine, monkeypatch):
         return res
     res = asyncio.run(main())
     assert all(n < 50 and isinstance(e, EngineDeadError) and "simulated device failure" in str(e) for n, e in res)
-    assert isinstance(res[0][1].__cause__, RuntimeError) and engine.errored and not engine.is_running
+    assert isinstance(res[0][1].__cause__, RuntimeError) and engine.errored and engine.failed and not engine.is_running
     engine.shutdown()
     monkeypatch.undo()
     assert_idle(llm_engine)

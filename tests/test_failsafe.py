@@ -1,0 +1,193 @@
+"""The server fails safe (issue #34), each check against a real `minivllm serve` on a tiny random model: a request's
+chat template is refused unless the operator trusts them, and a trusted one that runs for seconds does not stall
+`/health`; a 50 MB body is refused at once without growing the server's memory; a non-streamed request whose client
+leaves is aborted and its blocks freed; a tensor-parallel worker killed mid-stream ends the stream with an error
+event, turns `/health` to 503 and makes the server exit non-zero. Offline, `LLM` recovers from a step that raised
+(every block back, the next call works) and a dead engine raises `EngineDeadError` at once, leaking nothing."""
+import asyncio, json, os, re, signal, socket, subprocess, tempfile, threading, time
+import httpx, psutil, pytest
+from conftest import free_port, running_server
+
+pytestmark = pytest.mark.xdist_group("failsafe")
+
+NESTED = "{% for i in range(15000) %}{% for j in range(15000) %}{% endfor %}{% endfor %}x"
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(model_dir):
+    from minivllm.model import make_tiny_checkpoint
+    d = tempfile.mkdtemp()
+    make_tiny_checkpoint(d, "llama", tokenizer_from=model_dir, vocab_size=49152, tie_word_embeddings=True,
+                         max_position_embeddings=4096)
+    return d
+
+
+@pytest.fixture(scope="module")
+def server(tiny_dir):
+    with running_server(tiny_dir, "--max-model-len", "4096") as base: yield base
+
+
+def server_pid(base: str) -> int:
+    port = int(base.rsplit(":", 1)[1])
+    for c in psutil.net_connections("tcp"):
+        if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN: return c.pid
+    raise RuntimeError("no server process")
+
+
+def metric(base: str, name: str) -> float:
+    return float(re.search(rf"^{re.escape(name)} (\S+)$", httpx.get(base + "/metrics").text, re.M).group(1))
+
+
+def health_latencies(base: str, stop: threading.Event) -> list:
+    "Probe /health every 0.1 s until `stop`; the seconds each probe took."
+    out = []
+    while not stop.is_set():
+        t = time.perf_counter()
+        httpx.get(base + "/health", timeout=30)
+        out.append(time.perf_counter() - t)
+        time.sleep(0.1)
+    return out
+
+
+def test_request_chat_template_refused_by_default(server):
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "chat_template": NESTED}
+    t = time.perf_counter()
+    r = httpx.post(server + "/v1/chat/completions", json=body, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template", r.text
+    assert time.perf_counter() - t < 2
+
+
+def test_trusted_slow_template_does_not_freeze_health(tiny_dir):
+    with running_server(tiny_dir, "--max-model-len", "512", "--trust-request-chat-template") as base:
+        body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1, "chat_template": NESTED}
+        stop, res = threading.Event(), {}
+        probe = threading.Thread(target=lambda: res.update(lat=health_latencies(base, stop)))
+        probe.start()
+        t = time.perf_counter()
+        try: r = httpx.post(base + "/v1/chat/completions", json=body, timeout=120)
+        finally: stop.set(); probe.join()
+        took = time.perf_counter() - t
+        assert took > 1, "the template ran (it is trusted here)"
+        assert r.status_code in (200, 400), r.text        # rendered, or refused after the preparation time limit
+        assert len(res["lat"]) >= 3 and max(res["lat"]) < 1.0, res["lat"]
+
+
+def test_50mb_body_is_refused_at_once_without_memory(server):
+    proc = psutil.Process(server_pid(server))
+    rss0, peak, stop = proc.memory_info().rss, [0], threading.Event()
+    def sample():
+        while not stop.is_set(): peak[0] = max(peak[0], proc.memory_info().rss); time.sleep(0.01)
+    th = threading.Thread(target=sample); th.start()
+    try:
+        for body in (json.dumps({"prompt": "a" * (50 << 20)}),                      # over the body limit: 413
+                     json.dumps({"messages": [{"role": "user", "content": "word " * (2 << 20)}]})):  # 10 MB chat: 400
+            t = time.perf_counter()
+            path = "/v1/completions" if body.startswith('{"prompt"') else "/v1/chat/completions"
+            r = httpx.post(server + path, content=body, headers={"content-type": "application/json"}, timeout=60)
+            assert time.perf_counter() - t < 2, (path, time.perf_counter() - t)
+            assert r.status_code in (400, 413) and r.json()["error"]["code"] == r.status_code, r.text[:300]
+    finally:
+        stop.set(); th.join()
+    assert peak[0] - rss0 < 200 << 20, (rss0 >> 20, peak[0] >> 20)
+    assert httpx.get(server + "/health").status_code == 200
+
+
+def test_non_streamed_disconnect_frees_blocks(server):
+    total = metric(server, "minivllm_kv_cache_total_blocks")
+    body = json.dumps({"prompt": "Tell me a long story.", "max_tokens": 4000, "ignore_eos": True}).encode()
+    port = int(server.rsplit(":", 1)[1])
+    s = socket.create_connection(("127.0.0.1", port))
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    deadline = time.time() + 30
+    while metric(server, "vllm:num_requests_running") < 1:                     # it runs...
+        assert time.time() < deadline; time.sleep(0.05)
+    time.sleep(0.3)
+    s.close()                                                                   # ...and its client leaves
+    t = time.time()
+    while metric(server, "vllm:num_requests_running") or metric(server, "minivllm_kv_cache_free_blocks") != total:
+        assert time.time() - t < 5, "the request kept running after its client left"
+        time.sleep(0.05)
+    assert 'vllm:request_success_total{finished_reason="abort"}' in httpx.get(server + "/metrics").text
+
+
+@pytest.fixture(scope="module")
+def tp_dir(model_dir):
+    from minivllm.model import make_tiny_checkpoint
+    d = tempfile.mkdtemp()   # 6 query heads in 3 KV groups: splits over 2 ranks
+    make_tiny_checkpoint(d, "llama", tokenizer_from=model_dir, hidden_size=96, num_attention_heads=6,
+                         num_key_value_heads=3, vocab_size=250, intermediate_size=96)
+    return d
+
+
+def test_tp_worker_killed_mid_stream_ends_the_server(tp_dir):
+    port = free_port()
+    proc = subprocess.Popen(["minivllm", "serve", tp_dir, "--port", str(port), "--tensor-parallel-size", "2",
+                             "--max-model-len", "128", "--kv-cache-memory-bytes", str(1 << 22)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ, HF_HUB_OFFLINE="1"))
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 300
+        while True:
+            assert proc.poll() is None, proc.stdout.read()
+            assert time.time() < deadline
+            try:
+                if httpx.get(base + "/health", timeout=2).status_code == 200: break
+            except httpx.HTTPError: time.sleep(0.3)
+        [worker] = [p for p in psutil.Process(proc.pid).children(recursive=True) if "minivllm.parallel" in " ".join(p.cmdline())]
+        body = {"prompt": [5, 17, 99], "max_tokens": 120, "ignore_eos": True, "stream": True}
+        events, killed = [], False
+        with httpx.stream("POST", base + "/v1/completions", json=body, timeout=60) as r:
+            assert r.status_code == 200
+            for line in r.iter_lines():
+                if not line.startswith("data: "): continue
+                events.append(line[6:])
+                if not killed: worker.send_signal(signal.SIGKILL); killed = True
+        assert events[-1] == "[DONE]" and "error" in json.loads(events[-2]), events[-3:]
+        err = json.loads(events[-2])["error"]
+        assert err["code"] == 503 and "tensor-parallel" in err["message"], err
+        assert not any(json.loads(e)["choices"][0]["finish_reason"] for e in events[:-2]), "the stream did not finish"
+        try: h = httpx.get(base + "/health", timeout=5).status_code
+        except httpx.HTTPError: h = None      # (already gone)
+        assert h != 200
+        assert proc.wait(timeout=30) != 0
+    finally:
+        if proc.poll() is None: proc.kill(); proc.wait()
+
+
+def test_offline_llm_recovers_from_a_failed_step(tiny_dir):
+    from minivllm import LLM, SamplingParams
+    llm = LLM(model=tiny_dir, max_model_len=128, num_gpu_blocks_override=64)
+    eng, kv = llm.llm_engine, llm.llm_engine.kv_cache_manager
+    sp = SamplingParams(max_tokens=20, ignore_eos=True)
+    ref = llm.generate(["hello", "world"], SamplingParams(temperature=0, max_tokens=5), use_tqdm=False)
+    step, calls = eng.step, [0]
+    def failing():
+        calls[0] += 1
+        if calls[0] == 3: raise RuntimeError("simulated failure")
+        return step()
+    eng.step = failing
+    for _ in range(2):   # every call fails alone and leaves nothing behind
+        calls[0] = 0
+        with pytest.raises(RuntimeError, match="simulated"): llm.generate(["a", "b", "c"], sp, use_tqdm=False)
+        assert not eng.has_unfinished_requests() and kv.block_pool.get_num_free_blocks() == kv.num_blocks
+    del eng.step
+    again = llm.generate(["hello", "world"], SamplingParams(temperature=0, max_tokens=5), use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in again] == [o.outputs[0].token_ids for o in ref]
+    assert kv.block_pool.get_num_free_blocks() == kv.num_blocks
+
+
+def test_offline_llm_with_dead_workers_says_so(tp_dir):
+    from minivllm import LLM, SamplingParams
+    from minivllm.llm import EngineDeadError
+    llm = LLM(model=tp_dir, max_model_len=128, kv_cache_memory_bytes=1 << 22, tensor_parallel_size=2)
+    sp = SamplingParams(max_tokens=4)
+    [pid] = llm.llm_engine.engine_core.model_runner.worker_pids
+    os.kill(pid, signal.SIGKILL)
+    with pytest.raises(RuntimeError, match="tensor-parallel"): llm.generate({"prompt_token_ids": [5, 6]}, sp, use_tqdm=False)
+    t = time.monotonic()
+    for _ in range(3):
+        with pytest.raises(EngineDeadError, match="engine is dead"): llm.generate({"prompt_token_ids": [5, 6]}, sp, use_tqdm=False)
+    assert time.monotonic() - t < 1
+    kv = llm.llm_engine.kv_cache_manager
+    assert not llm.llm_engine.has_unfinished_requests() and kv.block_pool.get_num_free_blocks() == kv.num_blocks
