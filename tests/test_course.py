@@ -113,3 +113,25 @@ def test_stray_numbers_catches_a_made_up_number():
     assert stray_numbers("eager is 23.5 ms a token, 1.62× llama.cpp", table) == []
     assert stray_numbers("eager is 28.9 ms a token", table) == ["28.9 ms"]
     assert stray_numbers("3.40× faster", table) == ["3.40×"]
+
+
+def test_minivllm_course_writes_a_student_copy(tmp_path):
+    "`minivllm course --student DIR` (through the console script's main): every exercise blanked, the tests kept."
+    import subprocess, sys
+    dst = tmp_path / "class"
+    r = subprocess.run([sys.executable, "-c", "import sys; from minivllm.cli import main; sys.exit(main())",
+                        "course", "--student", str(dst), "--nbs", str(NBS)], capture_output=True, text=True,
+                       timeout=300, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert r.returncode == 0, r.stderr
+    total = 0
+    for p in sorted(NBS.glob("*.ipynb")):
+        src, copy = json.loads(p.read_text())["cells"], json.loads((dst / p.name).read_text())["cells"]
+        for i, tests in exercises({"cells": src}):
+            total += 1
+            assert "raise NotImplementedError('hint: " in _src(copy[i]) or 'raise NotImplementedError("hint: ' in _src(copy[i])
+            assert all(copy[j] == src[j] for j in tests), f"{p.name}: the tests of exercise {i} changed"
+    assert total and f"{total} exercises" in r.stdout
+    r = subprocess.run([sys.executable, "-c", "import sys; from minivllm.cli import main; sys.exit(main())",
+                        "course", "--student", str(dst), "--nbs", str(NBS)], capture_output=True, text=True,
+                       timeout=300, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert r.returncode == 2 and "exists" in r.stderr
