@@ -217,6 +217,15 @@ def test_step_widget_frames_fit_the_screen(site, browser):
     assert not tall, "\n".join(tall)
 
 
+def test_no_link_to_a_repository_that_does_not_exist(site):
+    "Pages link no source repository of the project's own (there is none published): the code is on the page."
+    import configparser
+    cfg = configparser.ConfigParser(); cfg.read(ROOT / "settings.ini")
+    repo = cfg["DEFAULT"].get("git_url", "").rstrip("/")
+    bad = [f"{page}: {h}" for page in pages() for h in parse(page).hrefs if repo and h.startswith(repo)]
+    assert not bad, "\n".join(bad[:20])
+
+
 def test_sidebar_has_the_two_paths(site, browser):
     "The sidebar has a core path and a going-further section, each lesson with its number and reading time."
     pg = browser.new_page()
