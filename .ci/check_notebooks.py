@@ -18,7 +18,7 @@ PROGRESS = re.compile(r"(\d+%\|[█▉▊▋▌▍▎▏ #]*\||\bit/s\]|Loading 
 LOGLINE = re.compile(r"^\s*(\[?\d{4}-\d\d-\d\d[ T]\d\d:\d\d[^\n]*\b(INFO|WARNING|DEBUG)\b|(INFO|WARNING|DEBUG)\s*[:|]|\[(I|W|D) \d|"
                      r"\S+ - (INFO|WARNING|DEBUG) - )", re.M)
 SKIP_FLAGS = {"slow", "gpu"}
-NO_VIEWER = {"16_benchmarks.ipynb", "17_cli.ipynb", "90_viz.ipynb"}   # measurements and the command line: figures, no engine steps
+NO_VIEWER = {"16_benchmarks.ipynb", "16b_course.ipynb", "17_cli.ipynb", "90_viz.ipynb"}   # measurements, the course tool and the command line: figures, no engine steps
 
 
 

@@ -425,3 +425,20 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, TypeError, NotImplementedError, FileNotFoundError) as e:
         print(f"minivllm: error: {e}", file=sys.stderr)
         return 2
+
+# %% ../nbs/17_cli.ipynb #49452a3e
+_subcommands_main = main
+
+
+def main(argv: list[str] | None = None) -> int:
+    "The `minivllm` console script: `course` (lesson 16b), then `generate`, `bench` and `serve`."
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["course"]:
+        from minivllm.course import main as course_main
+
+        try:
+            return course_main(argv[1:])
+        except (ValueError, FileNotFoundError) as e:
+            print(f"minivllm: error: {e}", file=sys.stderr)
+            return 2
+    return _subcommands_main(argv)

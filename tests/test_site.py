@@ -140,6 +140,105 @@ def test_step_widgets_play_without_kernel(site, browser):
     pg.close()
 
 
+# ---- the site as a course: the code on the page, nothing scrolls sideways, the two paths in the sidebar
+
+import ast, json, runpy
+
+
+def core_lessons() -> list[dict]:
+    return runpy.run_path(str(ROOT / ".ci" / "reading_time"))["course"]()["core"]
+
+
+def taught_names(nb_file: str) -> list[str]:
+    "The public functions and classes a lesson exports: what the page must show as code."
+    names = []
+    for c in json.loads((ROOT / "nbs" / nb_file).read_text())["cells"]:
+        src = "".join(c["source"])
+        if c["cell_type"] != "code" or not re.search(r"^#\|\s*export\s*$", src, re.M): continue
+        try: tree = ast.parse("\n".join(l for l in src.splitlines() if not l.startswith(("%", "!"))))
+        except SyntaxError: continue
+        names += [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and not n.name.startswith("_")]
+    return names
+
+
+def page_of(stem: str) -> str:
+    return re.sub(r"^\d+[a-z]?_", "", stem) + ".html"
+
+
+VISIBLE_CODE = """() => [...document.querySelectorAll('main pre.sourceCode')]
+    .filter(p => p.offsetParent !== null).map(p => p.innerText).join('\\n')"""
+
+
+def test_core_pages_show_their_code(site, browser):
+    "Every public function and class a core lesson exports shows its source on its page, unfolded."
+    pg = browser.new_page(viewport={"width": 1400, "height": 900})
+    missing = []
+    for e in core_lessons():
+        pg.goto(f"{site}/{page_of(e['nb'])}", wait_until="load")
+        code = pg.evaluate(VISIBLE_CODE)
+        missing += [f"{e['nb']}: {n}" for n in taught_names(e["file"])
+                    if not re.search(rf"^\s*(def|class) {re.escape(n)}\b", code, re.M)]
+    pg.close()
+    assert not missing, "exported but not shown as code on the page:\n" + "\n".join(missing)
+
+
+SIDEWAYS = """() => [...document.querySelectorAll('main pre, main div.sourceCode, main .cell-output, main table')]
+    .filter(e => e.offsetParent !== null && e.scrollWidth > e.clientWidth + 1)
+    .map(e => e.tagName + ' ' + e.scrollWidth + '>' + e.clientWidth + ': ' + e.textContent.slice(0, 50))"""
+
+
+def test_nothing_scrolls_sideways(site, browser):
+    "At a 1400 px window no code block, output or table on any page scrolls sideways, and 100 columns of code fit a line."
+    pg = browser.new_page(viewport={"width": 1400, "height": 900})
+    bad = []
+    for page in pages():
+        pg.goto(f"{site}/{page}", wait_until="load")
+        bad += [f"{page}: {x}" for x in pg.evaluate(SIDEWAYS)]
+    pg.goto(f"{site}/scheduler.html", wait_until="load")
+    fits = pg.evaluate("""() => { const pre = document.querySelector('main pre.sourceCode');
+        const s = document.createElement('span'); s.textContent = '0'.repeat(100); s.style.whiteSpace = 'pre';
+        pre.querySelector('code').appendChild(s);
+        const cs = getComputedStyle(pre);
+        return s.getBoundingClientRect().width <= pre.clientWidth - parseFloat(cs.paddingLeft) - parseFloat(cs.paddingRight) + 1; }""")
+    pg.close()
+    assert fits, "a line of 100 columns of code does not fit the text column"
+    assert not bad, "\n".join(bad)
+
+
+def test_step_widget_frames_fit_the_screen(site, browser):
+    "A step widget's frame is at most 700 px tall: the slider and the picture fit on one screen."
+    pg = browser.new_page(viewport={"width": 1400, "height": 900})
+    tall = []
+    for page in pages():
+        pg.goto(f"{site}/{page}", wait_until="load")
+        hs = pg.evaluate("() => [...document.querySelectorAll('.step-viewer img.sv-frame')].map(i => i.getBoundingClientRect().height)")
+        tall += [f"{page}: frame {k} is {h:.0f} px tall" for k, h in enumerate(hs) if h > 700]
+    pg.close()
+    assert not tall, "\n".join(tall)
+
+
+def test_no_link_to_a_repository_that_does_not_exist(site):
+    "Pages link no source repository of the project's own (there is none published): the code is on the page."
+    import configparser
+    cfg = configparser.ConfigParser(); cfg.read(ROOT / "settings.ini")
+    repo = cfg["DEFAULT"].get("git_url", "").rstrip("/")
+    bad = [f"{page}: {h}" for page in pages() for h in parse(page).hrefs if repo and h.startswith(repo)]
+    assert not bad, "\n".join(bad[:20])
+
+
+def test_sidebar_has_the_two_paths(site, browser):
+    "The sidebar has a core path and a going-further section, each lesson with its number and reading time."
+    pg = browser.new_page()
+    pg.goto(f"{site}/index.html", wait_until="load")
+    sections = pg.evaluate("() => [...document.querySelectorAll('#quarto-sidebar .sidebar-item-section')].map(s => s.innerText)")
+    pg.close()
+    core = [s for s in sections if s.startswith("Core path")]
+    further = [s for s in sections if s.startswith("Going further")]
+    assert core and further, f"sidebar sections: {[s.splitlines()[0] for s in sections]}"
+    for e in core_lessons():
+        assert re.search(rf"{e['number']} · .*\d+ (min|h)", core[0]), f"{e['nb']} is not in the core path with its time"
+
+
 @contextlib.contextmanager
 def jupyter_lab(port: int, root: Path):
     env = dict(os.environ, JUPYTER_CONFIG_DIR=str(root / ".jupyter"), HF_HUB_OFFLINE="1")

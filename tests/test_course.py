@@ -1,0 +1,137 @@
+"""The course as a teacher uses it:
+
+- every exercise (a `#| exercise` cell at the end of a lesson) in both directions: its reference solution passes the
+  test cells that follow it, and the student's blank (`minivllm course --student`) fails them;
+- every measured number the home page (nbs/index.ipynb) and README.md quote comes from the benchmarks' saved results
+  (nbs/bench_results/*.json), through the index's own cell;
+- the two paths of nbs/course.yml name notebooks that exist, and every core lesson ends with a recap.
+"""
+import json, os, re, runpy
+from pathlib import Path
+import pytest
+from minivllm.course import blank, exercise_hint, exercises
+
+ROOT = Path(__file__).resolve().parent.parent
+NBS = ROOT / "nbs"
+
+
+def _src(c) -> str:
+    return "".join(c["source"]) if isinstance(c["source"], list) else c["source"]
+
+
+def all_exercises():
+    out = []
+    for p in sorted(NBS.glob("*.ipynb")):
+        nb = json.loads(p.read_text())
+        out += [pytest.param(p.name, i, tests, id=f"{p.stem}-cell{i}") for i, tests in exercises(nb)]
+    return out
+
+
+def run_exercise(nb_name: str, i: int, tests: list[int], blanked: bool):
+    "Run the exercise cell (or its blank) and its test cells in a fresh namespace, from nbs/ as nbdev_test does."
+    cells = json.loads((NBS / nb_name).read_text())["cells"]
+    src = _src(cells[i])
+    if blanked: src = blank(src, exercise_hint(cells[i]))
+    ns = {"__name__": "__exercise__"}
+    cwd = os.getcwd(); os.chdir(NBS)
+    try:
+        exec(compile(src, f"{nb_name}:cell{i}", "exec"), ns)
+        for j in tests: exec(compile(_src(cells[j]), f"{nb_name}:cell{j}", "exec"), ns)
+    finally: os.chdir(cwd)
+
+
+@pytest.mark.parametrize("nb_name,i,tests", all_exercises())
+def test_exercise_reference_passes_blank_fails(nb_name, i, tests):
+    assert tests, f"{nb_name}: exercise cell {i} has no test cells after it"
+    run_exercise(nb_name, i, tests, blanked=False)
+    with pytest.raises(NotImplementedError, match="hint: "):
+        run_exercise(nb_name, i, tests, blanked=True)
+
+
+def test_core_lessons_have_exercises_and_recaps():
+    rt = runpy.run_path(str(ROOT / ".ci" / "reading_time"))
+    core = rt["course"]()["core"]
+    assert core, "nbs/course.yml lists no core lesson"
+    missing_recap, counts = [], {}
+    for e in core:
+        nb = json.loads((NBS / e["file"]).read_text())
+        if not any(c["cell_type"] == "markdown" and _src(c).startswith("## Recap") for c in nb["cells"]):
+            missing_recap.append(e["nb"])
+        counts[e["nb"]] = len(exercises(nb))
+    assert not missing_recap, f"core lessons without a recap: {missing_recap}"
+    for stem in ("02_block_manager", "03_scheduler", "04_paged_attention", "06_sampler"):
+        assert counts.get(stem, 0) >= 1, f"{stem} has no exercise: {counts}"
+
+
+def test_exercises_do_not_export():
+    "An exercise must not change the package: no exercise cell is also exported."
+    bad = [f"{p.name}: cell {i}" for p in NBS.glob("*.ipynb") for i, _ in exercises(json.loads(p.read_text()))
+           if re.search(r"^#\|\s*export", _src(json.loads(p.read_text())["cells"][i]), re.M)]
+    assert not bad, bad
+
+
+# ---- one source for every measured number
+
+UNITS = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)\s*(?:ms\b|×|tokens/s|tok/s|tokens a second)")
+
+
+def headline_cell():
+    nb = json.loads((NBS / "index.ipynb").read_text())
+    cell = next(c for c in nb["cells"] if c["cell_type"] == "code" and "def headline" in _src(c))
+    return cell
+
+
+def computed_headline() -> str:
+    ns = {}
+    cwd = os.getcwd(); os.chdir(NBS)
+    try:
+        exec(re.sub(r"^Markdown\(headline\(\)\)\s*$", "", _src(headline_cell()), flags=re.M), ns)
+        return ns["headline"]()
+    finally: os.chdir(cwd)
+
+
+def stray_numbers(text: str, allowed: str) -> list[str]:
+    "Numbers with a unit of speed or time in `text` that the results table `allowed` does not hold."
+    ok = set(re.findall(r"\d+(?:\.\d+)?", allowed))
+    return sorted({m.group(0) for m in UNITS.finditer(text) if m.group(1) not in ok})
+
+
+def test_index_numbers_come_from_saved_results():
+    table = computed_headline()
+    saved = "".join("".join(o["data"]["text/markdown"]) for o in headline_cell()["outputs"] if "text/markdown" in o.get("data", {}))
+    assert saved.strip() == table.strip(), "the index's results table is stale: re-execute nbs/index.ipynb"
+    readme = (ROOT / "README.md").read_text()
+    assert table.strip() in readme, "README.md does not hold the results table: run python3 .ci/readme"
+    nb = json.loads((NBS / "index.ipynb").read_text())
+    prose = "\n".join(_src(c) for c in nb["cells"] if c["cell_type"] == "markdown")
+    bad = stray_numbers(prose, table) + stray_numbers(readme, table)
+    assert not bad, f"numbers quoted in index/README that nbs/bench_results does not give: {bad}"
+
+
+def test_stray_numbers_catches_a_made_up_number():
+    table = "| float32 | 23.5 | 20.4 | 156 (1.62× llama.cpp) |"
+    assert stray_numbers("eager is 23.5 ms a token, 1.62× llama.cpp", table) == []
+    assert stray_numbers("eager is 28.9 ms a token", table) == ["28.9 ms"]
+    assert stray_numbers("3.40× faster", table) == ["3.40×"]
+
+
+def test_minivllm_course_writes_a_student_copy(tmp_path):
+    "`minivllm course --student DIR` (through the console script's main): every exercise blanked, the tests kept."
+    import subprocess, sys
+    dst = tmp_path / "class"
+    r = subprocess.run([sys.executable, "-c", "import sys; from minivllm.cli import main; sys.exit(main())",
+                        "course", "--student", str(dst), "--nbs", str(NBS)], capture_output=True, text=True,
+                       timeout=300, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert r.returncode == 0, r.stderr
+    total = 0
+    for p in sorted(NBS.glob("*.ipynb")):
+        src, copy = json.loads(p.read_text())["cells"], json.loads((dst / p.name).read_text())["cells"]
+        for i, tests in exercises({"cells": src}):
+            total += 1
+            assert "raise NotImplementedError('hint: " in _src(copy[i]) or 'raise NotImplementedError("hint: ' in _src(copy[i])
+            assert all(copy[j] == src[j] for j in tests), f"{p.name}: the tests of exercise {i} changed"
+    assert total and f"{total} exercises" in r.stdout
+    r = subprocess.run([sys.executable, "-c", "import sys; from minivllm.cli import main; sys.exit(main())",
+                        "course", "--student", str(dst), "--nbs", str(NBS)], capture_output=True, text=True,
+                       timeout=300, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert r.returncode == 2 and "exists" in r.stderr
