@@ -375,7 +375,7 @@ def _attend_prefills(q, k, v, flat, plan: _TorchPlan, out, scale: float):
             )
         out[p.start : p.end] = o.flatten(0, 1).transpose(0, 1)
 
-
+# %% ../nbs/04_paged_attention.ipynb #024a6359
 def torch_paged_attention(q, k, v, kv_cache, md: AttentionMetadata, scale: float) -> torch.Tensor:
     """Write this step's `k`, `v` into `kv_cache`, then attend. q: [T, H, D]; k, v: [T, Hkv, D].
     Returns [T, H, D]."""

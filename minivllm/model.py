@@ -114,7 +114,7 @@ _PACKED_LINEARS = (
     weakref.WeakValueDictionary()
 )  # key → packed `Linear`: how a compiled graph finds its packed weight
 
-
+# %% ../nbs/05_model.ipynb #786394c5
 class Linear(nn.Linear):
     """`nn.Linear` that multiplies with prepacked copies of its weight once `pack()` made them
     (CPU): the C kernel's up to `GEMM_MAX_ROWS` rows, oneDNN's above."""
@@ -399,7 +399,7 @@ def rms_norm_c(x, weight, eps: float):
     )
     return out.view(x.shape)
 
-
+# %% ../nbs/05_model.ipynb #e3920424
 def rotate_c(x, cos, sin):
     """`RotaryEmbedding.rotate` by the C kernel. x: [T, heads, D] (rows may be strided); cos, sin:
     [T, 1, D] in x's dtype; None where it does not apply."""
@@ -458,7 +458,7 @@ def layer_ops():
 # %% ../nbs/05_model.ipynb #ec48cb78
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
-
+# %% ../nbs/05_model.ipynb #644d0653
 class LlamaForCausalLM(nn.Module):
     """Llama-family decoder over a paged KV cache. Parameter names follow HF's, with q/k/v and
     gate/up fused."""

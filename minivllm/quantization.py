@@ -101,7 +101,7 @@ def _dense_mm(x: torch.Tensor, w: torch.Tensor, wc: torch.Tensor | None = None) 
         x = F.pad(x, (0, 0, 0, 32 - m % 32))
     return torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")[:m]
 
-
+# %% ../nbs/04b_quantization.ipynb #6d6db39a
 class Int4Linear(nn.Module):
     """`y = x @ W.T (+ b)` with `W` in 4-bit groups of 32 (`(q - 8)·scale + zero`), run by PyTorch's
     int4 weight-only kernel; with `max_int4_rows`, calls with more rows multiply by a dense
@@ -306,7 +306,7 @@ _GGUF_TYPES = {
     8: ("Q8_0", 34, 32),
 }
 
-
+# %% ../nbs/04b_quantization.ipynb #d0a22e77
 def read_gguf(path: str | os.PathLike) -> tuple[str, dict[str, tuple[str, torch.Tensor]]]:
     """`(architecture, {gguf name: (type name, tensor)})` of a GGUF file: raw block rows `uint8 [N,
     bytes]` for quantized types, floats `[N, K]` otherwise. (A small reader of the format's

@@ -14,7 +14,7 @@ PREFIX = (
 )
 QUESTIONS = ["Hello, my name is", "The president of the United States is", "The capital of France is",
              "The future of AI is"]
-GREEDY = SamplingParams(temperature=0.0, max_tokens=24, logprobs=0)
+GREEDY = SamplingParams(temperature=0.0, max_tokens=16, logprobs=0)
 
 
 def _dtype_default():
@@ -50,12 +50,11 @@ def test_prefix_cache_hits_do_not_change_greedy_output(invariant):
 
 
 def test_request_alone_and_in_a_batch_of_30_with_chunked_prefill(invariant):
-    llm = LLM(enable_prefix_caching=False, enable_chunked_prefill=True, max_num_batched_tokens=64, seed=0)
+    llm = LLM(enable_prefix_caching=False, enable_chunked_prefill=True, max_num_batched_tokens=96, seed=0)
     target = PREFIX + "Write one question about teamwork."
     alone = _result(llm.generate([target], GREEDY, use_tqdm=False))[0]
-    others = [f"Question {i}: name {i % 7 + 2} animals that live in {'rivers' if i % 2 else 'deserts'}." * (1 + i % 3)
+    others = [f"Question {i}: name {i % 7 + 2} animals of the {'rivers' if i % 2 else 'deserts'}."
               for i in range(30)]
     batch = others[:15] + [target] + others[15:]
-    together = _result(llm.generate(batch, SamplingParams(temperature=0.0, max_tokens=24, logprobs=0),
-                                    use_tqdm=False))[15]
+    together = _result(llm.generate(batch, GREEDY, use_tqdm=False))[15]
     assert together == alone
