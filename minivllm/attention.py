@@ -10,12 +10,9 @@ import torch
 import torch.nn.functional as F
 
 # %% auto #0
-__all__ = ['DECODE_GROUP_COST', 'MAX_GATHER_BYTES', 'LOG2E', 'AttentionMetadata', 'build_metadata', 'write_kv_cache',
+__all__ = ['DECODE_GROUP_COST', 'MAX_GATHER_BYTES', 'ATTENTION_BACKENDS', 'AttentionMetadata', 'build_metadata', 'write_kv_cache',
            'simple_paged_attention', 'reference_attention', 'make_paged_case', 'group_decodes', 'torch_paged_attention',
-           'triton_write_kv_cache', 'online_softmax', 'paged_decode_attention', 'paged_prefill_attention',
-           'triton_paged_attention', 'decode_in_place', 'decode_in_place_compiled', 'inductor_paged_attention',
-           'warm_up_decode_in_place', 'build_c_library', 'build_decode_kernel', 'decode_in_place_c',
-           'cpu_paged_attention']
+           'register_attention_backend', 'get_attention_backend']
 
 # %% ../nbs/04_paged_attention.ipynb #69264453
 @dataclass
@@ -48,7 +45,8 @@ def build_metadata(
     block_size: int,
     device="cpu",
 ) -> AttentionMetadata:
-    "Metadata for requests with context lengths `seq_lens`, of which the last `query_lens` tokens are new."
+    """Metadata for requests with context lengths `seq_lens`, of which the last `query_lens` tokens
+    are new."""
     n, bs = len(seq_lens), block_size
     num_decodes = 0
     while num_decodes < n and query_lens[num_decodes] == 1:
@@ -76,19 +74,22 @@ def build_metadata(
 def write_kv_cache(
     key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
 ):
-    "Scatter `key`/`value` `[num_tokens, kv_heads, head_dim]` into `kv_cache` `[2, blocks, block_size, kv_heads, head_dim]`."
+    """Scatter `key`/`value` `[num_tokens, kv_heads, head_dim]` into `kv_cache` `[2, blocks,
+    block_size, kv_heads, head_dim]`."""
     _, nb, bs, h, d = kv_cache.shape
     kv_cache[0].view(nb * bs, h, d).index_copy_(0, slot_mapping, key.to(kv_cache.dtype))
     kv_cache[1].view(nb * bs, h, d).index_copy_(0, slot_mapping, value.to(kv_cache.dtype))
 
 # %% ../nbs/04_paged_attention.ipynb #26f9c7aa
 def _causal_mask(q_len: int, kv_len: int, device) -> torch.Tensor:
-    "Boolean mask [q_len, kv_len]: query j (at position kv_len - q_len + j) sees keys up to its position."
+    """Boolean mask [q_len, kv_len]: query j (at position kv_len - q_len + j) sees keys up to its
+    position."""
     return torch.ones(q_len, kv_len, dtype=torch.bool, device=device).tril(kv_len - q_len)
 
 
 def simple_paged_attention(q, k, v, kv_cache, md: AttentionMetadata, scale: float) -> torch.Tensor:
-    "Write this step's `k`, `v` into `kv_cache`, then attend. q: [T, H, D]; k, v: [T, Hkv, D]. Returns [T, H, D]."
+    """Write this step's `k`, `v` into `kv_cache`, then attend. q: [T, H, D]; k, v: [T, Hkv, D].
+    Returns [T, H, D]."""
     write_kv_cache(k, v, kv_cache, md.slot_mapping)
     out = torch.empty_like(q)
     nd, bs = md.num_decodes, kv_cache.shape[2]
@@ -153,7 +154,8 @@ def make_paged_case(
     dtype=torch.float32,
     seed=0,
 ):
-    "Random requests placed in a paged cache with shuffled block tables: (q, k, v, kv_cache, metadata, expected)."
+    """Random requests placed in a paged cache with shuffled block tables: (q, k, v, kv_cache,
+    metadata, expected)."""
     g = torch.Generator().manual_seed(seed)
     nblocks = [(s + block_size - 1) // block_size for s in seq_lens]
     perm = torch.randperm(sum(nblocks) + 3, generator=g).tolist()
@@ -185,7 +187,8 @@ def make_paged_case(
 def group_decodes(
     seq_lens: list[int], block_size: int, group_cost: int = 256, max_keys: int | None = None
 ) -> list[list[int]]:
-    "Cut the decodes into groups of similar length (indices, each group sorted by length): minimise padded keys + `group_cost` per group."
+    """Cut the decodes into groups of similar length (indices, each group sorted by length):
+    minimise padded keys + `group_cost` per group."""
     order = sorted(range(len(seq_lens)), key=lambda i: seq_lens[i])
     if not order:
         return []
@@ -235,7 +238,8 @@ class _DecodeGroup:
 
 @dataclass
 class _Prefill:
-    "One prefill chunk: its query rows, context length, and (with cached context) its blocks and mask."
+    """One prefill chunk: its query rows, context length, and (with cached context) its blocks and
+    mask."""
 
     start: int
     end: int
@@ -246,7 +250,8 @@ class _Prefill:
 
 @dataclass
 class _TorchPlan:
-    "The torch backend's plan of one step: decode groups, prefill chunks, and the workspace they need."
+    """The torch backend's plan of one step: decode groups, prefill chunks, and the workspace they
+    need."""
 
     key: tuple
     groups: list[_DecodeGroup]
@@ -261,7 +266,8 @@ _WORKSPACES = (
 
 
 def _workspace(numel: int, like: torch.Tensor) -> torch.Tensor:
-    "A buffer of at least `numel` elements of `like`'s dtype and device, kept across steps (not re-allocated every step)."
+    """A buffer of at least `numel` elements of `like`'s dtype and device, kept across steps (not
+    re-allocated every step)."""
     bufs = getattr(_WORKSPACES, "bufs", None)
     if bufs is None:
         bufs = _WORKSPACES.bufs = {}
@@ -286,7 +292,8 @@ MAX_GATHER_BYTES = 256 << 20  # a group's gathered keys + values stay below this
 
 
 def _remembered(md: AttentionMetadata, attr: str, kv_cache: torch.Tensor):
-    "The cache geometry's key, and the plan remembered on `md` under `attr` for it (None: none yet, or for another cache)."
+    """The cache geometry's key, and the plan remembered on `md` under `attr` for it (None: none
+    yet, or for another cache)."""
     _, nblk, bs, hkv, d = kv_cache.shape
     key = (nblk, bs, hkv, d, kv_cache.dtype, str(kv_cache.device))
     plan = getattr(md, attr, None)
@@ -294,7 +301,8 @@ def _remembered(md: AttentionMetadata, attr: str, kv_cache: torch.Tensor):
 
 
 def _torch_plan(md: AttentionMetadata, kv_cache: torch.Tensor) -> _TorchPlan:
-    "The torch backend's plan for `md` on this cache geometry, computed once and remembered on `md`."
+    """The torch backend's plan for `md` on this cache geometry, computed once and remembered on
+    `md`."""
     key, plan = _remembered(md, "_torch_plan", kv_cache)
     if plan is not None:
         return plan
@@ -339,7 +347,8 @@ def _torch_plan(md: AttentionMetadata, kv_cache: torch.Tensor) -> _TorchPlan:
 
 # %% ../nbs/04_paged_attention.ipynb #bfe33d32
 def _attend_prefills(q, k, v, flat, plan: _TorchPlan, out, scale: float):
-    "SDPA for each prefill chunk of `plan` into `out`: this step's own keys, or (with cached context) the gathered blocks."
+    """SDPA for each prefill chunk of `plan` into `out`: this step's own keys, or (with cached
+    context) the gathered blocks."""
     _, hkv, d = k.shape
     G = q.shape[1] // hkv
     for p in plan.prefills:
@@ -366,9 +375,10 @@ def _attend_prefills(q, k, v, flat, plan: _TorchPlan, out, scale: float):
             )
         out[p.start : p.end] = o.flatten(0, 1).transpose(0, 1)
 
-
+# %% ../nbs/04_paged_attention.ipynb #024a6359
 def torch_paged_attention(q, k, v, kv_cache, md: AttentionMetadata, scale: float) -> torch.Tensor:
-    "Write this step's `k`, `v` into `kv_cache`, then attend. q: [T, H, D]; k, v: [T, Hkv, D]. Returns [T, H, D]."
+    """Write this step's `k`, `v` into `kv_cache`, then attend. q: [T, H, D]; k, v: [T, Hkv, D].
+    Returns [T, H, D]."""
     write_kv_cache(k, v, kv_cache, md.slot_mapping)
     if not kv_cache.is_contiguous():
         return simple_paged_attention(q, k, v, kv_cache, md, scale)
@@ -397,1126 +407,24 @@ def torch_paged_attention(q, k, v, kv_cache, md: AttentionMetadata, scale: float
     _attend_prefills(q, k, v, flat, plan, out, scale)
     return out
 
-# %% ../nbs/04_paged_attention.ipynb #726c03ab
-import functools
+# %% ../nbs/04_paged_attention.ipynb #6cfcb5d3
+ATTENTION_BACKENDS: dict = {}  # name → attention function
 
-try:
-    import triton
-    import triton.language as tl
 
-    HAS_TRITON = True
-except ImportError:  # no Triton (e.g. macOS): the torch backend still works
-    HAS_TRITON = False
-
-    class _NoTriton:
-        @staticmethod
-        def jit(fn=None, **kwargs):
-            return fn if fn is not None else (lambda f: f)
-
-    triton, tl = _NoTriton(), None
-
-# %% ../nbs/04_paged_attention.ipynb #2e3def4f
-@triton.jit
-def _probe_kernel(x_ptr):
-    pass
-
-
-def _interpreting() -> bool:
-    "Were the kernels of this module defined under `TRITON_INTERPRET=1` (so they run on the CPU)?"
-    if not HAS_TRITON:
-        return False
-    from triton.runtime.interpreter import InterpretedFunction
-
-    return isinstance(_probe_kernel, InterpretedFunction)
-
-# %% ../nbs/04_paged_attention.ipynb #6f0386c9
-_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-_MAX_HEAD_DIM = 256
-
-
-def _need(cond, msg, exc=ValueError):
-    "Raise `exc(msg)` unless `cond`."
-    if not cond:
-        raise exc(msg)
-
-
-def _check_device(t: torch.Tensor):
-    "Refuse to launch where no kernel can run: no Triton, or a CPU tensor without the interpreter."
-    if not HAS_TRITON:
-        raise RuntimeError("Triton is not installed: use torch_paged_attention.")
-    if t.device.type == "cpu" and not _interpreting():
-        raise RuntimeError(
-            "The Triton kernels need a GPU, or TRITON_INTERPRET=1 set before minivllm.attention is "
-            "imported (CPU interpreter); otherwise use torch_paged_attention."
-        )
-
-
-def _check_cache(kv_cache):
-    "kv_cache: a `[2, blocks, block_size, kv_heads, head_dim]` float tensor, contiguous in head_dim, where a kernel can run."
-    _need(
-        isinstance(kv_cache, torch.Tensor),
-        f"kv_cache must be a torch.Tensor, got {type(kv_cache).__name__}",
-        TypeError,
-    )
-    _need(
-        kv_cache.dim() == 5 and kv_cache.shape[0] == 2,
-        f"kv_cache must be [2, num_blocks, block_size, num_kv_heads, head_dim], got shape {tuple(kv_cache.shape)}",
-    )
-    _need(
-        kv_cache.dtype in _FLOAT_DTYPES,
-        f"kv_cache must be float16, bfloat16 or float32, got {kv_cache.dtype}",
-        TypeError,
-    )
-    _need(
-        kv_cache.stride(-1) == 1
-        and kv_cache.shape[-1] <= _MAX_HEAD_DIM
-        and min(kv_cache.shape) > 0,
-        f"kv_cache must be contiguous in head_dim (<= {_MAX_HEAD_DIM}) and non-empty",
-    )
-    _check_device(kv_cache)
-
-
-def _check_tokens(name, x, kv_cache, num_heads=None, num_tokens=None):
-    "x: [num_tokens, heads, head_dim] on the cache's device, with the cache's dtype and head_dim."
-    _need(
-        isinstance(x, torch.Tensor),
-        f"{name} must be a torch.Tensor, got {type(x).__name__}",
-        TypeError,
-    )
-    _need(x.dim() == 3, f"{name} must be [num_tokens, heads, head_dim], got shape {tuple(x.shape)}")
-    _need(
-        x.dtype == kv_cache.dtype,
-        f"{name} has dtype {x.dtype} but kv_cache has {kv_cache.dtype}",
-        TypeError,
-    )
-    _need(
-        x.device == kv_cache.device, f"{name} is on {x.device} but kv_cache is on {kv_cache.device}"
-    )
-    _need(
-        x.shape[2] == kv_cache.shape[4],
-        f"{name} has head_dim {x.shape[2]} but kv_cache has {kv_cache.shape[4]}",
-    )
-    if num_heads is not None:
-        _need(x.shape[1] == num_heads, f"{name} has {x.shape[1]} heads, expected {num_heads}")
-    if num_tokens is not None:
-        _need(x.shape[0] == num_tokens, f"{name} has {x.shape[0]} tokens, expected {num_tokens}")
-    return x if x.stride(-1) == 1 else x.contiguous()
-
-# %% ../nbs/04_paged_attention.ipynb #ac81fee3
-@dataclass
-class _LaunchPlan:
-    "Host-side facts about one step's metadata, computed once by `_check_metadata`."
-
-    max_decode_len: int  # longest context among the decodes
-    max_prefill_len: int  # longest prefill chunk (query tokens)
-    num_prefills: int
-
-
-def _check_metadata(md, num_tokens: int, kv_cache: torch.Tensor) -> _LaunchPlan:
-    "Check `md` against `num_tokens` query tokens and the cache geometry; return (and remember) its launch plan."
-    _, nb, bs = kv_cache.shape[:3]
-    key = (num_tokens, nb, bs, str(kv_cache.device))
-    if getattr(md, "_checked_for", None) == key:
-        return md._plan
-    _need(
-        isinstance(md, AttentionMetadata),
-        f"md must be an AttentionMetadata, got {type(md).__name__}",
-        TypeError,
-    )
-    for name in ("slot_mapping", "query_start_loc", "seq_lens", "block_tables"):
-        t = getattr(md, name)
-        _need(
-            isinstance(t, torch.Tensor)
-            and not t.is_floating_point()
-            and not t.is_complex()
-            and t.dtype != torch.bool,
-            f"md.{name} must be an integer tensor",
-            TypeError,
-        )
-        _need(
-            t.device == kv_cache.device,
-            f"md.{name} is on {t.device} but kv_cache is on {kv_cache.device}",
-        )
-    _need(md.seq_lens.dim() == 1 and len(md.seq_lens) >= 1, "md.seq_lens must be 1-D and non-empty")
-    n = md.num_seqs
-    _need(
-        md.slot_mapping.dim() == 1 and len(md.slot_mapping) == num_tokens,
-        f"md.slot_mapping must have one slot per token ({num_tokens}), got shape {tuple(md.slot_mapping.shape)}",
-    )
-    _need(
-        md.query_start_loc.shape == (n + 1,),
-        f"md.query_start_loc must have num_seqs + 1 = {n + 1} entries, got {tuple(md.query_start_loc.shape)}",
-    )
-    _need(
-        md.block_tables.dim() == 2 and md.block_tables.shape[0] == n,
-        f"md.block_tables must be [num_seqs={n}, max_blocks], got {tuple(md.block_tables.shape)}",
-    )
-    _need(0 <= md.num_decodes <= n, f"md.num_decodes={md.num_decodes} is not in [0, {n}]")
-    # what the kernels will read, fetched with one synchronisation
-    max_blocks = md.block_tables.shape[1]
-    used = (
-        torch.arange(max_blocks, device=md.block_tables.device)[None]
-        < (md.seq_lens[:, None] + bs - 1) // bs
-    )
-    bad_block = (((md.block_tables < 0) | (md.block_tables >= nb)) & used).any()
-    bad_slot = (
-        (md.slot_mapping >= nb * bs).any()
-        if num_tokens
-        else torch.zeros((), dtype=torch.bool, device=bad_block.device)
-    )
-    values = torch.cat(
-        [md.query_start_loc.long(), md.seq_lens.long(), torch.stack([bad_block, bad_slot]).long()]
-    ).tolist()
-    qsl, lens, (bad_block, bad_slot) = (
-        values[: n + 1],
-        values[n + 1 : 2 * n + 1],
-        values[2 * n + 1 :],
-    )
-    _need(
-        all(
-            c is None or list(c) == t
-            for c, t in [(md.query_start_loc_cpu, qsl), (md.seq_lens_cpu, lens)]
-        ),
-        "md.query_start_loc_cpu / md.seq_lens_cpu disagree with md.query_start_loc / md.seq_lens",
-    )
-    _need(
-        qsl[0] == 0 and qsl[-1] == num_tokens,
-        f"md.query_start_loc must run from 0 to {num_tokens}, got {qsl[0]}..{qsl[-1]}",
-    )
-    for i in range(n):
-        ql, L = qsl[i + 1] - qsl[i], lens[i]
-        if i < md.num_decodes:
-            _need(ql == 1, f"request {i} is a decode but has {ql} query tokens")
-        _need(1 <= ql <= L, f"request {i}: {ql} query tokens but a context of {L}")
-        _need(
-            -(-L // bs) <= max_blocks,
-            f"request {i}: a context of {L} tokens needs {-(-L // bs)} block(s) of {bs}, "
-            f"but the block table has only {max_blocks} columns",
-        )
-    _need(not bad_block, f"md.block_tables refers to blocks outside the cache [0, {nb})")
-    _need(not bad_slot, f"md.slot_mapping has slots outside the cache [0, {nb * bs})")
-    nd = md.num_decodes
-    plan = _LaunchPlan(
-        max(lens[:nd], default=0),
-        max((qsl[i + 1] - qsl[i] for i in range(nd, n)), default=0),
-        n - nd,
-    )
-    md._checked_for, md._plan = key, plan
-    return plan
-
-# %% ../nbs/04_paged_attention.ipynb #0bb57437
-@triton.jit
-def _write_kv_kernel(
-    k_ptr,
-    v_ptr,
-    kc_ptr,
-    vc_ptr,
-    slot_ptr,
-    stride_kt,
-    stride_kh,
-    stride_vt,
-    stride_vh,
-    stride_cb,
-    stride_cs,
-    stride_ch,
-    NUM_KV_HEADS: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-):
-    t = tl.program_id(0).to(tl.int64)  # this program's token
-    slot = tl.load(slot_ptr + t).to(tl.int64)
-    if slot < 0:
-        return  # a padding token: nothing to write
-    block, offset = slot // BLOCK_SIZE, slot % BLOCK_SIZE
-    h = tl.arange(0, BLOCK_H)[:, None]  # [BLOCK_H, 1]
-    d = tl.arange(0, BLOCK_D)[None, :]  # [1, BLOCK_D]
-    mask = (h < NUM_KV_HEADS) & (d < HEAD_DIM)
-    dst = block * stride_cb + offset * stride_cs + h * stride_ch + d
-    key = tl.load(k_ptr + t * stride_kt + h * stride_kh + d, mask=mask)
-    val = tl.load(v_ptr + t * stride_vt + h * stride_vh + d, mask=mask)
-    tl.store(kc_ptr + dst, key.to(kc_ptr.dtype.element_ty), mask=mask)
-    tl.store(vc_ptr + dst, val.to(vc_ptr.dtype.element_ty), mask=mask)
-
-# %% ../nbs/04_paged_attention.ipynb #21d88913
-def _launch_write(k, v, kv_cache, slot_mapping):
-    "Launch the write kernel, one program per token (no checks: the callers made them)."
-    _, _, bs, hkv, d = kv_cache.shape
-    if k.shape[0] == 0:
-        return
-    kc, vc = kv_cache[0], kv_cache[1]
-    _write_kv_kernel[(k.shape[0],)](
-        k,
-        v,
-        kc,
-        vc,
-        slot_mapping,
-        k.stride(0),
-        k.stride(1),
-        v.stride(0),
-        v.stride(1),
-        kc.stride(0),
-        kc.stride(1),
-        kc.stride(2),
-        NUM_KV_HEADS=hkv,
-        HEAD_DIM=d,
-        BLOCK_SIZE=bs,
-        BLOCK_H=triton.next_power_of_2(hkv),
-        BLOCK_D=triton.next_power_of_2(d),
-    )
-
-
-def triton_write_kv_cache(
-    key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
-):
-    "Triton version of `write_kv_cache`: scatter `key`/`value` [T, kv_heads, head_dim] to their slots (negative slots are skipped)."
-    _check_cache(kv_cache)
-    key = _check_tokens("key", key, kv_cache, num_heads=kv_cache.shape[3])
-    value = _check_tokens(
-        "value", value, kv_cache, num_heads=kv_cache.shape[3], num_tokens=key.shape[0]
-    )
-    _need(
-        isinstance(slot_mapping, torch.Tensor)
-        and slot_mapping.shape == (key.shape[0],)
-        and not slot_mapping.is_floating_point(),
-        f"slot_mapping must be an integer tensor of shape ({key.shape[0]},)",
-    )
-    _need(
-        slot_mapping.device == kv_cache.device,
-        f"slot_mapping is on {slot_mapping.device} but kv_cache is on {kv_cache.device}",
-    )
-    nslots = kv_cache.shape[1] * kv_cache.shape[2]
-    _need(
-        key.shape[0] == 0 or int(slot_mapping.max()) < nslots,
-        f"slot_mapping has slots outside the cache [0, {nslots})",
-    )
-    _launch_write(key, value, kv_cache, slot_mapping)
-
-# %% ../nbs/04_paged_attention.ipynb #34fe2e2f
-def online_softmax(s: torch.Tensor, v: torch.Tensor, block_n: int):
-    "`softmax(s) @ v` for scores `s` [N] and values `v` [N, D], streaming over tiles of `block_n`; also returns (m, l) after each tile."
-    m, l, acc, trace = torch.tensor(float("-inf")), torch.tensor(0.0), torch.zeros(v.shape[1]), []
-    for n0 in range(0, len(s), block_n):
-        sb, vb = s[n0 : n0 + block_n].float(), v[n0 : n0 + block_n].float()
-        m_new = torch.maximum(m, sb.max())
-        alpha, p = (
-            torch.exp(m - m_new),
-            torch.exp(sb - m_new),
-        )  # rescale the past, weigh the new tile
-        l, acc, m = l * alpha + p.sum(), acc * alpha + p @ vb, m_new
-        trace.append((m.item(), l.item()))
-    return acc / l, trace
-
-# %% ../nbs/04_paged_attention.ipynb #91e56ffc
-@triton.jit
-def _decode_kernel(
-    q_ptr,
-    kc_ptr,
-    vc_ptr,
-    bt_ptr,
-    seq_lens_ptr,
-    o_ptr,
-    m_ptr,
-    l_ptr,
-    qk_scale,
-    split_len,
-    stride_qt,
-    stride_qh,
-    stride_bt,
-    stride_cb,
-    stride_cs,
-    stride_ch,
-    stride_ot,
-    stride_oh,
-    stride_os,
-    stride_mt,
-    stride_mh,
-    GROUP: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-    BLOCK_G: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    SPLIT: tl.constexpr,
-    UPCAST: tl.constexpr,
-    DOT_PREC: tl.constexpr,
-):
-    seq, kvh, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    seq_len = tl.load(seq_lens_ptr + seq)
-    start = split * split_len  # this program's slice of the context
-    end = tl.minimum(seq_len, start + split_len)
-    g, d = tl.arange(0, BLOCK_G), tl.arange(0, BLOCK_D)
-    heads = kvh * GROUP + g  # the query heads that share KV head kvh
-    gmask, dmask = g < GROUP, d < HEAD_DIM
-    q = tl.load(
-        q_ptr + seq.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + d[None, :],
-        mask=gmask[:, None] & dmask[None, :],
-        other=0.0,
-    )
-    if UPCAST:
-        q = q.to(tl.float32)
-    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)  # running max (log2 units)
-    l_i = tl.zeros([BLOCK_G], tl.float32)  # running sum of exponentials
-    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)  # running weighted sum of values
-    for n0 in range(start, end, BLOCK_N):
-        t = n0 + tl.arange(0, BLOCK_N)  # token positions of this tile
-        valid = t < end
-        block = tl.load(bt_ptr + seq * stride_bt + t // BLOCK_SIZE, mask=valid, other=0).to(
-            tl.int64
-        )
-        row = block * stride_cb + (t % BLOCK_SIZE) * stride_cs + kvh * stride_ch
-        kv_mask = valid[:, None] & dmask[None, :]
-        k = tl.load(
-            kc_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0
-        )  # [BLOCK_N, BLOCK_D]
-        v = tl.load(vc_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        if UPCAST:
-            k, v = k.to(tl.float32), v.to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale  # [BLOCK_G, BLOCK_N]
-        s = tl.where(valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)  # rescales what was accumulated so far
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
-        m_i = m_new
-    o_mask = gmask[:, None] & dmask[None, :]
-    o_off = (
-        seq.to(tl.int64) * stride_ot + heads[:, None] * stride_oh + split * stride_os + d[None, :]
-    )
-    if SPLIT:  # partial result: the reduce kernel merges the splits
-        tl.store(o_ptr + o_off, acc, mask=o_mask)
-        ml_off = seq * stride_mt + heads * stride_mh + split
-        tl.store(m_ptr + ml_off, m_i, mask=gmask)
-        tl.store(l_ptr + ml_off, l_i, mask=gmask)
-    else:
-        tl.store(o_ptr + o_off, (acc / l_i[:, None]).to(o_ptr.dtype.element_ty), mask=o_mask)
-
-# %% ../nbs/04_paged_attention.ipynb #2086dc56
-@triton.jit
-def _decode_reduce_kernel(
-    po_ptr,
-    m_ptr,
-    l_ptr,
-    o_ptr,
-    num_splits,
-    stride_pt,
-    stride_ph,
-    stride_ps,
-    stride_mt,
-    stride_mh,
-    stride_ot,
-    stride_oh,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_S: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-):
-    seq, h = tl.program_id(0), tl.program_id(1)
-    sp, d = tl.arange(0, BLOCK_S), tl.arange(0, BLOCK_D)
-    smask, dmask = sp < num_splits, d < HEAD_DIM
-    m = tl.load(m_ptr + seq * stride_mt + h * stride_mh + sp, mask=smask, other=float("-inf"))
-    l = tl.load(l_ptr + seq * stride_mt + h * stride_mh + sp, mask=smask, other=0.0)
-    acc = tl.load(
-        po_ptr
-        + seq.to(tl.int64) * stride_pt
-        + h * stride_ph
-        + sp[:, None] * stride_ps
-        + d[None, :],
-        mask=smask[:, None] & dmask[None, :],
-        other=0.0,
-    )
-    m_max = tl.max(m, 0)
-    w = tl.exp2(m - m_max)  # each slice's weight; 0 for empty slices
-    out = tl.sum(acc * w[:, None], 0) / tl.sum(l * w, 0)
-    tl.store(
-        o_ptr + seq.to(tl.int64) * stride_ot + h * stride_oh + d,
-        out.to(o_ptr.dtype.element_ty),
-        mask=dmask,
-    )
-
-# %% ../nbs/04_paged_attention.ipynb #31bf1b9b
-LOG2E = 1.4426950408889634
-
-
-@functools.lru_cache
-def _num_sms(device) -> int:
-    "Number of streaming multiprocessors of a CUDA device (cached)."
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
-def _split_len(max_len, num_splits, block_n) -> int:
-    "Tokens per slice: the longest context cut into `num_splits`, rounded up to whole tiles."
-    per_split = -(-max_len // num_splits)  # ceil division
-    return -(-per_split // block_n) * block_n
-
-
-def _pick_num_splits(num_decodes, num_kv_heads, max_len, block_n, device) -> int:
-    "Splits per decode context: about two programs per multiprocessor on a GPU, slices of at least 256 tokens; 1 on a CPU."
-    if device.type != "cuda":
-        return 1
-    programs = num_decodes * num_kv_heads
-    target = -(-2 * _num_sms(device) // programs)  # splits for ~2 programs per multiprocessor
-    return max(1, min(target, -(-max_len // max(256, block_n)), 64))
-
-
-def _decode_config(
-    num_decodes, num_kv_heads, max_len, device, num_splits=None, block_n=None, dtype=torch.float16
-):
-    "(num_splits, block_n) for a decode launch; the given values win."
-    block_n = block_n or (32 if _interpreting() or dtype == torch.float32 else 64)
-    if num_splits is None:
-        num_splits = _pick_num_splits(num_decodes, num_kv_heads, max_len, block_n, device)
-    return num_splits, block_n
-
-# %% ../nbs/04_paged_attention.ipynb #30de5741
-def _launch_decode(q, kv_cache, md, plan, scale, out, num_splits=None, block_n=None, num_warps=4):
-    "Launch the decode kernel (and the reduce kernel when the contexts are split) for the first `md.num_decodes` rows of `out`."
-    nd = md.num_decodes
-    _, _, bs, hkv, d = kv_cache.shape
-    h = q.shape[1]
-    group = h // hkv
-    interp = _interpreting()
-    num_splits, block_n = _decode_config(
-        nd, hkv, plan.max_decode_len, q.device, num_splits, block_n, q.dtype
-    )
-    split_len = _split_len(plan.max_decode_len, num_splits, block_n)
-    kc, vc, bt = kv_cache[0], kv_cache[1], md.block_tables
-    consts = dict(
-        GROUP=group,
-        HEAD_DIM=d,
-        BLOCK_SIZE=bs,
-        BLOCK_G=max(16, triton.next_power_of_2(group)),
-        BLOCK_D=max(16, triton.next_power_of_2(d)),
-        BLOCK_N=block_n,
-        SPLIT=num_splits > 1,
-        UPCAST=interp,
-        DOT_PREC="ieee" if q.dtype == torch.float32 else None,
-        num_warps=num_warps,
-    )
-    args = (kc.stride(0), kc.stride(1), kc.stride(2))
-    if num_splits == 1:
-        _decode_kernel[(nd, hkv, 1)](
-            q,
-            kc,
-            vc,
-            bt,
-            md.seq_lens,
-            out,
-            None,
-            None,
-            scale * LOG2E,
-            split_len,
-            q.stride(0),
-            q.stride(1),
-            bt.stride(0),
-            *args,
-            out.stride(0),
-            out.stride(1),
-            0,
-            0,
-            0,
-            **consts,
-        )
-        return out
-    po = torch.empty(nd, h, num_splits, d, dtype=torch.float32, device=q.device)
-    m = torch.empty(nd, h, num_splits, dtype=torch.float32, device=q.device)
-    l = torch.empty_like(m)
-    _decode_kernel[(nd, hkv, num_splits)](
-        q,
-        kc,
-        vc,
-        bt,
-        md.seq_lens,
-        po,
-        m,
-        l,
-        scale * LOG2E,
-        split_len,
-        q.stride(0),
-        q.stride(1),
-        bt.stride(0),
-        *args,
-        po.stride(0),
-        po.stride(1),
-        po.stride(2),
-        m.stride(0),
-        m.stride(1),
-        **consts,
-    )
-    _decode_reduce_kernel[(nd, h)](
-        po,
-        m,
-        l,
-        out,
-        num_splits,
-        po.stride(0),
-        po.stride(1),
-        po.stride(2),
-        m.stride(0),
-        m.stride(1),
-        out.stride(0),
-        out.stride(1),
-        HEAD_DIM=d,
-        BLOCK_S=triton.next_power_of_2(num_splits),
-        BLOCK_D=triton.next_power_of_2(d),
-    )
-    return out
-
-# %% ../nbs/04_paged_attention.ipynb #fc996693
-def _check_attention(q, kv_cache, md, k=None, v=None):
-    "Validate everything a launch relies on; return (q, k, v, plan)."
-    _check_cache(kv_cache)
-    q = _check_tokens("q", q, kv_cache)
-    hkv = kv_cache.shape[3]
-    _need(
-        q.shape[1] % hkv == 0,
-        f"q has {q.shape[1]} heads, not a multiple of the cache's {hkv} KV heads",
-    )
-    if k is not None:
-        k = _check_tokens("k", k, kv_cache, num_heads=hkv, num_tokens=q.shape[0])
-    if v is not None:
-        v = _check_tokens("v", v, kv_cache, num_heads=hkv, num_tokens=q.shape[0])
-    return q, k, v, _check_metadata(md, q.shape[0], kv_cache)
-
-
-def paged_decode_attention(
-    q, kv_cache, md: AttentionMetadata, scale: float, out=None, num_splits=None, block_n=None
-):
-    "Attention of the first `md.num_decodes` query tokens (one per request) over the paged cache. Returns `out` [num_decodes, H, D]."
-    q, _, _, plan = _check_attention(q, kv_cache, md)
-    nd = md.num_decodes
-    out = (
-        torch.empty(nd, q.shape[1], q.shape[2], dtype=q.dtype, device=q.device)
-        if out is None
-        else out
-    )
-    _need(
-        out.shape[0] >= nd
-        and out.shape[1:] == q.shape[1:]
-        and out.dtype == q.dtype
-        and out.stride(-1) == 1,
-        "out must be [>= num_decodes, H, D] with q's dtype",
-    )
-    if nd:
-        _launch_decode(q, kv_cache, md, plan, scale, out, num_splits, block_n)
-    return out[:nd]
-
-# %% ../nbs/04_paged_attention.ipynb #ca5d845e
-@triton.jit
-def _prefill_kernel(
-    q_ptr,
-    kc_ptr,
-    vc_ptr,
-    bt_ptr,
-    seq_lens_ptr,
-    qsl_ptr,
-    o_ptr,
-    qk_scale,
-    first_seq,
-    stride_qt,
-    stride_qh,
-    stride_bt,
-    stride_cb,
-    stride_cs,
-    stride_ch,
-    stride_ot,
-    stride_oh,
-    GROUP: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-    BLOCK_Q: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    UPCAST: tl.constexpr,
-    DOT_PREC: tl.constexpr,
-):
-    seq, tile, kvh = first_seq + tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    q_start = tl.load(qsl_ptr + seq)
-    q_len = tl.load(qsl_ptr + seq + 1) - q_start
-    if tile * BLOCK_Q >= q_len:
-        return  # past the end of a shorter chunk
-    seq_len = tl.load(seq_lens_ptr + seq)
-    ctx_len = seq_len - q_len  # tokens cached before this chunk
-    r, d = tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_D)
-    qi = tile * BLOCK_Q + r // GROUP  # row r: query token qi of the chunk ...
-    head = kvh * GROUP + r % GROUP  # ... and query head `head`
-    rmask = (r < BLOCK_Q * GROUP) & (qi < q_len)
-    dmask = d < HEAD_DIM
-    pos = ctx_len + qi  # the row's position in the sequence
-    q_off = (q_start + qi).to(tl.int64) * stride_qt + head * stride_qh
-    q = tl.load(
-        q_ptr + q_off[:, None] + d[None, :], mask=rmask[:, None] & dmask[None, :], other=0.0
-    )
-    if UPCAST:
-        q = q.to(tl.float32)
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    kv_end = tl.minimum(
-        seq_len, ctx_len + (tile + 1) * BLOCK_Q
-    )  # keys beyond are in every row's future
-    for n0 in range(0, kv_end, BLOCK_N):
-        t = n0 + tl.arange(0, BLOCK_N)
-        valid = t < kv_end
-        block = tl.load(bt_ptr + seq * stride_bt + t // BLOCK_SIZE, mask=valid, other=0).to(
-            tl.int64
-        )
-        row = block * stride_cb + (t % BLOCK_SIZE) * stride_cs + kvh * stride_ch
-        kv_mask = valid[:, None] & dmask[None, :]
-        k = tl.load(kc_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(vc_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        if UPCAST:
-            k, v = k.to(tl.float32), v.to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale  # [BLOCK_M, BLOCK_N]
-        s = tl.where((t[None, :] <= pos[:, None]) & valid[None, :], s, float("-inf"))  # causal
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
-        m_i = m_new
-    o_off = (q_start + qi).to(tl.int64) * stride_ot + head * stride_oh
-    tl.store(
-        o_ptr + o_off[:, None] + d[None, :],
-        (acc / l_i[:, None]).to(o_ptr.dtype.element_ty),
-        mask=rmask[:, None] & dmask[None, :],
-    )
-
-# %% ../nbs/04_paged_attention.ipynb #86e329da
-def _prefill_config(group, head_dim, interp, block_m=None, block_n=None, dtype=torch.float16):
-    "(block_m, block_q, block_n, num_warps, num_stages) of a prefill launch; the given values win."
-    if interp:
-        bm, bn, warps, stages = 16, 32, 4, 1
-    elif dtype == torch.float32:  # no tensor cores: small tiles, or the registers spill
-        bm, bn, warps, stages = (32, 32, 8, 2) if head_dim <= 128 else (16, 16, 4, 1)
-    elif head_dim <= 128:
-        bm, bn, warps, stages = 128, 64, 8, 2
-    else:
-        bm, bn, warps, stages = 64, 32, 4, 2
-    block_m = max(block_m or bm, triton.next_power_of_2(group))
-    return block_m, block_m // group, block_n or bn, warps, stages
-
-
-def _launch_prefill(q, kv_cache, md, plan, scale, out, block_m=None, block_n=None):
-    "Launch the prefill kernel over the chunks `md.num_decodes:`, one program per (chunk, query tile, KV head)."
-    _, _, bs, hkv, d = kv_cache.shape
-    group = q.shape[1] // hkv
-    interp = _interpreting()
-    block_m, block_q, block_n, warps, stages = _prefill_config(
-        group, d, interp, block_m, block_n, q.dtype
-    )
-    kc, vc, bt = kv_cache[0], kv_cache[1], md.block_tables
-    grid = (plan.num_prefills, triton.cdiv(plan.max_prefill_len, block_q), hkv)
-    _prefill_kernel[grid](
-        q,
-        kc,
-        vc,
-        bt,
-        md.seq_lens,
-        md.query_start_loc,
-        out,
-        scale * LOG2E,
-        md.num_decodes,
-        q.stride(0),
-        q.stride(1),
-        bt.stride(0),
-        kc.stride(0),
-        kc.stride(1),
-        kc.stride(2),
-        out.stride(0),
-        out.stride(1),
-        GROUP=group,
-        HEAD_DIM=d,
-        BLOCK_SIZE=bs,
-        BLOCK_Q=block_q,
-        BLOCK_M=block_m,
-        BLOCK_D=max(16, triton.next_power_of_2(d)),
-        BLOCK_N=block_n,
-        UPCAST=interp,
-        DOT_PREC="ieee" if q.dtype == torch.float32 else None,
-        num_warps=warps,
-        num_stages=stages,
-    )
-    return out
-
-
-def paged_prefill_attention(
-    q, kv_cache, md: AttentionMetadata, scale: float, out=None, block_m=None, block_n=None
-):
-    "Attention of the prefill chunks (requests `md.num_decodes` onwards) over the paged cache. Fills rows `num_decode_tokens:` of `out` [T, H, D]."
-    q, _, _, plan = _check_attention(q, kv_cache, md)
-    out = torch.empty_like(q, memory_format=torch.contiguous_format) if out is None else out
-    _need(
-        out.shape == q.shape and out.dtype == q.dtype and out.stride(-1) == 1,
-        "out must be [T, H, D] with q's dtype",
-    )
-    if plan.num_prefills:
-        _launch_prefill(q, kv_cache, md, plan, scale, out, block_m, block_n)
-    return out
-
-# %% ../nbs/04_paged_attention.ipynb #822d6da8
-def triton_paged_attention(q, k, v, kv_cache, md: AttentionMetadata, scale: float) -> torch.Tensor:
-    "Write this step's `k`, `v` into `kv_cache`, then attend, with Triton kernels. q: [T, H, D]; k, v: [T, Hkv, D]. Returns [T, H, D]."
-    q, k, v, plan = _check_attention(q, kv_cache, md, k, v)
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    if q.shape[0] == 0:
-        return out
-    _launch_write(k, v, kv_cache, md.slot_mapping)
-    if md.num_decodes:
-        _launch_decode(q, kv_cache, md, plan, scale, out)
-    if plan.num_prefills:
-        _launch_prefill(q, kv_cache, md, plan, scale, out)
-    return out
-
-# %% ../nbs/04_paged_attention.ipynb #df402f2f
-def decode_in_place(q, kv_cache, block_tables, seq_lens, scale: float) -> torch.Tensor:
-    "Decode attention read from the paged cache. q: [n, H, D]; block_tables: [n, nb] int64 (padded with any block); seq_lens: [n]."
-    n, nb = block_tables.shape
-    _, _, bs, hkv, d = kv_cache.shape
-    G = q.shape[1] // hkv
-    kc = kv_cache[0][block_tables].float()  # [n, nb, bs, Hkv, D]: loads, once compiled
-    vc = kv_cache[1][block_tables].float()
-    s = (q.view(n, 1, 1, hkv, G, d).float() * kc[..., None, :]).sum(
-        -1
-    ) * scale  # [n, nb, bs, Hkv, G]
-    pos = torch.arange(nb * bs, device=q.device).view(nb, bs)
-    s = s.masked_fill((pos[None] >= seq_lens[:, None, None])[..., None, None], float("-inf"))
-    e = torch.exp(s - s.amax(dim=(1, 2), keepdim=True))
-    o = (e[..., None] * vc[..., None, :]).sum(dim=(1, 2)) / e.sum(dim=(1, 2))[
-        ..., None
-    ]  # [n, Hkv, G, D]
-    return o.reshape(n, hkv * G, d).to(q.dtype)
-
-# %% ../nbs/04_paged_attention.ipynb #060e9d99
-@functools.cache
-def _compiled_decode():
-    "`decode_in_place` under `torch.compile`, made on first use (importing the compiler takes a moment)."
-    import torch._dynamo
-
-    return torch.compile(decode_in_place, dynamic=False)
-
-
-def decode_in_place_compiled(q, kv_cache, block_tables, seq_lens, scale: float) -> torch.Tensor:
-    "`decode_in_place`, compiled by Inductor once per model shape: decodes, table width and cache size may vary. Batches of one are padded."
-    n, q = (
-        q.shape[0],
-        q.contiguous(),
-    )  # a step's q is a view into the fused projection: one layout, one graph
-    if n == 1:
-        q, block_tables, seq_lens = (
-            q.expand(2, -1, -1).contiguous(),
-            block_tables.expand(2, -1).contiguous(),
-            seq_lens.expand(2).contiguous(),
-        )
-    if block_tables.shape[1] == 1:
-        block_tables = F.pad(block_tables, (0, 1))
-    for t, dims in ((q, (0,)), (block_tables, (0, 1)), (seq_lens, (0,)), (kv_cache, (1,))):
-        for dim in dims:
-            torch._dynamo.maybe_mark_dynamic(t, dim)
-    return _compiled_decode()(q, kv_cache, block_tables, seq_lens, scale)[:n]
-
-
-@dataclass
-class _InplacePlan:
-    "The inductor backend's plan of one step: the decodes' block tables and lengths, and the torch plan of its prefills."
-
-    key: tuple
-    block_tables: (
-        torch.Tensor | None
-    )  # [num_decodes, nb] int64, nb = the widest decode's blocks (None: no decodes)
-    seq_lens: torch.Tensor | None  # [num_decodes] int64
-    prefills: _TorchPlan
-    checked: bool = False  # the C kernel's table check passed (below)
-
-
-def _inplace_plan(md: AttentionMetadata, kv_cache: torch.Tensor) -> _InplacePlan:
-    "The plan for `md` on this cache geometry, computed once and remembered on `md`."
-    key, plan = _remembered(md, "_inplace_plan", kv_cache)
-    if plan is not None:
-        return plan
-    bs = kv_cache.shape[2]
-    nd, dev = md.num_decodes, kv_cache.device
-    seq_lens = md.seq_lens_cpu if md.seq_lens_cpu is not None else md.seq_lens.tolist()
-    bt = sl = None
-    if nd:
-        nb = -(-max(seq_lens[:nd]) // bs)
-        bt, sl = (
-            md.block_tables[:nd, :nb].to(dev, torch.int64),
-            md.seq_lens[:nd].to(dev, torch.int64),
-        )
-    pre = (
-        _TorchPlan(key, [], _torch_plan(md, kv_cache).prefills, 0)
-        if nd < md.num_seqs
-        else _TorchPlan(key, [], [], 0)
-    )
-    plan = md._inplace_plan = _InplacePlan(key, bt, sl, pre)
-    return plan
-
-
-def _attend_in_place(
-    q, k, v, kv_cache, md: AttentionMetadata, scale: float, decode
-) -> torch.Tensor:
-    "Write the step's keys and values; `decode(q_decodes, plan, out_decodes)` reads the decodes' pages in place; SDPA for the prefills."
-    write_kv_cache(k, v, kv_cache, md.slot_mapping)
-    plan = _inplace_plan(md, kv_cache)
-    nd = md.num_decodes
-    out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    if nd:
-        decode(q[:nd], plan, out[:nd])
-    if plan.prefills.prefills:
-        _attend_prefills(
-            q, k, v, kv_cache.view(2, kv_cache.shape[1], -1), plan.prefills, out, scale
-        )
-    return out
-
-
-def inductor_paged_attention(
-    q, k, v, kv_cache, md: AttentionMetadata, scale: float
-) -> torch.Tensor:
-    "The torch backend with its decodes attended in place by the Inductor kernel (`decode_in_place_compiled`); prefills as in `torch_paged_attention`."
-    if not kv_cache.is_contiguous() or kv_cache.requires_grad:
-        return torch_paged_attention(q, k, v, kv_cache, md, scale)
-
-    def decode(qd, plan, out):
-        out.copy_(decode_in_place_compiled(qd, kv_cache, plan.block_tables, plan.seq_lens, scale))
-
-    return _attend_in_place(q, k, v, kv_cache, md, scale, decode)
-
-# %% ../nbs/04_paged_attention.ipynb #bb18bacb
-def warm_up_decode_in_place(
-    num_heads: int,
-    num_kv_heads: int,
-    head_dim: int,
-    block_size: int,
-    dtype,
-    scale: float,
-    device="cpu",
-):
-    "Compile the in-place decode kernel for this model shape now, as the engine will call it; raises what compiling raised."
-    import torch._dynamo
-
-    with torch.inference_mode(
-        False
-    ):  # like the engine's cache, a normal tensor (even when a step calls this in inference mode)
-        cache = torch.zeros(2, 3, block_size, num_kv_heads, head_dim, dtype=dtype, device=device)
-    with (
-        torch.inference_mode()
-    ):  # the engine's steps run in inference mode, and their tensors are inference tensors
-        q = torch.zeros(2, num_heads, head_dim, dtype=dtype, device=device)
-        bt, sl = (
-            torch.tensor([[0, 1, 2], [2, 1, 0]], device=device),
-            torch.tensor([3 * block_size, 1], device=device),
-        )
-        with torch._dynamo.config.patch(
-            recompile_limit=64, fail_on_recompile_limit_hit=True
-        ):  # (see below)
-            decode_in_place_compiled(q, cache, bt, sl, scale)
-
-# %% ../nbs/04_paged_attention.ipynb #78b5e13d
-_DECODE_C = r"""
-#include <stdint.h>
-#include <math.h>
-/* Compile-time constants: BS (block size), G (query heads per KV head), D (head dim), BF16 (1: bfloat16, 0: float32). */
-#if BF16
-typedef uint16_t scalar_t;
-static inline float load(const scalar_t *p) { union { uint32_t u; float f; } v; v.u = (uint32_t)*p << 16; return v.f; }
-static inline void store(scalar_t *p, float x) {   /* round to nearest even, as torch does */
-    union { uint32_t u; float f; } v; v.f = x; *p = (uint16_t)((v.u + 0x7FFFu + ((v.u >> 16) & 1u)) >> 16); }
-#else
-typedef float scalar_t;
-static inline float load(const scalar_t *p) { return *p; }
-static inline void store(scalar_t *p, float x) { *p = x; }
-#endif
-
-/* Ask for a block's keys and values of KV head h before they are needed: blocks are scattered, so the hardware
-   prefetcher cannot guess where the next one is, but the block table says. */
-static inline void prefetch_block(const scalar_t *cache, const scalar_t *values, int64_t blk, int64_t row, int64_t h) {
-    const char *k = (const char *)(cache + blk * BS * row + h * D), *v = (const char *)(values + blk * BS * row + h * D);
-    for (int j = 0; j < BS; j++)
-        for (int c = 0; c < D * (int)sizeof(scalar_t); c += 64) {
-            __builtin_prefetch(k + j * row * sizeof(scalar_t) + c); __builtin_prefetch(v + j * row * sizeof(scalar_t) + c);
-        }
-}
-
-void decode(const scalar_t *q, int64_t q_stride, const scalar_t *cache, int64_t num_blocks, int64_t hkv,
-            const int64_t *block_tables, int64_t bt_stride, const int64_t *seq_lens, int64_t n,
-            float scale, scalar_t *out, int64_t out_stride) {
-    const int64_t row = hkv * D;                              /* one token's keys (or values), all KV heads */
-    const scalar_t *values = cache + num_blocks * BS * row;  /* cache: [2, num_blocks, BS, hkv, D] */
-    #pragma omp parallel for collapse(2) schedule(dynamic, 1)
-    for (int64_t i = 0; i < n; i++)
-    for (int64_t h = 0; h < hkv; h++) {
-        float qs[G][D], acc[G][D], s[G][BS], x[D], m[G], l[G];
-        const int64_t len = seq_lens[i];
-        for (int g = 0; g < G; g++) {
-            m[g] = -3.0e38f; l[g] = 0.f;
-            for (int d = 0; d < D; d++) { qs[g][d] = load(q + i * q_stride + (h * G + g) * D + d) * scale; acc[g][d] = 0.f; }
-        }
-        prefetch_block(cache, values, block_tables[i * bt_stride], row, h);
-        for (int64_t t0 = 0; t0 < len; t0 += BS) {
-            const int64_t blk = block_tables[i * bt_stride + t0 / BS];
-            const int nt = len - t0 < BS ? (int)(len - t0) : BS;
-            const scalar_t *kb = cache + blk * BS * row + h * D, *vb = values + blk * BS * row + h * D;
-            if (t0 + BS < len) prefetch_block(cache, values, block_tables[i * bt_stride + t0 / BS + 1], row, h);
-            for (int j = 0; j < nt; j++) {                   /* scores: each key converted once, for G query heads */
-                for (int d = 0; d < D; d++) x[d] = load(kb + j * row + d);
-                for (int g = 0; g < G; g++) {
-                    float dot = 0.f;
-                    for (int d = 0; d < D; d++) dot += qs[g][d] * x[d];
-                    s[g][j] = dot;
-                }
-            }
-            for (int g = 0; g < G; g++) {                    /* online softmax: a new maximum rescales the past */
-                float mx = m[g], sum = 0.f;
-                for (int j = 0; j < nt; j++) mx = s[g][j] > mx ? s[g][j] : mx;
-                for (int j = 0; j < nt; j++) { s[g][j] = expf(s[g][j] - mx); sum += s[g][j]; }
-                const float c = expf(m[g] - mx);
-                for (int d = 0; d < D; d++) acc[g][d] *= c;
-                l[g] = l[g] * c + sum; m[g] = mx;
-            }
-            for (int j = 0; j < nt; j++) {                   /* values: each converted once, added for G query heads */
-                for (int d = 0; d < D; d++) x[d] = load(vb + j * row + d);
-                for (int g = 0; g < G; g++) for (int d = 0; d < D; d++) acc[g][d] += s[g][j] * x[d];
-            }
-        }
-        for (int g = 0; g < G; g++)
-            for (int d = 0; d < D; d++) store(out + i * out_stride + (h * G + g) * D + d, acc[g][d] / l[g]);
-    }
-}
-"""
-
-# %% ../nbs/04_paged_attention.ipynb #91d94fd6
-import ctypes
-import hashlib
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
-
-_C_FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp", "-shared", "-fPIC"]
-_C_DTYPES = {torch.float32: 0, torch.bfloat16: 1}  # the dtypes the C kernels read
-
-
-def _cpu_flags() -> str:
-    "This CPU's feature flags (what `-march=native` compiles for)."
-    try:
-        return next(l for l in open("/proc/cpuinfo") if l.startswith("flags"))
-    except (OSError, StopIteration):
-        return platform.processor()
-
-
-@functools.cache
-def build_c_library(name: str, source: str, defines: tuple[str, ...] = ()) -> ctypes.CDLL:
-    "Compile C `source` with `defines` (`-DX=1` ...) into a shared library, on first use (or load it from the cache); raises if it cannot."
-    from minivllm.config import cache_dir
-
-    cc = os.environ.get("CC") or shutil.which("gcc")
-    if not cc:
-        raise RuntimeError("no C compiler (set $CC, or install gcc)")
-    key = hashlib.sha256(
-        "\n".join([source, cc, *_C_FLAGS, *defines, _cpu_flags()]).encode()
-    ).hexdigest()[:16]
-    path = cache_dir() / "kernels" / f"{name}-{key}.so"
-    if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory() as tmp:
-            src, so = os.path.join(tmp, f"{name}.c"), os.path.join(tmp, f"{name}.so")
-            open(src, "w").write(source)
-            r = subprocess.run(
-                [cc, *_C_FLAGS, *defines, src, "-o", so, "-lm"], capture_output=True, text=True
-            )
-            if r.returncode:
-                raise RuntimeError(f"{cc} could not compile {name}: {r.stderr[-500:]}")
-            tmp_path = path.with_suffix(f".{os.getpid()}.tmp")
-            shutil.copyfile(so, tmp_path)
-            os.replace(tmp_path, path)
-    return ctypes.CDLL(str(path))
-
-
-@functools.cache
-def build_decode_kernel(block_size: int, group: int, head_dim: int, dtype=torch.float32):
-    "The C decode kernel for this model shape and cache dtype (a ctypes function); raises if it cannot be built."
-    if dtype not in _C_DTYPES:
-        raise NotImplementedError(
-            f"the C decode kernel reads float32 or bfloat16 caches, not {dtype}"
-        )
-    defs = (f"-DBS={block_size}", f"-DG={group}", f"-DD={head_dim}", f"-DBF16={_C_DTYPES[dtype]}")
-    fn = build_c_library("decode", _DECODE_C, defs).decode
-    P, I = ctypes.c_void_p, ctypes.c_int64
-    fn.argtypes, fn.restype = [P, I, P, I, I, P, I, P, I, ctypes.c_float, P, I], None
+def register_attention_backend(name: str, fn):
+    "Make `fn(q, k, v, kv_cache, md, scale)` the attention backend called `name`; returns `fn`."
+    ATTENTION_BACKENDS[name] = fn
     return fn
 
-# %% ../nbs/04_paged_attention.ipynb #bba2aaff
-def _check_decode_tables(block_tables, seq_lens, num_blocks: int, block_size: int):
-    "Raise unless every decode's context fits its row of the block table and every block it reads is in the cache."
-    n, nb = block_tables.shape
-    if seq_lens.shape != (n,):
-        raise ValueError(f"seq_lens must have shape ({n},), got {tuple(seq_lens.shape)}")
-    if n and not (1 <= int(seq_lens.min()) and int(seq_lens.max()) <= nb * block_size):
+
+def get_attention_backend(name: str):
+    "The attention function registered as `name`."
+    if name not in ATTENTION_BACKENDS:
         raise ValueError(
-            f"decode context lengths must be in [1, {nb * block_size}] (the block table's width), got {seq_lens.tolist()}"
+            f"unknown attention backend {name!r}; registered: {sorted(ATTENTION_BACKENDS)} "
+            "(lesson 04c's minivllm.attention_kernels adds triton, inductor and cpu)"
         )
-    if n and not (0 <= int(block_tables.min()) and int(block_tables.max()) < num_blocks):
-        raise ValueError(
-            f"block ids must be in [0, {num_blocks}), got {int(block_tables.min())}..{int(block_tables.max())}"
-        )
+    return ATTENTION_BACKENDS[name]
 
 
-def decode_in_place_c(
-    q, kv_cache, block_tables, seq_lens, scale: float, out=None, checked: bool = False
-) -> torch.Tensor:
-    "`decode_in_place` by the C kernel. q: [n, H, D] (rows may be strided); block_tables: [n, nb] int64; seq_lens: [n] int64. `checked`: the tables were checked already."
-    n, H, D = q.shape
-    _, num_blocks, bs, hkv, _ = kv_cache.shape
-    if q.stride(2) != 1 or q.stride(1) != D:
-        q = q.contiguous()
-    block_tables = block_tables.to(torch.int64)
-    if block_tables.stride(1) != 1:
-        block_tables = block_tables.contiguous()
-    seq_lens = seq_lens.to(torch.int64).contiguous()
-    if not checked:
-        _check_decode_tables(block_tables, seq_lens, num_blocks, bs)
-    if not (kv_cache.is_contiguous() and q.dtype == kv_cache.dtype and q.device.type == "cpu"):
-        raise ValueError(
-            "decode_in_place_c needs a contiguous CPU cache and queries of the cache's dtype"
-        )
-    out = torch.empty(n, H, D, dtype=q.dtype) if out is None else out
-    if n == 0:
-        return out
-    fn = build_decode_kernel(bs, H // hkv, D, kv_cache.dtype)
-    fn(
-        q.data_ptr(),
-        q.stride(0),
-        kv_cache.data_ptr(),
-        num_blocks,
-        hkv,
-        block_tables.data_ptr(),
-        block_tables.stride(0),
-        seq_lens.data_ptr(),
-        n,
-        scale,
-        out.data_ptr(),
-        out.stride(0),
-    )
-    return out
-
-# %% ../nbs/04_paged_attention.ipynb #79265ee5
-def cpu_paged_attention(q, k, v, kv_cache, md: AttentionMetadata, scale: float) -> torch.Tensor:
-    "The torch backend with its decodes attended in place by the C kernel (`decode_in_place_c`); prefills as in `torch_paged_attention`."
-    if not kv_cache.is_contiguous() or kv_cache.requires_grad or kv_cache.dtype not in _C_DTYPES:
-        return torch_paged_attention(q, k, v, kv_cache, md, scale)
-
-    def decode(qd, plan, out):
-        if not plan.checked:  # once per step's plan, not per layer
-            _check_decode_tables(
-                plan.block_tables, plan.seq_lens, kv_cache.shape[1], kv_cache.shape[2]
-            )
-            plan.checked = True
-        decode_in_place_c(
-            qd, kv_cache, plan.block_tables, plan.seq_lens, scale, out=out, checked=True
-        )
-
-    return _attend_in_place(q, k, v, kv_cache, md, scale, decode)
+register_attention_backend("torch", torch_paged_attention)

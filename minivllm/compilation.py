@@ -16,14 +16,8 @@ from fastcore.basics import patch
 from .config import EngineConfig, CompilationConfig
 from typing import NamedTuple
 import torch.nn.functional as F
-from minivllm.attention import (
-    AttentionMetadata,
-    build_metadata,
-    decode_in_place,
-    _LaunchPlan,
-    _launch_decode,
-    _launch_write,
-)
+from .attention import AttentionMetadata, build_metadata
+from .attention_kernels import decode_in_place, _LaunchPlan, _launch_decode, _launch_write
 from .scheduler import SchedulerOutput
 from .model import Linear, ModelRunner, ModelRunnerOutput
 

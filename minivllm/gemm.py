@@ -6,12 +6,88 @@
 from __future__ import annotations
 import ctypes
 import functools
+import hashlib
+import importlib.resources
 import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
 import torch
-from .attention import _cpu_flags, build_c_library
 
 # %% auto #0
-__all__ = ['GEMM_UNITS', 'GEMM_MAX_ROWS', 'pack_weight', 'gemm_supported', 'build_gemm_kernel', 'gemm', 'gemm_copy']
+__all__ = ['C_FLAGS', 'GEMM_UNITS', 'GEMM_MAX_ROWS', 'cpu_flags', 'c_source', 'build_c_library', 'release_openmp_threads',
+           'pack_weight', 'gemm_supported', 'build_gemm_kernel', 'gemm', 'batch_invariant', 'gemm_copy']
+
+# %% ../nbs/04a_cpu_gemm.ipynb #23ba0ee2
+C_FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-shared", "-fPIC")
+
+
+def cpu_flags() -> str:
+    "This CPU's feature flags (what `-march=native` compiles for)."
+    try:
+        return next(l for l in open("/proc/cpuinfo") if l.startswith("flags"))
+    except (OSError, StopIteration):
+        return platform.processor()
+
+
+def c_source(name: str | os.PathLike) -> Path:
+    """The C file `name`: a file of `minivllm/csrc` by its stem (`"gemm"`), or a path to a `.c`
+    file."""
+    if str(name).endswith(".c"):
+        return Path(name)
+    return Path(str(importlib.resources.files("minivllm") / "csrc" / f"{name}.c"))
+
+
+@functools.cache
+def build_c_library(
+    name: str | os.PathLike, defines: tuple[str, ...] = (), flags: tuple[str, ...] = ()
+) -> ctypes.CDLL:
+    """Compile the C file `name` (see `c_source`) with `defines` (`-DX=1`, ...) and extra `flags`
+    into a shared library on first use, or load it from the cache; raises if it cannot (the
+    compiler's messages name the file)."""
+    from minivllm.config import cache_dir
+
+    src = c_source(name)
+    cc = os.environ.get("CC") or shutil.which("gcc")
+    if not cc:
+        raise RuntimeError("no C compiler (set $CC, or install gcc)")
+    args = [*C_FLAGS, *flags, *defines]
+    key = hashlib.sha256("\n".join([src.read_text(), cc, *args, cpu_flags()]).encode())
+    path = cache_dir() / "kernels" / f"{src.stem}-{key.hexdigest()[:16]}.so"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory() as tmp:
+            so = os.path.join(tmp, f"{src.stem}.so")
+            r = subprocess.run(
+                [cc, *args, str(src), "-o", so, "-lm"], capture_output=True, text=True
+            )
+            if r.returncode:
+                raise RuntimeError(f"{cc} could not compile {src}:\n{r.stderr[-3000:]}")
+            tmp_path = path.with_suffix(f".{os.getpid()}.tmp")
+            shutil.copyfile(so, tmp_path)
+            os.replace(tmp_path, path)
+    return ctypes.CDLL(str(path))
+
+# %% ../nbs/04a_cpu_gemm.ipynb #9b727829
+@functools.cache
+def _libgomp():
+    "The OpenMP runtime torch loaded (found by its soname), or None."
+    try:
+        return ctypes.CDLL("libgomp.so.1")
+    except OSError:
+        return None
+
+
+def release_openmp_threads() -> bool:
+    """Hand back the OpenMP worker threads that the calling thread's parallel regions started (they
+    start again when it needs them); returns whether it could."""
+    lib = _libgomp()
+    if lib is None or not hasattr(lib, "omp_pause_resource_all"):
+        return False
+    return lib.omp_pause_resource_all(1) == 0  # omp_pause_soft
 
 # %% ../nbs/04a_cpu_gemm.ipynb #130a5e29
 GEMM_UNITS = {
@@ -21,110 +97,26 @@ GEMM_UNITS = {
 
 
 def pack_weight(w: torch.Tensor) -> torch.Tensor:
-    "`W [N, K]` in the kernel's layout `[N/16, K/KU, 16, KU]` (contiguous; `KU` = 2 for bfloat16, 1 for float32)."
+    """`W [N, K]` in the kernel's layout `[N/16, K/KU, 16, KU]` (contiguous; `KU` = 2 for bfloat16,
+    1 for float32)."""
     N, K = w.shape
     ku = GEMM_UNITS[w.dtype]
     if N % 16 or K % ku:
         raise ValueError(f"the C GEMM needs N % 16 == 0 and K % {ku} == 0, got a [{N}, {K}] weight")
     return w.detach().reshape(N // 16, 16, K // ku, ku).permute(0, 2, 1, 3).contiguous()
 
-# %% ../nbs/04a_cpu_gemm.ipynb #27bef8b2
-_GEMM_C = r"""
-#include <immintrin.h>
-#include <omp.h>
-#include <stdint.h>
-#include <stdlib.h>
-/* y[M,N] = x[M,K] @ W[N,K]^T (+ b), accumulated in float32. A "unit" is 32 bits of K: one float32 or two bfloat16.
-   w: [N/16][K/KU][16] units, one 64-byte vector per (16 columns, unit of K); xp: [K/KU][M] units (x transposed). */
-#if BF16
-typedef uint16_t T;
-#define KU 2
-#define FMA(acc, a, b) _mm512_dpbf16_ps(acc, (__m512bh)(a), (__m512bh)(b))
-#define LOAD16(p) _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(p))), 16))
-#define STORE16(p, v) _mm256_storeu_si256((__m256i *)(p), (__m256i)_mm512_cvtneps_pbh(v))
-#else
-typedef float T;
-#define KU 1
-#define FMA(acc, a, b) _mm512_fmadd_ps(_mm512_castsi512_ps(a), _mm512_castsi512_ps(b), acc)
-#define LOAD16(p) _mm512_loadu_ps(p)
-#define STORE16(p, v) _mm512_storeu_ps(p, v)
-#endif
-#define AHEAD 512   /* units of the weight stream asked for in advance: 2 KB */
-
-/* One tile: MR rows by NB blocks of 16 columns, over the whole of K, the accumulators in registers. */
-#define TILE(MR, NB) \
-static void tile_##MR##_##NB(const int32_t *xp, int64_t M, int64_t KN, const int32_t *w, const T *b, T *y, int64_t N) { \
-  __m512 acc[MR][NB]; \
-  _Pragma("GCC unroll 32") for (int i = 0; i < MR; i++) _Pragma("GCC unroll 4") for (int j = 0; j < NB; j++) acc[i][j] = _mm512_setzero_ps(); \
-  for (int64_t k = 0; k < KN; k++, xp += M, w += 16) { \
-    __m512i wv[NB]; \
-    _Pragma("GCC unroll 4") for (int j = 0; j < NB; j++) { \
-      wv[j] = _mm512_loadu_si512(w + j * KN * 16); _mm_prefetch((const char *)(w + j * KN * 16 + AHEAD), _MM_HINT_T0); } \
-    _Pragma("GCC unroll 32") for (int i = 0; i < MR; i++) { \
-      __m512i xv = _mm512_set1_epi32(xp[i]); \
-      _Pragma("GCC unroll 4") for (int j = 0; j < NB; j++) acc[i][j] = FMA(acc[i][j], xv, wv[j]); } } \
-  _Pragma("GCC unroll 4") for (int j = 0; j < NB; j++) { \
-    __m512 bv = b ? LOAD16(b + 16 * j) : _mm512_setzero_ps(); \
-    _Pragma("GCC unroll 32") for (int i = 0; i < MR; i++) STORE16(y + i * N + 16 * j, _mm512_add_ps(acc[i][j], bv)); } }
-
-#define ROWS6(NB) TILE(1,NB) TILE(2,NB) TILE(3,NB) TILE(4,NB) TILE(5,NB) TILE(6,NB)
-#define ROWS14(NB) ROWS6(NB) TILE(7,NB) TILE(8,NB) TILE(9,NB) TILE(10,NB) TILE(11,NB) TILE(12,NB) TILE(13,NB) TILE(14,NB)
-ROWS6(4) ROWS14(2) ROWS14(1) TILE(15,1) TILE(16,1) TILE(17,1) TILE(18,1) TILE(19,1) TILE(20,1) TILE(21,1)
-TILE(22,1) TILE(23,1) TILE(24,1) TILE(25,1) TILE(26,1) TILE(27,1) TILE(28,1)
-typedef void (*tile_fn)(const int32_t *, int64_t, int64_t, const int32_t *, const T *, T *, int64_t);
-#define L6(NB) tile_1_##NB, tile_2_##NB, tile_3_##NB, tile_4_##NB, tile_5_##NB, tile_6_##NB
-#define L14(NB) L6(NB), tile_7_##NB, tile_8_##NB, tile_9_##NB, tile_10_##NB, tile_11_##NB, tile_12_##NB, tile_13_##NB, tile_14_##NB
-static const tile_fn TILES4[] = {0, L6(4)}, TILES2[] = {0, L14(2)};
-static const tile_fn TILES1[] = {0, L14(1), tile_15_1, tile_16_1, tile_17_1, tile_18_1, tile_19_1, tile_20_1, tile_21_1,
-                                 tile_22_1, tile_23_1, tile_24_1, tile_25_1, tile_26_1, tile_27_1, tile_28_1};
-
-/* Column blocks [b0, b1) for all M rows: tiles as wide as the rows allow (at most 28 accumulators), rows split evenly. */
-static void columns(const int32_t *xp, int64_t M, int64_t KN, const int32_t *w, const T *bias, T *y, int64_t N,
-                    int64_t b0, int64_t b1) {
-  int64_t wide = M <= 6 ? 4 : M <= 14 ? 2 : 1;
-  for (int64_t c = b0; c < b1;) {
-    int64_t nb = b1 - c < wide ? b1 - c : wide;
-    if (nb == 3) nb = 2;
-    int64_t most = nb == 4 ? 6 : nb == 2 ? 14 : 28, tiles = (M + most - 1) / most, mr = (M + tiles - 1) / tiles;
-    const tile_fn *fns = nb == 4 ? TILES4 : nb == 2 ? TILES2 : TILES1;
-    for (int64_t m = 0; m < M; m += mr)
-      fns[M - m < mr ? M - m : mr](xp + m, M, KN, w + c * KN * 16, bias ? bias + 16 * c : 0, y + m * N + 16 * c, N);
-    c += nb;
-  }
-}
-
-static __thread int32_t *scratch;
-static __thread int64_t scratch_len;
-
-int gemm(const T *x, int64_t M, int64_t K, const T *w, int64_t N, const T *bias, T *y) {
-  int64_t KN = K / KU, B = N / 16;
-  if (scratch_len < M * KN) {
-    free(scratch); scratch = (int32_t *)malloc(M * KN * 4); scratch_len = scratch ? M * KN : 0;
-    if (!scratch) return 1;
-  }
-  const int32_t *x32 = (const int32_t *)x;
-  for (int64_t m = 0; m < M; m++) for (int64_t k = 0; k < KN; k++) scratch[k * M + m] = x32[m * KN + k];
-  const int32_t *xp = scratch;
-  #pragma omp parallel
-  {
-    int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
-    columns(xp, M, KN, (const int32_t *)w, bias, y, N, B * t / nt, B * (t + 1) / nt);
-  }
-  return 0;
-}
-"""
-
 # %% ../nbs/04a_cpu_gemm.ipynb #6a74168c
 _GEMM_CPU_FLAGS = {torch.float32: ("avx512f",), torch.bfloat16: ("avx512f", "avx512_bf16")}
 
 
 def gemm_supported(w: torch.Tensor) -> bool:
-    "Whether `gemm` can multiply by `w`: a float32 or bfloat16 `[N, K]` CPU tensor, `N % 16 == 0` (bfloat16: `K` even), on a CPU with the instructions."
+    """Whether `gemm` can multiply by `w`: a float32 or bfloat16 `[N, K]` CPU tensor, `N % 16 == 0`
+    (bfloat16: `K` even), on a CPU with the instructions."""
     if w.dim() != 2 or w.device.type != "cpu" or w.dtype not in GEMM_UNITS:
         return False
     if w.shape[0] % 16 or w.shape[1] % GEMM_UNITS[w.dtype]:
         return False
-    flags = _cpu_flags().split()
+    flags = cpu_flags().split()
     return all(f in flags for f in _GEMM_CPU_FLAGS[w.dtype])
 
 
@@ -133,14 +125,15 @@ def build_gemm_kernel(dtype=torch.bfloat16):
     "The C GEMM for `dtype` (a ctypes function); raises if it cannot be built."
     if dtype not in GEMM_UNITS:
         raise NotImplementedError(f"the C GEMM multiplies float32 or bfloat16, not {dtype}")
-    fn = build_c_library("gemm", _GEMM_C, (f"-DBF16={int(dtype == torch.bfloat16)}",)).gemm
+    fn = build_c_library("gemm", (f"-DBF16={int(dtype == torch.bfloat16)}",)).gemm
     P, I = ctypes.c_void_p, ctypes.c_int64
     fn.argtypes, fn.restype = [P, I, I, P, I, P, P], ctypes.c_int
     return fn
 
 # %% ../nbs/04a_cpu_gemm.ipynb #4455260e
 def gemm(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    "`x [..., K] @ W.T (+ bias)` by the C kernel, with `packed = pack_weight(W)`; returns `[..., N]` in `x`'s dtype."
+    """`x [..., K] @ W.T (+ bias)` by the C kernel, with `packed = pack_weight(W)`; returns `[...,
+    N]` in `x`'s dtype."""
     nb, kn, _, ku = packed.shape
     N, K = nb * 16, kn * ku
     if x.device.type != "cpu" or packed.device.type != "cpu":
@@ -172,7 +165,20 @@ def gemm(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None
     return y.view(*x.shape[:-1], N)
 
 # %% ../nbs/04a_cpu_gemm.ipynb #51d16d99
-GEMM_MAX_ROWS = 64  # lesson 05's Linear multiplies calls of up to this many rows with the C kernel, more with oneDNN
+# lesson 05's Linear multiplies calls of up to this many rows with the C kernel, more with oneDNN
+GEMM_MAX_ROWS = 64
+
+
+def batch_invariant() -> bool:
+    """Whether `VLLM_BATCH_INVARIANT=1` (or `MINIVLLM_BATCH_INVARIANT=1`) asks for results that do
+    not depend on the batch."""
+    env = os.environ
+    v = env.get("MINIVLLM_BATCH_INVARIANT", env.get("VLLM_BATCH_INVARIANT", "0"))
+    if v not in ("0", "1", ""):
+        raise ValueError(
+            f"VLLM_BATCH_INVARIANT / MINIVLLM_BATCH_INVARIANT must be 0 or 1, got {v!r}"
+        )
+    return v == "1"
 
 # %% ../nbs/04a_cpu_gemm.ipynb #08747813
 @functools.cache

@@ -142,7 +142,7 @@ def segments_of(idx: torch.Tensor, skip: int | None = None) -> list[tuple[int, t
     ]
 
 # %% ../nbs/05c_lora.ipynb #ad897c6d
-from .attention import triton, tl, HAS_TRITON, _check_device
+from .attention_kernels import triton, tl, HAS_TRITON, _check_device
 
 
 @triton.jit

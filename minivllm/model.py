@@ -15,19 +15,23 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 from fastcore.basics import patch
+import ctypes
 from .config import EngineConfig
 import logging
 from minivllm.attention import (
     AttentionMetadata,
-    build_decode_kernel,
     build_metadata,
+    get_attention_backend,
+    torch_paged_attention,
+)
+from minivllm.attention_kernels import (
+    build_decode_kernel,
     cpu_paged_attention,
     inductor_paged_attention,
-    torch_paged_attention,
     warm_up_decode_in_place,
 )
 from .scheduler import SchedulerOutput
-from .gemm import GEMM_MAX_ROWS, gemm, gemm_copy
+from .gemm import GEMM_MAX_ROWS, batch_invariant, build_c_library, gemm, gemm_copy
 from minivllm.quantization import (
     GGUF_BLOCK_BYTES,
     INT4_MAX_ROWS,
@@ -40,22 +44,51 @@ from minivllm.quantization import (
 )
 
 # %% auto #0
-__all__ = ['PACKED_CHUNK', 'SUPPORTED_MODEL_TYPES', 'IN_PLACE_BACKENDS', 'INPLACE_MIN_DECODES', 'RMSNorm', 'row_bucket', 'Linear',
-           'packed_linear', 'rope_inv_freq', 'RotaryEmbedding', 'get_attention_fn', 'Attention', 'MLP', 'DecoderLayer',
-           'rms_norm_c', 'rotate_c', 'silu_and_mul_c', 'LlamaForCausalLM', 'iter_checkpoint_weights', 'load_model',
-           'load_gguf_model', 'tiny_config', 'make_tiny_checkpoint', 'ModelRunnerOutput', 'ModelRunner']
+__all__ = ['PACKED_CHUNK', 'SUPPORTED_MODEL_TYPES', 'IN_PLACE_BACKENDS', 'INPLACE_MIN_DECODES', 'TorchOps', 'RMSNorm',
+           'row_bucket', 'Linear', 'packed_linear', 'rope_inv_freq', 'RotaryEmbedding', 'get_attention_fn', 'Attention',
+           'MLP', 'DecoderLayer', 'rms_norm_c', 'rotate_c', 'silu_and_mul_c', 'CpuOps', 'layer_ops', 'LlamaForCausalLM',
+           'iter_checkpoint_weights', 'load_model', 'load_gguf_model', 'tiny_config', 'make_tiny_checkpoint',
+           'ModelRunnerOutput', 'ModelRunner']
 
 # %% ../nbs/05_model.ipynb #8283517b
+class TorchOps:
+    """The layers' element-wise ops in torch: the reference (the C glue below makes `CpuOps`, the
+    same methods)."""
+
+    name = "torch"
+
+    @staticmethod
+    def rms_norm(x, weight, eps: float):
+        """`weight · x · rsqrt(mean(x²) + eps)` over the last dim, in float32 (one fused
+        `F.rms_norm` call)."""
+        return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
+
+    @staticmethod
+    def rotate(x, cos, sin):
+        """Rotate `x` `[T, heads, D]`: `x · cos + rotate_half(x) · sin`, as HF's
+        `apply_rotary_pos_emb`."""
+        x1, x2 = x.chunk(2, -1)
+        return x * cos + torch.cat([-x2, x1], -1) * sin
+
+    @staticmethod
+    def silu_and_mul(x):
+        "SwiGLU's middle: `silu(x[..., :I]) * x[..., I:]` of `x` `[..., 2I]`."
+        gate, up = x.chunk(2, -1)
+        return F.silu(gate) * up
+
+
 class RMSNorm(nn.Module):
     "Root-mean-square normalisation with a learned scale, computed in float32."
+
+    ops = TorchOps  # the op table (the model sets its own once: `LlamaForCausalLM.use_ops`)
 
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.weight, self.eps = nn.Parameter(torch.ones(dim)), eps
 
     def forward(self, x):
-        "Normalise the last dimension of `x`: `x · rsqrt(mean(x²) + eps)` in float32 (one fused `F.rms_norm` call, the same bits)."
-        return self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
+        "Normalise the last dimension of `x` (`ops.rms_norm`)."
+        return self.ops.rms_norm(x, self.weight, self.eps)
 
 # %% ../nbs/05_model.ipynb #8d8fb724
 def _can_pack(w: torch.Tensor) -> bool:
@@ -68,7 +101,8 @@ def _can_pack(w: torch.Tensor) -> bool:
 
 
 def row_bucket(m: int) -> int:
-    "The number of rows a packed GEMM of `m` rows runs at: `m` up to 16, then rounded up to 8 sizes per doubling."
+    """The number of rows a packed GEMM of `m` rows runs at: `m` up to 16, then rounded up to 8
+    sizes per doubling."""
     if m <= 16:
         return m
     step = 1 << ((m - 1).bit_length() - 4)
@@ -80,16 +114,21 @@ _PACKED_LINEARS = (
     weakref.WeakValueDictionary()
 )  # key → packed `Linear`: how a compiled graph finds its packed weight
 
-
+# %% ../nbs/05_model.ipynb #786394c5
 class Linear(nn.Linear):
-    "`nn.Linear` that multiplies with prepacked copies of its weight once `pack()` made them (CPU): the C kernel's up to `GEMM_MAX_ROWS` rows, oneDNN's above."
+    """`nn.Linear` that multiplies with prepacked copies of its weight once `pack()` made them
+    (CPU): the C kernel's up to `GEMM_MAX_ROWS` rows, oneDNN's above."""
 
     packed: torch.Tensor | None = None  # oneDNN's layout
     gemm_packed: torch.Tensor | None = None  # the C kernel's layout (lesson 04a)
-    gemm_in_graph = False  # True while a graph that leaves the GEMMs to Inductor is traced (lesson 05b's compile sizes)
+    # True while a graph that leaves the GEMMs to Inductor is traced (lesson 05b's compile sizes)
+    gemm_in_graph = False
+    # calls up to this many rows take the C kernel (any number: batch invariant)
+    gemm_max_rows = GEMM_MAX_ROWS
 
     def pack(self) -> bool:
-        "Make the packed copies of the weight (call again after changing the weight). Returns whether they are used."
+        """Make the packed copies of the weight (call again after changing the weight). Returns
+        whether they are used."""
         self.packed = self.gemm_packed = None
         if _can_pack(self.weight):
             try:
@@ -102,6 +141,9 @@ class Linear(nn.Linear):
                 pass
         if self.packed is not None:
             self.gemm_packed = gemm_copy(self.weight.detach())
+        self.gemm_max_rows = (
+            2**62 if batch_invariant() else GEMM_MAX_ROWS
+        )  # VLLM_BATCH_INVARIANT=1: one kernel, one order of additions, at every size (lesson 04a)
         return self.packed is not None
 
     def unpack(self):
@@ -110,7 +152,8 @@ class Linear(nn.Linear):
         _PACKED_LINEARS.pop(id(self), None)
 
     def forward(self, x):
-        "`x @ W.T + b`, with the packed weight when there is one (at a bucketed number of rows, see `row_bucket`)."
+        """`x @ W.T + b`, with the packed weight when there is one (at a bucketed number of rows,
+        see `row_bucket`)."""
         if self.packed is None or x.dtype != self.weight.dtype or x.device.type != "cpu":
             return F.linear(x, self.weight, self.bias)
         if torch.compiler.is_compiling():
@@ -121,7 +164,7 @@ class Linear(nn.Linear):
 
     def _packed(self, x):
         rows = x.reshape(-1, self.in_features)
-        if self.gemm_packed is not None and len(rows) <= GEMM_MAX_ROWS:
+        if self.gemm_packed is not None and len(rows) <= self.gemm_max_rows:
             return gemm(rows, self.gemm_packed, self.bias).view(*x.shape[:-1], self.out_features)
         out = (
             torch.cat([self._packed_mm(c) for c in rows.split(PACKED_CHUNK)])
@@ -146,7 +189,8 @@ class Linear(nn.Linear):
 def packed_linear(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, key: int
 ) -> torch.Tensor:
-    "`x @ W.T + b` with the oneDNN-packed weight of the `Linear` registered under `key` (what a compiled graph calls)."
+    """`x @ W.T + b` with the oneDNN-packed weight of the `Linear` registered under `key` (what a
+    compiled graph calls)."""
     return _PACKED_LINEARS[key]._packed(x)
 
 
@@ -184,7 +228,10 @@ def rope_inv_freq(config) -> tuple[torch.Tensor, float]:
 
 
 class RotaryEmbedding(nn.Module):
-    "cos/sin table for all positions up to `max_pos`; applied per token (neox style: rotate the two halves)."
+    """cos/sin table for all positions up to `max_pos`; applied per token (neox style: rotate the
+    two halves)."""
+
+    ops = TorchOps
 
     def __init__(self, config, max_pos: int):
         super().__init__()
@@ -195,38 +242,27 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("sin", emb.sin() * scaling, persistent=False)
 
     def cos_sin(self, positions, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        "The `[T, 1, D]` cos and sin of each token's position (looked up once per step, shared by all layers)."
+        """The `[T, 1, D]` cos and sin of each token's position (looked up once per step, shared by
+        all layers)."""
         return self.cos[positions][:, None].to(dtype), self.sin[positions][:, None].to(dtype)
 
-    @staticmethod
-    def rotate(x, cos, sin):
-        "Rotate `x` `[T, heads, D]`: `x · cos + rotate_half(x) · sin`, as HF's `apply_rotary_pos_emb`."
-        x1, x2 = x.chunk(2, -1)
-        return x * cos + torch.cat([-x2, x1], -1) * sin
-
     def forward(self, positions, q, k):
-        "q: [T, H, D], k: [T, Hkv, D]."
+        "q: [T, H, D], k: [T, Hkv, D], rotated by `ops.rotate`."
         cos, sin = self.cos_sin(positions, q.dtype)
-        return self.rotate(q, cos, sin), self.rotate(k, cos, sin)
+        return self.ops.rotate(q, cos, sin), self.ops.rotate(k, cos, sin)
 
 # %% ../nbs/05_model.ipynb #c95a6800
 def get_attention_fn(name: str):
-    "The attention backend of lesson 04: `torch` (gather + SDPA), `cpu` (the CPU's: decodes read in place by a C kernel), `inductor` (the same by Inductor's kernel) or `triton` (GPU kernels)."
-    if name == "torch":
-        return torch_paged_attention
-    if name == "cpu":
-        return cpu_paged_attention
-    if name == "inductor":
-        return inductor_paged_attention
-    if name == "triton":
-        from minivllm.attention import triton_paged_attention
-
-        return triton_paged_attention
-    raise ValueError(f"unknown attention backend {name!r}")
+    """The attention backend `name` from lesson 04's registry: `torch`, or lesson 04c's `cpu`,
+    `inductor`, `triton`."""
+    return get_attention_backend(name)
 
 
 class Attention(nn.Module):
-    "Fused q/k/v projection, rotary embedding (and Qwen3's q/k norms), paged attention through `attn_fn`, output projection."
+    """Fused q/k/v projection, rotary embedding (and Qwen3's q/k norms), paged attention through
+    `attn_fn`, output projection."""
+
+    ops = TorchOps
 
     def __init__(self, config, attn_fn):
         super().__init__()
@@ -250,7 +286,8 @@ class Attention(nn.Module):
         self.scale, self.attn_fn = self.head_dim**-0.5, attn_fn
 
     def forward(self, x, kv_cache, md: AttentionMetadata, rope: tuple[torch.Tensor, torch.Tensor]):
-        "Attention output `[T, hidden]` of the flat tokens `x`; writes their keys and values into `kv_cache`."
+        """Attention output `[T, hidden]` of the flat tokens `x`; writes their keys and values into
+        `kv_cache`."""
         T, H, Hkv, D = x.shape[0], self.num_heads, self.num_kv_heads, self.head_dim
         qkv = self.qkv_proj(x)
         v = qkv[:, self.q_size + self.kv_size :].view(T, Hkv, D)
@@ -260,11 +297,11 @@ class Attention(nn.Module):
                 qkv[:, self.q_size : self.q_size + self.kv_size].view(T, Hkv, D),
             )
             q, k = (
-                RotaryEmbedding.rotate(self.q_norm(q), *rope),
-                RotaryEmbedding.rotate(self.k_norm(k), *rope),
+                self.ops.rotate(self.q_norm(q), *rope),
+                self.ops.rotate(self.k_norm(k), *rope),
             )
         else:  # q and k side by side: one rotation for both
-            q, k = RotaryEmbedding.rotate(
+            q, k = self.ops.rotate(
                 qkv[:, : self.q_size + self.kv_size].view(T, H + Hkv, D), *rope
             ).split([H, Hkv], 1)
         o = self.attn_fn(q, k, v, kv_cache, md, self.scale)
@@ -273,6 +310,8 @@ class Attention(nn.Module):
 # %% ../nbs/05_model.ipynb #7df27b30
 class MLP(nn.Module):
     "SwiGLU feed-forward: `down(silu(gate(x)) * up(x))`, gate and up fused into one matmul."
+
+    ops = TorchOps
 
     def __init__(self, config):
         super().__init__()
@@ -288,8 +327,7 @@ class MLP(nn.Module):
 
     def forward(self, x):
         "The MLP of each token."
-        gate, up = self.gate_up_proj(x).split(self.inter, -1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -307,64 +345,7 @@ class DecoderLayer(nn.Module):
         x = x + self.self_attn(self.input_layernorm(x), kv_cache, md, rope)
         return x + self.mlp(self.post_attention_layernorm(x))
 
-# %% ../nbs/05_model.ipynb #1697ee8b
-_GLUE_C = r"""
-#include <stdint.h>
-#include <math.h>
-#if BF16
-typedef uint16_t scalar_t;
-static inline float load(const scalar_t *p) { union { uint32_t u; float f; } v; v.u = (uint32_t)*p << 16; return v.f; }
-static inline uint16_t to_bf16(float x) { union { uint32_t u; float f; } v; v.f = x; return (uint16_t)((v.u + 0x7FFFu + ((v.u >> 16) & 1u)) >> 16); }
-static inline void store(scalar_t *p, float x) { *p = to_bf16(x); }
-static inline float rnd(float x) { const scalar_t b = to_bf16(x); return load(&b); }   /* x rounded to bfloat16 */
-#else
-typedef float scalar_t;
-static inline float load(const scalar_t *p) { return *p; }
-static inline void store(scalar_t *p, float x) { *p = x; }
-static inline float rnd(float x) { return x; }
-#endif
-#define BIG(work) if ((work) > 32768)   /* below this, one thread: forking costs more than it saves */
-
-/* out[t] = w * rms_norm(x[t]): rows of n, normalised in float32 and rounded, then times w and rounded again */
-void rms_norm(const scalar_t *x, int64_t x_stride, const scalar_t *w, int64_t n, float eps, scalar_t *out, int64_t rows) {
-    #pragma omp parallel for schedule(static) BIG(rows * n)
-    for (int64_t t = 0; t < rows; t++) {
-        const scalar_t *xr = x + t * x_stride; scalar_t *o = out + t * n;
-        float ss = 0.f;
-        for (int64_t i = 0; i < n; i++) { const float v = load(xr + i); ss += v * v; }
-        const float r = 1.f / sqrtf(ss / n + eps);
-        for (int64_t i = 0; i < n; i++) store(o + i, load(w + i) * rnd(load(xr + i) * r));
-    }
-}
-
-/* neox-style rotary: out[t, h] = x[t, h] * cos[t] + cat(-x2, x1)[t, h] * sin[t], heads of d dims, rows x_stride apart */
-void rotate(const scalar_t *x, int64_t x_stride, const scalar_t *cos, const scalar_t *sin, int64_t heads, int64_t d,
-            scalar_t *out, int64_t rows) {
-    const int64_t half = d / 2;
-    #pragma omp parallel for schedule(static) BIG(rows * heads * d)
-    for (int64_t t = 0; t < rows; t++)
-        for (int64_t h = 0; h < heads; h++) {
-            const scalar_t *xr = x + t * x_stride + h * d, *c = cos + t * d, *s = sin + t * d;
-            scalar_t *o = out + (t * heads + h) * d;
-            for (int64_t i = 0; i < half; i++) store(o + i, rnd(load(xr + i) * load(c + i)) - rnd(load(xr + half + i) * load(s + i)));
-            for (int64_t i = half; i < d; i++) store(o + i, rnd(load(xr + i) * load(c + i)) + rnd(load(xr + i - half) * load(s + i)));
-        }
-}
-
-/* SwiGLU's middle: out[t, j] = silu(x[t, j]) * x[t, inter + j], silu rounded before the product, as torch's two ops */
-void silu_and_mul(const scalar_t *x, int64_t inter, scalar_t *out, int64_t rows) {
-    #pragma omp parallel for schedule(static) BIG(rows * inter)
-    for (int64_t t = 0; t < rows; t++) {
-        const scalar_t *g = x + t * 2 * inter, *u = g + inter; scalar_t *o = out + t * inter;
-        for (int64_t j = 0; j < inter; j++) { const float a = load(g + j); store(o + j, rnd(a / (1.f + expf(-a))) * load(u + j)); }
-    }
-}
-"""
-
 # %% ../nbs/05_model.ipynb #f5c8c328
-import ctypes
-from .attention import build_c_library
-
 _GLUE_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 
 
@@ -372,7 +353,7 @@ _GLUE_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 def _glue(dtype):
     "The C glue library for `dtype` (ctypes), or None where it cannot be built (said once)."
     try:
-        lib = build_c_library("glue", _GLUE_C, (f"-DBF16={_GLUE_DTYPES[dtype]}",))
+        lib = build_c_library("glue", (f"-DBF16={_GLUE_DTYPES[dtype]}",))
     except Exception as e:
         logging.getLogger("minivllm").warning(
             "the C glue kernels could not be built (%s: %s); using torch ops.",
@@ -401,7 +382,8 @@ def _glue_for(x: torch.Tensor):
 
 
 def rms_norm_c(x, weight, eps: float):
-    "`weight * rms_norm(x)` over the last dim by the C kernel (x: 2-D with strided rows, or contiguous); None where it does not apply."
+    """`weight * rms_norm(x)` over the last dim by the C kernel (x: 2-D with strided rows, or
+    contiguous); None where it does not apply."""
     lib, n = _glue_for(x), x.shape[-1]
     if (
         lib is None
@@ -417,9 +399,10 @@ def rms_norm_c(x, weight, eps: float):
     )
     return out.view(x.shape)
 
-
+# %% ../nbs/05_model.ipynb #e3920424
 def rotate_c(x, cos, sin):
-    "`RotaryEmbedding.rotate` by the C kernel. x: [T, heads, D] (rows may be strided); cos, sin: [T, 1, D] in x's dtype; None where it does not apply."
+    """`RotaryEmbedding.rotate` by the C kernel. x: [T, heads, D] (rows may be strided); cos, sin:
+    [T, 1, D] in x's dtype; None where it does not apply."""
     lib = _glue_for(x)
     T, heads, d = x.shape
     if (
@@ -436,7 +419,8 @@ def rotate_c(x, cos, sin):
 
 
 def silu_and_mul_c(x):
-    "`silu(x[:, :I]) * x[:, I:]` by the C kernel (x: [T, 2I], contiguous); None where it does not apply."
+    """`silu(x[:, :I]) * x[:, I:]` by the C kernel (x: [T, 2I], contiguous); None where it does not
+    apply."""
     lib = _glue_for(x)
     if lib is None or x.dim() != 2 or not x.is_contiguous():
         return None
@@ -445,47 +429,48 @@ def silu_and_mul_c(x):
     return out
 
 # %% ../nbs/05_model.ipynb #a4db6883
-_torch_rms_norm, _torch_rotate = RMSNorm.forward, RotaryEmbedding.rotate
+class CpuOps(TorchOps):
+    """The C glue kernels where they apply (CPU tensors, float32 or bfloat16, no autograd, not
+    traced), torch's ops elsewhere."""
+
+    name = "cpu"
+
+    @staticmethod
+    def rms_norm(x, weight, eps: float):
+        out = rms_norm_c(x, weight, eps)
+        return TorchOps.rms_norm(x, weight, eps) if out is None else out
+
+    @staticmethod
+    def rotate(x, cos, sin):
+        out = rotate_c(x, cos, sin)
+        return TorchOps.rotate(x, cos, sin) if out is None else out
+
+    @staticmethod
+    def silu_and_mul(x):
+        out = silu_and_mul_c(x)
+        return TorchOps.silu_and_mul(x) if out is None else out
 
 
-@patch
-def forward(self: RMSNorm, x):
-    "Normalise the last dimension of `x` (the C kernel on a CPU, else `F.rms_norm` as above)."
-    out = rms_norm_c(x, self.weight, self.eps)
-    return _torch_rms_norm(self, x) if out is None else out
-
-
-def _rotate(x, cos, sin):
-    "Rotate `x` `[T, heads, D]` (the C kernel on a CPU, else the torch ops above)."
-    out = rotate_c(x, cos, sin)
-    return _torch_rotate(x, cos, sin) if out is None else out
-
-
-RotaryEmbedding.rotate = staticmethod(_rotate)
-
-
-@patch
-def forward(self: MLP, x):
-    "The MLP of each token: `down(silu(gate) * up)`, the middle by the C kernel on a CPU."
-    gate_up = self.gate_up_proj(x)
-    h = silu_and_mul_c(gate_up)
-    if h is None:
-        gate, up = gate_up.split(self.inter, -1)
-        h = F.silu(gate) * up
-    return self.down_proj(h)
+def layer_ops():
+    "The op table for a new model: `CpuOps` where the C glue builds here, else `TorchOps`."
+    return CpuOps if _glue(torch.float32) is not None else TorchOps
 
 # %% ../nbs/05_model.ipynb #ec48cb78
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
-
+# %% ../nbs/05_model.ipynb #644d0653
 class LlamaForCausalLM(nn.Module):
-    "Llama-family decoder over a paged KV cache. Parameter names follow HF's, with q/k/v and gate/up fused."
+    """Llama-family decoder over a paged KV cache. Parameter names follow HF's, with q/k/v and
+    gate/up fused."""
 
-    def __init__(self, config, attention_backend: str = "torch", max_pos: int | None = None):
+    def __init__(
+        self, config, attention_backend: str = "torch", max_pos: int | None = None, ops=None
+    ):
         super().__init__()
         if config.model_type not in SUPPORTED_MODEL_TYPES:
             raise NotImplementedError(
-                f"model_type={config.model_type!r} is not supported; minivllm runs {SUPPORTED_MODEL_TYPES}."
+                f"model_type={config.model_type!r} is not supported; minivllm runs "
+                f"{SUPPORTED_MODEL_TYPES}."
             )
         if getattr(config, "sliding_window", None) and getattr(
             config, "use_sliding_window", config.model_type == "mistral"
@@ -502,6 +487,14 @@ class LlamaForCausalLM(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.rotary = RotaryEmbedding(config, max_pos or config.max_position_embeddings)
+        self.use_ops(ops or layer_ops())
+
+    def use_ops(self, ops):
+        "Make every layer compute its element-wise ops with the table `ops` (`TorchOps`, `CpuOps`)."
+        self.ops = ops
+        for m in self.modules():
+            if isinstance(m, (RMSNorm, RotaryEmbedding, Attention, MLP)):
+                m.ops = ops
 
     def forward(self, input_ids, positions, kv_caches: list[torch.Tensor], md: AttentionMetadata):
         "Hidden states `[T, hidden]` of the flat batch; every layer writes its K/V to its cache."
@@ -516,7 +509,8 @@ class LlamaForCausalLM(nn.Module):
         return self.lm_head(hidden).float()
 
     def pack_weights(self, enable: bool = True) -> int:
-        "Prepack (or with `enable=False` drop the packed copies of) every linear layer's weight; returns how many are packed."
+        """Prepack (or with `enable=False` drop the packed copies of) every linear layer's weight;
+        returns how many are packed."""
         n = 0
         for m in self.modules():
             if isinstance(m, Linear):
@@ -526,7 +520,8 @@ class LlamaForCausalLM(nn.Module):
 # %% ../nbs/05_model.ipynb #625f3e18
 @patch
 def load_weights(self: LlamaForCausalLM, weights):
-    "Load `(name, tensor)` pairs with HF names (`model.layers.0.self_attn.q_proj.weight`, …) into the fused layout."
+    """Load `(name, tensor)` pairs with HF names (`model.layers.0.self_attn.q_proj.weight`, …) into
+    the fused layout."""
     params = dict(self.named_parameters())
     fused = {
         "q_proj": ("qkv_proj", 0),
@@ -595,7 +590,8 @@ def load_model(
 
 # %% ../nbs/05_model.ipynb #37496092
 def _gguf_float(kind: str, t: torch.Tensor) -> torch.Tensor:
-    "A GGUF tensor (from `read_gguf`) as float32: float types as they are, quantized blocks de-quantized."
+    """A GGUF tensor (from `read_gguf`) as float32: float types as they are, quantized blocks
+    de-quantized."""
     if kind in ("F32", "F16", "BF16"):
         return t.float()
     if kind in GGUF_BLOCK_BYTES:
@@ -608,7 +604,8 @@ def _gguf_float(kind: str, t: torch.Tensor) -> torch.Tensor:
 def _gguf_module(
     parts: list[tuple[str, torch.Tensor]], dtype, device, max_int4_rows=None, max_int8_rows=None
 ) -> nn.Module:
-    "One linear layer from the rows of one or more GGUF tensors: quantized when they share a runnable block type."
+    """One linear layer from the rows of one or more GGUF tensors: quantized when they share a
+    runnable block type."""
     kinds = {k for k, _ in parts}
     if len(kinds) == 1 and (kind := kinds.pop()) in GGUF_BLOCK_BYTES:
         return gguf_linear(
@@ -630,8 +627,9 @@ def load_gguf_model(
     max_int4_rows: int | None = INT4_MAX_ROWS,
     max_int8_rows: int | None = INT8_MAX_ROWS,
 ) -> LlamaForCausalLM:
-    """The model of a llama GGUF file with its Q4_0/Q4_1/Q8_0 linear weights kept quantized (lesson 04b); hybrid layers:
-    the int4 (int8) kernel up to `max_int4_rows` (`max_int8_rows`) rows and a dense copy above (None: the quantized kernel only)."""
+    """The model of a llama GGUF file with its Q4_0/Q4_1/Q8_0 linear weights kept quantized (lesson
+    04b); hybrid layers: the int4 (int8) kernel up to `max_int4_rows` (`max_int8_rows`) rows and
+    a dense copy above (None: the quantized kernel only)."""
     arch, ts = read_gguf(gguf_file)
     if arch != "llama":
         raise NotImplementedError(
@@ -697,7 +695,8 @@ def tiny_config(model_type="llama", **kw):
 
 
 def make_tiny_checkpoint(path, model_type="llama", seed=0, tokenizer_from=None, **kw):
-    "Save a tiny random HF model (and optionally a tokenizer copied from `tokenizer_from`) to `path`; return the HF model."
+    """Save a tiny random HF model (and optionally a tokenizer copied from `tokenizer_from`) to
+    `path`; return the HF model."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.manual_seed(seed)

@@ -24,8 +24,8 @@ GGUF_BLOCK_BYTES = {"Q4_0": 18, "Q4_1": 20, "Q8_0": 34}
 def split_blocks(
     raw: torch.Tensor, kind: str
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """Codes `q` `[N, K]` (uint8 0..15 for Q4_*, int8 for Q8_0), scales `d` and minimums `m` `[N, K/32]` (float32;
-    `m` only for Q4_1) of GGUF rows `raw` `[N, bytes]` (uint8)."""
+    """Codes `q` `[N, K]` (uint8 0..15 for Q4_*, int8 for Q8_0), scales `d` and minimums `m` `[N,
+    K/32]` (float32; `m` only for Q4_1) of GGUF rows `raw` `[N, bytes]` (uint8)."""
     if kind not in GGUF_BLOCK_BYTES:
         raise NotImplementedError(
             f"GGUF tensor type {kind} is not supported by quantization='gguf'; "
@@ -42,7 +42,8 @@ def split_blocks(
 
 
 def dequantize(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None, kind: str) -> torch.Tensor:
-    "The float32 weights `[N, K]` of blocks split by `split_blocks` (the reference every repacking is tested against)."
+    """The float32 weights `[N, K]` of blocks split by `split_blocks` (the reference every repacking
+    is tested against)."""
     N, K = q.shape
     qg, d = q.reshape(N, -1, GROUP).float(), d[..., None]
     w = d * (qg - 8) if kind == "Q4_0" else d * qg + m[..., None] if kind == "Q4_1" else d * qg
@@ -50,7 +51,8 @@ def dequantize(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None, kind: s
 
 # %% ../nbs/04b_quantization.ipynb #e7639cd8
 def int4_affine(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None, kind: str):
-    "Q4_0/Q4_1 blocks in the int4pack convention `w = (q - 8)·scale + zero`: `(codes int32, scale, zero)`."
+    """Q4_0/Q4_1 blocks in the int4pack convention `w = (q - 8)·scale + zero`: `(codes int32, scale,
+    zero)`."""
     if kind not in ("Q4_0", "Q4_1"):
         raise ValueError(f"int4_affine takes Q4_0 or Q4_1 blocks, not {kind}")
     return q.to(torch.int32), d, (m + 8 * d if kind == "Q4_1" else torch.zeros_like(d))
@@ -62,7 +64,8 @@ def _inner_k_tiles(k: int) -> int:
 
 
 def _dense_copy(w: torch.Tensor) -> torch.Tensor:
-    "`w` in oneDNN's prepacked layout on CPUs that have it (what `_dense_mm` multiplies by), else `w` itself."
+    """`w` in oneDNN's prepacked layout on CPUs that have it (what `_dense_mm` multiplies by), else
+    `w` itself."""
     if w.device.type != "cpu" or not hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
         return w
     try:
@@ -76,12 +79,15 @@ def _dense_copy(w: torch.Tensor) -> torch.Tensor:
 
 
 def _use_dense(m: nn.Module, rows: int, limit: int | None) -> bool:
-    "Whether a hybrid layer takes its dense copy: more rows than `limit`, and not inside `torch.compile` (opaque copy)."
+    """Whether a hybrid layer takes its dense copy: more rows than `limit`, and not inside
+    `torch.compile` (opaque copy)."""
     return m.dense is not None and rows > limit and not torch.compiler.is_compiling()
 
 
 def _dense_mm(x: torch.Tensor, w: torch.Tensor, wc: torch.Tensor | None = None) -> torch.Tensor:
-    "`x @ w.T` with a `_dense_copy`: by the C kernel's copy `wc` (lesson 04a) up to `GEMM_MAX_ROWS` rows, else oneDNN with rows padded to a multiple of 32 (few distinct primitives)."
+    """`x @ w.T` with a `_dense_copy`: by the C kernel's copy `wc` (lesson 04a) up to
+    `GEMM_MAX_ROWS` rows, else oneDNN with rows padded to a multiple of 32 (few distinct
+    primitives)."""
     if wc is not None and x.shape[0] <= GEMM_MAX_ROWS and x.device.type == wc.device.type == "cpu":
         return gemm(x, wc)
     if (
@@ -95,10 +101,11 @@ def _dense_mm(x: torch.Tensor, w: torch.Tensor, wc: torch.Tensor | None = None) 
         x = F.pad(x, (0, 0, 0, 32 - m % 32))
     return torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")[:m]
 
-
+# %% ../nbs/04b_quantization.ipynb #6d6db39a
 class Int4Linear(nn.Module):
-    """`y = x @ W.T (+ b)` with `W` in 4-bit groups of 32 (`(q - 8)·scale + zero`), run by PyTorch's int4 weight-only kernel;
-    with `max_int4_rows`, calls with more rows multiply by a dense `dtype` copy of the same weights (see *hybrid* below)."""
+    """`y = x @ W.T (+ b)` with `W` in 4-bit groups of 32 (`(q - 8)·scale + zero`), run by PyTorch's
+    int4 weight-only kernel; with `max_int4_rows`, calls with more rows multiply by a dense
+    `dtype` copy of the same weights (see *hybrid* below)."""
 
     def __init__(
         self,
@@ -155,21 +162,24 @@ class Int4Linear(nn.Module):
 
     def extra_repr(self):
         return (
-            f"in_features={self.in_features}, out_features={self.out_features}, group_size={self.group_size}, int4"
+            f"in_features={self.in_features}, out_features={self.out_features}, "
+            f"group_size={self.group_size}, int4"
             + (f", dense above {self.max_int4_rows} rows" if self.dense is not None else "")
         )
 
 # %% ../nbs/04b_quantization.ipynb #62370a19
 def int4_reference(q, scale, zero, dtype=torch.bfloat16) -> torch.Tensor:
-    "What `Int4Linear(q, scale, zero, dtype)` holds, de-quantized in float32 from the `dtype` scales and zeros, rounded to `dtype`."
+    """What `Int4Linear(q, scale, zero, dtype)` holds, de-quantized in float32 from the `dtype`
+    scales and zeros, rounded to `dtype`."""
     N, K = q.shape
     s, z = scale.to(dtype).float()[..., None], zero.to(dtype).float()[..., None]
     return ((q.reshape(N, -1, GROUP).float() - 8) * s + z).reshape(N, K).to(dtype)
 
 # %% ../nbs/04b_quantization.ipynb #7722648c
 class Int8Linear(nn.Module):
-    """`y = x @ W.T (+ b)` with `W` in int8, one scale per output row (PyTorch's int8 weight-only kernel on CPUs); with
-    `max_int8_rows`, calls with more rows multiply by a dense `dtype` copy of the same weights (as `Int4Linear`)."""
+    """`y = x @ W.T (+ b)` with `W` in int8, one scale per output row (PyTorch's int8 weight-only
+    kernel on CPUs); with `max_int8_rows`, calls with more rows multiply by a dense `dtype` copy
+    of the same weights (as `Int4Linear`)."""
 
     def __init__(
         self, w: torch.Tensor, dtype=torch.bfloat16, bias=None, max_int8_rows: int | None = None
@@ -218,7 +228,9 @@ _C_DENSE = gemm_supported(
 )  # whether dense copies get lesson 04a's kernel here
 INT4_MAX_ROWS = (
     4 if _C_DENSE else 16
-)  # the engine's 4-bit layers run the int4 kernel up to this many rows, the dense copy above (measured)
+    # the engine's 4-bit layers run the int4 kernel up to this many rows, the dense copy above
+    # (measured)
+)
 INT8_MAX_ROWS = (
     0 if _C_DENSE else 8
 )  # and its Q8_0 layers the int8 kernel (measured on the 49152×576 LM head)
@@ -232,8 +244,9 @@ def gguf_linear(
     max_int4_rows: int | None = None,
     max_int8_rows: int | None = None,
 ) -> nn.Module:
-    """The weight-only quantized linear module of GGUF rows `raw` `[N, bytes]` of type `kind` (Q4_0, Q4_1 or Q8_0);
-    hybrid (a dense copy for calls of more than `max_int4_rows` rows; Q8_0: `max_int8_rows`) when those are given."""
+    """The weight-only quantized linear module of GGUF rows `raw` `[N, bytes]` of type `kind` (Q4_0,
+    Q4_1 or Q8_0); hybrid (a dense copy for calls of more than `max_int4_rows` rows; Q8_0:
+    `max_int8_rows`) when those are given."""
     q, d, m = split_blocks(raw.to(device), kind)
     if kind == "Q8_0":
         return Int8Linear(dequantize(q, d, m, kind), dtype, max_int8_rows=max_int8_rows)
@@ -241,7 +254,8 @@ def gguf_linear(
 
 
 def unpermute_rows(w: torch.Tensor, n_head: int) -> torch.Tensor:
-    "Undo llama.cpp's reordering of q/k projection rows (its converter interleaves each head's two rotary halves)."
+    """Undo llama.cpp's reordering of q/k projection rows (its converter interleaves each head's two
+    rotary halves)."""
     dim = w.shape[0] // n_head // 2
     return w.reshape(n_head, dim, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
@@ -292,11 +306,12 @@ _GGUF_TYPES = {
     8: ("Q8_0", 34, 32),
 }
 
-
+# %% ../nbs/04b_quantization.ipynb #d0a22e77
 def read_gguf(path: str | os.PathLike) -> tuple[str, dict[str, tuple[str, torch.Tensor]]]:
-    """`(architecture, {gguf name: (type name, tensor)})` of a GGUF file: raw block rows `uint8 [N, bytes]` for quantized
-    types, floats `[N, K]` otherwise. (A small reader of the format's header: the `gguf` package's reader also parses
-    the whole tokenizer vocabulary, which took 5 s here.)"""
+    """`(architecture, {gguf name: (type name, tensor)})` of a GGUF file: raw block rows `uint8 [N,
+    bytes]` for quantized types, floats `[N, K]` otherwise. (A small reader of the format's
+    header: the `gguf` package's reader also parses the whole tokenizer vocabulary, which took 5
+    s here.)"""
     import struct
     import numpy as np
 
@@ -330,7 +345,7 @@ def read_gguf(path: str | os.PathLike) -> tuple[str, dict[str, tuple[str, torch.
 
     if bytes(buf[:4]) != b"GGUF":
         raise ValueError(f"{path} is not a GGUF file")
-    version, n_tensors, n_kv = take("<I"), take("<Q"), take("<Q")
+    _version, n_tensors, n_kv = take("<I"), take("<Q"), take("<Q")
     meta = {}
     for _ in range(n_kv):
         k = string()
@@ -362,7 +377,8 @@ def read_gguf(path: str | os.PathLike) -> tuple[str, dict[str, tuple[str, torch.
 
 # %% ../nbs/04b_quantization.ipynb #ce9f06fd
 def prompt_logprob_stats(llm, texts: list[str]) -> list[tuple[int, float]]:
-    "Teacher-forced, at every prompt position of `texts`: (the engine's top-1 next token, its logprob of the actual next token)."
+    """Teacher-forced, at every prompt position of `texts`: (the engine's top-1 next token, its
+    logprob of the actual next token)."""
     from minivllm.config import SamplingParams
 
     res = []

@@ -54,7 +54,8 @@ def assert_close_greedy(a, b, atol=1e-3):
 @pytest.mark.parametrize("block_size", [16, 32])
 def test_triton_paged_attention_matches_reference(dtype, tol, block_size):
     "Decodes (short and long: split-K) and prefill chunks with cached context, GQA 4:1, shuffled blocks."
-    from minivllm.attention import make_paged_case, triton_paged_attention
+    from minivllm.attention import make_paged_case
+    from minivllm.attention_kernels import triton_paged_attention
     seq_lens, query_lens = [1, 37, 700, 3000, 50, 300], [1, 1, 1, 1, 50, 120]
     q, k, v, kv, md, exp = make_paged_case(seq_lens, query_lens, num_heads=8, num_kv_heads=2, head_dim=64,
                                            block_size=block_size, dtype=dtype)
@@ -66,7 +67,8 @@ def test_triton_paged_attention_matches_reference(dtype, tol, block_size):
 
 
 def test_triton_write_kv_cache_matches_torch():
-    from minivllm.attention import write_kv_cache, triton_write_kv_cache
+    from minivllm.attention import write_kv_cache
+    from minivllm.attention_kernels import triton_write_kv_cache
     kv = torch.randn(2, 20, 16, 4, 64, device=CUDA, dtype=torch.bfloat16)
     kv2 = kv.clone()
     k, v = torch.randn(2, 37, 4, 64, device=CUDA, dtype=torch.bfloat16)
