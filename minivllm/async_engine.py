@@ -24,6 +24,7 @@ from fastcore.basics import patch
 from .llm_engine import LLMEngine
 from .llm import EngineDeadError, engine_failure
 from .metrics import Stats
+from .gemm import release_openmp_threads
 
 # %% auto #0
 __all__ = ['logger', 'AsyncEngineArgs', 'AsyncLLM', 'merge_delta_outputs', 'EngineGenerateError', 'AsyncLLMEngine']
@@ -208,6 +209,9 @@ def start_background_loop(self: AsyncLLMEngine):
             return
         if self.errored:
             raise self.dead_error
+        # The thread that built the engine keeps an idle OpenMP pool; with the engine thread's own
+        # pool there are more OpenMP workers than cores (lesson 04a): hand it back first.
+        release_openmp_threads()
         self._thread = threading.Thread(target=self._loop, name="minivllm-engine", daemon=True)
         self._thread.start()
 
