@@ -54,7 +54,7 @@ class ExtractedToolCallInformation:
     tool_calls: list[ToolCall]
     content: str | None = None
 
-
+# %% ../nbs/06c_tool_calling.ipynb #641a822d
 @dataclass
 class DeltaToolCall:
     "A piece of one streamed call: `index` says which; the first piece has its id, type and name."
@@ -276,7 +276,7 @@ def _held_back(text: str, tag: str) -> str:
             return text[:-k]
     return text
 
-
+# %% ../nbs/06c_tool_calling.ipynb #e1264e2b
 @ToolParserManager.register_module("hermes")
 class Hermes2ProToolParser(ToolParser):
     """The Hermes format: each call is a JSON object `{"name": ..., "arguments": {...}}` between
