@@ -683,6 +683,17 @@ class ToolCallStream:
         last = self._dict(self.parser.finish_streaming(self.text))
         return last, tool_finish_reason(self.plan, self.tools_called, finish_reason)
 
+    def step(self, delta_text: str, finish_reason: str | None = None) -> tuple[dict, str | None]:
+        """One engine output of this choice: `delta` and, when `finish_reason` is set, `finish`
+        merged into one delta ({} when there is nothing to send) and the finish reason to report."""
+        d = self.delta(delta_text) or {}
+        if finish_reason is None:
+            return d, None
+        last, why = self.finish(finish_reason)
+        for k, v in (last or {}).items():
+            d[k] = d.get(k, "" if k == "content" else []) + v
+        return d, why
+
 
 def check_tool_parser_args(enable_auto_tool_choice: bool, tool_call_parser: str | None) -> None:
     """The server's flags checked at start as vLLM does: the flag needs a parser, and the parser

@@ -32,12 +32,14 @@ TIMER = {"type": "function", "function": {
                    "required": ["minutes"]}}}
 TOOLS = [WEATHER, TIMER]
 PARAMS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+NAME = "smol"
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
 @pytest.fixture(scope="module")
 def client():
-    with running_server("--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--max-model-len", "1024") as base:
+    with running_server("--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--max-model-len", "1024",
+                        "--served-model-name", NAME) as base:
         yield openai.OpenAI(base_url=base + "/v1", api_key="x", max_retries=0, timeout=300)
 
 
@@ -67,14 +69,14 @@ def assemble(stream):
 
 def test_required_call_validates(client):
     for temperature, seed in ((0, None), (0.8, 1), (0.8, 2)):
-        r = client.chat.completions.create(model="x", messages=ASK, tools=TOOLS, tool_choice="required",
-                                           parallel_tool_calls=False, max_tokens=48, temperature=temperature, seed=seed)
+        r = client.chat.completions.create(model=NAME, messages=ASK, tools=TOOLS, tool_choice="required",
+                                           parallel_tool_calls=False, max_tokens=96, temperature=temperature, seed=seed)
         check_calls(r.choices[0].message.tool_calls)
         assert r.choices[0].finish_reason == "tool_calls"
 
 
 def test_named_call_streamed_equals_not(client):
-    kw = dict(model="x", messages=ASK, tools=TOOLS, max_tokens=48, temperature=0,
+    kw = dict(model=NAME, messages=ASK, tools=TOOLS, max_tokens=96, temperature=0,
               tool_choice={"type": "function", "function": {"name": "get_weather"}})
     r = client.chat.completions.create(**kw)
     (call,) = r.choices[0].message.tool_calls
@@ -88,7 +90,7 @@ def test_named_call_streamed_equals_not(client):
 def test_auto_is_calls_or_text(client):
     "The model decides: either well-formed calls (finish_reason tool_calls) or plain text, the same streamed."
     for messages in (ASK, [{"role": "user", "content": "Tell me a joke."}]):
-        kw = dict(model="x", messages=messages, tools=TOOLS, tool_choice="auto", max_tokens=40, temperature=0)
+        kw = dict(model=NAME, messages=messages, tools=TOOLS, tool_choice="auto", max_tokens=40, temperature=0)
         m = client.chat.completions.create(**kw).choices[0]
         if m.message.tool_calls:
             check_calls(m.message.tool_calls)
@@ -102,26 +104,26 @@ def test_auto_is_calls_or_text(client):
 
 
 def test_round_trip_with_tool_result(client):
-    r = client.chat.completions.create(model="x", messages=ASK, tools=TOOLS, tool_choice="required",
-                                       parallel_tool_calls=False, max_tokens=48, temperature=0)
+    r = client.chat.completions.create(model=NAME, messages=ASK, tools=TOOLS, tool_choice="required",
+                                       parallel_tool_calls=False, max_tokens=96, temperature=0)
     msg = r.choices[0].message
     follow = ASK + [msg.model_dump(exclude_none=True),
                     {"role": "tool", "tool_call_id": msg.tool_calls[0].id, "content": "18 celsius, sunny"}]
-    r2 = client.chat.completions.create(model="x", messages=follow, tools=TOOLS, tool_choice="none",
+    r2 = client.chat.completions.create(model=NAME, messages=follow, tools=TOOLS, tool_choice="none",
                                         max_tokens=24, temperature=0)
     assert r2.choices[0].message.content and not r2.choices[0].message.tool_calls
 
 
 def test_errors_are_vllms_400s(client):
     with pytest.raises(openai.BadRequestError, match="does not match any of the specified"):
-        client.chat.completions.create(model="x", messages=ASK, tools=TOOLS, max_tokens=4,
+        client.chat.completions.create(model=NAME, messages=ASK, tools=TOOLS, max_tokens=4,
                                        tool_choice={"type": "function", "function": {"name": "nope"}})
     with pytest.raises(openai.BadRequestError, match="`tools` must be set"):
-        client.chat.completions.create(model="x", messages=ASK, tool_choice="required", max_tokens=4)
+        client.chat.completions.create(model=NAME, messages=ASK, tool_choice="required", max_tokens=4)
 
 
 def test_auto_without_the_flag_is_a_400():
-    with running_server("--max-model-len", "512") as base:
+    with running_server("--max-model-len", "512", "--served-model-name", NAME) as base:
         c = openai.OpenAI(base_url=base + "/v1", api_key="x", max_retries=0, timeout=300)
         with pytest.raises(openai.BadRequestError, match='"auto" tool choice requires --enable-auto-tool-choice'):
-            c.chat.completions.create(model="x", messages=ASK, tools=TOOLS, max_tokens=4)
+            c.chat.completions.create(model=NAME, messages=ASK, tools=TOOLS, max_tokens=4)
