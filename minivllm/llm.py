@@ -24,6 +24,7 @@ from .config import PoolingParams, PoolingRequestOutput, EmbeddingRequestOutput
 from fastcore.basics import patch
 from .llm_engine import LLMEngine
 from .sampler import BeamSearchParams, BeamSearchOutput, beam_search
+from .tool_calling import render_chat
 
 # %% auto #0
 __all__ = ['load_chat_template', 'LLM', 'EngineDeadError', 'engine_failure', 'resolve_content_format', 'convert_content_parts',
@@ -366,13 +367,13 @@ def _chat_prompts(
     fmt = resolve_content_format(template or tok.chat_template, chat_template_content_format)
     prompts = []
     for conv in convs:
-        text = tok.apply_chat_template(
+        text = render_chat(  # with the tools (lesson 06c's default when the template has none)
+            tok,
             convert_content_parts(conv, fmt),
+            tools,
             chat_template=template,
-            tokenize=False,
             add_generation_prompt=add_generation_prompt,
             continue_final_message=continue_final_message,
-            tools=tools,
             **(chat_template_kwargs or {}),
         )
         prompts.append(

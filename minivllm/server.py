@@ -8,6 +8,7 @@ import asyncio
 import base64
 import contextlib
 import copy
+import dataclasses
 import json
 import logging
 import re
@@ -32,6 +33,14 @@ from .config import StructuredOutputsParams
 from .structured_outputs import validate_structured_outputs
 from .llm import EngineDeadError
 from .async_engine import EngineGenerateError
+from minivllm.tool_calling import (
+    ToolCallStream,
+    ToolPlan,
+    check_tool_parser_args,
+    plan_tools,
+    render_chat,
+    tool_message,
+)
 
 # %% auto #0
 __all__ = ['Text', 'Bool', 'INT64', 'TokenId', 'TokenIds', 'OneText', 'OneTokenIds', 'ERROR_RESPONSES', 'DEFAULT_MAX_BODY_BYTES',
@@ -149,7 +158,8 @@ class ChatMessage(BaseModel):
 
     model_config = ConfigDict(extra="allow")
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Union[str, list[dict[str, Any]]]
+    # None: an assistant message that only calls tools (its `tool_calls`, lesson 06c)
+    content: Union[str, list[dict[str, Any]], None] = None
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -163,6 +173,9 @@ class ChatCompletionRequest(_SamplingFields):
     top_logprobs: Optional[int] = Field(None, ge=0, le=20)
     add_generation_prompt: Bool = True
     chat_template: Optional[str] = None  # refused unless the server trusts request templates
+    tools: Optional[list[dict[str, Any]]] = None  # tool calling (lesson 06c)
+    tool_choice: Optional[Union[str, dict[str, Any]]] = None
+    parallel_tool_calls: Optional[Bool] = None
 
 # %% ../nbs/15_server.ipynb #5483cdfc
 class ErrorInfo(BaseModel):
@@ -1096,10 +1109,14 @@ def add_embeddings_route(app):
 
 # %% ../nbs/15_server.ipynb #5982c43e
 def _chat_prompt(
-    tokenizer, req: ChatCompletionRequest, default_template: str | None = None, fmt: str = "auto"
+    tokenizer,
+    req: ChatCompletionRequest,
+    default_template: str | None = None,
+    fmt: str = "auto",
+    tools: list[dict] | None = None,
 ) -> TokensPrompt:
-    """The chat's messages rendered with the (request's, server's or model's) chat template, as
-    token ids."""
+    """The chat's messages (and `tools`) rendered with the (request's, server's or model's) chat
+    template, as token ids."""
     from minivllm.llm import convert_content_parts, resolve_content_format
 
     template = req.chat_template or default_template
@@ -1108,10 +1125,11 @@ def _chat_prompt(
             [m.model_dump(exclude_none=True) for m in req.messages],
             resolve_content_format(template or tokenizer.chat_template, fmt),
         )
-        text = tokenizer.apply_chat_template(
+        text = render_chat(
+            tokenizer,
             msgs,
+            tools,
             chat_template=template,
-            tokenize=False,
             add_generation_prompt=req.add_generation_prompt,
         )
     except Exception as e:
@@ -1125,15 +1143,17 @@ def _content_chars(messages: list[ChatMessage]) -> int:
     "How many characters of text the messages carry (string contents and text parts)."
     n = 0
     for m in messages:
-        parts = [m.content] if isinstance(m.content, str) else [p.get("text") for p in m.content]
+        parts = (
+            [m.content] if isinstance(m.content, str) else [p.get("text") for p in m.content or []]
+        )
         n += sum(len(p) for p in parts if isinstance(p, str))
     return n
 
 
-def _chat_views(app, req: ChatCompletionRequest, top: int):
-    """How a chat completion's choices look: streamed (a role delta first, then content deltas) and
-    final."""
-    tok, started = app.state.tokenizer, set()
+def _chat_views(app, req: ChatCompletionRequest, top: int, plan: ToolPlan):
+    """How a chat completion's choices look: streamed (a role delta first, then content or tool-call
+    deltas) and final (a message, with `tool_calls` when the reply holds calls: lesson 06c)."""
+    tok, started, calls = app.state.tokenizer, set(), {}
 
     def lps(toks, lp):
         return chat_logprobs(tok, toks, lp, top) if req.logprobs else None
@@ -1144,15 +1164,16 @@ def _chat_views(app, req: ChatCompletionRequest, top: int):
             started.add(c.index)
             delta = dict(role="assistant", content="")
             out.append(dict(index=c.index, delta=delta, logprobs=None, finish_reason=None))
-        delta = dict(content=c.text) if c.text else {}
+        stream = calls.setdefault(c.index, ToolCallStream(plan, tok))
+        delta, why = stream.step(c.text, c.finish_reason)
         lp = lps(c.token_ids, c.logprobs)
-        out.append(dict(index=c.index, delta=delta, logprobs=lp, finish_reason=c.finish_reason))
+        out.append(dict(index=c.index, delta=delta, logprobs=lp, finish_reason=why))
         return out
 
     def final(i, acc):
-        msg = dict(role="assistant", content=acc.texts[i])
+        msg, why = tool_message(plan, acc.texts[i], acc.finish[i], tok)
         lp = lps(acc.toks[i], acc.lps[i])
-        return dict(index=i, message=msg, finish_reason=acc.finish[i], logprobs=lp)
+        return dict(index=i, message=msg, finish_reason=why, logprobs=lp)
 
     return pieces, final
 
@@ -1176,16 +1197,24 @@ def add_chat_route(app):
         if req.top_logprobs and not req.logprobs:
             raise APIError("top_logprobs needs logprobs=true.", param="top_logprobs")
         top, max_tokens = req.top_logprobs or 0, req.max_completion_tokens or req.max_tokens
+        try:  # tools and tool_choice (lesson 06c): what to render, constrain and parse
+            plan = plan_tools(req.model_dump(), s.enable_auto_tool_choice, s.tool_call_parser)
+        except (ValueError, KeyError) as e:
+            raise APIError(e.args[0] if e.args else str(e), param="tool_choice") from e
 
         def prepare():
-            tmpl, fmt = getattr(s, "chat_template", None), getattr(s, "content_format", "auto")
-            p = _chat_prompt(thread_tokenizer(app), req, tmpl, fmt)
+            tmpl, fmt = s.chat_template, s.content_format
+            p = _chat_prompt(thread_tokenizer(app), req, tmpl, fmt, plan.tools)
             check_prompt_len(app, len(p["prompt_token_ids"]), "messages")
-            return p, to_sampling_params(req, max_tokens, max(top, 1) if req.logprobs else None)
+            sp = to_sampling_params(req, max_tokens, max(top, 1) if req.logprobs else None)
+            if plan.structured_outputs is not None:  # "required" or a named function
+                sp = dataclasses.replace(sp, structured_outputs=plan.structured_outputs)
+            return p, sp
 
         prompt, sp = await offload(app, prepare, "Rendering the chat template", "messages")
-        await compile_grammar(app, sp, _so_param(req))
-        rid, views = f"chatcmpl-{uuid.uuid4().hex}", _chat_views(app, req, top)
+        param = "tool_choice" if plan.structured_outputs is not None else _so_param(req)
+        await compile_grammar(app, sp, param)
+        rid, views = f"chatcmpl-{uuid.uuid4().hex}", _chat_views(app, req, top, plan)
         objects = ("chat.completion.chunk", "chat.completion")
         return await serve_choices(
             app, request, req, prompt, sp, rid, lora, views, objects, "messages"
@@ -1265,6 +1294,8 @@ def build_app(
     trust_request_chat_template: bool = False,
     max_body_bytes: int | None = DEFAULT_MAX_BODY_BYTES,
     prep_timeout: float = 30.0,
+    enable_auto_tool_choice: bool = False,
+    tool_call_parser: str | None = None,
 ):
     """A FastAPI app serving `engine` (an `AsyncLLMEngine`) with OpenAI's API: the base app and its
     routes."""
@@ -1277,6 +1308,8 @@ def build_app(
         chat_template_content_format,
     )
     s.trust_request_chat_template, s.prep_timeout = trust_request_chat_template, prep_timeout
+    check_tool_parser_args(enable_auto_tool_choice, tool_call_parser)  # lesson 06c
+    s.enable_auto_tool_choice, s.tool_call_parser = enable_auto_tool_choice, tool_call_parser
     for add in (
         add_info_routes,
         add_completions_route,
@@ -1328,6 +1361,16 @@ def serve_parser(sub):
         help="refuse larger request bodies with 413 (default: 16 MiB)",
     )
     p.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help='the model decides when to call tools (tool_choice="auto"); needs --tool-call-parser',
+    )
+    p.add_argument(
+        "--tool-call-parser",
+        default=None,
+        help="the format the model writes tool calls in, read back into tool_calls (e.g. hermes)",
+    )
+    p.add_argument(
         "--lora-modules",
         nargs="+",
         default=None,
@@ -1352,11 +1395,20 @@ def _lora_modules(ns) -> list[tuple[str, str]]:
     return loras
 
 
+def _check_tool_flags(ns):
+    "`--enable-auto-tool-choice`/`--tool-call-parser` checked before the model loads (lesson 06c)."
+    try:
+        check_tool_parser_args(ns.enable_auto_tool_choice, ns.tool_call_parser)
+    except (TypeError, KeyError) as e:
+        raise SystemExit(str(e.args[0]))
+
+# %% ../nbs/15_server.ipynb #88d954b2
 def cmd_serve(ns) -> int:
     "Run `minivllm serve` until interrupted (status 0) or until the engine dies (status 1)."
     import uvicorn
     from minivllm.async_engine import AsyncLLMEngine
 
+    _check_tool_flags(ns)
     ea = EngineArgs.from_cli_args(ns)
     if ns.model_tag is not None:
         ea.model = ns.model_tag
@@ -1375,6 +1427,8 @@ def cmd_serve(ns) -> int:
         chat_template_content_format=ns.chat_template_content_format,
         trust_request_chat_template=ns.trust_request_chat_template,
         max_body_bytes=ns.max_request_body_bytes,
+        enable_auto_tool_choice=ns.enable_auto_tool_choice,
+        tool_call_parser=ns.tool_call_parser,
     )
     for k, (n, path) in enumerate(loras, 1):  # read and checked now: a bad adapter stops here
         app.state.loras[n] = lr = LoRARequest(n, k, path)

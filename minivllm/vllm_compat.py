@@ -47,6 +47,7 @@ from .llm_engine import LLMEngine
 from .llm import LLM, Metric
 from .async_engine import AsyncEngineArgs, AsyncLLM, AsyncLLMEngine, EngineDeadError
 from .cli import FlexibleArgumentParser
+from .tool_calling import ToolParser, ToolParserManager
 
 # %% auto #0
 __all__ = ['VLLM_MODULES', 'VLLM_CONFIG_NAMES', 'check_vllm_args', 'VllmArgs', 'cleanup_dist_env_and_memory', 'init_logger',
@@ -281,6 +282,9 @@ VLLM_MODULES: dict[str, dict] = {
     "engine.llm_engine": dict(LLMEngine=LLMEngine),
     "engine.async_llm_engine": dict(AsyncLLMEngine=AsyncLLMEngine),
     "entrypoints.llm": dict(LLM=LLM),
+    "entrypoints.openai.tool_parsers": dict(
+        ToolParser=ToolParser, ToolParserManager=ToolParserManager
+    ),
     "v1.engine.async_llm": dict(AsyncLLM=AsyncLLM),
     "v1.engine.llm_engine": dict(LLMEngine=LLMEngine),
     "v1.engine.exceptions": dict(EngineDeadError=EngineDeadError),

@@ -1,25 +1,14 @@
 """Tool calling through a real `minivllm serve --enable-auto-tool-choice --tool-call-parser hermes`, driven by the
 official `openai` client: required and named calls (streamed and not) that validate against the tool's parameters,
 "auto" whose reply is either well-formed calls or text, a round trip with a tool result, and vLLM's 400s."""
-import argparse, json
+import json
 
 import jsonschema, pytest
 import openai
 from conftest import running_server
 
 
-def _serve_has_tool_flags() -> bool:
-    "Whether `minivllm serve` takes vLLM's tool-calling flags (the chat route's integration of lesson 06c)."
-    from minivllm.server import serve_parser
-
-    p = serve_parser(argparse.ArgumentParser().add_subparsers())
-    return "--enable-auto-tool-choice" in p._option_string_actions and "--tool-call-parser" in p._option_string_actions
-
-
-pytestmark = [
-    pytest.mark.xdist_group("server"),
-    pytest.mark.skipif(not _serve_has_tool_flags(), reason="server integration pending (lead merges it)"),
-]
+pytestmark = pytest.mark.xdist_group("server")
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather in a city",
