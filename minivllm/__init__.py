@@ -53,3 +53,6 @@ _all_ = [
     "EmbeddingOutput",
     "LoRARequest",
 ]
+
+# %% ../nbs/99_public_api.ipynb #feat99code
+from . import compilation, lora, structured_outputs, parallel, spec_decode, pooling  # noqa: F401

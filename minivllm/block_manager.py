@@ -205,18 +205,12 @@ class KVCacheManager:
 
     def _hash_seed(self, request: Request):
         """Where the request's hash chain starts: shared by everyone with caching on, by its siblings only without;
-        and per LoRA adapter (vLLM's extra key): the same tokens under another adapter have other K/V."""
-        lora = getattr(request, "lora_int_id", 0) or None
+        and per `block_hash_extra_keys` (e.g. a LoRA adapter: the same tokens under another one have other K/V)."""
+        extra = request.block_hash_extra_keys
         if self.enable_caching:
-            return None if lora is None else ("lora", lora)
+            return extra or None
         g = sibling_group(request)
-        return (
-            None
-            if g is None
-            else ("siblings", g)
-            if lora is None
-            else ("siblings", g, "lora", lora)
-        )
+        return None if g is None else ("siblings", g, *extra)
 
     def _can_share(self, request: Request) -> bool:
         return self.enable_caching or sibling_group(request) is not None
@@ -229,13 +223,9 @@ class KVCacheManager:
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVBlock], int]:
         """Cached blocks matching the request's prefix (never its last token), and the tokens they cover. None for a
-        request that asked for `prompt_logprobs` (as in vLLM): those need the logits of every prompt position; and none
-        for a pooling request, which needs the hidden state of every prompt token (mean pooling)."""
-        if (
-            not self._can_share(request)
-            or getattr(request.sampling_params, "prompt_logprobs", None) is not None
-            or getattr(request, "pooling_params", None) is not None
-        ):
+        request that must compute every prompt position (`skip_reading_prefix_cache`, as in vLLM: prompt logprobs
+        need the logits of each one)."""
+        if not self._can_share(request) or request.skip_reading_prefix_cache:
             return [], 0
         hashes = self._block_hashes(request)
         max_blocks = (request.num_tokens - 1) // self.block_size

@@ -25,7 +25,7 @@ from minivllm.attention import (
     _launch_write,
 )
 from .scheduler import SchedulerOutput
-from .model import Linear, ModelRunner, ModelRunnerOutput
+from .model import MODEL_RUNNERS, Linear, ModelRunner, ModelRunnerOutput, StepTimer
 
 logger = logging.getLogger("minivllm")
 
@@ -364,24 +364,30 @@ def compile_size_graphs(self: CompiledModelRunner) -> list[int]:
         return []
     return sizes
 
-
+# %% ../nbs/05b_compile.ipynb #cmr05bexec
 @patch
 @torch.inference_mode()
 def execute_model(
-    self: CompiledModelRunner, scheduler_output: SchedulerOutput, **kw
+    self: CompiledModelRunner,
+    scheduler_output: SchedulerOutput,
+    logits_rows=None,
+    hidden_rows=(),
+    timer: StepTimer | None = None,
 ) -> ModelRunnerOutput:
     "As `ModelRunner.execute_model`; a decode-only step of a compiled size runs as its graph, logits included."
-    seqs = scheduler_output.seqs
+    seqs, timer = scheduler_output.seqs, timer or StepTimer()
     if (
         len(seqs) not in self.size_graphs
-        or self.lora_manager is not None
-        or kw.get("pooling_reqs")
-        or not all(s.num_tokens == 1 and s.sample and not s.spec_token_ids for s in seqs)
+        or logits_rows
+        or hidden_rows
+        or not all(s.num_tokens == 1 and s.sample for s in seqs)
     ):
-        return ModelRunner.execute_model(self, scheduler_output, **kw)
-    t0 = time.perf_counter()
+        return ModelRunner.execute_model(self, scheduler_output, logits_rows, hidden_rows, timer)
     input_ids, positions, md, seqs = self.prepare_inputs(scheduler_output)
-    t1 = time.perf_counter()
+    q = [int(v) for v in md.query_start_loc_cpu]
+    for e in self.extensions:
+        e.prepare(seqs, q)
+    timer.lap("prepare")
     try:
         logits = self._call_size_graph(input_ids, positions, decode_batch(md))
     except (
@@ -395,9 +401,16 @@ def execute_model(
         )
         self.size_graphs = []
         return ModelRunner.execute_model(
-            self, scheduler_output, **kw
+            self, scheduler_output, timer=timer
         )  # (rewrites the same K/V slots)
-    if (tm := self.timings) is not None:
-        for k, dt in (("prepare", t1 - t0), ("forward", time.perf_counter() - t1)):
-            tm[k] = tm.get(k, 0.0) + dt
+    timer.lap("forward")
     return ModelRunnerOutput([s.req_id for s in seqs], logits)
+
+
+@patch(cls_method=True)
+def enabled(cls: CompiledModelRunner, config: EngineConfig) -> bool:
+    "Does the engine core (lesson 09) pick this runner? Yes when the config asks for a compilation level."
+    return bool(config.compilation_config.level)
+
+
+MODEL_RUNNERS.append(CompiledModelRunner)

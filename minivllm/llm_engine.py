@@ -166,19 +166,25 @@ def kv_cache_manager(self: LLMEngine) -> KVCacheManager:
 @patch
 def add_lora(self: LLMEngine, lora_request: LoRARequest) -> bool:
     "Load a LoRA adapter now (vLLM's): later requests with its `lora_int_id` find it loaded."
-    return self.engine_core.add_lora(lora_request)
+    if self.engine_core.lora_manager is None:
+        raise ValueError(
+            f"LoRA adapter {lora_request.lora_name!r}: LoRA is off (start the engine with enable_lora=True)."
+        )
+    return self.engine_core.lora_manager.add_lora(lora_request)
 
 
 @patch
 def remove_lora(self: LLMEngine, lora_id: int) -> bool:
-    "Forget an adapter by id (refused while requests run under it)."
-    return self.engine_core.remove_lora(lora_id)
+    "Forget an adapter by id (refused while requests run under it); False if unknown or LoRA is off."
+    mgr = self.engine_core.lora_manager
+    return False if mgr is None else mgr.remove_lora(lora_id)
 
 
 @patch
 def list_loras(self: LLMEngine) -> set[int]:
     "The ids of the adapters loaded."
-    return self.engine_core.list_loras()
+    mgr = self.engine_core.lora_manager
+    return set() if mgr is None else mgr.list_loras()
 
 
 @patch
@@ -212,7 +218,7 @@ def add_request(
             raise TypeError(
                 f"lora_request must be a LoRARequest, got {type(lora_request).__name__}"
             )
-        self.engine_core.add_lora(
+        self.add_lora(
             lora_request
         )  # read and checked: a bad adapter fails this request alone
     children = self.processor.process(

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 from fastcore.basics import patch
 from .config import LoRAConfig, LoRARequest
+from .scheduler import StepExtension, register_extension
 
 # %% auto #0
 __all__ = ['TARGET_MODULES', 'PEFT_TO_FUSED', 'LoRAAdapter', 'load_peft_adapter', 'bgmv_shrink', 'bgmv_expand', 'sgmv_shrink',
@@ -365,8 +366,11 @@ def add_lora_layers(
     return out
 
 # %% ../nbs/05c_lora.ipynb #90bd44c8
-class LoRAManager:
+@register_extension
+class LoRAManager(StepExtension):
     "Adapters known, read (CPU LRU of `max_cpu_loras`) and on the device (LRU slots of `max_loras`); sets each step's row slots."
+
+    name = "lora_manager"
 
     def __init__(self, model: nn.Module, config: LoRAConfig):
         self.config, self.max_loras, self.max_rank = config, config.max_loras, config.max_lora_rank
@@ -376,6 +380,7 @@ class LoRAManager:
         self.device = next(iter(self.layers.values())).lora_a.device
         self.state.backend = "triton" if self.device.type == "cuda" and HAS_TRITON else "torch"
         self.requests: dict[int, LoRARequest] = {}  # every adapter added, by id
+        self.lora_of: dict[str, int] = {}  # unfinished request id -> its adapter id (none: base)
         self.cpu: OrderedDict[int, LoRAAdapter] = (
             OrderedDict()
         )  # read into memory, least recently used first
@@ -388,6 +393,15 @@ class LoRAManager:
         self.load_seconds = (
             0.0  # time spent loading slots (reading evicted adapters again included)
         )
+
+    @classmethod
+    def enabled(cls, config) -> bool:
+        return config.lora_config is not None
+
+    @classmethod
+    def from_core(cls, core) -> LoRAManager:
+        "The engine's manager: wrappers around the runner's model, the config's slots."
+        return cls(core.model_runner.model, core.config.lora_config)
 
     def add_lora(self, lora_request: LoRARequest) -> bool:
         "Register an adapter (read and checked now, so a bad one fails here). Re-adding a known id is a no-op."
@@ -470,14 +484,14 @@ def activate(self: LoRAManager, lora_ids) -> dict[int, int]:
 
 
 @patch
-def prepare_step(self: LoRAManager, seqs, query_start_loc) -> None:
-    "Before a step: load its adapters into slots and give each token row its slot (`ScheduledSeq.lora_int_id`; 0: base)."
-    ids = [getattr(s, "lora_int_id", 0) for s in seqs]
+def prepare(self: LoRAManager, seqs, query_start_loc) -> None:
+    "Runner hook, before a step: load its adapters into slots and give each token row its slot (0: base)."
+    ids = [self.lora_of.get(s.req_id, 0) for s in seqs]
     if not any(ids):
         self.state.set(None, self.base_slot)
         return
     slot_of = self.activate(ids)
-    q = [int(v) for v in query_start_loc]
+    q = query_start_loc
     counts = torch.tensor([q[k + 1] - q[k] for k in range(len(seqs))])
     per_seq = torch.tensor([slot_of[i] if i else self.base_slot for i in ids])
     self.state.set(torch.repeat_interleave(per_seq, counts).to(self.device), self.base_slot)
@@ -485,9 +499,11 @@ def prepare_step(self: LoRAManager, seqs, query_start_loc) -> None:
 # %% ../nbs/05c_lora.ipynb #835ef5dc
 @patch
 def remove_lora(self: LoRAManager, lora_id: int) -> bool:
-    "Forget an adapter (its slot is freed, its weights dropped). False if it was not known."
+    "Forget an adapter (its slot freed, its weights dropped); refused while a request runs under it. False if unknown."
     if lora_id not in self.requests:
         return False
+    if lora_id in self.lora_of.values():
+        raise ValueError(f"LoRA adapter {lora_id} is in use by unfinished requests.")
     del self.requests[lora_id]
     self.cpu.pop(lora_id, None)
     slot = self.slots.pop(lora_id, None)
@@ -502,3 +518,33 @@ def remove_lora(self: LoRAManager, lora_id: int) -> bool:
 def list_loras(self: LoRAManager) -> set[int]:
     "The ids of the adapters added."
     return set(self.requests)
+
+
+@patch
+def add_request(self: LoRAManager, request) -> None:
+    "Engine hook: note the adapter of a request that has one."
+    if request.lora_int_id:
+        self.lora_of[request.request_id] = request.lora_int_id
+
+
+@patch
+def can_admit(self: LoRAManager, request, running) -> bool:
+    "Scheduler hook: refuse a request whose adapter needs a slot while `max_loras` adapters run (vLLM's rule)."
+    lid, active = request.lora_int_id, {r.lora_int_id for r in running if r.lora_int_id}
+    return not lid or lid in active or len(active) < self.max_loras
+
+
+@patch
+def update(self: LoRAManager, scheduler, step) -> dict:
+    "Engine hook, after a step: forget the requests it finished."
+    for rid, r in step.requests.items():
+        if r.is_finished():
+            self.lora_of.pop(rid, None)
+    return {}
+
+
+@patch
+def finish(self: LoRAManager, request_ids) -> None:
+    "Engine hook: forget requests ended from outside."
+    for rid in request_ids:
+        self.lora_of.pop(rid, None)

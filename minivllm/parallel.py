@@ -25,7 +25,7 @@ import torch.nn.functional as F
 import torch.distributed as dist
 from fastcore.basics import patch
 from .config import EngineConfig
-from .model import Linear, LlamaForCausalLM, ModelRunner
+from .model import MODEL_RUNNERS, Linear, LlamaForCausalLM, ModelRunner
 from .scheduler import SchedulerOutput
 
 # %% auto #0
@@ -515,8 +515,10 @@ def _wait_for_workers(self: TPModelRunner, n: int, n_local: int):
 
 
 @patch
-def execute_model(self: TPModelRunner, out: SchedulerOutput, *args, **kwargs):
-    "Broadcast the step (and any further arguments of `ModelRunner.execute_model`) to the workers, run rank 0's part."
+def execute_model(
+    self: TPModelRunner, out: SchedulerOutput, logits_rows=None, hidden_rows=(), timer=None
+):
+    "Broadcast the step (and the rows asked for; the timer stays here) to the workers, run rank 0's part."
     st = self._state
     if (
         st.busy and not st.closed
@@ -532,8 +534,9 @@ def execute_model(self: TPModelRunner, out: SchedulerOutput, *args, **kwargs):
         )
     st.busy = True
     try:
-        dist.broadcast_object_list([("step", ((out, *args), kwargs))], src=0, group=st.ctrl)
-        res = TPWorker.execute_model(self, out, *args, **kwargs)  # rank 0 is a worker too
+        step = (out, logits_rows, set(hidden_rows))
+        dist.broadcast_object_list([("step", (step, {}))], src=0, group=st.ctrl)
+        res = TPWorker.execute_model(self, *step, timer=timer)  # rank 0 is a worker too
     except Exception as e:
         st.failed = True
         st.error = _worker_errors(st) or f" rank 0: {e!r}"
@@ -543,6 +546,15 @@ def execute_model(self: TPModelRunner, out: SchedulerOutput, *args, **kwargs):
         ) from e
     st.busy = False
     return res
+
+
+@patch(cls_method=True)
+def enabled(cls: TPModelRunner, config: EngineConfig) -> bool:
+    "Does the engine core (lesson 09) pick this runner? Yes when the model is split over processes."
+    return config.parallel_config.tensor_parallel_size > 1
+
+
+MODEL_RUNNERS.append(TPModelRunner)
 
 
 @patch

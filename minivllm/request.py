@@ -87,15 +87,22 @@ class Request:
         )  # prefix-cache hits when first scheduled (-1: not scheduled yet)
         self.num_preemptions = 0
         self.stop_reason: int | str | None = None
-        self.spec_token_ids: list[
-            int
-        ] = []  # draft tokens to verify in the next step (speculative decoding, lesson 07b)
         seed = sampling_params.seed
         self.generator = None if seed is None else torch.Generator().manual_seed(seed)
 
     @property
     def lora_int_id(self) -> int:
         return 0 if self.lora_request is None else self.lora_request.lora_int_id  # 0: no adapter
+
+    @property
+    def block_hash_extra_keys(self) -> tuple:
+        "What besides its tokens decides a block's K/V (vLLM's extra keys): the adapter, if any."
+        return () if self.lora_request is None else ("lora", self.lora_int_id)
+
+    @property
+    def skip_reading_prefix_cache(self) -> bool:
+        "Must every prompt position be computed (prompt logprobs, a pooled prompt)? Then no prefix-cache hits."
+        return self.sampling_params.prompt_logprobs is not None or self.pooling_params is not None
 
     @property
     def num_prompt_tokens(self) -> int:

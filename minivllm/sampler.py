@@ -16,9 +16,9 @@ from .request import Request
 __all__ = ['bad_word_bans', 'Penalties', 'SamplingMetadata', 'apply_allowed_token_ids', 'apply_banned', 'apply_logit_bias',
            'apply_penalties', 'apply_temperature', 'apply_min_p', 'apply_top_k_top_p', 'Logprob', 'LogprobsLists',
            'LogprobsTensors', 'logprobs_dict', 'decode_logprobs', 'compute_logprobs', 'gather_logprobs',
-           'prompt_logprobs_from_logits', 'PromptLogprobsCollector', 'random_sample', 'SamplerOutput', 'Sampler',
-           'BeamSearchParams', 'BeamSearchSequence', 'BeamSearchOutput', 'get_beam_search_score', 'beam_search_step',
-           'beam_search', 'sampling_stages']
+           'prompt_logprobs_from_logits', 'PromptLogprobsCollector', 'PromptLogprobs', 'random_sample', 'SamplerOutput',
+           'Sampler', 'SampledTokens', 'BeamSearchParams', 'BeamSearchSequence', 'BeamSearchOutput',
+           'get_beam_search_score', 'beam_search_step', 'beam_search', 'sampling_stages']
 
 # %% ../nbs/06_sampler.ipynb #91aec531
 def bad_word_bans(bad_words_token_ids: list[list[int]], output_token_ids: list[int]) -> list[int]:
@@ -452,6 +452,47 @@ class PromptLogprobsCollector:
         "Forget a request's rows (it ended, or was aborted, before its prompt was done)."
         self.parts.pop(request_id, None)
 
+# %% ../nbs/06_sampler.ipynb #plp06code
+from .scheduler import StepExtension, register_extension
+
+
+@register_extension
+class PromptLogprobs(StepExtension):
+    "The engine's prompt logprobs: the prompt rows asked of the runner, collected, handed out once per request."
+
+    name = "prompt_logprobs"
+
+    def __init__(self):
+        self.collector = PromptLogprobsCollector()
+
+    @classmethod
+    def enabled(cls, config) -> bool:
+        return True  # any request may ask
+
+    def logits_rows(self, out, requests) -> dict[str, tuple[int, int]]:
+        "Per wanting request: its chunk's positions that have a next prompt token (from the chunk's first row)."
+        want = self.collector.wanted(out, requests)
+        rows = {
+            s.req_id: (0, min(s.num_tokens, want[s.req_id] - 1 - s.start_pos))
+            for s in out.seqs
+            if s.req_id in want
+        }
+        return {rid: r for rid, r in rows.items() if r[1] > 0}
+
+    def update(self, scheduler, step) -> dict[str, dict]:
+        "Collect the step's prompt rows; the finished lists go to their requests' outputs."
+        rows = {
+            s.req_id: (s.start_pos, step.runner_output.extra_logits[s.req_id])
+            for s in step.scheduler_output.seqs
+            if s.req_id in self.collector.parts and s.req_id in step.runner_output.extra_logits
+        }
+        done = self.collector.collect(step.scheduler_output, step.requests, rows)
+        return {rid: {"new_prompt_logprobs": lists} for rid, lists in done.items()}
+
+    def finish(self, request_ids: list[str]):
+        for rid in request_ids:
+            self.collector.discard(rid)
+
 # %% ../nbs/06_sampler.ipynb #f64b5138
 def _exp_noise(shape, device, generator=None) -> torch.Tensor:
     "Exp(1) noise as −log U, U ~ U[0, 1): never 0 (so never 0/0), and cheaper than `exponential_` on the CPU."
@@ -488,9 +529,6 @@ class SamplerOutput:
     logprobs_tensors: (
         LogprobsTensors | None
     )  # [B, k+1] (rows that did not ask hold zeros); None when no row asked
-
-    def tolist(self) -> list[int]:
-        return self.sampled_token_ids.tolist()  # what the first engine's code expects
 
 # %% ../nbs/06_sampler.ipynb #db52af78
 class Sampler:
@@ -558,6 +596,27 @@ class Sampler:
             return lt
         full = lambda x: x.new_zeros((sampled.shape[0], *x.shape[1:])).index_copy_(0, rows, x)
         return LogprobsTensors(*map(full, lt))
+
+# %% ../nbs/06_sampler.ipynb #st06code
+@dataclass
+class SampledTokens:
+    """The sample phase's record: each sampling request's new tokens (one; more when lookahead tokens were kept) and,
+    for the requests with `logprobs`, one logprob dict per token."""
+
+    token_ids: dict[str, list[int]] = field(default_factory=dict)
+    logprobs: dict[str, list[dict]] = field(default_factory=dict)
+
+    @classmethod
+    def from_sampler(cls, requests: list[Request], so: SamplerOutput) -> SampledTokens:
+        "Row `i` of `so` is `requests[i]`'s token (and logprobs, for the requests that asked)."
+        toks, lps, lt = so.sampled_token_ids.tolist(), {}, so.logprobs_tensors
+        if lt is not None:
+            rows = [i for i, r in enumerate(requests) if r.sampling_params.logprobs is not None]
+            ids, lp, ranks = LogprobsTensors(*(x[rows] for x in lt)).tolists()
+            for j, i in enumerate(rows):
+                k = requests[i].sampling_params.logprobs
+                lps[requests[i].request_id] = [logprobs_dict(ids[j], lp[j], ranks[j], k)]
+        return cls({r.request_id: [t] for r, t in zip(requests, toks)}, lps)
 
 # %% ../nbs/06_sampler.ipynb #97914bfa
 @dataclass

@@ -15,7 +15,8 @@ from .request import Request, RequestStatus, check_stop
 from .block_manager import KVCacheManager
 
 # %% auto #0
-__all__ = ['ScheduledSeq', 'SchedulerOutput', 'WaitingQueue', 'Scheduler', 'make_scheduler', 'simulate']
+__all__ = ['STEP_EXTENSIONS', 'ScheduledSeq', 'SchedulerOutput', 'SchedulerUpdate', 'WaitingQueue', 'StepExtension',
+           'register_extension', 'Scheduler', 'make_scheduler', 'simulate']
 
 # %% ../nbs/03_scheduler.ipynb #cdbe7ba4
 @dataclass
@@ -29,13 +30,8 @@ class ScheduledSeq:
     sample: bool  # does this step reach the last known token (so a new token is sampled)?
     is_prefill: bool  # prompt (or recompute) tokens rather than a single decode token
     new: bool = False  # admitted from the waiting queue in this step
-    num_cached_tokens: int = (
-        0  # tokens served by the prefix cache at admission (they are not in token_ids)
-    )
-    lora_int_id: int = 0  # the LoRA adapter the request runs under (0: the base model)
-    spec_token_ids: list[int] = field(
-        default_factory=list
-    )  # draft tokens at the end of token_ids, to verify (lesson 07b)
+    num_cached_tokens: int = 0  # tokens served by the prefix cache at admission (not in token_ids)
+    num_lookahead_tokens: int = 0  # guessed tokens at the end of token_ids (a step extension's)
 
     @property
     def num_tokens(self) -> int:
@@ -52,21 +48,10 @@ class SchedulerOutput:
     num_waiting: int = 0
     token_budget: int = 0  # max_num_batched_tokens of this step
     kv_usage: float = 0.0  # KV-cache usage after this step's allocations
-    finished_after_step: list[str] = field(
-        default_factory=list
-    )  # finished by this step's tokens (set by update_from_output)
 
     @property
     def total_num_scheduled_tokens(self) -> int:
         return sum(s.num_tokens for s in self.seqs)
-
-    @property
-    def num_prefill_tokens(self) -> int:
-        return sum(s.num_tokens for s in self.seqs if s.is_prefill)
-
-    @property
-    def num_decode_tokens(self) -> int:
-        return sum(s.num_tokens for s in self.seqs if not s.is_prefill)
 
     @property
     def num_scheduled_tokens(self) -> dict[str, int]:
@@ -83,19 +68,30 @@ class SchedulerOutput:
     def summary(self) -> str:
         "One line per scheduled request, then preemptions and finishes."
         lines = [
-            f"{s.req_id:>10}  {'prefill' if s.is_prefill else 'decode ':7} {s.num_tokens:4d} tokens from position {s.start_pos}"
+            f"{s.req_id:>10}  {'prefill' if s.is_prefill else 'decode ':7} {s.num_tokens:4d} tokens"
+            f" from position {s.start_pos}"
             + (f"  (new; {s.num_cached_tokens} cached)" if s.new else "")
             + ("  → samples" if s.sample else "")
             for s in self.seqs
         ]
         lines.append(
-            f"{self.total_num_scheduled_tokens}/{self.token_budget} tokens, KV usage {self.kv_usage:.0%}, {self.num_waiting} waiting"
+            f"{self.total_num_scheduled_tokens}/{self.token_budget} tokens, "
+            f"KV usage {self.kv_usage:.0%}, {self.num_waiting} waiting"
         )
         if self.preempted_req_ids:
             lines.append(f"preempted: {', '.join(self.preempted_req_ids)}")
-        if self.finished_after_step:
-            lines.append(f"finished: {', '.join(self.finished_after_step)}")
+        if self.finished_req_ids:
+            lines.append(f"finished before this step: {', '.join(self.finished_req_ids)}")
         return "\n".join(lines)
+
+
+@dataclass
+class SchedulerUpdate:
+    "What `update_from_output` did with a step's tokens (it changes the requests, never the step's records)."
+
+    updated: list[Request]  # the requests that got tokens, in the step's order
+    new_token_ids: dict[str, list[int]]  # the tokens each kept (cut after a stop)
+    finished_req_ids: list[str]  # the requests this step's tokens finished
 
 # %% ../nbs/03_scheduler.ipynb #50fd07c2
 class WaitingQueue:
@@ -146,12 +142,53 @@ class WaitingQueue:
             else self._q
         )
 
+# %% ../nbs/03_scheduler.ipynb #ext03code
+class StepExtension:
+    """A feature plugged into the step through named hooks; every default does nothing. The scheduler's hooks are
+    here; the model runner (lesson 05) and the engine core (lesson 09) add theirs. Lesson 09 lists them all."""
+
+    name: str = ""  # the core's attribute that reaches it (`core.<name>`)
+
+    @classmethod
+    def enabled(cls, config) -> bool:
+        "Does an engine with this `EngineConfig` use the feature?"
+        return False
+
+    @classmethod
+    def from_core(cls, core) -> StepExtension:
+        "Build the extension for an engine core (its config, model runner and KV cache are ready)."
+        return cls()
+
+    def can_admit(self, request: Request, running: list[Request]) -> bool:
+        "May waiting `request` join `running` now? False: it waits, and the requests behind it may pass."
+        return True
+
+    def lookahead_token_ids(self, request: Request) -> list[int]:
+        "Tokens guessed to follow a decoding request's next token, to compute (and check) in the same step."
+        return []
+
+
+STEP_EXTENSIONS: list[type[StepExtension]] = []  # filled by the feature lessons, in import order
+
+
+def register_extension(cls: type[StepExtension]) -> type[StepExtension]:
+    "Class decorator: make a feature's extension available to every engine core whose config enables it."
+    if cls not in STEP_EXTENSIONS:
+        STEP_EXTENSIONS.append(cls)
+    return cls
+
 # %% ../nbs/03_scheduler.ipynb #6f88eb7a
 class Scheduler:
     "Continuous batching under a token budget, with chunked prefill, prefix caching and preemption by recompute."
 
-    def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager):
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        kv_cache_manager: KVCacheManager,
+        extensions: list[StepExtension] = (),
+    ):
         self.config, self.kv_cache_manager = config, kv_cache_manager
+        self.extensions = list(extensions)  # features' hooks (`can_admit`, `lookahead_token_ids`)
         self.policy = config.policy
         self.waiting = WaitingQueue(self.policy)
         self.running: list[Request] = []  # in preemption order: the last one is preempted first
@@ -182,10 +219,11 @@ def make_scheduler(
     policy="fcfs",
     max_model_len=256,
     caching=True,
+    extensions=(),
 ) -> Scheduler:
     "A scheduler over a fresh `KVCacheManager`, for experiments and tests."
     cfg = SchedulerConfig(max_num_seqs, max_num_batched_tokens, max_model_len, chunked, policy)
-    return Scheduler(cfg, KVCacheManager(num_blocks, block_size, caching))
+    return Scheduler(cfg, KVCacheManager(num_blocks, block_size, caching), extensions)
 
 # %% ../nbs/03_scheduler.ipynb #96056272
 def _urgency(r: Request):
@@ -218,30 +256,34 @@ def _admit(self: Scheduler, r: Request):
 
 @patch
 def _seq(
-    self: Scheduler, r: Request, n: int, new: bool = False, num_cached: int = 0, k: int = 0
+    self: Scheduler,
+    r: Request,
+    n: int,
+    new: bool = False,
+    num_cached: int = 0,
+    lookahead: list[int] = (),
 ) -> ScheduledSeq:
-    "`r`'s share of this step: its next `n` tokens from `num_computed_tokens` on (then `k` draft tokens), with its block table."
-    c, spec = r.num_computed_tokens, r.spec_token_ids[:k]
+    "`r`'s share of this step: its next `n` tokens from `num_computed_tokens` on (then the `lookahead` tokens)."
+    c = r.num_computed_tokens
     return ScheduledSeq(
         r.request_id,
-        r.all_token_ids[c : c + n] + spec,
+        r.all_token_ids[c : c + n] + list(lookahead),
         c,
         self.kv_cache_manager.get_block_ids(r.request_id),
         sample=c + n == r.num_tokens,
         is_prefill=c < r.num_prompt_tokens or n > 1,
         new=new,
         num_cached_tokens=num_cached,
-        lora_int_id=getattr(r, "lora_int_id", 0),
-        spec_token_ids=spec,
+        num_lookahead_tokens=len(lookahead),
     )
 
 
 @patch
-def _num_spec_tokens(self: Scheduler, r: Request, n: int, budget: int) -> int:
-    "How many of `r`'s draft tokens (speculative decoding, lesson 07b) ride along: only on a decode, within the budget."
-    if not r.spec_token_ids or n != 1 or r.num_computed_tokens + 1 != r.num_tokens:
-        return 0
-    return min(len(r.spec_token_ids), budget - 1)
+def _lookahead(self: Scheduler, r: Request, n: int, budget: int) -> list[int]:
+    "The extensions' tokens guessed ahead of `r`: only on a decode, and within the budget."
+    if n != 1 or r.num_computed_tokens + 1 != r.num_tokens:
+        return []
+    return [t for e in self.extensions for t in e.lookahead_token_ids(r)][: budget - 1]
 
 # %% ../nbs/03_scheduler.ipynb #e5680c81
 @patch
@@ -292,7 +334,8 @@ def schedule(self: Scheduler) -> SchedulerOutput:
     Invariants of the result: at most `max_num_batched_tokens` tokens and at most `max_num_seqs` requests (running
     list included); each scheduled chunk is exactly the request's next tokens, with KV blocks allocated for them;
     running requests are served before waiting ones; waiting ones are admitted in policy order and stop at the
-    first that does not fit (nobody overtakes — except past a request whose LoRA adapter has no slot left), and
+    first that does not fit (nobody overtakes — except past a request
+    that an extension's `can_admit` refuses), and
     none is admitted in a step where a running one lost its blocks;
     a preempted request holds no block and restarts from 0, and is not re-admitted in the same step; without
     chunked prefill a prompt is never split."""
@@ -304,13 +347,11 @@ def schedule(self: Scheduler) -> SchedulerOutput:
     while i < len(self.running) and budget > 0:
         r = self.running[i]
         n = min(r.num_tokens - r.num_computed_tokens, budget)
-        k = self._num_spec_tokens(
-            r, n, budget
-        )  # draft tokens to verify (0 without speculative decoding)
-        while kv.allocate_slots(r, n + k) is None:
-            if k:
-                k = 0
-                continue  # no room for the drafts: a plain decode
+        ahead = self._lookahead(r, n, budget)  # (none without a step extension that guesses)
+        while kv.allocate_slots(r, n + len(ahead)) is None:
+            if ahead:
+                ahead = []
+                continue  # no room for the guesses: a plain decode
             victim = self.running.pop()
             self._preempt(victim)
             preempted.append(victim.request_id)
@@ -319,15 +360,11 @@ def schedule(self: Scheduler) -> SchedulerOutput:
                 break
         if r.status != RequestStatus.RUNNING:
             break
-        seqs.append(self._seq(r, n, k=k))
-        budget -= n + k
+        seqs.append(self._seq(r, n, lookahead=ahead))
+        budget -= n + len(ahead)
         i += 1
-    # 2. waiting requests, unless running ones just ran out of blocks; never re-admit this step's victims;
-    #    with LoRA, never more distinct adapters among the running requests than `max_loras` (the device's slots)
-    loras, skipped = (
-        ({r.lora_int_id for r in self.running if r.lora_int_id} if cfg.max_loras else set()),
-        [],
-    )
+    # 2. waiting requests, unless running ones just ran out of blocks; never re-admit this step's victims
+    skipped = []  # refused by an extension's `can_admit`: they wait, the requests behind them may pass
     while (
         not blocks_short
         and len(self.waiting)
@@ -341,14 +378,9 @@ def schedule(self: Scheduler) -> SchedulerOutput:
         n = r.num_tokens - num_cached
         if not cfg.enable_chunked_prefill and n > budget:
             break
-        if (
-            cfg.max_loras
-            and r.lora_int_id
-            and r.lora_int_id not in loras
-            and len(loras) >= cfg.max_loras
-        ):
+        if not all(e.can_admit(r, self.running) for e in self.extensions):
             skipped.append(self.waiting.pop())
-            continue  # no slot left for its adapter: it waits, others pass (vLLM)
+            continue
         n = min(n, budget)
         if kv.allocate_slots(r, n, hits) is None:
             break
@@ -357,8 +389,6 @@ def schedule(self: Scheduler) -> SchedulerOutput:
         if r.num_cached_tokens < 0:
             r.num_cached_tokens = num_cached
         self._admit(r)
-        if r.lora_int_id:
-            loras.add(r.lora_int_id)
         seqs.append(self._seq(r, n, new=True, num_cached=num_cached))
         budget -= n
     for r in reversed(skipped):
@@ -371,45 +401,32 @@ def schedule(self: Scheduler) -> SchedulerOutput:
 # %% ../nbs/03_scheduler.ipynb #fd19a2f3
 @patch
 def update_from_output(
-    self: Scheduler, out: SchedulerOutput, sampled: dict[str, int | list[int]]
-) -> list[Request]:
-    """Advance the scheduled requests by the step's results; return the requests that got a new token (or, pooling, ended).
-    With speculative decoding a request may get a list of tokens (its accepted drafts, then one from the model): they
-    are taken one by one, each checked for a stop, and the list is cut (in `sampled`) where the request finished."""
-    updated = []
+    self: Scheduler, out: SchedulerOutput, sampled: dict[str, list[int]]
+) -> SchedulerUpdate:
+    """Advance the scheduled requests by the step's results: `sampled[req_id]` lists the tokens of each request that
+    sampled (one; more when its lookahead tokens were kept, then one of the model's own). They are taken one by one,
+    each checked for a stop; a request that sampled nothing (`sampled` has no list for it) only advances."""
+    updated, kept, finished = [], {}, []
     for s in out.seqs:
         r = self.requests.get(s.req_id)
         if r is None or r.is_finished():
             continue
-        r.num_computed_tokens += s.num_tokens - len(s.spec_token_ids)
-        r.spec_token_ids = []
-        if not s.sample:
+        r.num_computed_tokens += s.num_tokens - s.num_lookahead_tokens
+        toks = sampled.get(s.req_id) if s.sample else None
+        if not toks:
             continue
-        if (
-            getattr(r, "pooling_params", None) is not None
-        ):  # a pooling request ends once its prompt is read
-            r.set_status(RequestStatus.FINISHED_STOPPED)
-            self._finish(r)
-            out.finished_after_step.append(r.request_id)
-            updated.append(r)
-            continue
-        toks = sampled[s.req_id]
-        for j, t in enumerate(toks if isinstance(toks, list) else [toks]):
-            if j:
-                r.num_computed_tokens += (
-                    1  # an accepted draft token: its K/V were written by this step
-                )
+        for j, t in enumerate(toks):
+            r.num_computed_tokens += j > 0  # a kept lookahead token: this step wrote its K/V
             r.append_output_token_ids(t)
             if check_stop(r, self.config.max_model_len):
                 self._finish(r)
-                out.finished_after_step.append(r.request_id)
-                if isinstance(toks, list):
-                    del toks[j + 1 :]
+                finished.append(r.request_id)
                 break
-        if s.spec_token_ids and not r.is_finished():  # give back the slots of the rejected drafts
+        kept[r.request_id] = list(toks[: j + 1])
+        if s.num_lookahead_tokens and not r.is_finished():  # the slots of the guesses not kept
             self.kv_cache_manager.rollback_slots(r, r.num_computed_tokens)
         updated.append(r)
-    return updated
+    return SchedulerUpdate(updated, kept, finished)
 
 
 @patch
@@ -445,8 +462,11 @@ def simulate(
     max_steps: int = 100_000,
     token: int | Callable[[Request], int] = 7,
     on_step: Callable | None = None,
+    on_update: Callable | None = None,
 ) -> list[SchedulerOutput]:
-    "Drive `scheduler` with a fake model that samples `token` (or `token(request)`); `arrivals` adds requests at given steps."
+    """Drive `scheduler` with a fake model that samples `token` (or `token(request)`); `arrivals` adds requests at
+    given steps. Returns each step's decision; `on_step(step, scheduler, out)` sees each decision before the
+    update, `on_update(step, out, update)` each `SchedulerUpdate`."""
     for r in requests:
         scheduler.add_request(r)
     trace, arrivals = [], arrivals or {}
@@ -459,8 +479,9 @@ def simulate(
         out = scheduler.schedule()
         if on_step is not None:
             on_step(step, scheduler, out)
-        scheduler.update_from_output(
-            out, {s.req_id: pick(scheduler.requests[s.req_id]) for s in out.seqs if s.sample}
-        )
+        sampled = {s.req_id: [pick(scheduler.requests[s.req_id])] for s in out.seqs if s.sample}
+        upd = scheduler.update_from_output(out, sampled)
+        if on_update is not None:
+            on_update(step, out, upd)
         trace.append(out)
     return trace

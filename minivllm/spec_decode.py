@@ -11,9 +11,9 @@ from fastcore.basics import patch
 from .config import EngineArgs, EngineConfig, SpeculativeConfig
 from .request import Request
 from .block_manager import cdiv
-from .scheduler import Scheduler, SchedulerOutput, ScheduledSeq
+from .scheduler import Scheduler, SchedulerOutput, ScheduledSeq, StepExtension, register_extension
 from .model import ModelRunner
-from .sampler import Sampler, SamplingMetadata, logprobs_dict
+from .sampler import Sampler, SamplingMetadata, SampledTokens, logprobs_dict
 
 # %% auto #0
 __all__ = ['ngram_propose', 'num_draft_tokens', 'NgramProposer', 'rejection_sample', 'verify_drafts', 'DraftModelProposer',
@@ -38,10 +38,7 @@ def ngram_propose(token_ids: list[int], min_n: int, max_n: int, k: int) -> list[
 def num_draft_tokens(r: Request, k: int, max_model_len: int) -> int:
     "How many tokens are worth proposing for `r`: at most `k`, none past `max_model_len`, none `max_tokens` leaves no room for."
     sp = r.sampling_params
-    if (
-        getattr(sp, "structured_outputs", None) is not None
-        or getattr(r, "pooling_params", None) is not None
-    ):
+    if sp.structured_outputs is not None or r.pooling_params is not None:
         return 0
     left = max_model_len - r.num_tokens
     if sp.max_tokens is not None:
@@ -300,8 +297,11 @@ class SpecDecodingStats:
         )
 
 # %% ../nbs/07b_spec_decode.ipynb #64b0bd7b
-class SpecDecoder:
-    "Speculative decoding inside the engine core: proposes after each step, verifies in the next, keeps the counters."
+@register_extension
+class SpecDecoder(StepExtension):
+    "Speculative decoding as a step extension: proposes after each step, verifies in the next, keeps the counters."
+
+    name = "spec_decoder"
 
     def __init__(self, config: EngineConfig):
         sc = config.speculative_config
@@ -313,12 +313,20 @@ class SpecDecoder:
             NgramProposer(config) if sc.method == "ngram" else DraftModelProposer(config)
         )
         self.stats = SpecDecodingStats(self.k)
+        self.drafts: dict[str, list[int]] = {}  # request id -> its guesses for the next step
+
+    @classmethod
+    def enabled(cls, config) -> bool:
+        return config.speculative_config is not None
+
+    @classmethod
+    def from_core(cls, core) -> SpecDecoder:
+        return cls(core.config)
 
     def propose(self, scheduler: Scheduler):
-        "Set `spec_token_ids` of every running request whose next step is a decode (and clear the others')."
-        reqs, ks = [], []
+        "Guesses for every running request whose next step is a decode (the others get none)."
+        reqs, ks, self.drafts = [], [], {}
         for r in scheduler.running:
-            r.spec_token_ids = []
             k = (
                 num_draft_tokens(r, self.k, self.max_model_len)
                 if r.num_computed_tokens == r.num_tokens - 1
@@ -328,26 +336,42 @@ class SpecDecoder:
                 reqs.append(r)
                 ks.append(k)
         for r, d in zip(reqs, self.proposer.propose(reqs, ks, alive=scheduler.requests)):
-            r.spec_token_ids = d
+            self.drafts[r.request_id] = d
 
-    def verify(
-        self,
-        sampler: Sampler,
-        requests: list[Request],
-        logits: torch.Tensor,
-        out: SchedulerOutput,
-        spec_logits: dict[str, torch.Tensor],
-    ) -> tuple[dict[str, list[int]], dict[str, list[dict]], dict[str, tuple[int, int]]]:
-        "Sample the step's rows (`verify_drafts`); count; return tokens and logprobs by request id, and (proposed, accepted) by id."
-        spec = {s.req_id: s.spec_token_ids for s in out.seqs if s.spec_token_ids}
-        new, lps = verify_drafts(sampler, requests, logits, spec_logits, spec)
-        counts = {}
-        for r, toks in zip(requests, new):
-            if r.request_id in spec:
-                counts[r.request_id] = (len(spec[r.request_id]), len(toks) - 1)
-                self.stats.observe(*counts[r.request_id])
-        return (
-            {r.request_id: t for r, t in zip(requests, new)},
-            {r.request_id: l for r, l in zip(requests, lps) if l is not None},
-            counts,
-        )
+    def after_step(self, scheduler: Scheduler, timer):
+        self.propose(scheduler)
+        timer.lap("propose")
+
+    def lookahead_token_ids(self, request: Request) -> list[int]:
+        return self.drafts.get(request.request_id, [])
+
+# %% ../nbs/07b_spec_decode.ipynb #sd07bhooks
+@patch
+def logits_rows(self: SpecDecoder, out: SchedulerOutput, requests) -> dict[str, tuple[int, int]]:
+    "The rows before each guess (the row after the last one is the sampling row)."
+    return {
+        s.req_id: (s.num_tokens - 1 - s.num_lookahead_tokens, s.num_lookahead_tokens)
+        for s in out.seqs
+        if s.num_lookahead_tokens
+    }
+
+
+@patch
+def sample(self: SpecDecoder, sampler, requests, logits, out, result) -> SampledTokens | None:
+    "Verify the step's guesses (`verify_drafts`) and count them; None in a step without guesses."
+    spec = {s.req_id: s.token_ids[-s.num_lookahead_tokens :] for s in out.seqs if s.num_lookahead_tokens}
+    if not spec:
+        return None
+    new, lps = verify_drafts(sampler, requests, logits, result.extra_logits, spec)
+    for r, toks in zip(requests, new):
+        if r.request_id in spec:
+            self.stats.observe(len(spec[r.request_id]), len(toks) - 1)
+    return SampledTokens(
+        {r.request_id: t for r, t in zip(requests, new)},
+        {r.request_id: l for r, l in zip(requests, lps) if l is not None},
+    )
+
+
+@patch
+def scheduler_stats(self: SpecDecoder) -> dict:
+    return {"spec_decoding_stats": self.stats.copy()}

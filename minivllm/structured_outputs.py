@@ -17,7 +17,7 @@ from .request import Request
 
 # %% auto #0
 __all__ = ['grammar_key', 'grammar_from_key', 'validate_structured_outputs', 'bitmask_to_bool', 'apply_token_bitmask',
-           'count_allowed', 'GrammarState', 'StructuredOutputManager']
+           'count_allowed', 'GrammarState', 'StructuredOutputManager', 'StructuredOutputs']
 
 # %% ../nbs/06b_structured_outputs.ipynb #bd8d04b0
 def _xgr():
@@ -235,3 +235,65 @@ def advance(
         elif self.is_terminated(r.request_id):
             done.append(r)
     return done, failed
+
+# %% ../nbs/06b_structured_outputs.ipynb #so06bext
+import logging
+from .request import RequestStatus
+from .scheduler import StepExtension, register_extension
+
+
+@register_extension
+class StructuredOutputs(StepExtension):
+    "Structured outputs in the engine: each constrained request's grammar, its mask before sampling, advanced after."
+
+    name = "structured_outputs"
+
+    def __init__(self, model_config):
+        self.model_config = model_config
+        self.manager: StructuredOutputManager | None = None  # built when a constrained request arrives
+
+    @classmethod
+    def enabled(cls, config) -> bool:
+        return True  # any request may be constrained
+
+    @classmethod
+    def from_core(cls, core) -> StructuredOutputs:
+        return cls(core.config.model_config)
+
+    def add_request(self, request: Request):
+        "A constrained request starts compiling its grammar (the manager is built, with the model's tokenizer, once)."
+        if request.sampling_params.structured_outputs is None:
+            return
+        if self.manager is None:
+            from transformers import AutoTokenizer
+
+            mc = self.model_config
+            tok = AutoTokenizer.from_pretrained(mc.tokenizer)
+            eos = getattr(mc.hf_config, "eos_token_id", None)  # (a GGUF model's config may lack it)
+            eos = tok.eos_token_id if eos is None else eos
+            eos = list(eos) if isinstance(eos, (list, tuple)) else [eos]
+            self.manager = StructuredOutputManager(tok, mc.get_vocab_size(), eos)
+        self.manager.add_request(request)
+
+    def process_logits(self, requests: list[Request], logits: torch.Tensor) -> torch.Tensor:
+        return logits if self.manager is None else self.manager.mask_logits(requests, logits)
+
+    def update(self, scheduler, step) -> dict:
+        'Accept the step\'s tokens; end requests whose grammar terminated ("stop"), abort any with a rejected token.'
+        mgr = self.manager
+        if mgr is None:
+            return {}
+        done, failed = mgr.advance([r for r in step.update.updated if not r.is_finished()])
+        scheduler.finish_requests([r.request_id for r in done], RequestStatus.FINISHED_STOPPED)
+        scheduler.finish_requests([r.request_id for r in failed], RequestStatus.FINISHED_ABORTED)
+        if failed:
+            logging.getLogger("minivllm").warning(
+                "structured outputs: a token the grammar rejects was sampled for %s; aborted.",
+                [r.request_id for r in failed],
+            )
+        mgr.remove_requests([rid for rid in mgr.states if rid not in scheduler.requests])
+        return {}
+
+    def finish(self, request_ids: list[str]):
+        if self.manager is not None:
+            self.manager.remove_requests(request_ids)

@@ -143,7 +143,7 @@ def step_record(
         finished
         if finished is not None
         else dict.fromkeys(
-            list(getattr(o, "finished_req_ids", [])) + list(getattr(o, "finished_after_step", []))
+            list(getattr(o, "finished_req_ids", []))
         )
     )
     return StepRecord(
@@ -179,7 +179,7 @@ def record_scheduler(
         lab = labels(step, scheduler, out) if labels else None
         rd = reads(step, scheduler, out) if reads else None
         scheduler.update_from_output(
-            out, {s.req_id: pick(scheduler.requests[s.req_id]) for s in out.seqs if s.sample}
+            out, {s.req_id: [pick(scheduler.requests[s.req_id])] for s in out.seqs if s.sample}
         )
         recs.append(step_record(step, out, scheduler.kv_cache_manager, lab, rd))
     return recs
@@ -231,7 +231,7 @@ class EngineRecorder:
                 dict(self.texts),
             )
         )
-        self.records[-1].spec = dict(getattr(info, "spec", {}))
+        self.records[-1].spec = dict(info.lookahead)
 
     def add_outputs(self, outputs):
         "Remember the text of each `RequestOutput` (call with what `step()` returned; shown from the next record on)."
