@@ -55,4 +55,5 @@ _all_ = [
 ]
 
 # %% ../nbs/99_public_api.ipynb #feat99code
-from . import compilation, lora, structured_outputs, parallel, spec_decode, pooling  # noqa: F401
+# noqa: F401
+from . import compilation, lora, structured_outputs, parallel, spec_decode, pooling

@@ -27,7 +27,8 @@ __all__ = ['PHASES', 'EngineCoreOutput', 'StepInfo', 'EngineCoreOutputs', 'StepR
 # %% ../nbs/09_engine_core.ipynb #bb4ed186
 @dataclass
 class EngineCoreOutput:
-    "What one step did to one request (one sequence): its new tokens and, if the core ended it, why."
+    """What one step did to one request (one sequence): its new tokens and, if the core ended it,
+    why."""
 
     request_id: str
     new_token_ids: list[int]
@@ -39,7 +40,7 @@ class EngineCoreOutput:
         None  # once, with the first token, when prompt logprobs are asked for
     )
     pooling_output: torch.Tensor | None = (
-        None  # a pooling request's pooled vector, when its prompt has been read
+        None  # `LLM.embed`'s vector, when the prompt is read (lesson 09b)
     )
 
     @property
@@ -52,12 +53,15 @@ PHASES = ("schedule", "prepare", "forward", "logits", "sampling", "update")
 
 @dataclass
 class StepInfo:
-    "What one engine step did: the scheduler's decision, what was sampled, and how long each phase took."
+    """What one engine step did: the scheduler's decision, what was sampled, and how long each phase
+    took."""
 
     step: int  # 0, 1, 2, ... per engine
     scheduler_output: SchedulerOutput
     sampled: dict[str, list[int]]  # request id -> tokens sampled (and kept) this step
-    timings: dict[str, float]  # seconds per phase (`PHASES`; an extension may add its own; the engine adds "outputs")
+    timings: dict[
+        str, float
+    ]  # seconds per phase (`PHASES`; an extension may add its own; the engine adds "outputs")
     finished_req_ids: list[str] = field(default_factory=list)  # the requests this step ended
     lookahead: dict[str, tuple[int, int]] = field(
         default_factory=dict
@@ -66,7 +70,8 @@ class StepInfo:
 
 @dataclass
 class EngineCoreOutputs:
-    "Everything one core step produced: the per-request outputs, the scheduler's decision, and the `StepInfo`."
+    """Everything one core step produced: the per-request outputs, the scheduler's decision, and the
+    `StepInfo`."""
 
     outputs: list[EngineCoreOutput]
     scheduler_output: SchedulerOutput
@@ -76,10 +81,13 @@ class EngineCoreOutputs:
 
 @dataclass
 class StepResults:
-    "The records of one step's phases, as the extensions' `update` hook sees them (none of them is changed)."
+    """The records of one step's phases, as the extensions' `update` hook sees them (none of them is
+    changed)."""
 
     scheduler_output: SchedulerOutput
-    requests: dict[str, Request]  # the scheduled requests, by id (those this step finished included)
+    requests: dict[
+        str, Request
+    ]  # the scheduled requests, by id (those this step finished included)
     runner_output: ModelRunnerOutput
     sampled: SampledTokens
     update: SchedulerUpdate
@@ -105,7 +113,8 @@ def add_request(self: StepExtension, request: Request):
 
 @patch
 def logits_rows(self: StepExtension, out: SchedulerOutput, requests) -> dict[str, tuple[int, int]]:
-    "More logits rows of this step's chunks: request id -> (first token of its chunk, number of rows)."
+    """More logits rows of this step's chunks: request id -> (first token of its chunk, number of
+    rows)."""
     return {}
 
 
@@ -123,13 +132,15 @@ def process_logits(self: StepExtension, requests: list[Request], logits: torch.T
 
 @patch
 def sample(self: StepExtension, sampler, requests, logits, out, result) -> SampledTokens | None:
-    "Sample this step instead of the core (the first extension that returns a record does); None: not this one."
+    """Sample this step instead of the core (the first extension that returns a record does); None:
+    not this one."""
     return None
 
 
 @patch
 def update(self: StepExtension, scheduler: Scheduler, step: StepResults) -> dict[str, dict]:
-    "After the scheduler's update: end requests (`scheduler.finish_requests`); return fields of their outputs."
+    """After the scheduler's update: end requests (`scheduler.finish_requests`); return fields of
+    their outputs."""
     return {}
 
 
@@ -172,7 +183,8 @@ class EngineCore:
         self.num_steps = 0
 
     def __getattr__(self, name: str):
-        "A step extension by its `name` (`core.lora_manager`); None for a registered one this engine does not use."
+        """A step extension by its `name` (`core.<name>`); None for a registered one this engine
+        does not use."""
         for e in self.__dict__.get("extensions", ()):
             if e.name == name:
                 return e
@@ -208,7 +220,8 @@ def execute(self: EngineCore, out: SchedulerOutput, timer: StepTimer) -> ModelRu
 def sample(
     self: EngineCore, out: SchedulerOutput, result: ModelRunnerOutput, timer: StepTimer
 ) -> SampledTokens:
-    "Sample the rows that sample: extensions may change their logits first, or sample in the core's place."
+    """Sample the rows that sample: extensions may change their logits first, or sample in the
+    core's place."""
     sampled = SampledTokens()
     if result.req_ids:
         reqs = [self.scheduler.requests[rid] for rid in result.req_ids]
@@ -230,16 +243,20 @@ def step(self: EngineCore) -> EngineCoreOutputs:
     """One engine step: schedule → execute → sample → update. Returns what it did to each request.
 
     Invariants:
-    - only token ids cross this boundary: no text, no stop strings (those are the output processor's);
-    - each scheduled request's `num_computed_tokens` grows by exactly the tokens scheduled for it (less its
-      lookahead tokens not kept): the model wrote their keys and values into the blocks the scheduler allocated;
-    - a token is sampled, and an `EngineCoreOutput` returned, for exactly the scheduled requests whose chunk reached
-      their last known token (`ScheduledSeq.sample`), one token each (more with kept lookahead tokens); a middle
-      prefill chunk produces nothing; an extension may add outputs (fields) or end requests;
-    - a request the step finishes (EOS, a stop token, `max_tokens`, the model's length) carries its `finish_reason`
-      in its output and has its blocks freed when `step` returns; no later step schedules it;
-    - `step_info` holds the scheduler's decision, the tokens kept, the requests ended and the seconds of each
-      phase of `PHASES`; `step_info.step` counts this core's steps from 0;
+    - only token ids cross this boundary: no text, no stop strings (those are the output
+      processor's);
+    - each scheduled request's `num_computed_tokens` grows by exactly the tokens scheduled for it
+      (less its lookahead tokens not kept): the model wrote their keys and values into the blocks
+      the scheduler allocated;
+    - a token is sampled, and an `EngineCoreOutput` returned, for exactly the scheduled requests
+      whose chunk reached their last known token (`ScheduledSeq.sample`), one token each (more with
+      kept lookahead tokens); a middle prefill chunk produces nothing; an extension may add outputs
+      (fields) or end requests;
+    - a request the step finishes (EOS, a stop token, `max_tokens`, the model's length) carries its
+      `finish_reason` in its output and has its blocks freed when `step` returns; no later step
+      schedules it;
+    - `step_info` holds the scheduler's decision, the tokens kept, the requests ended and the
+      seconds of each phase of `PHASES`; `step_info.step` counts this core's steps from 0;
     - with nothing to schedule, no model runs and `outputs` is empty."""
     timer = StepTimer(self.model_runner.device, PHASES)
     out = self.scheduler.schedule()
@@ -261,17 +278,20 @@ def step(self: EngineCore) -> EngineCoreOutputs:
         sampled=upd.new_token_ids,
         timings=timer.seconds,
         finished_req_ids=[o.request_id for o in outputs if o.finished],
-        lookahead={s.req_id: (s.num_lookahead_tokens, kept(s)) for s in out.seqs if s.num_lookahead_tokens},
+        lookahead={
+            s.req_id: (s.num_lookahead_tokens, kept(s)) for s in out.seqs if s.num_lookahead_tokens
+        },
     )
     self.num_steps += 1
     return EngineCoreOutputs(
         outputs=outputs, scheduler_output=out, timestamp=time.time(), step_info=info
     )
 
-
+# %% ../nbs/09_engine_core.ipynb #outs09
 @patch
 def _outputs(self: EngineCore, step: StepResults) -> list[EngineCoreOutput]:
-    "The extensions' `update` hooks, then one output per request that got tokens or fields, in the step's order."
+    """The extensions' `update` hooks, then one output per request that got tokens or fields, in the
+    step's order."""
     fields: dict[str, dict] = {}
     for e in self.extensions:
         for rid, f in e.update(self.scheduler, step).items():
@@ -297,7 +317,8 @@ def _outputs(self: EngineCore, step: StepResults) -> list[EngineCoreOutput]:
 # %% ../nbs/09_engine_core.ipynb #cd416ad6
 @patch
 def finish_requests(self: EngineCore, request_ids: str | list[str], status: RequestStatus):
-    "End requests from outside with `status` (unknown or finished ids are ignored); their blocks are freed now."
+    """End requests from outside with `status` (unknown or finished ids are ignored); their blocks
+    are freed now."""
     request_ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
     for e in self.extensions:
         e.finish(request_ids)

@@ -714,7 +714,8 @@ from .scheduler import ScheduledSeq, StepExtension
 
 
 class StepTimer:
-    "Seconds per phase of one step: `lap(name)` adds the time since the previous lap, after the device's queued work."
+    """Seconds per phase of one step: `lap(name)` adds the time since the previous lap, after the
+    device's queued work."""
 
     def __init__(self, device=None, phases=()):
         self.sync = device is not None and torch.device(device).type == "cuda"
@@ -731,10 +732,11 @@ class StepTimer:
 
 @dataclass
 class ModelRunnerOutput:
-    """What the model computed for one step. `logits[i]`: the next-token logits of `req_ids[i]`, a request that
-    samples; `extra_logits[req_id]` `[count, vocab]`: the rows asked for in `execute_model`'s `logits_rows` (the
-    model's prediction after each of those positions); `hidden_states[req_id]` `[n, hidden]`: the final-norm hidden
-    rows of the chunk of each request in `hidden_rows` (those get no logits, sample nothing)."""
+    """What the model computed for one step. `logits[i]`: the next-token logits of `req_ids[i]`, a
+    request that samples; `extra_logits[req_id]` `[count, vocab]`: the rows asked for in
+    `execute_model`'s `logits_rows` (the model's prediction after each of those positions);
+    `hidden_states[req_id]` `[n, hidden]`: the final-norm hidden rows of the chunk of each
+    request in `hidden_rows` (those get no logits, sample nothing)."""
 
     req_ids: list[str]
     logits: torch.Tensor
@@ -750,14 +752,18 @@ class ModelRunnerOutput:
 
 @patch
 def prepare(self: StepExtension, seqs: list[ScheduledSeq], query_start_loc: list[int]):
-    "Runner hook, before the forward pass: the step's sequences in row order (rows of `seqs[i]`: from `query_start_loc[i]`)."
+    """Runner hook, before the forward pass: the step's sequences in row order (rows of `seqs[i]`:
+    from `query_start_loc[i]`)."""
 
 
-MODEL_RUNNERS: list[type] = []  # runners of later lessons (compiled, tensor-parallel), each with `enabled(config)`
+MODEL_RUNNERS: list[
+    type
+] = []  # runners of later lessons (compiled, tensor-parallel), each with `enabled(config)`
 
 
 def model_runner_class(config: EngineConfig) -> type:
-    "The runner an engine with `config` uses: the latest registered one that it enables, else `ModelRunner`."
+    """The runner an engine with `config` uses: the latest registered one that it enables, else
+    `ModelRunner`."""
     return next((c for c in reversed(MODEL_RUNNERS) if c.enabled(config)), ModelRunner)
 
 # %% ../nbs/05_model.ipynb #56500c62
@@ -802,9 +808,12 @@ class ModelRunner:
             torch.zeros(self.kv_cache_shape(), dtype=self.dtype, device=self.device)
             for _ in range(mc.get_num_layers())
         ]
-        self.extensions: list[StepExtension] = []  # the engine's step extensions (their `prepare` hook)
+        self.extensions: list[
+            StepExtension
+        ] = []  # the engine's step extensions (their `prepare` hook)
 
-    # Three steps of building a runner that the tensor-parallel worker (a later notebook) overrides for its shard:
+    # Three steps of building a runner that the tensor-parallel worker (a later notebook) overrides
+    # for its shard:
     def load_model(self) -> LlamaForCausalLM:
         "The model of the config, with its weights, on this runner's device."
         mc = self.config.model_config
@@ -822,7 +831,8 @@ class ModelRunner:
         )
 
     def prepare_attention(self) -> bool:
-        "Compile the in-place decode kernel of the `cpu` or `inductor` backend (lesson 04) now, once; False where it cannot be (it says why, and keeps the torch backend)."
+        """Compile the in-place decode kernel of the `cpu` or `inductor` backend (lesson 04) now,
+        once; False where it cannot be (it says why, and keeps the torch backend)."""
         backend = self.attention_backend
         if backend not in IN_PLACE_BACKENDS or self._attention_compiled:
             return self._attention_compiled
@@ -861,7 +871,8 @@ class ModelRunner:
         return True
 
     def switch_attention(self) -> str:
-        "Attend with the in-place kernel from now on (compiling it first if need be); the backend the layers use."
+        """Attend with the in-place kernel from now on (compiling it first if need be); the backend
+        the layers use."""
         if (
             self.attention_backend in IN_PLACE_BACKENDS
             and not self._attention_switched
@@ -873,7 +884,8 @@ class ModelRunner:
         return self.attention_backend
 
     def shutdown(self):
-        "Release what the runner holds outside this process: nothing (the tensor-parallel runner stops workers)."
+        """Release what the runner holds outside this process: nothing (the tensor-parallel runner
+        stops workers)."""
 
     def agree_num_blocks(self, n: int) -> int:
         "The number of KV blocks all processes can afford (one process: nobody to agree with)."
@@ -900,7 +912,8 @@ class ModelRunner:
 # %% ../nbs/05_model.ipynb #94e8101f
 @patch
 def determine_num_blocks(self: ModelRunner) -> int:
-    "KV blocks: `num_gpu_blocks_override`, else what `kv_cache_memory_bytes` holds, else what profiling leaves free."
+    """KV blocks: `num_gpu_blocks_override`, else what `kv_cache_memory_bytes` holds, else what
+    profiling leaves free."""
     cc = self.config.cache_config
     if cc.num_gpu_blocks_override:
         return cc.num_gpu_blocks_override
@@ -912,7 +925,8 @@ def determine_num_blocks(self: ModelRunner) -> int:
 @patch
 @torch.inference_mode()
 def profile_num_blocks(self: ModelRunner) -> int:
-    "GPU: run a full-budget forward pass, then give the KV cache what `gpu_memory_utilization` leaves."
+    """GPU: run a full-budget forward pass, then give the KV cache what `gpu_memory_utilization`
+    leaves."""
     mc, n = self.config.model_config, self.config.scheduler_config.max_num_batched_tokens
     L, seqs, nb = (
         min(n, mc.max_model_len),
@@ -944,7 +958,8 @@ def profile_num_blocks(self: ModelRunner) -> int:
         c.numel() * c.element_size() for c in caches
     )
     del caches
-    torch.cuda.empty_cache()  # hand freed blocks back: the KV cache is allocated in a few large pieces right after
+    # hand freed blocks back: the KV cache is allocated in a few large pieces right after
+    torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info(self.device)
     other = total - free - torch.cuda.memory_reserved(self.device)  # other processes, CUDA context
     budget = total * self.config.cache_config.gpu_memory_utilization - peak - other
@@ -957,7 +972,8 @@ def profile_num_blocks(self: ModelRunner) -> int:
 # %% ../nbs/05_model.ipynb #5548a920
 @patch
 def prepare_inputs(self: ModelRunner, scheduler_output: SchedulerOutput):
-    "Flatten a step: (input_ids, positions, metadata, ordered seqs): decodes first, by context length, then prefills."
+    """Flatten a step: (input_ids, positions, metadata, ordered seqs): decodes first, by context
+    length, then prefills."""
     decodes = sorted(
         (s for s in scheduler_output.seqs if s.num_tokens == 1), key=lambda s: s.start_pos
     )
@@ -991,7 +1007,8 @@ INPLACE_MIN_DECODES = (
 
 @patch
 def run_model(self: ModelRunner, input_ids, positions, md: AttentionMetadata) -> torch.Tensor:
-    "The model's hidden states of one flattened step (the one call the compiled runner of lesson 05b replaces)."
+    """The model's hidden states of one flattened step (the one call the compiled runner of lesson
+    05b replaces)."""
     if (
         self.attention_backend == "inductor"
         and not self._attention_switched
@@ -1000,7 +1017,7 @@ def run_model(self: ModelRunner, input_ids, positions, md: AttentionMetadata) ->
         self.switch_attention()
     return self.model(input_ids, positions, self.kv_caches, md)
 
-
+# %% ../nbs/05_model.ipynb #exec05
 @patch
 @torch.inference_mode()
 def execute_model(
@@ -1010,10 +1027,11 @@ def execute_model(
     hidden_rows=(),
     timer: StepTimer | None = None,
 ) -> ModelRunnerOutput:
-    """Run one step: the ids of the requests that sample and their logits `[n, vocab]` (float32). Two generic asks
-    for more: `logits_rows[req_id] = (first, count)` adds the logits of `count` rows of that request's chunk from
-    its `first` token on; the requests in `hidden_rows` get their chunk's hidden rows instead of logits. `timer`
-    (a `StepTimer`) gets the seconds of "prepare", "forward" and "logits"."""
+    """Run one step: the ids of the requests that sample and their logits `[n, vocab]` (float32).
+    Two generic asks for more: `logits_rows[req_id] = (first, count)` adds the logits of `count`
+    rows of that request's chunk from its `first` token on; the requests in `hidden_rows` get
+    their chunk's hidden rows instead of logits. `timer` (a `StepTimer`) gets the seconds of
+    "prepare", "forward" and "logits"."""
     timer, logits_rows = timer or StepTimer(), logits_rows or {}
     input_ids, positions, md, seqs = self.prepare_inputs(scheduler_output)
     q = [int(v) for v in md.query_start_loc_cpu]
@@ -1022,14 +1040,25 @@ def execute_model(
     timer.lap("prepare")
     hidden = self.run_model(input_ids, positions, md)
     timer.lap("forward")
-    hidden_states = {s.req_id: hidden[q[i] : q[i + 1]] for i, s in enumerate(seqs) if s.req_id in hidden_rows}
-    samplers = [(i, s.req_id) for i, s in enumerate(seqs) if s.sample and s.req_id not in hidden_rows]
-    spans = [(s.req_id, q[i] + logits_rows[s.req_id][0], logits_rows[s.req_id][1]) for i, s in enumerate(seqs)
-             if s.req_id in logits_rows]  # (req id, first row, number of rows)
-    rows = [q[i + 1] - 1 for i, _ in samplers] + [r for _, r0, m in spans for r in range(r0, r0 + m)]
+    hidden_states = {
+        s.req_id: hidden[q[i] : q[i + 1]] for i, s in enumerate(seqs) if s.req_id in hidden_rows
+    }
+    samplers = [
+        (i, s.req_id) for i, s in enumerate(seqs) if s.sample and s.req_id not in hidden_rows
+    ]
+    spans = [
+        (s.req_id, q[i] + logits_rows[s.req_id][0], logits_rows[s.req_id][1])
+        for i, s in enumerate(seqs)
+        if s.req_id in logits_rows
+    ]  # (req id, first row, number of rows)
+    rows = [q[i + 1] - 1 for i, _ in samplers] + [
+        r for _, r0, m in spans for r in range(r0, r0 + m)
+    ]
     logits = self.model.compute_logits(hidden[rows])  # one LM-head call for every row asked for
     extra, j = {}, len(samplers)
     for rid, _, m in spans:
         extra[rid], j = logits[j : j + m], j + m
     timer.lap("logits")
-    return ModelRunnerOutput([rid for _, rid in samplers], logits[: len(samplers)], extra, hidden_states)
+    return ModelRunnerOutput(
+        [rid for _, rid in samplers], logits[: len(samplers)], extra, hidden_states
+    )

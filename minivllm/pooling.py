@@ -15,8 +15,9 @@ __all__ = ['Pooler', 'PoolingExtension']
 
 # %% ../nbs/09b_pooling.ipynb #p09b
 class Pooler:
-    """Pools each pooling request's final-norm hidden rows into one vector (`pooler_config`: LAST, MEAN or CLS), then
-    keeps its first `dimensions` values and L2-normalises it (`normalize`, else the config's default)."""
+    """Pools each pooling request's final-norm hidden rows into one vector (`pooler_config`: LAST,
+    MEAN or CLS), then keeps its first `dimensions` values and L2-normalises it (`normalize`,
+    else the config's default)."""
 
     def __init__(self, pooler_config=None):
         self.pooling_type, self.normalize = pooler_settings(pooler_config)
@@ -27,7 +28,8 @@ class Pooler:
     def pool(
         self, req_id: str, start_pos: int, rows: torch.Tensor, params, last: bool
     ) -> torch.Tensor | None:
-        "Fold one chunk (`rows` `[n, hidden]` from prompt position `start_pos`) in; the pooled vector after the `last` one."
+        """Fold one chunk (`rows` `[n, hidden]` from prompt position `start_pos`) in; the pooled
+        vector after the `last` one."""
         prev = (
             None if start_pos == 0 else self.partial.pop(req_id, None)
         )  # a chunk from 0: a fresh start (e.g. after preemption)
@@ -54,7 +56,8 @@ class Pooler:
 # %% ../nbs/09b_pooling.ipynb #b9b00006
 @register_extension
 class PoolingExtension(Pooler, StepExtension):
-    "Pooling in the engine: the hidden rows of pooling requests asked of the runner, pooled, and the request ended."
+    """Pooling in the engine: the hidden rows of pooling requests asked of the runner, pooled, and
+    the request ended."""
 
     name = "pooler"
 
@@ -70,7 +73,8 @@ class PoolingExtension(Pooler, StepExtension):
         return {s.req_id for s in out.seqs if requests[s.req_id].pooling_params is not None}
 
     def update(self, scheduler, step) -> dict[str, dict]:
-        "Fold each pooling chunk in; a request whose prompt is read gets its vector and ends (\"stop\")."
+        """Fold each pooling chunk in; a request whose prompt is read gets its vector and ends
+        ("stop")."""
         fields = {}
         for s in step.scheduler_output.seqs:
             params = step.requests[s.req_id].pooling_params

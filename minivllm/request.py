@@ -50,7 +50,8 @@ ALLOWED_TRANSITIONS = {
 
 # %% ../nbs/01_request.ipynb #d1a92364
 class Request:
-    "One sequence: its prompt, its generated tokens, how many of them are in the KV cache, and its status."
+    """One sequence: its prompt, its generated tokens, how many of them are in the KV cache, and its
+    status."""
 
     def __init__(
         self,
@@ -70,7 +71,7 @@ class Request:
             parent_request_id  # the user request this is one sample of (`n > 1`), else None
         )
         self.pooling_params = (
-            pooling_params  # a pooling request (`LLM.embed`): read the prompt, sample nothing
+            pooling_params  # `LLM.embed`'s params: read the prompt, sample nothing
         )
         self.lora_request = (
             lora_request  # the LoRA adapter it runs under (a `LoRARequest`), None: the base model
@@ -97,11 +98,12 @@ class Request:
     @property
     def block_hash_extra_keys(self) -> tuple:
         "What besides its tokens decides a block's K/V (vLLM's extra keys): the adapter, if any."
-        return () if self.lora_request is None else ("lora", self.lora_int_id)
+        return () if self.lora_request is None else ("adapter", self.lora_int_id)
 
     @property
     def skip_reading_prefix_cache(self) -> bool:
-        "Must every prompt position be computed (prompt logprobs, a pooled prompt)? Then no prefix-cache hits."
+        """Must every prompt position be computed (prompt logprobs, an embedded prompt)? Then no
+        prefix-cache hits."""
         return self.sampling_params.prompt_logprobs is not None or self.pooling_params is not None
 
     @property
@@ -130,7 +132,8 @@ class Request:
         "Move to `status`, refusing moves the state machine does not allow."
         if status not in ALLOWED_TRANSITIONS.get(self.status, ()):
             raise RuntimeError(
-                f"request {self.request_id!r}: illegal transition {self.status.name} -> {status.name}"
+                f"request {self.request_id!r}: illegal transition {self.status.name} -> "
+                f"{status.name}"
             )
         self.status = status
 

@@ -37,7 +37,7 @@ class ScheduledSeq:
     def num_tokens(self) -> int:
         return len(self.token_ids)
 
-
+# %% ../nbs/03_scheduler.ipynb #schout03
 @dataclass
 class SchedulerOutput:
     "Everything decided in one step."
@@ -84,10 +84,11 @@ class SchedulerOutput:
             lines.append(f"finished before this step: {', '.join(self.finished_req_ids)}")
         return "\n".join(lines)
 
-
+# %% ../nbs/03_scheduler.ipynb #schupd03
 @dataclass
 class SchedulerUpdate:
-    "What `update_from_output` did with a step's tokens (it changes the requests, never the step's records)."
+    """What `update_from_output` did with a step's tokens (it changes the requests, never the step's
+    records)."""
 
     updated: list[Request]  # the requests that got tokens, in the step's order
     new_token_ids: dict[str, list[int]]  # the tokens each kept (cut after a stop)
@@ -95,7 +96,8 @@ class SchedulerUpdate:
 
 # %% ../nbs/03_scheduler.ipynb #50fd07c2
 class WaitingQueue:
-    "Waiting requests in policy order: FCFS (a deque) or priority (a heap on (priority, arrival_time))."
+    """Waiting requests in policy order: FCFS (a deque) or priority (a heap on (priority,
+    arrival_time))."""
 
     def __init__(self, policy: str):
         self.policy, self._q, self._count = (
@@ -144,8 +146,9 @@ class WaitingQueue:
 
 # %% ../nbs/03_scheduler.ipynb #ext03code
 class StepExtension:
-    """A feature plugged into the step through named hooks; every default does nothing. The scheduler's hooks are
-    here; the model runner (lesson 05) and the engine core (lesson 09) add theirs. Lesson 09 lists them all."""
+    """A feature plugged into the step through named hooks; every default does nothing. The
+    scheduler's hooks are here; the model runner (lesson 05) and the engine core (lesson 09) add
+    theirs. Lesson 09 lists them all."""
 
     name: str = ""  # the core's attribute that reaches it (`core.<name>`)
 
@@ -160,11 +163,13 @@ class StepExtension:
         return cls()
 
     def can_admit(self, request: Request, running: list[Request]) -> bool:
-        "May waiting `request` join `running` now? False: it waits, and the requests behind it may pass."
+        """May waiting `request` join `running` now? False: it waits, and the requests behind it may
+        pass."""
         return True
 
     def lookahead_token_ids(self, request: Request) -> list[int]:
-        "Tokens guessed to follow a decoding request's next token, to compute (and check) in the same step."
+        """Tokens guessed to follow a decoding request's next token, to compute (and check) in the
+        same step."""
         return []
 
 
@@ -172,14 +177,16 @@ STEP_EXTENSIONS: list[type[StepExtension]] = []  # filled by the feature lessons
 
 
 def register_extension(cls: type[StepExtension]) -> type[StepExtension]:
-    "Class decorator: make a feature's extension available to every engine core whose config enables it."
+    """Class decorator: make a feature's extension available to every engine core whose config
+    enables it."""
     if cls not in STEP_EXTENSIONS:
         STEP_EXTENSIONS.append(cls)
     return cls
 
 # %% ../nbs/03_scheduler.ipynb #6f88eb7a
 class Scheduler:
-    "Continuous batching under a token budget, with chunked prefill, prefix caching and preemption by recompute."
+    """Continuous batching under a token budget, with chunked prefill, prefix caching and preemption
+    by recompute."""
 
     def __init__(
         self,
@@ -233,7 +240,8 @@ def _urgency(r: Request):
 
 @patch
 def _preempt(self: Scheduler, r: Request):
-    "Free all of `r`'s blocks and send it back to the waiting queue, to be recomputed from its tokens."
+    """Free all of `r`'s blocks and send it back to the waiting queue, to be recomputed from its
+    tokens."""
     self.kv_cache_manager.free(r)
     r.set_status(RequestStatus.PREEMPTED)
     r.num_computed_tokens = 0
@@ -263,7 +271,8 @@ def _seq(
     num_cached: int = 0,
     lookahead: list[int] = (),
 ) -> ScheduledSeq:
-    "`r`'s share of this step: its next `n` tokens from `num_computed_tokens` on (then the `lookahead` tokens)."
+    """`r`'s share of this step: its next `n` tokens from `num_computed_tokens` on (then the
+    `lookahead` tokens)."""
     c = r.num_computed_tokens
     return ScheduledSeq(
         r.request_id,
@@ -288,7 +297,8 @@ def _lookahead(self: Scheduler, r: Request, n: int, budget: int) -> list[int]:
 # %% ../nbs/03_scheduler.ipynb #e5680c81
 @patch
 def _fits(self: Scheduler, r: Request) -> bool:
-    "Would waiting request `r` be admitted this step, after the running requests took their tokens and blocks?"
+    """Would waiting request `r` be admitted this step, after the running requests took their tokens
+    and blocks?"""
     cfg, kv = self.config, self.kv_cache_manager
     if len(self.running) >= cfg.max_num_seqs:
         return False
@@ -310,7 +320,8 @@ def _fits(self: Scheduler, r: Request) -> bool:
 
 @patch
 def _preempt_for_priority(self: Scheduler) -> list[str]:
-    "`priority` only: preempt strictly less urgent running requests while the most urgent waiting one does not fit."
+    """`priority` only: preempt strictly less urgent running requests while the most urgent waiting
+    one does not fit."""
     out = []
     if self.policy != "priority" or not len(self.waiting):
         return out
@@ -326,19 +337,19 @@ def _preempt_for_priority(self: Scheduler) -> list[str]:
 def schedule(self: Scheduler) -> SchedulerOutput:
     """Decide one step: which requests compute how many tokens.
 
-    There is no "prefill phase" and no "decode phase". Each request has `num_computed_tokens` and `num_tokens`
-    (prompt + output so far); each step the scheduler assigns tokens to requests so that `num_computed_tokens`
-    catches up with `num_tokens`. A whole prompt, a chunk of one (chunked prefill), one token (a decode), prompt
-    and output again (a recompute after preemption) are all the same move; a prefix-cache hit counts as computed.
+    There is no "prefill phase" and no "decode phase". Each request has `num_computed_tokens` and
+    `num_tokens` (prompt + output so far); each step the scheduler assigns tokens to requests so
+    that `num_computed_tokens` catches up with `num_tokens`. A whole prompt, a chunk of one (chunked
+    prefill), one token (a decode), prompt and output again (a recompute after preemption) are all
+    the same move; a prefix-cache hit counts as computed.
 
-    Invariants of the result: at most `max_num_batched_tokens` tokens and at most `max_num_seqs` requests (running
-    list included); each scheduled chunk is exactly the request's next tokens, with KV blocks allocated for them;
-    running requests are served before waiting ones; waiting ones are admitted in policy order and stop at the
-    first that does not fit (nobody overtakes — except past a request
-    that an extension's `can_admit` refuses), and
-    none is admitted in a step where a running one lost its blocks;
-    a preempted request holds no block and restarts from 0, and is not re-admitted in the same step; without
-    chunked prefill a prompt is never split."""
+    Invariants of the result: at most `max_num_batched_tokens` tokens and at most `max_num_seqs`
+    requests (running list included); each scheduled chunk is exactly the request's next tokens,
+    with KV blocks allocated for them; running requests are served before waiting ones; waiting ones
+    are admitted in policy order and stop at the first that does not fit (nobody overtakes — except
+    past a request that an extension's `can_admit` refuses), and none is admitted in a step where a
+    running one lost its blocks; a preempted request holds no block and restarts from 0, and is not
+    re-admitted in the same step; without chunked prefill a prompt is never split."""
     budget, cfg, kv = self.config.max_num_batched_tokens, self.config, self.kv_cache_manager
     seqs = []
     preempted = self._preempt_for_priority()
@@ -363,8 +374,10 @@ def schedule(self: Scheduler) -> SchedulerOutput:
         seqs.append(self._seq(r, n, lookahead=ahead))
         budget -= n + len(ahead)
         i += 1
-    # 2. waiting requests, unless running ones just ran out of blocks; never re-admit this step's victims
-    skipped = []  # refused by an extension's `can_admit`: they wait, the requests behind them may pass
+    # 2. waiting requests, unless running ones just ran out of blocks; never re-admit this step's
+    # victims
+    # refused by an extension's `can_admit`: they wait, the requests behind them may pass
+    skipped = []
     while (
         not blocks_short
         and len(self.waiting)
@@ -403,9 +416,10 @@ def schedule(self: Scheduler) -> SchedulerOutput:
 def update_from_output(
     self: Scheduler, out: SchedulerOutput, sampled: dict[str, list[int]]
 ) -> SchedulerUpdate:
-    """Advance the scheduled requests by the step's results: `sampled[req_id]` lists the tokens of each request that
-    sampled (one; more when its lookahead tokens were kept, then one of the model's own). They are taken one by one,
-    each checked for a stop; a request that sampled nothing (`sampled` has no list for it) only advances."""
+    """Advance the scheduled requests by the step's results: `sampled[req_id]` lists the tokens of
+    each request that sampled (one; more when its lookahead tokens were kept, then one of the
+    model's own). They are taken one by one, each checked for a stop; a request that sampled
+    nothing (`sampled` has no list for it) only advances."""
     updated, kept, finished = [], {}, []
     for s in out.seqs:
         r = self.requests.get(s.req_id)
@@ -431,7 +445,8 @@ def update_from_output(
 
 @patch
 def _finish(self: Scheduler, r: Request):
-    "Forget a finished request: off the running list, blocks freed, reported in the next step's `finished_req_ids`."
+    """Forget a finished request: off the running list, blocks freed, reported in the next step's
+    `finished_req_ids`."""
     if r in self.running:
         self.running.remove(r)
     self.kv_cache_manager.free(r)
@@ -464,9 +479,9 @@ def simulate(
     on_step: Callable | None = None,
     on_update: Callable | None = None,
 ) -> list[SchedulerOutput]:
-    """Drive `scheduler` with a fake model that samples `token` (or `token(request)`); `arrivals` adds requests at
-    given steps. Returns each step's decision; `on_step(step, scheduler, out)` sees each decision before the
-    update, `on_update(step, out, update)` each `SchedulerUpdate`."""
+    """Drive `scheduler` with a fake model that samples `token` (or `token(request)`); `arrivals`
+    adds requests at given steps. Returns each step's decision; `on_step(step, scheduler, out)`
+    sees each decision before the update, `on_update(step, out, update)` each `SchedulerUpdate`."""
     for r in requests:
         scheduler.add_request(r)
     trace, arrivals = [], arrivals or {}

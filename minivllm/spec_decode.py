@@ -8,10 +8,16 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 from fastcore.basics import patch
-from .config import EngineArgs, EngineConfig, SpeculativeConfig
+from .config import EngineArgs, EngineConfig
 from .request import Request
 from .block_manager import cdiv
-from .scheduler import Scheduler, SchedulerOutput, ScheduledSeq, StepExtension, register_extension
+from minivllm.scheduler import (
+    Scheduler,
+    SchedulerOutput,
+    ScheduledSeq,
+    StepExtension,
+    register_extension,
+)
 from .model import ModelRunner
 from .sampler import Sampler, SamplingMetadata, SampledTokens, logprobs_dict
 
@@ -21,7 +27,8 @@ __all__ = ['ngram_propose', 'num_draft_tokens', 'NgramProposer', 'rejection_samp
 
 # %% ../nbs/07b_spec_decode.ipynb #a4556dab
 def ngram_propose(token_ids: list[int], min_n: int, max_n: int, k: int) -> list[int]:
-    "Prompt lookup: the (up to `k`) tokens that followed the latest earlier occurrence of the longest suffix of `min_n…max_n` tokens."
+    """Prompt lookup: the (up to `k`) tokens that followed the latest earlier occurrence of the
+    longest suffix of `min_n…max_n` tokens."""
     a = np.asarray(token_ids, dtype=np.int64)
     L = len(a)
     for n in range(min(max_n, L - 1), min_n - 1, -1):
@@ -36,7 +43,8 @@ def ngram_propose(token_ids: list[int], min_n: int, max_n: int, k: int) -> list[
 
 # %% ../nbs/07b_spec_decode.ipynb #d1b6838c
 def num_draft_tokens(r: Request, k: int, max_model_len: int) -> int:
-    "How many tokens are worth proposing for `r`: at most `k`, none past `max_model_len`, none `max_tokens` leaves no room for."
+    """How many tokens are worth proposing for `r`: at most `k`, none past `max_model_len`, none
+    `max_tokens` leaves no room for."""
     sp = r.sampling_params
     if sp.structured_outputs is not None or r.pooling_params is not None:
         return 0
@@ -67,10 +75,11 @@ def rejection_sample(
     draft_probs: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
 ) -> list[int]:
-    """Exact speculative sampling for one request. `target_probs` `[k+1, V]`: the target's distribution after each
-    position; `draft_probs` `[k, V]`: the proposer's (None: each guess was one token for sure, `q` is one-hot).
-    Accept guess `j` with probability `min(1, p_j(d)/q_j(d))`; at the first rejection draw from
-    `max(0, p_j − q_j)/Z` and stop; with all `k` accepted draw a bonus token from `p_k`."""
+    """Exact speculative sampling for one request. `target_probs` `[k+1, V]`: the target's
+    distribution after each position; `draft_probs` `[k, V]`: the proposer's (None: each guess
+    was one token for sure, `q` is one-hot). Accept guess `j` with probability `min(1,
+    p_j(d)/q_j(d))`; at the first rejection draw from `max(0, p_j − q_j)/Z` and stop; with all
+    `k` accepted draw a bonus token from `p_k`."""
     out = []
     for j, d in enumerate(draft_token_ids):
         p = target_probs[j]
@@ -90,7 +99,8 @@ def rejection_sample(
 
 # %% ../nbs/07b_spec_decode.ipynb #013e46a8
 class _AtDraft:
-    "What the sampler reads of request `r` once its first draft tokens `extra` are accepted: same parameters, longer output."
+    """What the sampler reads of request `r` once its first draft tokens `extra` are accepted: same
+    parameters, longer output."""
 
     def __init__(self, r: Request, extra: list[int]):
         self.request_id, self.sampling_params, self.generator = (
@@ -113,10 +123,11 @@ def verify_drafts(
     spec_logits: dict[str, torch.Tensor],
     spec_tokens: dict[str, list[int]],
 ) -> tuple[list[list[int]], list[list[dict] | None]]:
-    """Sample every verified row with the target's sampler; keep each request's draft tokens while they equal the
-    sampled ones, then its first disagreeing (or bonus) token. `logits[i]`: the row after `requests[i]`'s last token
-    (or last draft); `spec_logits[id]` `[k, V]`: the rows before each draft. Returns per request its new tokens and
-    (requests with `logprobs`) their logprob dicts."""
+    """Sample every verified row with the target's sampler; keep each request's draft tokens while
+    they equal the sampled ones, then its first disagreeing (or bonus) token. `logits[i]`: the
+    row after `requests[i]`'s last token (or last draft); `spec_logits[id]` `[k, V]`: the rows
+    before each draft. Returns per request its new tokens and (requests with `logprobs`) their
+    logprob dicts."""
     views, rows, starts = [], [], []
     for i, r in enumerate(requests):
         d = spec_tokens.get(r.request_id, [])
@@ -151,7 +162,8 @@ class _DraftState:
 
 
 class DraftModelProposer:
-    "vLLM's `draft_model` method: a small model with the same tokenizer, on its own paged KV cache, proposing greedily."
+    """vLLM's `draft_model` method: a small model with the same tokenizer, on its own paged KV
+    cache, proposing greedily."""
 
     def __init__(self, config: EngineConfig):
         sc, mc, cc = config.speculative_config, config.model_config, config.cache_config
@@ -175,8 +187,10 @@ class DraftModelProposer:
         self.config = args.create_engine_config()
         if self.config.model_config.get_vocab_size() != mc.get_vocab_size():
             raise ValueError(
-                f"speculative_config.model: the draft's vocabulary ({self.config.model_config.get_vocab_size()}) "
-                f"differs from the model's ({mc.get_vocab_size()}); a draft model needs the same tokenizer."
+                "speculative_config.model: the draft's vocabulary "
+                f"({self.config.model_config.get_vocab_size()}) "
+                f"differs from the model's ({mc.get_vocab_size()}); a draft model needs the same "
+                "tokenizer."
             )
         self.runner = ModelRunner(self.config)
         self.free, self.state = list(range(blocks - 1, -1, -1)), {}
@@ -198,7 +212,8 @@ def release(self: DraftModelProposer, alive):
 def propose(
     self: DraftModelProposer, requests: list[Request], ks: list[int], alive=()
 ) -> list[list[int]]:
-    "Up to `ks[i]` greedy guesses of the draft model for `requests[i]`: one catch-up chunk, then `k - 1` decodes."
+    """Up to `ks[i]` greedy guesses of the draft model for `requests[i]`: one catch-up chunk, then
+    `k - 1` decodes."""
     self.release(alive)
     seqs, want, drafts = [], {}, {r.request_id: [] for r in requests}
     for r, k in zip(requests, ks):
@@ -230,7 +245,8 @@ def propose(
 
 # %% ../nbs/07b_spec_decode.ipynb #85f6fc65
 def truncated_draft_model(model_dir, out_dir, num_layers: int) -> str:
-    "Save the first `num_layers` layers of the checkpoint in `model_dir` (and its tokenizer) as a draft model in `out_dir`."
+    """Save the first `num_layers` layers of the checkpoint in `model_dir` (and its tokenizer) as a
+    draft model in `out_dir`."""
     import json
     import shutil
     from pathlib import Path
@@ -299,7 +315,8 @@ class SpecDecodingStats:
 # %% ../nbs/07b_spec_decode.ipynb #64b0bd7b
 @register_extension
 class SpecDecoder(StepExtension):
-    "Speculative decoding as a step extension: proposes after each step, verifies in the next, keeps the counters."
+    """Speculative decoding as a step extension: proposes after each step, verifies in the next,
+    keeps the counters."""
 
     name = "spec_decoder"
 
@@ -359,7 +376,9 @@ def logits_rows(self: SpecDecoder, out: SchedulerOutput, requests) -> dict[str, 
 @patch
 def sample(self: SpecDecoder, sampler, requests, logits, out, result) -> SampledTokens | None:
     "Verify the step's guesses (`verify_drafts`) and count them; None in a step without guesses."
-    spec = {s.req_id: s.token_ids[-s.num_lookahead_tokens :] for s in out.seqs if s.num_lookahead_tokens}
+    spec = {
+        s.req_id: s.token_ids[-s.num_lookahead_tokens :] for s in out.seqs if s.num_lookahead_tokens
+    }
     if not spec:
         return None
     new, lps = verify_drafts(sampler, requests, logits, result.extra_logits, spec)

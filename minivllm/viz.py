@@ -142,9 +142,7 @@ def step_record(
     fin = list(
         finished
         if finished is not None
-        else dict.fromkeys(
-            list(getattr(o, "finished_req_ids", []))
-        )
+        else dict.fromkeys(list(getattr(o, "finished_req_ids", [])))
     )
     return StepRecord(
         step,
