@@ -462,8 +462,8 @@ class TPModelRunner(TPWorker):
         )  # an impossible split fails before anything starts
         if dist.is_initialized():
             raise RuntimeError(
-                """This process already belongs to a torch.distributed process group: minivllm runs
-                one"""
+                "This process already belongs to a torch.distributed process group: minivllm "
+                "runs one "
                 "tensor-parallel engine per process at a time (shut the other one down first)."
             )
         device = config.device_config.device

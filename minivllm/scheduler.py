@@ -95,6 +95,11 @@ class SchedulerUpdate:
     finished_req_ids: list[str]  # the requests this step's tokens finished
 
 # %% ../nbs/03_scheduler.ipynb #50fd07c2
+def _urgency(r: Request):
+    "Sort key of the priority policy: lower priority values first, then earlier arrivals."
+    return (r.priority, r.arrival_time)
+
+
 class WaitingQueue:
     """Waiting requests in policy order: FCFS (a deque) or priority (a heap on (priority,
     arrival_time))."""
@@ -107,7 +112,7 @@ class WaitingQueue:
         )
 
     def _key(self, r):
-        return (r.priority, r.arrival_time, next(self._count))
+        return (*_urgency(r), next(self._count))  # the count: ties keep their order
 
     def add(self, r: Request):
         if self.policy == "priority":
@@ -233,11 +238,6 @@ def make_scheduler(
     return Scheduler(cfg, KVCacheManager(num_blocks, block_size, caching), extensions)
 
 # %% ../nbs/03_scheduler.ipynb #96056272
-def _urgency(r: Request):
-    "Sort key of the priority policy: lower priority values first, then earlier arrivals."
-    return (r.priority, r.arrival_time)
-
-
 @patch
 def _preempt(self: Scheduler, r: Request):
     """Free all of `r`'s blocks and send it back to the waiting queue, to be recomputed from its
@@ -334,27 +334,13 @@ def _preempt_for_priority(self: Scheduler) -> list[str]:
 
 # %% ../nbs/03_scheduler.ipynb #2876ea34
 @patch
-def schedule(self: Scheduler) -> SchedulerOutput:
-    """Decide one step: which requests compute how many tokens.
-
-    There is no "prefill phase" and no "decode phase". Each request has `num_computed_tokens` and
-    `num_tokens` (prompt + output so far); each step the scheduler assigns tokens to requests so
-    that `num_computed_tokens` catches up with `num_tokens`. A whole prompt, a chunk of one (chunked
-    prefill), one token (a decode), prompt and output again (a recompute after preemption) are all
-    the same move; a prefix-cache hit counts as computed.
-
-    Invariants of the result: at most `max_num_batched_tokens` tokens and at most `max_num_seqs`
-    requests (running list included); each scheduled chunk is exactly the request's next tokens,
-    with KV blocks allocated for them; running requests are served before waiting ones; waiting ones
-    are admitted in policy order and stop at the first that does not fit (nobody overtakes — except
-    past a request that an extension's `can_admit` refuses), and none is admitted in a step where a
-    running one lost its blocks; a preempted request holds no block and restarts from 0, and is not
-    re-admitted in the same step; without chunked prefill a prompt is never split."""
-    budget, cfg, kv = self.config.max_num_batched_tokens, self.config, self.kv_cache_manager
-    seqs = []
-    preempted = self._preempt_for_priority()
-    # 1. running requests: decodes and unfinished prefill chunks
-    blocks_short, i = False, 0
+def _schedule_running(
+    self: Scheduler, budget: int, preempted: list[str]
+) -> tuple[list[ScheduledSeq], int, bool]:
+    """1. The running requests, in order: decodes and unfinished prefill chunks, preempting from the
+    back when blocks run out. Returns their shares, the budget left, whether blocks ran short.
+    """
+    kv, seqs, blocks_short, i = self.kv_cache_manager, [], False, 0
     while i < len(self.running) and budget > 0:
         r = self.running[i]
         n = min(r.num_tokens - r.num_computed_tokens, budget)
@@ -374,16 +360,15 @@ def schedule(self: Scheduler) -> SchedulerOutput:
         seqs.append(self._seq(r, n, lookahead=ahead))
         budget -= n + len(ahead)
         i += 1
-    # 2. waiting requests, unless running ones just ran out of blocks; never re-admit this step's
-    # victims
-    # refused by an extension's `can_admit`: they wait, the requests behind them may pass
-    skipped = []
-    while (
-        not blocks_short
-        and len(self.waiting)
-        and budget > 0
-        and len(self.running) < cfg.max_num_seqs
-    ):
+    return seqs, budget, blocks_short
+
+
+@patch
+def _schedule_waiting(self: Scheduler, budget: int, preempted: list[str]) -> list[ScheduledSeq]:
+    """2. Waiting requests in policy order while budget, blocks and `max_num_seqs` allow; never this
+    step's victims. One an extension's `can_admit` refuses waits, and those behind it may pass."""
+    cfg, kv, seqs, skipped = self.config, self.kv_cache_manager, [], []
+    while len(self.waiting) and budget > 0 and len(self.running) < cfg.max_num_seqs:
         r = self.waiting.peek()
         if r.request_id in preempted:
             break
@@ -406,9 +391,40 @@ def schedule(self: Scheduler) -> SchedulerOutput:
         budget -= n
     for r in reversed(skipped):
         self.waiting.add_preempted(r)  # back at the head, in their order
+    return seqs
+
+# %% ../nbs/03_scheduler.ipynb #sched03
+@patch
+def schedule(self: Scheduler) -> SchedulerOutput:
+    """Decide one step: which requests compute how many tokens.
+
+    There is no "prefill phase" and no "decode phase". Each request has `num_computed_tokens` and
+    `num_tokens` (prompt + output so far); each step the scheduler assigns tokens to requests so
+    that `num_computed_tokens` catches up with `num_tokens`. A whole prompt, a chunk of one (chunked
+    prefill), one token (a decode), prompt and output again (a recompute after preemption) are all
+    the same move; a prefix-cache hit counts as computed.
+
+    Invariants of the result: at most `max_num_batched_tokens` tokens and at most `max_num_seqs`
+    requests (running list included); each scheduled chunk is exactly the request's next tokens,
+    with KV blocks allocated for them; running requests are served before waiting ones; waiting ones
+    are admitted in policy order and stop at the first that does not fit (nobody overtakes — except
+    past a request that an extension's `can_admit` refuses), and none is admitted in a step where a
+    running one lost its blocks; a preempted request holds no block and restarts from 0, and is not
+    re-admitted in the same step; without chunked prefill a prompt is never split."""
+    preempted = self._preempt_for_priority()
+    seqs, budget, blocks_short = self._schedule_running(
+        self.config.max_num_batched_tokens, preempted
+    )
+    if not blocks_short:  # no request is admitted in a step where a running one lost its blocks
+        seqs += self._schedule_waiting(budget, preempted)
     finished, self.finished_req_ids = self.finished_req_ids, []
     return SchedulerOutput(
-        seqs, preempted, finished, len(self.waiting), cfg.max_num_batched_tokens, kv.usage
+        seqs,
+        preempted,
+        finished,
+        len(self.waiting),
+        self.config.max_num_batched_tokens,
+        self.kv_cache_manager.usage,
     )
 
 # %% ../nbs/03_scheduler.ipynb #fd19a2f3
