@@ -436,4 +436,4 @@ def enabled(cls: CompiledModelRunner, config: EngineConfig) -> bool:
     return bool(config.compilation_config.level)
 
 
-MODEL_RUNNERS.append(CompiledModelRunner)
+MODEL_RUNNERS.setdefault(CompiledModelRunner.__name__, CompiledModelRunner)  # (the package's)

@@ -176,7 +176,7 @@ class EngineCore:
         self.kv_cache_manager = KVCacheManager(
             cc.num_gpu_blocks, cc.block_size, cc.enable_prefix_caching
         )
-        self.extensions = [c.from_core(self) for c in STEP_EXTENSIONS if c.enabled(config)]
+        self.extensions = [c.from_core(self) for c in STEP_EXTENSIONS.values() if c.enabled(config)]
         self.model_runner.extensions = self.extensions  # the runner's hook (`prepare`)
         self.scheduler = Scheduler(config.scheduler_config, self.kv_cache_manager, self.extensions)
         self.sampler = Sampler()
@@ -188,7 +188,7 @@ class EngineCore:
         for e in self.__dict__.get("extensions", ()):
             if e.name == name:
                 return e
-        if name and any(c.name == name for c in STEP_EXTENSIONS):
+        if name in STEP_EXTENSIONS:
             return None
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 

@@ -756,15 +756,14 @@ def prepare(self: StepExtension, seqs: list[ScheduledSeq], query_start_loc: list
     from `query_start_loc[i]`)."""
 
 
-MODEL_RUNNERS: list[
-    type
-] = []  # runners of later lessons (compiled, tensor-parallel), each with `enabled(config)`
+# runners of later lessons (compiled, tensor-parallel) by class name, each with `enabled(config)`
+MODEL_RUNNERS: dict[str, type] = {}
 
 
 def model_runner_class(config: EngineConfig) -> type:
     """The runner an engine with `config` uses: the latest registered one that it enables, else
     `ModelRunner`."""
-    return next((c for c in reversed(MODEL_RUNNERS) if c.enabled(config)), ModelRunner)
+    return next((c for c in reversed(MODEL_RUNNERS.values()) if c.enabled(config)), ModelRunner)
 
 # %% ../nbs/05_model.ipynb #56500c62
 IN_PLACE_BACKENDS = {

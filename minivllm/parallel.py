@@ -578,7 +578,7 @@ def enabled(cls: TPModelRunner, config: EngineConfig) -> bool:
     return config.parallel_config.tensor_parallel_size > 1
 
 
-MODEL_RUNNERS.append(TPModelRunner)
+MODEL_RUNNERS.setdefault(TPModelRunner.__name__, TPModelRunner)  # (the package's)
 
 
 @patch

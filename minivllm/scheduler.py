@@ -178,14 +178,14 @@ class StepExtension:
         return []
 
 
-STEP_EXTENSIONS: list[type[StepExtension]] = []  # filled by the feature lessons, in import order
+STEP_EXTENSIONS: dict[str, type[StepExtension]] = {}  # name -> class, filled by the feature lessons
 
 
 def register_extension(cls: type[StepExtension]) -> type[StepExtension]:
     """Class decorator: make a feature's extension available to every engine core whose config
-    enables it."""
-    if cls not in STEP_EXTENSIONS:
-        STEP_EXTENSIONS.append(cls)
+    enables it. The first class of a `name` stays (a lesson's notebook defining it again changes
+    nothing: engines use the package's)."""
+    STEP_EXTENSIONS.setdefault(cls.name, cls)
     return cls
 
 # %% ../nbs/03_scheduler.ipynb #6f88eb7a

@@ -58,9 +58,11 @@ def test_the_check_catches_a_planted_lora_branch():
 
 
 def test_every_feature_is_a_registered_extension():
-    from minivllm.scheduler import STEP_EXTENSIONS, StepExtension
+    from minivllm.scheduler import STEP_EXTENSIONS, StepExtension, register_extension
     from minivllm.model import MODEL_RUNNERS
-    names = {c.name for c in STEP_EXTENSIONS}
-    assert {"lora_manager", "spec_decoder", "structured_outputs", "pooler", "prompt_logprobs"} <= names
-    assert all(issubclass(c, StepExtension) for c in STEP_EXTENSIONS)
-    assert {c.__name__ for c in MODEL_RUNNERS} == {"CompiledModelRunner", "TPModelRunner"}
+    assert {"lora_manager", "spec_decoder", "structured_outputs", "pooler", "prompt_logprobs"} <= set(STEP_EXTENSIONS)
+    assert all(issubclass(c, StepExtension) and c.name == n for n, c in STEP_EXTENSIONS.items())
+    assert list(MODEL_RUNNERS) == ["CompiledModelRunner", "TPModelRunner"]   # checked last first: TP wins
+    old = STEP_EXTENSIONS["pooler"]      # a class defined again (a notebook re-running its lesson) changes nothing
+    again = register_extension(type("PoolingExtension", (old,), {}))
+    assert STEP_EXTENSIONS["pooler"] is old and again is not old and list(STEP_EXTENSIONS).count("pooler") == 1
