@@ -51,3 +51,7 @@ __all__ = [  # what `from minivllm import *` brings (ruff reads it too)
     "EmbeddingOutput",
     "LoRARequest",
 ]
+
+# %% ../nbs/99_public_api.ipynb #feat99code
+# noqa: F401
+from . import compilation, lora, structured_outputs, parallel, spec_decode, pooling

@@ -34,7 +34,8 @@ class KVBlock:
 
 
 class FreeBlockQueue:
-    "Doubly linked queue of free blocks: pop from the head (least recently freed), append at the tail, remove anywhere."
+    """Doubly linked queue of free blocks: pop from the head (least recently freed), append at the
+    tail, remove anywhere."""
 
     def __init__(self, blocks: list[KVBlock]):
         self.head, self.tail = KVBlock(-1), KVBlock(-1)  # sentinels
@@ -83,7 +84,8 @@ def hash_block_tokens(parent_hash: int | None, token_ids) -> int:
 def hash_request_blocks(
     token_ids: list[int], block_size: int, hashes: list[int], seed=None
 ) -> list[int]:
-    "Extend `hashes` with the hashes of the full blocks of `token_ids` not hashed yet (the chain starts from `seed`)."
+    """Extend `hashes` with the hashes of the full blocks of `token_ids` not hashed yet (the chain
+    starts from `seed`)."""
     for i in range(len(hashes), len(token_ids) // block_size):
         hashes.append(
             hash_block_tokens(
@@ -120,7 +122,8 @@ class BlockPool:
         b.block_hash = None
 
     def get_new_blocks(self, n: int) -> list[KVBlock]:
-        "Pop `n` blocks from the head of the free queue (evicting their cached contents), each with `ref_cnt = 1`."
+        """Pop `n` blocks from the head of the free queue (evicting their cached contents), each
+        with `ref_cnt = 1`."""
         if n > self.get_num_free_blocks():
             raise ValueError(f"cannot get {n} free blocks from the pool")
         out = []
@@ -134,7 +137,8 @@ class BlockPool:
         return out
 
     def touch(self, blocks: list[KVBlock]):
-        "A request starts using cached `blocks`: pull the free ones out of the queue, count one more user each."
+        """A request starts using cached `blocks`: pull the free ones out of the queue, count one
+        more user each."""
         for b in blocks:
             if b.ref_cnt == 0:
                 self.free_block_queue.remove(b)
@@ -175,12 +179,14 @@ def cdiv(a: int, b: int) -> int:
 
 
 def sibling_group(request: Request) -> str | None:
-    "The user request that `request` is one of the `n` samples of (its `parent_request_id`), or None."
+    """The user request that `request` is one of the `n` samples of (its `parent_request_id`), or
+    None."""
     return request.parent_request_id
 
 # %% ../nbs/02_block_manager.ipynb #b9e8206d
 class KVCacheManager:
-    "Per-request block tables over a `BlockPool`, with automatic prefix caching and sharing among sibling samples."
+    """Per-request block tables over a `BlockPool`, with automatic prefix caching and sharing among
+    sibling samples."""
 
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True):
         self.block_size, self.enable_caching = block_size, enable_caching
@@ -204,19 +210,14 @@ class KVCacheManager:
         return self.block_pool.get_usage()
 
     def _hash_seed(self, request: Request):
-        """Where the request's hash chain starts: shared by everyone with caching on, by its siblings only without;
-        and per LoRA adapter (vLLM's extra key): the same tokens under another adapter have other K/V."""
-        lora = getattr(request, "lora_int_id", 0) or None
+        """Where the request's hash chain starts: shared by everyone with caching on, by its
+        siblings only without; and per `block_hash_extra_keys` (e.g. an adapter: the same tokens
+        under another one have other K/V)."""
+        extra = request.block_hash_extra_keys
         if self.enable_caching:
-            return None if lora is None else ("lora", lora)
+            return extra or None
         g = sibling_group(request)
-        return (
-            None
-            if g is None
-            else ("siblings", g)
-            if lora is None
-            else ("siblings", g, "lora", lora)
-        )
+        return None if g is None else ("siblings", g, *extra)
 
     def _can_share(self, request: Request) -> bool:
         return self.enable_caching or sibling_group(request) is not None
@@ -228,14 +229,10 @@ class KVCacheManager:
         )
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVBlock], int]:
-        """Cached blocks matching the request's prefix (never its last token), and the tokens they cover. None for a
-        request that asked for `prompt_logprobs` (as in vLLM): those need the logits of every prompt position; and none
-        for a pooling request, which needs the hidden state of every prompt token (mean pooling)."""
-        if (
-            not self._can_share(request)
-            or getattr(request.sampling_params, "prompt_logprobs", None) is not None
-            or getattr(request, "pooling_params", None) is not None
-        ):
+        """Cached blocks matching the request's prefix (never its last token), and the tokens they
+        cover. None for a request that must compute every prompt position
+        (`skip_reading_prefix_cache`, as in vLLM: prompt logprobs need the logits of each one)."""
+        if not self._can_share(request) or request.skip_reading_prefix_cache:
             return [], 0
         hashes = self._block_hashes(request)
         max_blocks = (request.num_tokens - 1) // self.block_size
@@ -255,7 +252,8 @@ def num_blocks_needed(
     num_new_tokens: int,
     new_computed_blocks: list[KVBlock] = (),
 ) -> int:
-    "How many blocks `allocate_slots` would take from the free queue (cached free blocks it reuses included)."
+    """How many blocks `allocate_slots` would take from the free queue (cached free blocks it reuses
+    included)."""
     have = len(self.req_to_blocks.get(request.request_id, ())) + len(new_computed_blocks)
     num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
     fresh = max(cdiv(num_computed + num_new_tokens, self.block_size) - have, 0)
@@ -269,7 +267,8 @@ def allocate_slots(
     num_new_tokens: int,
     new_computed_blocks: list[KVBlock] = (),
 ) -> list[KVBlock] | None:
-    "Blocks for the request's next `num_new_tokens` tokens, or None (and no change) if the pool is too small."
+    """Blocks for the request's next `num_new_tokens` tokens, or None (and no change) if the pool is
+    too small."""
     rid = request.request_id
     if (
         self.num_blocks_needed(request, num_new_tokens, new_computed_blocks)
@@ -293,7 +292,7 @@ def allocate_slots(
     if self._can_share(request):
         num_full = (
             min(num_computed + num_new_tokens, request.num_tokens) // self.block_size
-        )  # known tokens only, never draft ones
+        )  # known tokens only, never guessed ones
         num_cached = self.num_cached_block.get(rid, 0)
         if num_full > num_cached:
             self.block_pool.cache_full_blocks(
@@ -326,7 +325,8 @@ def reset_prefix_cache(self: KVCacheManager) -> bool:
 # %% ../nbs/02_block_manager.ipynb #cfef7707
 @patch
 def rollback_slots(self: KVCacheManager, request: Request, num_tokens: int):
-    "Keep slots for the request's first `num_tokens` tokens only: free the whole blocks past them (tail first)."
+    """Keep slots for the request's first `num_tokens` tokens only: free the whole blocks past them
+    (tail first)."""
     rid = request.request_id
     blocks = self.req_to_blocks.get(rid)
     if blocks is None:
@@ -340,7 +340,8 @@ def rollback_slots(self: KVCacheManager, request: Request, num_tokens: int):
 
 # %% ../nbs/02_block_manager.ipynb #cac8f5d6
 def check_invariants(manager: KVCacheManager) -> dict[str, int]:
-    "Assert the block manager's invariants; return the counts of used, cached-free and empty-free blocks."
+    """Assert the block manager's invariants; return the counts of used, cached-free and empty-free
+    blocks."""
     pool, bs = manager.block_pool, manager.block_size
     owners = Counter()
     for rid, blocks in manager.req_to_blocks.items():

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from .attention import AttentionMetadata, build_metadata
 from .attention_kernels import decode_in_place, _LaunchPlan, _launch_decode, _launch_write
 from .scheduler import SchedulerOutput
-from .model import Linear, ModelRunner, ModelRunnerOutput
+from .model import MODEL_RUNNERS, Linear, ModelRunner, ModelRunnerOutput, StepTimer
 
 logger = logging.getLogger("minivllm")
 
@@ -31,7 +31,8 @@ __all__ = ['logger', 'ForwardContext', 'set_forward_context', 'get_forward_conte
 # %% ../nbs/05b_compile.ipynb #c4807074
 @dataclass
 class ForwardContext:
-    "What the attention op needs besides its tensors: this step's metadata, the layers' caches, the backend's function."
+    """What the attention op needs besides its tensors: this step's metadata, the layers' caches,
+    the backend's function."""
 
     md: AttentionMetadata
     kv_caches: list
@@ -43,7 +44,8 @@ _CTX = threading.local()
 
 @contextlib.contextmanager
 def set_forward_context(md: AttentionMetadata, kv_caches: list, attn_fn):
-    "Inside the block, `paged_attention` ops attend with `attn_fn` over `kv_caches` as `md` describes."
+    """Inside the block, `paged_attention` ops attend with `attn_fn` over `kv_caches` as `md`
+    describes."""
     old = getattr(_CTX, "ctx", None)
     _CTX.ctx = ForwardContext(md, kv_caches, attn_fn)
     try:
@@ -64,7 +66,8 @@ def get_forward_context() -> ForwardContext:
 def paged_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, scale: float
 ) -> torch.Tensor:
-    "Write `k`, `v` into layer `layer`'s cache and attend, with the forward context's backend. q: [T, H, D] → [T, H, D]."
+    """Write `k`, `v` into layer `layer`'s cache and attend, with the forward context's backend. q:
+    [T, H, D] → [T, H, D]."""
     ctx = get_forward_context()
     return ctx.attn_fn(q, k, v, ctx.kv_caches[layer], ctx.md, scale).contiguous()
 
@@ -75,20 +78,23 @@ def _(q, k, v, layer, scale):
 
 
 def attention_op(q, k, v, kv_cache, md, scale):
-    """An `attn_fn` for the model's layers that calls the op: here `kv_cache` is the layer's index and `md` is unused.
-    (In the CPU's compile-size graphs, at the end of this lesson, `md` is a `DecodeBatch` and attention stays in the graph.)"""
+    """An `attn_fn` for the model's layers that calls the op: here `kv_cache` is the layer's index
+    and `md` is unused. (In the CPU's compile-size graphs, at the end of this lesson, `md` is a
+    `DecodeBatch` and attention stays in the graph.)"""
     if md is not None:
         return in_graph_decode_attention(q, k, v, kv_cache, md, scale)
     return torch.ops.minivllm.paged_attention(q, k, v, kv_cache, scale)
 
 # %% ../nbs/05b_compile.ipynb #c6f6a78e
 def padded_size(n: int, sizes: list[int], least: int = 2) -> int:
-    "The size a decode step of `n` tokens runs at: the smallest of `sizes` ≥ max(n, least), else max(n, least)."
+    """The size a decode step of `n` tokens runs at: the smallest of `sizes` ≥ max(n, least), else
+    max(n, least)."""
     return next((s for s in sorted(sizes) if s >= max(n, least)), max(n, least))
 
 # %% ../nbs/05b_compile.ipynb #d2f08b75
 class StaticInputs:
-    "Buffers for decode steps of up to `max_size` sequences: inputs and attention metadata, padded, at fixed addresses."
+    """Buffers for decode steps of up to `max_size` sequences: inputs and attention metadata,
+    padded, at fixed addresses."""
 
     def __init__(self, max_size: int, max_blocks: int, scratch_block: int, block_size: int, device):
         z = lambda *s, dt=torch.int64: torch.zeros(*s, dtype=dt, device=device)
@@ -101,7 +107,8 @@ class StaticInputs:
         self.scratch, self.block_size, self.max_size = scratch_block, block_size, max_size
 
     def load(self, input_ids, positions, md: AttentionMetadata, b: int, trim: bool = False):
-        "Copy a decode step of n ≤ b sequences in; rows n..b: token 0 at position 0, writing to the scratch block."
+        """Copy a decode step of n ≤ b sequences in; rows n..b: token 0 at position 0, writing to
+        the scratch block."""
         n, w = md.num_seqs, md.block_tables.shape[1]
         self.input_ids[:n].copy_(input_ids)
         self.input_ids[n:b].zero_()
@@ -130,7 +137,8 @@ class StaticInputs:
 
 # %% ../nbs/05b_compile.ipynb #8c6a5710
 def graph_decode_attention(max_len: int):
-    "Decode-only attention with its launch fixed by `max_len` (no host sync: capturable in a CUDA graph). Triton, CUDA."
+    """Decode-only attention with its launch fixed by `max_len` (no host sync: capturable in a CUDA
+    graph). Triton, CUDA."""
     plan = _LaunchPlan(max_len, 0, 0)
 
     def attn(q, k, v, kv_cache, md, scale):
@@ -142,19 +150,22 @@ def graph_decode_attention(max_len: int):
 
 # %% ../nbs/05b_compile.ipynb #470320da
 def _cache_dir(cc: CompilationConfig) -> str:
-    "Where Inductor caches compiled graphs and kernels: `cache_dir`, else ~/.cache/minivllm/torch_compile."
+    """Where Inductor caches compiled graphs and kernels: `cache_dir`, else
+    ~/.cache/minivllm/torch_compile."""
     d = cc.cache_dir or str(Path.home() / ".cache" / "minivllm" / "torch_compile")
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = d
     return d
 
 
 class CompiledModelRunner(ModelRunner):
-    "A `ModelRunner` whose forward is compiled with `torch.compile`; on CUDA, decode steps replay CUDA graphs."
+    """A `ModelRunner` whose forward is compiled with `torch.compile`; on CUDA, decode steps replay
+    CUDA graphs."""
 
     def __init__(self, config: EngineConfig, device: torch.device | None = None):
         super().__init__(config, device)
         cc = self.cc = config.compilation_config
-        self.switch_attention()  # the CPU's in-place kernel, compiled now (lesson 05): the op below calls it every step
+        # the CPU's in-place kernel, compiled now (lesson 05): the op below calls it every step
+        self.switch_attention()
         self.attn_fn = self.model.layers[0].self_attn.attn_fn
         for layer in self.model.layers:
             layer.self_attn.attn_fn = attention_op
@@ -180,7 +191,8 @@ class CompiledModelRunner(ModelRunner):
             else self.attn_fn
         )
         self.graphs: dict[int, tuple] = {}
-        # hybrid 4-bit layers (lesson 04b) multiply prompts by dense copies that a graph cannot call: prompts run eagerly
+        # hybrid 4-bit layers (lesson 04b) multiply prompts by dense copies that a graph cannot
+        # call: prompts run eagerly
         self.eager_prompts = self.device.type == "cpu" and any(
             getattr(m, "dense", None) is not None for m in self.model.modules()
         )
@@ -215,7 +227,8 @@ class CompiledModelRunner(ModelRunner):
 @patch
 @torch.inference_mode()
 def warm_up(self: CompiledModelRunner):
-    "Compile before the first request (on CUDA also capture a graph per size): dummy decode steps on the scratch block."
+    """Compile before the first request (on CUDA also capture a graph per size): dummy decode steps
+    on the scratch block."""
     dummy = build_metadata([1], [1], [[self.num_blocks]], self.block_size, self.device)
     one = torch.zeros(1, dtype=torch.int64, device=self.device)
     ids, pos, pmd = self.static.load(one, one, dummy, padded_size(1, self.sizes, self.least))
@@ -243,7 +256,8 @@ def warm_up(self: CompiledModelRunner):
 def run_model(
     self: CompiledModelRunner, input_ids, positions, md: AttentionMetadata
 ) -> torch.Tensor:
-    "Hidden states of one step; decode-only steps are padded to a bucket (and on CUDA replayed from its graph)."
+    """Hidden states of one step; decode-only steps are padded to a bucket (and on CUDA replayed
+    from its graph)."""
     n = input_ids.shape[0]
     if md.num_decodes == md.num_seqs and n <= self.static.max_size:
         b = padded_size(n, self.sizes, self.least)
@@ -264,7 +278,8 @@ def run_model(
 
 # %% ../nbs/05b_compile.ipynb #6f495a5a
 class DecodeBatch(NamedTuple):
-    "A decode step's attention inputs inside a graph: each row's new slot, its block table (int64, ≥ 2 wide), its length."
+    """A decode step's attention inputs inside a graph: each row's new slot, its block table (int64,
+    ≥ 2 wide), its length."""
 
     slot_mapping: torch.Tensor  # [n] int64
     block_tables: torch.Tensor  # [n, nb] int64
@@ -272,7 +287,8 @@ class DecodeBatch(NamedTuple):
 
 
 def decode_batch(md: AttentionMetadata) -> DecodeBatch:
-    "The `DecodeBatch` of a decode-only step (a table one block wide is padded to two: a size-1 dimension would be a constant)."
+    """The `DecodeBatch` of a decode-only step (a table one block wide is padded to two: a size-1
+    dimension would be a constant)."""
     bt = md.block_tables.long()
     if bt.shape[1] < 2:
         bt = F.pad(bt, (0, 2 - bt.shape[1]))
@@ -280,7 +296,8 @@ def decode_batch(md: AttentionMetadata) -> DecodeBatch:
 
 
 def in_graph_decode_attention(q, k, v, kv_cache, db: DecodeBatch, scale: float) -> torch.Tensor:
-    "Decode attention as tensor code for a graph: write the step's keys and values in place, then read the pages in place (lesson 04)."
+    """Decode attention as tensor code for a graph: write the step's keys and values in place, then
+    read the pages in place (lesson 04)."""
     bs = kv_cache.shape[2]
     blk, off = db.slot_mapping // bs, db.slot_mapping % bs
     kv_cache.index_put_((torch.zeros_like(blk), blk, off), k.to(kv_cache.dtype))
@@ -297,7 +314,8 @@ _SIZE_INDUCTOR = dict(
 def _size_forward(
     self: CompiledModelRunner, input_ids, positions, kv_caches, db: DecodeBatch
 ) -> torch.Tensor:
-    "One decode step of a compile size: every layer (attention in the graph) and the LM head; logits out."
+    """One decode step of a compile size: every layer (attention in the graph) and the LM head;
+    logits out."""
     return self.model.compute_logits(self.model(input_ids, positions, kv_caches, db))
 
 
@@ -305,7 +323,8 @@ def _size_forward(
 def _call_size_graph(
     self: CompiledModelRunner, input_ids, positions, db: DecodeBatch, compiling: bool = False
 ):
-    "Run the compile-size graph: while compiling under `_SIZE_INDUCTOR`, after that without Dynamo's guard check."
+    """Run the compile-size graph: while compiling under `_SIZE_INDUCTOR`, after that without
+    Dynamo's guard check."""
     Linear.gemm_in_graph = True
     try:
         if compiling:
@@ -324,7 +343,8 @@ def _call_size_graph(
 @patch
 @torch.inference_mode()
 def compile_size_graphs(self: CompiledModelRunner) -> list[int]:
-    "Compile the graph of each of `compile_sizes` (CPU) with dummy decode steps on the scratch block; the sizes compiled."
+    """Compile the graph of each of `compile_sizes` (CPU) with dummy decode steps on the scratch
+    block; the sizes compiled."""
     sizes = list(self.cc.compile_sizes or []) if self.device.type == "cpu" else []
     if not sizes:
         return []
@@ -358,40 +378,56 @@ def compile_size_graphs(self: CompiledModelRunner) -> list[int]:
         return []
     return sizes
 
-
+# %% ../nbs/05b_compile.ipynb #cmr05bexec
 @patch
 @torch.inference_mode()
 def execute_model(
-    self: CompiledModelRunner, scheduler_output: SchedulerOutput, **kw
+    self: CompiledModelRunner,
+    scheduler_output: SchedulerOutput,
+    logits_rows=None,
+    hidden_rows=(),
+    timer: StepTimer | None = None,
 ) -> ModelRunnerOutput:
-    "As `ModelRunner.execute_model`; a decode-only step of a compiled size runs as its graph, logits included."
-    seqs = scheduler_output.seqs
+    """As `ModelRunner.execute_model`; a decode-only step of a compiled size runs as its graph,
+    logits included."""
+    seqs, timer = scheduler_output.seqs, timer or StepTimer()
     if (
         len(seqs) not in self.size_graphs
-        or self.lora_manager is not None
-        or kw.get("pooling_reqs")
-        or not all(s.num_tokens == 1 and s.sample and not s.spec_token_ids for s in seqs)
+        or logits_rows
+        or hidden_rows
+        or not all(s.num_tokens == 1 and s.sample for s in seqs)
     ):
-        return ModelRunner.execute_model(self, scheduler_output, **kw)
-    t0 = time.perf_counter()
+        return ModelRunner.execute_model(self, scheduler_output, logits_rows, hidden_rows, timer)
     input_ids, positions, md, seqs = self.prepare_inputs(scheduler_output)
-    t1 = time.perf_counter()
+    q = [int(v) for v in md.query_start_loc_cpu]
+    for e in self.extensions:
+        e.prepare(seqs, q)
+    timer.lap("prepare")
     try:
         logits = self._call_size_graph(input_ids, positions, decode_batch(md))
     except (
         Exception
     ) as e:  # a step the warm-up did not foresee: skipping guards, Dynamo refuses to recompile
         logger.warning(
-            "the decode graph of %d sequences failed (%s: %s); decoding through the general graph from now on.",
+            "the decode graph of %d sequences failed (%s: %s); decoding through the general "
+            "graph from now on.",
             len(seqs),
             type(e).__name__,
             str(e)[:300],
         )
         self.size_graphs = []
         return ModelRunner.execute_model(
-            self, scheduler_output, **kw
+            self, scheduler_output, timer=timer
         )  # (rewrites the same K/V slots)
-    if (tm := self.timings) is not None:
-        for k, dt in (("prepare", t1 - t0), ("forward", time.perf_counter() - t1)):
-            tm[k] = tm.get(k, 0.0) + dt
+    timer.lap("forward")
     return ModelRunnerOutput([s.req_id for s in seqs], logits)
+
+
+@patch(cls_method=True)
+def enabled(cls: CompiledModelRunner, config: EngineConfig) -> bool:
+    """Does the engine core (lesson 09) pick this runner? Yes when the config asks for a compilation
+    level."""
+    return bool(config.compilation_config.level)
+
+
+MODEL_RUNNERS.setdefault(CompiledModelRunner.__name__, CompiledModelRunner)  # (the package's)

@@ -8,29 +8,27 @@ import time
 from dataclasses import dataclass, field
 from fastcore.basics import patch
 import torch
-import torch.nn.functional as F
-from .config import EngineConfig, pooler_settings
+from .config import EngineConfig
 from .request import Request, RequestStatus
 from .block_manager import KVCacheManager
-from .scheduler import Scheduler, SchedulerOutput
-from .model import ModelRunner
-from minivllm.sampler import (
-    Sampler,
-    SamplingMetadata,
-    LogprobsTensors,
-    logprobs_dict,
-    PromptLogprobsCollector,
+from minivllm.scheduler import (
+    STEP_EXTENSIONS,
+    Scheduler,
+    SchedulerOutput,
+    SchedulerUpdate,
+    StepExtension,
 )
-from .structured_outputs import StructuredOutputManager
-from .spec_decode import SpecDecoder, SpecDecodingStats
+from .model import ModelRunnerOutput, StepTimer, model_runner_class
+from .sampler import Sampler, SamplingMetadata, SampledTokens
 
 # %% auto #0
-__all__ = ['PHASES', 'EngineCoreOutput', 'StepInfo', 'EngineCoreOutputs', 'SchedulerStats', 'Pooler', 'EngineCore']
+__all__ = ['PHASES', 'EngineCoreOutput', 'StepInfo', 'EngineCoreOutputs', 'StepResults', 'SchedulerStats', 'EngineCore']
 
 # %% ../nbs/09_engine_core.ipynb #bb4ed186
 @dataclass
 class EngineCoreOutput:
-    "What one step did to one request (one sequence): its new tokens and, if the core ended it, why."
+    """What one step did to one request (one sequence): its new tokens and, if the core ended it,
+    why."""
 
     request_id: str
     new_token_ids: list[int]
@@ -42,7 +40,7 @@ class EngineCoreOutput:
         None  # once, with the first token, when prompt logprobs are asked for
     )
     pooling_output: torch.Tensor | None = (
-        None  # a pooling request's pooled vector, when its prompt has been read
+        None  # `LLM.embed`'s vector, when the prompt is read (lesson 09b)
     )
 
     @property
@@ -55,25 +53,44 @@ PHASES = ("schedule", "prepare", "forward", "logits", "sampling", "update")
 
 @dataclass
 class StepInfo:
-    "What one engine step did: the scheduler's decision, what was sampled, and how long each phase took."
+    """What one engine step did: the scheduler's decision, what was sampled, and how long each phase
+    took."""
 
     step: int  # 0, 1, 2, ... per engine
     scheduler_output: SchedulerOutput
-    sampled: dict[str, list[int]]  # request id -> tokens sampled this step
-    timings: dict[str, float]  # seconds per phase (`PHASES`; the engine adds "outputs")
-    spec: dict[str, tuple[int, int]] = field(
+    sampled: dict[str, list[int]]  # request id -> tokens sampled (and kept) this step
+    timings: dict[
+        str, float
+    ]  # seconds per phase (`PHASES`; an extension may add its own; the engine adds "outputs")
+    finished_req_ids: list[str] = field(default_factory=list)  # the requests this step ended
+    lookahead: dict[str, tuple[int, int]] = field(
         default_factory=dict
-    )  # speculative decoding: request id -> (guesses verified, kept)
+    )  # request id -> (lookahead tokens computed, kept)
 
 
 @dataclass
 class EngineCoreOutputs:
-    "Everything one core step produced: the per-request outputs, the scheduler's decision, and the `StepInfo`."
+    """Everything one core step produced: the per-request outputs, the scheduler's decision, and the
+    `StepInfo`."""
 
     outputs: list[EngineCoreOutput]
     scheduler_output: SchedulerOutput
     timestamp: float
     step_info: StepInfo | None = None
+
+
+@dataclass
+class StepResults:
+    """The records of one step's phases, as the extensions' `update` hook sees them (none of them is
+    changed)."""
+
+    scheduler_output: SchedulerOutput
+    requests: dict[
+        str, Request
+    ]  # the scheduled requests, by id (those this step finished included)
+    runner_output: ModelRunnerOutput
+    sampled: SampledTokens
+    update: SchedulerUpdate
 
 # %% ../nbs/09_engine_core.ipynb #dda501a4
 @dataclass
@@ -86,47 +103,61 @@ class SchedulerStats:
     num_preemptions: int = 0
     prefix_cache_queries: int = 0  # tokens looked up in the prefix cache
     prefix_cache_hits: int = 0  # tokens found there
-    spec_decoding_stats: SpecDecodingStats | None = (
-        None  # speculative decoding's counters (None: off)
-    )
+    spec_decoding_stats: object | None = None  # vLLM's field: lesson 07b's counters (None: off)
 
-# %% ../nbs/09_engine_core.ipynb #p09b
-class Pooler:
-    """Pools each pooling request's final-norm hidden rows into one vector (`pooler_config`: LAST, MEAN or CLS), then
-    keeps its first `dimensions` values and L2-normalises it (`normalize`, else the config's default)."""
+# %% ../nbs/09_engine_core.ipynb #hooks09code
+@patch
+def add_request(self: StepExtension, request: Request):
+    "A request arrives (checked and tokenized), before it joins the waiting queue."
 
-    def __init__(self, pooler_config=None):
-        self.pooling_type, self.normalize = pooler_settings(pooler_config)
-        self.partial: dict[
-            str, torch.Tensor
-        ] = {}  # request id -> running sum (MEAN) or first row (CLS)
 
-    def pool(
-        self, req_id: str, start_pos: int, rows: torch.Tensor, params, last: bool
-    ) -> torch.Tensor | None:
-        "Fold one chunk (`rows` `[n, hidden]` from prompt position `start_pos`) in; the pooled vector after the `last` one."
-        prev = (
-            None if start_pos == 0 else self.partial.pop(req_id, None)
-        )  # a chunk from 0: a fresh start (e.g. after preemption)
-        if self.pooling_type == "MEAN":
-            acc = rows.float().sum(0) + (0 if prev is None else prev)
-        elif self.pooling_type == "CLS":
-            acc = rows[0].float() if prev is None else prev
-        else:
-            acc = rows[-1].float()
-        if not last:
-            if self.pooling_type != "LAST":
-                self.partial[req_id] = acc
-            return None
-        v = acc / (start_pos + len(rows)) if self.pooling_type == "MEAN" else acc
-        if params.dimensions is not None:
-            v = v[: params.dimensions]
-        normalize = self.normalize if params.normalize is None else params.normalize
-        return (F.normalize(v, dim=-1) if normalize else v).cpu()
+@patch
+def logits_rows(self: StepExtension, out: SchedulerOutput, requests) -> dict[str, tuple[int, int]]:
+    """More logits rows of this step's chunks: request id -> (first token of its chunk, number of
+    rows)."""
+    return {}
 
-    def discard(self, req_id: str):
-        "Forget a request's partial pool (it was aborted)."
-        self.partial.pop(req_id, None)
+
+@patch
+def hidden_rows(self: StepExtension, out: SchedulerOutput, requests) -> set[str]:
+    "Requests whose chunk's hidden rows the runner returns instead of logits (they sample nothing)."
+    return set()
+
+
+@patch
+def process_logits(self: StepExtension, requests: list[Request], logits: torch.Tensor):
+    "The logits of the sampling rows (`requests[i]` ↔ `logits[i]`), changed before sampling."
+    return logits
+
+
+@patch
+def sample(self: StepExtension, sampler, requests, logits, out, result) -> SampledTokens | None:
+    """Sample this step instead of the core (the first extension that returns a record does); None:
+    not this one."""
+    return None
+
+
+@patch
+def update(self: StepExtension, scheduler: Scheduler, step: StepResults) -> dict[str, dict]:
+    """After the scheduler's update: end requests (`scheduler.finish_requests`); return fields of
+    their outputs."""
+    return {}
+
+
+@patch
+def after_step(self: StepExtension, scheduler: Scheduler, timer: StepTimer):
+    "After the step's outputs are built (work for the next step); may time itself with `timer.lap`."
+
+
+@patch
+def finish(self: StepExtension, request_ids: list[str]):
+    "Requests ended from outside (abort, stop string): forget them."
+
+
+@patch
+def scheduler_stats(self: StepExtension) -> dict:
+    "Fields of the engine's `SchedulerStats` this extension fills in."
+    return {}
 
 # %% ../nbs/09_engine_core.ipynb #a4ec0eea
 class EngineCore:
@@ -134,52 +165,37 @@ class EngineCore:
 
     def __init__(self, config: EngineConfig):
         self.config = config
-        if (
-            config.parallel_config.tensor_parallel_size > 1
-        ):  # the model is split over worker processes
-            from minivllm.parallel import TPModelRunner
-
-            self.model_runner = TPModelRunner(config)
-        elif config.compilation_config.level:  # torch.compile (and CUDA graphs): lesson 05b
-            from minivllm.compilation import CompiledModelRunner
-
-            self.model_runner = CompiledModelRunner(config)
-        else:
-            self.model_runner = ModelRunner(config)
+        self.model_runner = model_runner_class(config)(config)  # (lessons 05b and 07 add runners)
         cc = config.cache_config
         if cc.num_gpu_blocks * cc.block_size < config.model_config.max_model_len:
             raise ValueError(
                 f"The KV cache holds {cc.num_gpu_blocks * cc.block_size} tokens, fewer than "
-                f"max_model_len={config.model_config.max_model_len}: lower max_model_len or give the cache more memory."
+                f"max_model_len={config.model_config.max_model_len}: lower max_model_len or give "
+                "the cache more memory."
             )
         self.kv_cache_manager = KVCacheManager(
             cc.num_gpu_blocks, cc.block_size, cc.enable_prefix_caching
         )
-        self.scheduler = Scheduler(config.scheduler_config, self.kv_cache_manager)
+        self.extensions = [c.from_core(self) for c in STEP_EXTENSIONS.values() if c.enabled(config)]
+        self.model_runner.extensions = self.extensions  # the runner's hook (`prepare`)
+        self.scheduler = Scheduler(config.scheduler_config, self.kv_cache_manager, self.extensions)
         self.sampler = Sampler()
-        self.prompt_logprobs = PromptLogprobsCollector()
-        self._so_manager: StructuredOutputManager | None = (
-            None  # built when the first constrained request arrives
-        )
-        self.pooler = Pooler(config.model_config.pooler_config)  # pooling requests' vectors
-        self.lora_manager = None
-        if (
-            config.lora_config is not None
-        ):  # LoRA (lesson 05c): adapters in device slots, each step's rows told their slot
-            from minivllm.lora import LoRAManager
-
-            self.lora_manager = self.model_runner.lora_manager = LoRAManager(
-                self.model_runner.model, config.lora_config
-            )
-        self.spec_decoder = (
-            None if config.speculative_config is None else SpecDecoder(config)
-        )  # lesson 07b
         self.num_steps = 0
 
+    def __getattr__(self, name: str):
+        """A step extension by its `name` (`core.<name>`); None for a registered one this engine
+        does not use."""
+        for e in self.__dict__.get("extensions", ()):
+            if e.name == name:
+                return e
+        if name in STEP_EXTENSIONS:
+            return None
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
     def add_request(self, request: Request):
-        "Queue a request (checked and tokenized by the processor) in the scheduler; a constrained one starts compiling its grammar."
-        if request.sampling_params.structured_outputs is not None:
-            self.structured_output_manager.add_request(request)
+        "Queue a request (checked and tokenized by the processor); the extensions see it first."
+        for e in self.extensions:
+            e.add_request(request)
         self.scheduler.add_request(request)
 
     def has_unfinished_requests(self) -> bool:
@@ -188,184 +204,124 @@ class EngineCore:
 
 # %% ../nbs/09_engine_core.ipynb #5358b662
 @patch
-def execute(
-    self: EngineCore, out: SchedulerOutput, timings: dict[str, float] | None = None
-) -> tuple[dict[str, int], dict[str, dict], dict[str, list], dict[str, torch.Tensor]]:
-    """Run the model on the scheduled batch and sample one token for each request that reached its last token.
-    Returns the sampled tokens, their logprob dicts (requests with `logprobs`), the prompt logprobs of the
-    prompts finished this step (requests with `prompt_logprobs`) and the pooled vectors of the pooling requests
-    whose prompt was read to its end this step. Adds the seconds of each phase to `timings`."""
-    tm = {} if timings is None else timings
-    requests = self.scheduler.requests
-    want = self.prompt_logprobs.wanted(out, requests)
-    self.model_runner.timings = tm  # the runner adds "prepare", "forward" and "logits" there
-    pool = {
-        s.req_id
-        for s in out.seqs
-        if getattr(requests[s.req_id], "pooling_params", None) is not None
-    }
-    extra = {"pooling_reqs": pool} if pool else {}
-    try:
-        res = self.model_runner.execute_model(out, prompt_logprobs_reqs=want, **extra)
-    finally:
-        self.model_runner.timings = None
-    t0 = time.perf_counter()
-    prompt_lps = self.prompt_logprobs.collect(out, requests, res.prompt_logits) if want else {}
-    sampled, lps = {}, {}
-    if res.req_ids:
-        reqs = [requests[r] for r in res.req_ids]
-        logits = (
-            res.logits
-            if self._so_manager is None
-            else self._so_manager.mask_logits(reqs, res.logits)
-        )  # structured outputs
-        if res.spec_logits:  # speculative decoding: verify the guesses, several tokens per request
-            sampled, lps, self._step_spec = self.spec_decoder.verify(
-                self.sampler, reqs, logits, out, res.spec_logits
-            )
+def execute(self: EngineCore, out: SchedulerOutput, timer: StepTimer) -> ModelRunnerOutput:
+    "Run the model on the scheduled batch, with the extra rows the extensions ask for."
+    requests, rows, hidden = self.scheduler.requests, {}, set()
+    for e in self.extensions:
+        for rid, r in e.logits_rows(out, requests).items():
+            if rid in rows:
+                raise RuntimeError(f"two step extensions ask for more logits rows of {rid!r}")
+            rows[rid] = r
+        hidden |= e.hidden_rows(out, requests)
+    return self.model_runner.execute_model(out, rows, hidden, timer=timer)
+
+
+@patch
+def sample(
+    self: EngineCore, out: SchedulerOutput, result: ModelRunnerOutput, timer: StepTimer
+) -> SampledTokens:
+    """Sample the rows that sample: extensions may change their logits first, or sample in the
+    core's place."""
+    sampled = SampledTokens()
+    if result.req_ids:
+        reqs = [self.scheduler.requests[rid] for rid in result.req_ids]
+        logits = result.logits
+        for e in self.extensions:
+            logits = e.process_logits(reqs, logits)
+        for e in self.extensions:
+            if (sampled := e.sample(self.sampler, reqs, logits, out, result)) is not None:
+                break
         else:
             so = self.sampler(logits, SamplingMetadata.from_requests(reqs, logits.device))
-            sampled = dict(zip(res.req_ids, so.sampled_token_ids.tolist()))
-            lps = self._sample_logprobs(reqs, so.logprobs_tensors)
-    pooled = {}
-    for s in out.seqs:
-        if s.req_id not in pool:
-            continue
-        v = self.pooler.pool(
-            s.req_id,
-            s.start_pos,
-            res.hidden_states[s.req_id],
-            requests[s.req_id].pooling_params,
-            s.sample,
-        )
-        if v is not None:
-            pooled[s.req_id] = v
-    tm["sampling"] = tm.get("sampling", 0.0) + time.perf_counter() - t0
-    return sampled, lps, prompt_lps, pooled
-
-
-@patch
-def _sample_logprobs(
-    self: EngineCore, reqs: list[Request], lt: LogprobsTensors | None
-) -> dict[str, dict]:
-    "The logprob dict of each sampled token of the requests that asked (the sampler's tensors, rows that asked only)."
-    if lt is None:
-        return {}
-    rows = [i for i, r in enumerate(reqs) if r.sampling_params.logprobs is not None]
-    ids, lps, ranks = LogprobsTensors(*(x[rows] for x in lt)).tolists()
-    return {
-        reqs[i].request_id: logprobs_dict(
-            ids[j], lps[j], ranks[j], reqs[i].sampling_params.logprobs
-        )
-        for j, i in enumerate(rows)
-    }
-
-# %% ../nbs/09_engine_core.ipynb #d14c60e8
-@patch(as_prop=True)
-def structured_output_manager(self: EngineCore) -> StructuredOutputManager:
-    "The grammars and matchers of the constrained requests (lesson 06b), built with the model's tokenizer on first use."
-    if self._so_manager is None:
-        from transformers import AutoTokenizer
-
-        mc = self.config.model_config
-        tok = AutoTokenizer.from_pretrained(mc.tokenizer)
-        eos = getattr(mc.hf_config, "eos_token_id", None)
-        eos = tok.eos_token_id if eos is None else eos
-        self._so_manager = StructuredOutputManager(
-            tok, mc.get_vocab_size(), list(eos) if isinstance(eos, (list, tuple)) else [eos]
-        )
-    return self._so_manager
-
-
-@patch
-def _advance_grammars(self: EngineCore, out: SchedulerOutput, updated: list[Request]):
-    'Accept this step\'s tokens in the matchers; end the requests whose grammar terminated ("stop"), abort any whose token was rejected.'
-    mgr = self._so_manager
-    done, failed = mgr.advance([r for r in updated if not r.is_finished()])
-    for reqs, status in (
-        (done, RequestStatus.FINISHED_STOPPED),
-        (failed, RequestStatus.FINISHED_ABORTED),
-    ):
-        ended = self.scheduler.finish_requests([r.request_id for r in reqs], status)
-        out.finished_after_step.extend(r.request_id for r in ended)
-    if failed:
-        import logging
-
-        logging.getLogger("minivllm").warning(
-            "structured outputs: a token the grammar rejects was sampled for %s; aborted.",
-            [r.request_id for r in failed],
-        )
-    mgr.remove_requests([rid for rid in mgr.states if rid not in self.scheduler.requests])
+            sampled = SampledTokens.from_sampler(reqs, so)
+    timer.lap("sampling")
+    return sampled
 
 # %% ../nbs/09_engine_core.ipynb #cca21d4c
 @patch
 def step(self: EngineCore) -> EngineCoreOutputs:
-    """One engine step: schedule → execute (model, sampler) → update. Returns what it did to each request.
+    """One engine step: schedule → execute → sample → update. Returns what it did to each request.
 
     Invariants:
-    - only token ids cross this boundary: no text, no stop strings (those are the output processor's);
-    - each scheduled request's `num_computed_tokens` grows by exactly the tokens scheduled for it (less its rejected draft tokens): the model wrote
-      their keys and values into the blocks the scheduler allocated before the forward pass;
-    - a token is sampled, and an `EngineCoreOutput` returned, for exactly the scheduled requests whose chunk reached
-      their last known token (`ScheduledSeq.sample`), one token each (with speculative decoding, lesson 07b: the draft
-      tokens the model agreed with, then one of its own); a middle prefill chunk produces nothing; a
-      pooling request samples nothing: its last prompt chunk returns its `pooling_output` and finishes it ("stop");
-    - a request the step finishes (EOS, a stop token, `max_tokens`, the model's length) carries its `finish_reason`
-      in its output and has its blocks freed when `step` returns; no later step schedules it;
-    - `step_info` holds the scheduler's decision, the tokens sampled (those of `outputs`) and the seconds of each
-      phase of `PHASES`; `step_info.step` counts this core's steps from 0;
+    - only token ids cross this boundary: no text, no stop strings (those are the output
+      processor's);
+    - each scheduled request's `num_computed_tokens` grows by exactly the tokens scheduled for it
+      (less its lookahead tokens not kept): the model wrote their keys and values into the blocks
+      the scheduler allocated;
+    - a token is sampled, and an `EngineCoreOutput` returned, for exactly the scheduled requests
+      whose chunk reached their last known token (`ScheduledSeq.sample`), one token each (more with
+      kept lookahead tokens); a middle prefill chunk produces nothing; an extension may add outputs
+      (fields) or end requests;
+    - a request the step finishes (EOS, a stop token, `max_tokens`, the model's length) carries its
+      `finish_reason` in its output and has its blocks freed when `step` returns; no later step
+      schedules it;
+    - `step_info` holds the scheduler's decision, the tokens kept, the requests ended and the
+      seconds of each phase of `PHASES`; `step_info.step` counts this core's steps from 0;
     - with nothing to schedule, no model runs and `outputs` is empty."""
-    timings, self._step_spec = dict.fromkeys(PHASES, 0.0), {}
-    t0 = time.perf_counter()
+    timer = StepTimer(self.model_runner.device, PHASES)
     out = self.scheduler.schedule()
-    timings["schedule"] = time.perf_counter() - t0
-    sampled, lps, prompt_lps, pooled = self.execute(out, timings) if out.seqs else ({}, {}, {}, {})
-    t1 = time.perf_counter()
-    updated = self.scheduler.update_from_output(out, sampled)
-    if self._so_manager is not None:
-        self._advance_grammars(out, updated)
-    toks = {
-        rid: t if isinstance(t, list) else [t] for rid, t in sampled.items()
-    }  # (lists cut at a stop by the update)
-    lps = {rid: (lp if isinstance(lp, list) else [lp])[: len(toks[rid])] for rid, lp in lps.items()}
-    outputs = [
-        EngineCoreOutput(
-            request_id=r.request_id,
-            new_token_ids=toks.get(r.request_id, []),
-            finish_reason=r.status.finish_reason,
-            stop_reason=r.stop_reason,
-            num_cached_tokens=max(r.num_cached_tokens, 0),
-            new_logprobs=lps.get(r.request_id),
-            new_prompt_logprobs=prompt_lps.get(r.request_id),
-            pooling_output=pooled.get(r.request_id),
-        )
-        for r in updated
-    ]
-    timings["update"] = time.perf_counter() - t1
-    if self.spec_decoder is not None:  # guesses for the next step (lesson 07b)
-        t2 = time.perf_counter()
-        self.spec_decoder.propose(self.scheduler)
-        timings["propose"] = time.perf_counter() - t2
+    timer.lap("schedule")
+    outputs, sampled, upd = [], SampledTokens(), SchedulerUpdate([], {}, [])
+    if out.seqs:
+        requests = {s.req_id: self.scheduler.requests[s.req_id] for s in out.seqs}
+        result = self.execute(out, timer)
+        sampled = self.sample(out, result, timer)
+        upd = self.scheduler.update_from_output(out, sampled.token_ids)
+        outputs = self._outputs(StepResults(out, requests, result, sampled, upd))
+    timer.lap("update")
+    for e in self.extensions:
+        e.after_step(self.scheduler, timer)
+    kept = lambda s: len(sampled.token_ids.get(s.req_id, [0])) - 1  # (before a stop cut them)
     info = StepInfo(
         step=self.num_steps,
         scheduler_output=out,
-        sampled=toks,
-        timings=timings,
-        spec=self._step_spec,
+        sampled=upd.new_token_ids,
+        timings=timer.seconds,
+        finished_req_ids=[o.request_id for o in outputs if o.finished],
+        lookahead={
+            s.req_id: (s.num_lookahead_tokens, kept(s)) for s in out.seqs if s.num_lookahead_tokens
+        },
     )
     self.num_steps += 1
     return EngineCoreOutputs(
         outputs=outputs, scheduler_output=out, timestamp=time.time(), step_info=info
     )
 
+# %% ../nbs/09_engine_core.ipynb #outs09
+@patch
+def _outputs(self: EngineCore, step: StepResults) -> list[EngineCoreOutput]:
+    """The extensions' `update` hooks, then one output per request that got tokens or fields, in the
+    step's order."""
+    fields: dict[str, dict] = {}
+    for e in self.extensions:
+        for rid, f in e.update(self.scheduler, step).items():
+            fields.setdefault(rid, {}).update(f)
+    toks, lps, outputs = step.update.new_token_ids, step.sampled.logprobs, []
+    for s in step.scheduler_output.seqs:
+        if s.req_id not in toks and s.req_id not in fields:
+            continue
+        r, new = step.requests[s.req_id], toks.get(s.req_id, [])
+        outputs.append(
+            EngineCoreOutput(
+                request_id=s.req_id,
+                new_token_ids=new,
+                finish_reason=r.status.finish_reason,
+                stop_reason=r.stop_reason,
+                num_cached_tokens=max(r.num_cached_tokens, 0),
+                new_logprobs=lps[s.req_id][: len(new)] if s.req_id in lps else None,
+                **fields.get(s.req_id, {}),
+            )
+        )
+    return outputs
+
 # %% ../nbs/09_engine_core.ipynb #cd416ad6
 @patch
 def finish_requests(self: EngineCore, request_ids: str | list[str], status: RequestStatus):
-    "End requests from outside with `status` (unknown or finished ids are ignored); their blocks are freed now."
+    """End requests from outside with `status` (unknown or finished ids are ignored); their blocks
+    are freed now."""
     request_ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
-    for rid in request_ids:
-        self.prompt_logprobs.discard(rid)
-        self.pooler.discard(rid)
+    for e in self.extensions:
+        e.finish(request_ids)
     self.scheduler.finish_requests(request_ids, status)
 
 
@@ -376,32 +332,6 @@ def abort_requests(self: EngineCore, request_ids: list[str]):
 
 
 @patch
-def add_lora(self: EngineCore, lora_request) -> bool:
-    "Register a LoRA adapter (read and checked now: a bad one raises `ValueError` here)."
-    if self.lora_manager is None:
-        raise ValueError(
-            f"LoRA adapter {lora_request.lora_name!r}: LoRA is off (start the engine with enable_lora=True)."
-        )
-    return self.lora_manager.add_lora(lora_request)
-
-
-@patch
-def remove_lora(self: EngineCore, lora_id: int) -> bool:
-    "Forget an adapter; refused (`ValueError`) while a request still runs under it. False if unknown."
-    if self.lora_manager is None:
-        return False
-    if any(r.lora_int_id == lora_id for r in self.scheduler.requests.values()):
-        raise ValueError(f"LoRA adapter {lora_id} is in use by unfinished requests.")
-    return self.lora_manager.remove_lora(lora_id)
-
-
-@patch
-def list_loras(self: EngineCore) -> set[int]:
-    "The ids of the adapters added."
-    return set() if self.lora_manager is None else self.lora_manager.list_loras()
-
-
-@patch
 def reset_prefix_cache(self: EngineCore) -> bool:
     "Forget the cached blocks (False if some are still in use)."
     return self.kv_cache_manager.reset_prefix_cache()
@@ -409,15 +339,16 @@ def reset_prefix_cache(self: EngineCore) -> bool:
 
 @patch
 def shutdown(self: EngineCore):
-    "Stop the model runner's worker processes, if it has any (tensor parallelism)."
-    if hasattr(self.model_runner, "shutdown"):
-        self.model_runner.shutdown()
+    "Release what the model runner holds outside this process (tensor-parallel workers)."
+    self.model_runner.shutdown()
 
 
 @patch
 def get_scheduler_stats(self: EngineCore) -> SchedulerStats:
-    "The scheduler's gauges now and its lifetime counters."
-    s, kv = self.scheduler, self.kv_cache_manager
+    "The scheduler's gauges now and its lifetime counters (and the extensions' own)."
+    s, kv, more = self.scheduler, self.kv_cache_manager, {}
+    for e in self.extensions:
+        more.update(e.scheduler_stats())
     return SchedulerStats(
         num_running_reqs=len(s.running),
         num_waiting_reqs=len(s.waiting),
@@ -425,5 +356,5 @@ def get_scheduler_stats(self: EngineCore) -> SchedulerStats:
         num_preemptions=s.num_preemptions,
         prefix_cache_queries=kv.prefix_cache_queries,
         prefix_cache_hits=kv.prefix_cache_hits,
-        spec_decoding_stats=None if self.spec_decoder is None else self.spec_decoder.stats.copy(),
+        **more,
     )

@@ -28,8 +28,9 @@ __all__ = ['LLMEngine']
 
 # %% ../nbs/12_llm_engine.ipynb #2bb18652
 class LLMEngine:
-    """vLLM's `LLMEngine`: add requests, `step()` until done, abort what you no longer need. `last_step` is the
-    `StepInfo` of the latest step; each callable of `step_observers` is called with it at the end of every step."""
+    """vLLM's `LLMEngine`: add requests, `step()` until done, abort what you no longer need.
+    `last_step` is the `StepInfo` of the latest step; each callable of `step_observers` is called
+    with it at the end of every step."""
 
     def __init__(
         self,
@@ -48,7 +49,8 @@ class LLMEngine:
             executor_class is not None
         ):  # vLLM's signature, positions included: nothing is absorbed into another argument
             raise NotImplementedError(
-                f"executor_class={executor_class!r}: minivllm has one executor (in process, or its TP workers)."
+                f"executor_class={executor_class!r}: minivllm has one executor (in process, or "
+                "its TP workers)."
             )
         if not isinstance(log_stats, bool):
             raise TypeError(f"log_stats must be a bool, got {log_stats!r}")
@@ -76,7 +78,6 @@ class LLMEngine:
         self.step_observers: list[
             Callable[[StepInfo], None]
         ] = []  # called with each step's StepInfo, after the step
-        self._lora_of: dict = {}  # user request id -> its LoRARequest
 
     @classmethod
     def from_engine_args(
@@ -86,8 +87,9 @@ class LLMEngine:
         stat_loggers=None,
         enable_multiprocessing: bool = False,
     ) -> "LLMEngine":
-        """Build the configs from `engine_args`, load the model, allocate the KV cache. (`usage_context` is vLLM's
-        telemetry label and means nothing here; custom `stat_loggers` and a multiprocess engine core are not implemented.)"""
+        """Build the configs from `engine_args`, load the model, allocate the KV cache.
+        (`usage_context` is vLLM's telemetry label and means nothing here; custom `stat_loggers` and
+        a multiprocess engine core are not implemented.)"""
         if stat_loggers is not None:
             raise NotImplementedError("custom stat_loggers are not implemented in minivllm.")
         if enable_multiprocessing:
@@ -135,13 +137,15 @@ def get_device_config(self: LLMEngine):
 
 @patch
 def get_lora_config(self: LLMEngine):
-    "The `LoRAConfig` (`max_loras`, `max_lora_rank`, `max_cpu_loras`), None when LoRA is off (as vLLM)."
+    """The `LoRAConfig` (`max_loras`, `max_lora_rank`, `max_cpu_loras`), None when LoRA is off (as
+    vLLM)."""
     return self.vllm_config.lora_config
 
 
 @patch
 def get_speculative_config(self: LLMEngine):
-    "The `SpeculativeConfig` (lesson 07b), or None when speculative decoding is off (as vLLM returns)."
+    """The `SpeculativeConfig` (lesson 07b), or None when speculative decoding is off (as vLLM
+    returns)."""
     return self.vllm_config.speculative_config
 
 
@@ -166,19 +170,27 @@ def kv_cache_manager(self: LLMEngine) -> KVCacheManager:
 @patch
 def add_lora(self: LLMEngine, lora_request: LoRARequest) -> bool:
     "Load a LoRA adapter now (vLLM's): later requests with its `lora_int_id` find it loaded."
-    return self.engine_core.add_lora(lora_request)
+    if self.engine_core.lora_manager is None:
+        raise ValueError(
+            f"LoRA adapter {lora_request.lora_name!r}: LoRA is off (start the engine with "
+            "enable_lora=True)."
+        )
+    return self.engine_core.lora_manager.add_lora(lora_request)
 
 
 @patch
 def remove_lora(self: LLMEngine, lora_id: int) -> bool:
-    "Forget an adapter by id (refused while requests run under it)."
-    return self.engine_core.remove_lora(lora_id)
+    """Forget an adapter by id (refused while requests run under it); False if unknown or LoRA is
+    off."""
+    mgr = self.engine_core.lora_manager
+    return False if mgr is None else mgr.remove_lora(lora_id)
 
 
 @patch
 def list_loras(self: LLMEngine) -> set[int]:
     "The ids of the adapters loaded."
-    return self.engine_core.list_loras()
+    mgr = self.engine_core.lora_manager
+    return set() if mgr is None else mgr.list_loras()
 
 
 @patch
@@ -199,10 +211,11 @@ def add_request(
     trace_headers=None,
     priority: int = 0,
 ) -> str:
-    """Validate, tokenize and queue a request. Raises (and queues nothing) on bad input. vLLM's signature:
-    `trace_headers` only feed OpenTelemetry tracing, which minivllm does not have (vLLM ignores them too when no
-    tracing endpoint is configured); `tokenization_kwargs` raises `NotImplementedError`. A `lora_request` (a
-    `LoRARequest`, engine built with `enable_lora=True`) runs the request under that adapter."""
+    """Validate, tokenize and queue a request. Raises (and queues nothing) on bad input. vLLM's
+    signature: `trace_headers` only feed OpenTelemetry tracing, which minivllm does not have (vLLM
+    ignores them too when no tracing endpoint is configured); `tokenization_kwargs` raises
+    `NotImplementedError`. A `lora_request` (a `LoRARequest`, engine built with `enable_lora=True`)
+    runs the request under that adapter."""
     if tokenization_kwargs:
         raise NotImplementedError("tokenization_kwargs is not implemented in minivllm.")
     if request_id in self.children:
@@ -212,16 +225,12 @@ def add_request(
             raise TypeError(
                 f"lora_request must be a LoRARequest, got {type(lora_request).__name__}"
             )
-        self.engine_core.add_lora(
-            lora_request
-        )  # read and checked: a bad adapter fails this request alone
+        self.add_lora(lora_request)  # read and checked: a bad adapter fails this request alone
     children = self.processor.process(
         request_id, prompt, params, arrival_time, priority, in_use=self.output_processor.seq_of
     )
     for c in children:
         c.lora_request = lora_request
-    if lora_request is not None:
-        self._lora_of[request_id] = lora_request
     self.children[request_id] = [c.request_id for c in children]
     self.output_processor.add_request(request_id, children)
     for c in children:
@@ -233,7 +242,8 @@ def add_request(
 def abort_request(
     self: LLMEngine, request_id: str | Iterable[str], *, final_output: bool = True
 ) -> None:
-    "Abort requests by id (unknown ids are ignored): blocks freed now, final output with the next `step()`."
+    """Abort requests by id (unknown ids are ignored): blocks freed now, final output with the next
+    `step()`."""
     it = IterationStats(time.time())
     for rid in [request_id] if isinstance(request_id, str) else list(request_id):
         kids = self.children.pop(rid, None)
@@ -260,7 +270,8 @@ def get_num_unfinished_requests(self: LLMEngine) -> int:
 # %% ../nbs/12_llm_engine.ipynb #a8e2f0fa
 @patch
 def step(self: LLMEngine) -> list[RequestOutput]:
-    "One engine step; returns the outputs of the requests that progressed (or finished, or were aborted)."
+    """One engine step; returns the outputs of the requests that progressed (or finished, or were
+    aborted)."""
     outputs, self._pending = self._pending, []
     if not self.engine_core.has_unfinished_requests():
         return outputs
@@ -284,16 +295,6 @@ def step(self: LLMEngine) -> list[RequestOutput]:
     for observe in self.step_observers:
         observe(info)
     outputs += res.request_outputs
-    if self._lora_of:  # vLLM's RequestOutput.lora_request (and each CompletionOutput's)
-        for o in outputs:
-            lr = (
-                self._lora_of.pop(o.request_id, None)
-                if o.finished
-                else self._lora_of.get(o.request_id)
-            )
-            o.lora_request = lr
-            for c in getattr(o, "outputs", ()):
-                c.lora_request = lr
     return outputs
 
 # %% ../nbs/12_llm_engine.ipynb #4349e2b8
@@ -313,8 +314,8 @@ def do_log_stats(self: LLMEngine) -> Stats:
 
 @patch
 def reset_prefix_cache(self: LLMEngine, device=None) -> bool:
-    """Forget the cached blocks (False if some are still in use). `device` (vLLM's: which cache, GPU or CPU) may be None or
-    a device name: minivllm has one KV cache, on the engine's device."""
+    """Forget the cached blocks (False if some are still in use). `device` (vLLM's: which cache, GPU
+    or CPU) may be None or a device name: minivllm has one KV cache, on the engine's device."""
     name = str(getattr(device, "name", device)).lower()
     if device is not None and name.split(":")[0] not in ("gpu", "cuda", "cpu"):
         raise ValueError(f"reset_prefix_cache: unknown device {device!r}")
@@ -323,11 +324,13 @@ def reset_prefix_cache(self: LLMEngine, device=None) -> bool:
 
 @patch
 def get_decoding_config(self: LLMEngine):
-    "The structured-output (decoding) config (vLLM's accessor): the engine config's, None when it has none."
-    return getattr(self.vllm_config, "structured_outputs_config", None)
+    """The structured-output (decoding) config (vLLM's accessor): None, as vLLM's when it is unset
+    (minivllm has one backend, xgrammar, and no such config)."""
+    return None
 
 
 @patch
 def shutdown(self: LLMEngine):
-    "Release what the engine holds outside this process (tensor-parallel workers); it cannot be used afterwards."
+    """Release what the engine holds outside this process (tensor-parallel workers); it cannot be
+    used afterwards."""
     self.engine_core.shutdown()

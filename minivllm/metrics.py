@@ -78,7 +78,8 @@ class IterationStats:
         first_token_latency: float | None = None,
         inter_token_latency: float | None = None,
     ):
-        "A sequence got `num_new_tokens` tokens: its first ones (with `first_token_latency`) also count its prompt."
+        """A sequence got `num_new_tokens` tokens: its first ones (with `first_token_latency`) also
+        count its prompt."""
         self.num_generation_tokens += num_new_tokens
         if first_token_latency is not None:
             self.num_prompt_tokens += num_prompt_tokens
@@ -205,15 +206,17 @@ class StatLogger:
             s.prefix_cache_hits,
             *map(copy.copy, (self.ttft, self.itl, self.tpot, self.e2e, self.queued)),
             phase_seconds=dict(self.phase_seconds),
-            spec_decoding=getattr(s, "spec_decoding_stats", None),
+            spec_decoding=s.spec_decoding_stats,
         )
 
     def log(self, now: float | None = None) -> Stats:
         "Log one line now and start a new interval."
         st = self.snapshot(now)
         logger.info(
-            "Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f tokens/s, Running: %d reqs, "
-            "Waiting: %d reqs, KV cache usage: %.1f%%, Prefix cache hit rate: %.1f%%, Preemptions: %d, "
+            "Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f tokens/s, "
+            "Running: %d reqs, "
+            "Waiting: %d reqs, KV cache usage: %.1f%%, Prefix cache hit rate: %.1f%%, "
+            "Preemptions: %d, "
             "Mean TTFT: %.1f ms, Mean TPOT: %.1f ms",
             st.prompt_throughput,
             st.generation_throughput,
@@ -227,7 +230,8 @@ class StatLogger:
         )
         if (sd := st.spec_decoding) is not None and sd.num_drafts:
             logger.info(
-                "SpecDecoding metrics: Mean acceptance length: %.2f, Accepted: %d tokens, Drafted: %d tokens, "
+                "SpecDecoding metrics: Mean acceptance length: %.2f, Accepted: %d tokens, "
+                "Drafted: %d tokens, "
                 "Draft acceptance rate: %.1f%%",
                 sd.mean_acceptance_length,
                 sd.num_accepted_tokens,

@@ -44,11 +44,11 @@ from minivllm.quantization import (
 )
 
 # %% auto #0
-__all__ = ['PACKED_CHUNK', 'SUPPORTED_MODEL_TYPES', 'IN_PLACE_BACKENDS', 'INPLACE_MIN_DECODES', 'TorchOps', 'RMSNorm',
-           'row_bucket', 'Linear', 'packed_linear', 'rope_inv_freq', 'RotaryEmbedding', 'get_attention_fn', 'Attention',
-           'MLP', 'DecoderLayer', 'rms_norm_c', 'rotate_c', 'silu_and_mul_c', 'CpuOps', 'layer_ops', 'LlamaForCausalLM',
-           'iter_checkpoint_weights', 'load_model', 'load_gguf_model', 'tiny_config', 'make_tiny_checkpoint',
-           'ModelRunnerOutput', 'ModelRunner']
+__all__ = ['PACKED_CHUNK', 'SUPPORTED_MODEL_TYPES', 'MODEL_RUNNERS', 'IN_PLACE_BACKENDS', 'INPLACE_MIN_DECODES', 'TorchOps',
+           'RMSNorm', 'row_bucket', 'Linear', 'packed_linear', 'rope_inv_freq', 'RotaryEmbedding', 'get_attention_fn',
+           'Attention', 'MLP', 'DecoderLayer', 'rms_norm_c', 'rotate_c', 'silu_and_mul_c', 'CpuOps', 'layer_ops',
+           'LlamaForCausalLM', 'iter_checkpoint_weights', 'load_model', 'load_gguf_model', 'tiny_config',
+           'make_tiny_checkpoint', 'StepTimer', 'ModelRunnerOutput', 'model_runner_class', 'ModelRunner']
 
 # %% ../nbs/05_model.ipynb #8283517b
 class TorchOps:
@@ -707,34 +707,61 @@ def make_tiny_checkpoint(path, model_type="llama", seed=0, tokenizer_from=None, 
     return hf
 
 # %% ../nbs/05_model.ipynb #9a2a2fc8
-def _clock(device) -> float:
-    "`time.perf_counter()`, after waiting for the device's queued work."
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
+from dataclasses import dataclass, field
+from .scheduler import ScheduledSeq, StepExtension
 
 
+class StepTimer:
+    """Seconds per phase of one step: `lap(name)` adds the time since the previous lap, after the
+    device's queued work."""
+
+    def __init__(self, device=None, phases=()):
+        self.sync = device is not None and torch.device(device).type == "cuda"
+        self.device, self.seconds = device, dict.fromkeys(phases, 0.0)
+        self.t = time.perf_counter()
+
+    def lap(self, name: str):
+        if self.sync:
+            torch.cuda.synchronize(self.device)
+        t = time.perf_counter()
+        self.seconds[name] = self.seconds.get(name, 0.0) + t - self.t
+        self.t = t
+
+
+@dataclass
 class ModelRunnerOutput:
-    """The logits of the rows that sample (`req_ids[i]` ↔ `logits[i]`) and, for the requests that asked for prompt
-    logprobs, `prompt_logits[req_id] = (first position, logits [m, vocab])`: the model's prediction after each prompt
-    position of this step's chunk that has a next prompt token; and, for pooling requests, `hidden_states[req_id]`:
-    the final-norm hidden rows `[n, hidden]` of this step's chunk of its prompt (they sample nothing, get no logits);
-    and, for requests verifying `k` draft tokens (speculative decoding), `spec_logits[req_id]` `[k, vocab]`: the
-    model's prediction at the positions before each draft token (the row after the last draft is in `logits`)."""
+    """What the model computed for one step. `logits[i]`: the next-token logits of `req_ids[i]`, a
+    request that samples; `extra_logits[req_id]` `[count, vocab]`: the rows asked for in
+    `execute_model`'s `logits_rows` (the model's prediction after each of those positions);
+    `hidden_states[req_id]` `[n, hidden]`: the final-norm hidden rows of the chunk of each
+    request in `hidden_rows` (those get no logits, sample nothing)."""
 
-    def __init__(
-        self,
-        req_ids: list[str],
-        logits: torch.Tensor,
-        prompt_logits: dict | None = None,
-        hidden_states: dict | None = None,
-        spec_logits: dict | None = None,
-    ):
-        self.req_ids, self.logits, self.prompt_logits = req_ids, logits, prompt_logits or {}
-        self.hidden_states, self.spec_logits = hidden_states or {}, spec_logits or {}
+    req_ids: list[str]
+    logits: torch.Tensor
+    extra_logits: dict[str, torch.Tensor] = field(default_factory=dict)
+    hidden_states: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def __repr__(self):
-        return f"ModelRunnerOutput(req_ids={self.req_ids}, logits={tuple(self.logits.shape)}, prompt_logits={list(self.prompt_logits)})"
+        return (
+            f"ModelRunnerOutput(req_ids={self.req_ids}, logits={tuple(self.logits.shape)}, "
+            f"extra_logits={list(self.extra_logits)}, hidden_states={list(self.hidden_states)})"
+        )
+
+
+@patch
+def prepare(self: StepExtension, seqs: list[ScheduledSeq], query_start_loc: list[int]):
+    """Runner hook, before the forward pass: the step's sequences in row order (rows of `seqs[i]`:
+    from `query_start_loc[i]`)."""
+
+
+# runners of later lessons (compiled, tensor-parallel) by class name, each with `enabled(config)`
+MODEL_RUNNERS: dict[str, type] = {}
+
+
+def model_runner_class(config: EngineConfig) -> type:
+    """The runner an engine with `config` uses: the latest registered one that it enables, else
+    `ModelRunner`."""
+    return next((c for c in reversed(MODEL_RUNNERS.values()) if c.enabled(config)), ModelRunner)
 
 # %% ../nbs/05_model.ipynb #56500c62
 IN_PLACE_BACKENDS = {
@@ -778,12 +805,12 @@ class ModelRunner:
             torch.zeros(self.kv_cache_shape(), dtype=self.dtype, device=self.device)
             for _ in range(mc.get_num_layers())
         ]
-        self.timings: dict[str, float] | None = None
-        self.lora_manager = (
-            None  # LoRA (lesson 05c) plugs in here: told each step's rows before the forward pass
-        )
+        self.extensions: list[
+            StepExtension
+        ] = []  # the engine's step extensions (their `prepare` hook)
 
-    # Three steps of building a runner that the tensor-parallel worker (a later notebook) overrides for its shard:
+    # Three steps of building a runner that the tensor-parallel worker (a later notebook) overrides
+    # for its shard:
     def load_model(self) -> LlamaForCausalLM:
         "The model of the config, with its weights, on this runner's device."
         mc = self.config.model_config
@@ -801,7 +828,8 @@ class ModelRunner:
         )
 
     def prepare_attention(self) -> bool:
-        "Compile the in-place decode kernel of the `cpu` or `inductor` backend (lesson 04) now, once; False where it cannot be (it says why, and keeps the torch backend)."
+        """Compile the in-place decode kernel of the `cpu` or `inductor` backend (lesson 04) now,
+        once; False where it cannot be (it says why, and keeps the torch backend)."""
         backend = self.attention_backend
         if backend not in IN_PLACE_BACKENDS or self._attention_compiled:
             return self._attention_compiled
@@ -840,7 +868,8 @@ class ModelRunner:
         return True
 
     def switch_attention(self) -> str:
-        "Attend with the in-place kernel from now on (compiling it first if need be); the backend the layers use."
+        """Attend with the in-place kernel from now on (compiling it first if need be); the backend
+        the layers use."""
         if (
             self.attention_backend in IN_PLACE_BACKENDS
             and not self._attention_switched
@@ -850,6 +879,10 @@ class ModelRunner:
                 layer.self_attn.attn_fn = IN_PLACE_BACKENDS[self.attention_backend]
             self._attention_switched = True
         return self.attention_backend
+
+    def shutdown(self):
+        """Release what the runner holds outside this process: nothing (the tensor-parallel runner
+        stops workers)."""
 
     def agree_num_blocks(self, n: int) -> int:
         "The number of KV blocks all processes can afford (one process: nobody to agree with)."
@@ -876,7 +909,8 @@ class ModelRunner:
 # %% ../nbs/05_model.ipynb #94e8101f
 @patch
 def determine_num_blocks(self: ModelRunner) -> int:
-    "KV blocks: `num_gpu_blocks_override`, else what `kv_cache_memory_bytes` holds, else what profiling leaves free."
+    """KV blocks: `num_gpu_blocks_override`, else what `kv_cache_memory_bytes` holds, else what
+    profiling leaves free."""
     cc = self.config.cache_config
     if cc.num_gpu_blocks_override:
         return cc.num_gpu_blocks_override
@@ -888,9 +922,8 @@ def determine_num_blocks(self: ModelRunner) -> int:
 @patch
 @torch.inference_mode()
 def profile_num_blocks(self: ModelRunner) -> int:
-    "GPU: run a full-budget forward pass, then give the KV cache what `gpu_memory_utilization` leaves."
-    from minivllm.scheduler import ScheduledSeq
-
+    """GPU: run a full-budget forward pass, then give the KV cache what `gpu_memory_utilization`
+    leaves."""
     mc, n = self.config.model_config, self.config.scheduler_config.max_num_batched_tokens
     L, seqs, nb = (
         min(n, mc.max_model_len),
@@ -922,7 +955,8 @@ def profile_num_blocks(self: ModelRunner) -> int:
         c.numel() * c.element_size() for c in caches
     )
     del caches
-    torch.cuda.empty_cache()  # hand freed blocks back: the KV cache is allocated in a few large pieces right after
+    # hand freed blocks back: the KV cache is allocated in a few large pieces right after
+    torch.cuda.empty_cache()
     free, total = torch.cuda.mem_get_info(self.device)
     other = total - free - torch.cuda.memory_reserved(self.device)  # other processes, CUDA context
     budget = total * self.config.cache_config.gpu_memory_utilization - peak - other
@@ -935,7 +969,8 @@ def profile_num_blocks(self: ModelRunner) -> int:
 # %% ../nbs/05_model.ipynb #5548a920
 @patch
 def prepare_inputs(self: ModelRunner, scheduler_output: SchedulerOutput):
-    "Flatten a step: (input_ids, positions, metadata, ordered seqs): decodes first, by context length, then prefills."
+    """Flatten a step: (input_ids, positions, metadata, ordered seqs): decodes first, by context
+    length, then prefills."""
     decodes = sorted(
         (s for s in scheduler_output.seqs if s.num_tokens == 1), key=lambda s: s.start_pos
     )
@@ -969,7 +1004,8 @@ INPLACE_MIN_DECODES = (
 
 @patch
 def run_model(self: ModelRunner, input_ids, positions, md: AttentionMetadata) -> torch.Tensor:
-    "The model's hidden states of one flattened step (the one call the compiled runner of lesson 05b replaces)."
+    """The model's hidden states of one flattened step (the one call the compiled runner of lesson
+    05b replaces)."""
     if (
         self.attention_backend == "inductor"
         and not self._attention_switched
@@ -978,70 +1014,48 @@ def run_model(self: ModelRunner, input_ids, positions, md: AttentionMetadata) ->
         self.switch_attention()
     return self.model(input_ids, positions, self.kv_caches, md)
 
-
+# %% ../nbs/05_model.ipynb #exec05
 @patch
 @torch.inference_mode()
 def execute_model(
     self: ModelRunner,
     scheduler_output: SchedulerOutput,
-    *,
-    prompt_logprobs_reqs: dict[str, int] | None = None,
-    pooling_reqs=None,
+    logits_rows: dict[str, tuple[int, int]] | None = None,
+    hidden_rows=(),
+    timer: StepTimer | None = None,
 ) -> ModelRunnerOutput:
-    """Run one step: the ids of the requests that sample and their logits `[n, vocab]` (float32), and the
-    prompt-position logits of the requests in `prompt_logprobs_reqs` (request id → number of prompt tokens;
-    `None` or empty: no request wants them). The requests in `pooling_reqs` (pooling requests) get no logits: their
-    chunk's hidden rows come back in `hidden_states` instead. The engine core calls it the same way:
-    `execute_model(scheduler_output, prompt_logprobs_reqs=...)`, adding `pooling_reqs=...` when some request pools."""
-    tm = self.timings
-    if tm is not None:
-        t0 = _clock(self.device)
+    """Run one step: the ids of the requests that sample and their logits `[n, vocab]` (float32).
+    Two generic asks for more: `logits_rows[req_id] = (first, count)` adds the logits of `count`
+    rows of that request's chunk from its `first` token on; the requests in `hidden_rows` get
+    their chunk's hidden rows instead of logits. `timer` (a `StepTimer`) gets the seconds of
+    "prepare", "forward" and "logits"."""
+    timer, logits_rows = timer or StepTimer(), logits_rows or {}
     input_ids, positions, md, seqs = self.prepare_inputs(scheduler_output)
-    if self.lora_manager is not None:
-        self.lora_manager.prepare_step(seqs, md.query_start_loc_cpu)  # each row's adapter
-    if tm is not None:
-        t1 = _clock(self.device)
+    q = [int(v) for v in md.query_start_loc_cpu]
+    for e in self.extensions:
+        e.prepare(seqs, q)
+    timer.lap("prepare")
     hidden = self.run_model(input_ids, positions, md)
-    if tm is not None:
-        t2 = _clock(self.device)
-    pool = pooling_reqs or ()
-    q = md.query_start_loc_cpu
+    timer.lap("forward")
     hidden_states = {
-        s.req_id: hidden[int(q[i]) : int(q[i + 1])] for i, s in enumerate(seqs) if s.req_id in pool
+        s.req_id: hidden[q[i] : q[i + 1]] for i, s in enumerate(seqs) if s.req_id in hidden_rows
     }
-    rows = [int(q[i + 1]) - 1 for i, s in enumerate(seqs) if s.sample and s.req_id not in pool]
-    spans = []  # (req id, first position, first row, number of rows) of the prompt positions asked for
-    for i, s in enumerate(seqs):
-        if prompt_logprobs_reqs and s.req_id in prompt_logprobs_reqs:
-            m = min(
-                s.num_tokens, prompt_logprobs_reqs[s.req_id] - 1 - s.start_pos
-            )  # positions with a next prompt token
-            if m > 0:
-                spans.append((s.req_id, s.start_pos, int(md.query_start_loc_cpu[i]), m))
-    spec = [
-        (s.req_id, int(q[i + 1]) - 1 - len(s.spec_token_ids), len(s.spec_token_ids))
+    samplers = [
+        (i, s.req_id) for i, s in enumerate(seqs) if s.sample and s.req_id not in hidden_rows
+    ]
+    spans = [
+        (s.req_id, q[i] + logits_rows[s.req_id][0], logits_rows[s.req_id][1])
         for i, s in enumerate(seqs)
-        if s.spec_token_ids
+        if s.req_id in logits_rows
+    ]  # (req id, first row, number of rows)
+    rows = [q[i + 1] - 1 for i, _ in samplers] + [
+        r for _, r0, m in spans for r in range(r0, r0 + m)
     ]
-    extra = [r for _, _, r0, m in spans for r in range(r0, r0 + m)] + [
-        r for _, r0, m in spec for r in range(r0, r0 + m)
-    ]
-    logits = self.model.compute_logits(
-        hidden[rows + extra]
-    )  # one LM-head call for every kind of row
-    prompt_logits, spec_logits, j = {}, {}, len(rows)
-    for rid, p0, _, m in spans:
-        prompt_logits[rid], j = (p0, logits[j : j + m]), j + m
-    for rid, _, m in spec:
-        spec_logits[rid], j = logits[j : j + m], j + m
-    if tm is not None:
-        t3 = _clock(self.device)
-        for k, dt in (("prepare", t1 - t0), ("forward", t2 - t1), ("logits", t3 - t2)):
-            tm[k] = tm.get(k, 0.0) + dt
+    logits = self.model.compute_logits(hidden[rows])  # one LM-head call for every row asked for
+    extra, j = {}, len(samplers)
+    for rid, _, m in spans:
+        extra[rid], j = logits[j : j + m], j + m
+    timer.lap("logits")
     return ModelRunnerOutput(
-        [s.req_id for s in seqs if s.sample and s.req_id not in pool],
-        logits[: len(rows)],
-        prompt_logits,
-        hidden_states,
-        spec_logits,
+        [rid for _, rid in samplers], logits[: len(samplers)], extra, hidden_states
     )

@@ -34,7 +34,8 @@ _INVALID_PREFIX = "Invalid prefix encountered"
 
 
 def prompt_suffix_for_priming(tokenizer, prompt_token_ids: list[int]) -> list[int]:
-    "The shortest suffix of at least 4 prompt tokens that decodes to whole characters (the whole prompt if none does)."
+    """The shortest suffix of at least 4 prompt tokens that decodes to whole characters (the whole
+    prompt if none does)."""
     ids = list(prompt_token_ids)
     if len(ids) <= 4:
         return ids
@@ -103,7 +104,8 @@ class IncrementalDetokenizer:
 def find_stop_string(
     text: str, num_new_chars: int, stops: list[str], include: bool
 ) -> tuple[str, int] | None:
-    "The first stop string that the last `num_new_chars` characters completed, and the length to cut `text` to."
+    """The first stop string that the last `num_new_chars` characters completed, and the length to
+    cut `text` to."""
     if not num_new_chars:
         return None
     for s in stops:
@@ -137,7 +139,8 @@ class SequenceDetokenizer:
         self._sent_chars = 0
 
     def update(self, new_token_ids: list[int], stop_terminated: bool) -> str | None:
-        "Append the step's tokens; return the stop string they completed (the text is then cut), if any."
+        """Append the step's tokens; return the stop string they completed (the text is then cut),
+        if any."""
         if not new_token_ids:
             return None
         if (
@@ -172,7 +175,8 @@ class SequenceDetokenizer:
         return None
 
     def get_next_output_text(self, finished: bool, delta: bool) -> str:
-        "The visible text (all of it, or only what is new when `delta`); the hold-back is released when finished."
+        """The visible text (all of it, or only what is new when `delta`); the hold-back is released
+        when finished."""
         end = len(self.output_text) - (0 if finished else self.stop_buffer_length)
         if not delta:
             return self.output_text[: max(end, 0)]
@@ -218,6 +222,7 @@ class RequestState:
     num_cached_tokens: int = 0
     prompt_logprobs: list | None = None
     prompt_logprobs_sent: bool = False  # DELTA outputs carry the prompt logprobs once
+    lora_request: object = None  # the adapter it runs under (vLLM reports it in every output)
 
     @property
     def finished(self) -> bool:
@@ -226,7 +231,8 @@ class RequestState:
 
 @dataclass
 class OutputProcessorOutput:
-    "One step's `RequestOutput`s, and the sequences the core must stop because the text hit a stop string."
+    """One step's `RequestOutput`s, and the sequences the core must stop because the text hit a stop
+    string."""
 
     request_outputs: list[RequestOutput]
     reqs_to_abort: list[str]
@@ -243,7 +249,8 @@ class OutputProcessor:
         ] = {}  # sequence (core) id -> (request, sequence)
 
     def add_request(self, request_id: str, children: list[Request]):
-        "Follow a user request: its `Request`s (one, or the `n` children of the processor) become its sequences."
+        """Follow a user request: its `Request`s (one, or the `n` children of the processor) become
+        its sequences."""
         r0 = children[0]
         seqs = [
             SequenceState(
@@ -262,6 +269,7 @@ class OutputProcessor:
             seqs,
             r0.sampling_params.output_kind,
             RequestMetrics(r0.arrival_time),
+            lora_request=r0.lora_request,
         )
         self.requests[request_id] = st
         for s in seqs:
@@ -313,7 +321,14 @@ def make_output(
         )
         outs.append(
             CompletionOutput(
-                s.index, text, toks, s.cumulative_logprob, lps, s.finish_reason, s.stop_reason
+                s.index,
+                text,
+                toks,
+                s.cumulative_logprob,
+                lps,
+                s.finish_reason,
+                s.stop_reason,
+                lora_request=st.lora_request,
             )
         )
     if not outs and not (force and finished):
@@ -335,6 +350,7 @@ def make_output(
         finished,
         st.metrics,
         st.num_cached_tokens,
+        lora_request=st.lora_request,
     )
 
 # %% ../nbs/10_output_processor.ipynb #4dfd79cf
@@ -390,7 +406,8 @@ def _finish(
 
 @patch
 def abort(self: OutputProcessor, request_id: str, stats=None) -> RequestOutput | None:
-    "End a request here: its final output, with `finish_reason='abort'` for the sequences still running."
+    """End a request here: its final output, with `finish_reason='abort'` for the sequences still
+    running."""
     st = self.requests.get(request_id)
     if st is None:
         return None
@@ -429,8 +446,9 @@ def _pooled_output(
 def process(
     self: OutputProcessor, core_out: EngineCoreOutputs, stats=None
 ) -> OutputProcessorOutput:
-    """Turn one step of the core into `RequestOutput`s; say which sequences hit a stop string. `stats` (the
-    metrics lesson's `IterationStats`, optional) is told about tokens, latencies and finished sequences."""
+    """Turn one step of the core into `RequestOutput`s; say which sequences hit a stop string.
+    `stats` (the metrics lesson's `IterationStats`, optional) is told about tokens, latencies and
+    finished sequences."""
     now, touched, to_abort, pooled = core_out.timestamp, {}, [], []
     for eco in core_out.outputs:
         if (x := self.seq_of.get(eco.request_id)) is None:

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 import torch.distributed as dist
 from fastcore.basics import patch
 from .config import EngineConfig
-from .model import Linear, LlamaForCausalLM, ModelRunner
+from .model import MODEL_RUNNERS, Linear, LlamaForCausalLM, ModelRunner
 from .scheduler import SchedulerOutput
 
 # %% auto #0
@@ -34,13 +34,15 @@ __all__ = ['split_evenly', 'TPPlan', 'shard_weight', 'iter_shard_weights', 'shar
 
 # %% ../nbs/07_tensor_parallel.ipynb #aa6f9996
 def split_evenly(n: int, parts: int) -> list[int]:
-    "Sizes of `parts` consecutive pieces of `n` items, differing by at most one (the first ones are bigger)."
+    """Sizes of `parts` consecutive pieces of `n` items, differing by at most one (the first ones
+    are bigger)."""
     return [n // parts + (i < n % parts) for i in range(parts)]
 
 
 @dataclass
 class TPPlan:
-    "How a Llama-family model is split over `world_size` ranks: per rank, its heads, KV heads, MLP features and vocab rows."
+    """How a Llama-family model is split over `world_size` ranks: per rank, its heads, KV heads, MLP
+    features and vocab rows."""
 
     world_size: int
     head_dim: int
@@ -51,7 +53,8 @@ class TPPlan:
 
     @classmethod
     def from_config(cls, c, world_size: int) -> "TPPlan":
-        "The plan for an HF config `c` over `world_size` ranks; a clear `ValueError` when no rank may go without a KV head."
+        """The plan for an HF config `c` over `world_size` ranks; a clear `ValueError` when no rank
+        may go without a KV head."""
         H, Hkv = c.num_attention_heads, c.num_key_value_heads
         if not isinstance(world_size, int) or world_size < 1:
             raise ValueError(
@@ -61,7 +64,8 @@ class TPPlan:
             raise ValueError(f"{H} query heads do not form groups over {Hkv} KV heads.")
         if world_size > Hkv:
             raise ValueError(
-                f"tensor_parallel_size={world_size} cannot split the model's {Hkv} KV heads: each rank needs "
+                f"tensor_parallel_size={world_size} cannot split the model's {Hkv} KV heads: each "
+                "rank needs "
                 f"at least one whole KV head (with its group of {H // Hkv} query heads), so "
                 f"tensor_parallel_size must be between 1 and {Hkv}."
             )
@@ -77,7 +81,8 @@ class TPPlan:
         )
 
     def span(self, what: str, rank: int) -> tuple[int, int]:
-        "`[start, stop)` of `rank`'s slice of a weight's rows: `what` is 'q', 'kv' (in features: heads × head_dim), 'inter' or 'vocab'."
+        """`[start, stop)` of `rank`'s slice of a weight's rows: `what` is 'q', 'kv' (in features:
+        heads × head_dim), 'inter' or 'vocab'."""
         sizes = {"q": self.q_heads, "kv": self.kv_heads, "inter": self.inter, "vocab": self.vocab}[
             what
         ]
@@ -99,7 +104,8 @@ _ROW = {"o_proj": "q", "down_proj": "inter"}
 
 
 def shard_weight(name: str, t, plan: TPPlan, rank: int) -> torch.Tensor:
-    "`rank`'s slice of the checkpoint weight `name`; `t` is a tensor or a safetensors slice (only that part is read)."
+    """`rank`'s slice of the checkpoint weight `name`; `t` is a tensor or a safetensors slice (only
+    that part is read)."""
     module, kind = name.split(".")[-2:]
     if module in _COLUMN:
         a, b = plan.span(_COLUMN[module], rank)
@@ -113,7 +119,8 @@ def shard_weight(name: str, t, plan: TPPlan, rank: int) -> torch.Tensor:
 
 
 def iter_shard_weights(path, plan: TPPlan, rank: int):
-    "Yield `(name, rank's slice)` for every weight of the `*.safetensors` files of a checkpoint directory."
+    """Yield `(name, rank's slice)` for every weight of the `*.safetensors` files of a checkpoint
+    directory."""
     from safetensors import safe_open
 
     files = sorted(glob.glob(str(Path(path) / "*.safetensors")))
@@ -126,7 +133,8 @@ def iter_shard_weights(path, plan: TPPlan, rank: int):
 
 # %% ../nbs/07_tensor_parallel.ipynb #eab42efd
 def shard_config(hf_config, plan: TPPlan, rank: int):
-    "A copy of `hf_config` describing `rank`'s shard: its heads, KV heads, intermediate size and vocabulary rows."
+    """A copy of `hf_config` describing `rank`'s shard: its heads, KV heads, intermediate size and
+    vocabulary rows."""
     c = copy.deepcopy(hf_config)
     c.head_dim = plan.head_dim  # explicit: hidden_size // num_attention_heads no longer gives it
     c.num_attention_heads, c.num_key_value_heads = plan.q_heads[rank], plan.kv_heads[rank]
@@ -135,7 +143,8 @@ def shard_config(hf_config, plan: TPPlan, rank: int):
 
 
 class RowParallelLinear(Linear):
-    "A `Linear` over a slice of the input features: its partial sums are all-reduced over the ranks."
+    """A `Linear` over a slice of the input features: its partial sums are all-reduced over the
+    ranks."""
 
     def forward(self, x):
         y = super().forward(x)
@@ -144,7 +153,8 @@ class RowParallelLinear(Linear):
 
 
 class VocabParallelEmbedding(nn.Embedding):
-    "The rows `[start, start + num_embeddings)` of an embedding table; other token ids give zeros before the all-reduce."
+    """The rows `[start, start + num_embeddings)` of an embedding table; other token ids give zeros
+    before the all-reduce."""
 
     def __init__(self, num_embeddings: int, embedding_dim: int, start: int):
         super().__init__(num_embeddings, embedding_dim)
@@ -161,7 +171,8 @@ class VocabParallelEmbedding(nn.Embedding):
 
 
 class TPLlamaForCausalLM(LlamaForCausalLM):
-    "One rank's shard of a Llama-family model: column/row-parallel layers, vocab-parallel embedding and LM head."
+    """One rank's shard of a Llama-family model: column/row-parallel layers, vocab-parallel
+    embedding and LM head."""
 
     def __init__(
         self,
@@ -187,7 +198,8 @@ class TPLlamaForCausalLM(LlamaForCausalLM):
             self.lm_head.weight = self.embed_tokens.weight
 
     def compute_logits(self, hidden) -> torch.Tensor | None:
-        "Full logits `[n, vocab]` (float32) on rank 0; on the others their own (padded, unused) slice."
+        """Full logits `[n, vocab]` (float32) on rank 0; on the others their own (padded, unused)
+        slice."""
         local = super().compute_logits(hidden)
         if hidden.shape[0] == 0:
             return local  # no rows this step (every rank knows it): nothing to gather
@@ -248,7 +260,8 @@ def _die_with_parent():
 
 # %% ../nbs/07_tensor_parallel.ipynb #ad0fc7c0
 class TPWorker(ModelRunner):
-    "One rank's shard of the model and of the KV cache; runs each step's forward pass together with the other ranks."
+    """One rank's shard of the model and of the KV cache; runs each step's forward pass together
+    with the other ranks."""
 
     def __init__(
         self, config: EngineConfig, rank: int, world_size: int, device: torch.device | None = None
@@ -304,8 +317,9 @@ class TPWorker(ModelRunner):
 
 # %% ../nbs/07_tensor_parallel.ipynb #a5e10de8
 def worker_main():
-    """Entry point of ranks 1…N-1: `python -c "from minivllm.parallel import worker_main; worker_main()"`
-    with `MASTER_ADDR`, `MASTER_PORT`, `WORLD_SIZE`, `RANK` (and `LOCAL_RANK`, the GPU index) in the environment."""
+    """Entry point of ranks 1…N-1: `python -c "from minivllm.parallel import worker_main;
+    worker_main()"` with `MASTER_ADDR`, `MASTER_PORT`, `WORLD_SIZE`, `RANK` (and `LOCAL_RANK`, the
+    GPU index) in the environment."""
     _die_with_parent()
     env = os.environ
     rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
@@ -355,7 +369,8 @@ def worker_main():
 # %% ../nbs/07_tensor_parallel.ipynb #050454af
 @dataclass
 class _TPState:
-    "The lifecycle of one tensor-parallel group, apart from the runner (so that its finalizer does not keep the runner alive)."
+    """The lifecycle of one tensor-parallel group, apart from the runner (so that its finalizer does
+    not keep the runner alive)."""
 
     world_size: int
     store: dist.TCPStore | None = None
@@ -369,7 +384,8 @@ class _TPState:
 
 
 def _worker_errors(st: _TPState, wait: float = 2.0) -> str:
-    "The tracebacks the workers left in the store, and the exit codes of local workers that ended (waits up to `wait` s)."
+    """The tracebacks the workers left in the store, and the exit codes of local workers that ended
+    (waits up to `wait` s)."""
     found, deadline = {}, time.monotonic() + wait
     while st.store is not None:
         for r in range(1, st.world_size):
@@ -387,7 +403,8 @@ def _worker_errors(st: _TPState, wait: float = 2.0) -> str:
 
 
 def _shutdown(st: _TPState):
-    "Stop the workers (politely if they are listening), reap them, destroy the process group. Idempotent."
+    """Stop the workers (politely if they are listening), reap them, destroy the process group.
+    Idempotent."""
     if st.closed:
         return
     st.closed = True
@@ -433,17 +450,20 @@ def _launch_worker(rank: int, world: int, addr: str, port: int) -> subprocess.Po
 
 
 class TPModelRunner(TPWorker):
-    "Rank 0 of a tensor-parallel model: starts the workers, broadcasts each step, returns the full logits."
+    """Rank 0 of a tensor-parallel model: starts the workers, broadcasts each step, returns the full
+    logits."""
 
     def __init__(self, config: EngineConfig):
-        "Start the workers, join the process group with them, send them the config, then build rank 0's shard."
+        """Start the workers, join the process group with them, send them the config, then build
+        rank 0's shard."""
         n = config.parallel_config.tensor_parallel_size
         TPPlan.from_config(
             config.model_config.hf_config, n
         )  # an impossible split fails before anything starts
         if dist.is_initialized():
             raise RuntimeError(
-                "This process already belongs to a torch.distributed process group: minivllm runs one "
+                "This process already belongs to a torch.distributed process group: minivllm "
+                "runs one "
                 "tensor-parallel engine per process at a time (shut the other one down first)."
             )
         device = config.device_config.device
@@ -451,7 +471,8 @@ class TPModelRunner(TPWorker):
         if device.type == "cuda":
             if n_local > torch.cuda.device_count():
                 raise ValueError(
-                    f"tensor_parallel_size={n} needs {n_local} GPUs on this machine; it has {torch.cuda.device_count()}."
+                    f"tensor_parallel_size={n} needs {n_local} GPUs on this machine; it has "
+                    f"{torch.cuda.device_count()}."
                 )
             device = torch.device("cuda", 0)
             torch.cuda.set_device(device)
@@ -499,13 +520,15 @@ def _wait_for_workers(self: TPModelRunner, n: int, n_local: int):
         dead = [(r, p.returncode) for r, p in st.procs if p.poll() is not None]
         if dead:
             raise RuntimeError(
-                f"tensor-parallel worker rank {dead[0][0]} exited with code {dead[0][1]} before joining."
+                f"tensor-parallel worker rank {dead[0][0]} exited with code {dead[0][1]} before "
+                "joining."
             )
         if pending and time.monotonic() > deadline:
             raise TimeoutError(
                 f"tensor-parallel ranks {sorted(pending)} did not join within {_timeout()}"
                 + (
-                    f" (ranks {n_local}…{n - 1} must be started by hand, see the tensor-parallel docs)"
+                    f" (ranks {n_local}…{n - 1} must be started by hand, see the tensor-parallel "
+                    "docs)"
                     if n_local < n
                     else ""
                 )
@@ -513,10 +536,13 @@ def _wait_for_workers(self: TPModelRunner, n: int, n_local: int):
         if pending:
             time.sleep(0.02)
 
-
+# %% ../nbs/07_tensor_parallel.ipynb #exec07
 @patch
-def execute_model(self: TPModelRunner, out: SchedulerOutput, *args, **kwargs):
-    "Broadcast the step (and any further arguments of `ModelRunner.execute_model`) to the workers, run rank 0's part."
+def execute_model(
+    self: TPModelRunner, out: SchedulerOutput, logits_rows=None, hidden_rows=(), timer=None
+):
+    """Broadcast the step (and the rows asked for; the timer stays here) to the workers, run rank
+    0's part."""
     st = self._state
     if (
         st.busy and not st.closed
@@ -532,8 +558,9 @@ def execute_model(self: TPModelRunner, out: SchedulerOutput, *args, **kwargs):
         )
     st.busy = True
     try:
-        dist.broadcast_object_list([("step", ((out, *args), kwargs))], src=0, group=st.ctrl)
-        res = TPWorker.execute_model(self, out, *args, **kwargs)  # rank 0 is a worker too
+        step = (out, logits_rows, set(hidden_rows))
+        dist.broadcast_object_list([("step", (step, {}))], src=0, group=st.ctrl)
+        res = TPWorker.execute_model(self, *step, timer=timer)  # rank 0 is a worker too
     except Exception as e:
         st.failed = True
         st.error = _worker_errors(st) or f" rank 0: {e!r}"
@@ -543,6 +570,15 @@ def execute_model(self: TPModelRunner, out: SchedulerOutput, *args, **kwargs):
         ) from e
     st.busy = False
     return res
+
+
+@patch(cls_method=True)
+def enabled(cls: TPModelRunner, config: EngineConfig) -> bool:
+    "Does the engine core (lesson 09) pick this runner? Yes when the model is split over processes."
+    return config.parallel_config.tensor_parallel_size > 1
+
+
+MODEL_RUNNERS.setdefault(TPModelRunner.__name__, TPModelRunner)  # (the package's)
 
 
 @patch

@@ -50,7 +50,8 @@ ALLOWED_TRANSITIONS = {
 
 # %% ../nbs/01_request.ipynb #d1a92364
 class Request:
-    "One sequence: its prompt, its generated tokens, how many of them are in the KV cache, and its status."
+    """One sequence: its prompt, its generated tokens, how many of them are in the KV cache, and its
+    status."""
 
     def __init__(
         self,
@@ -70,7 +71,7 @@ class Request:
             parent_request_id  # the user request this is one sample of (`n > 1`), else None
         )
         self.pooling_params = (
-            pooling_params  # a pooling request (`LLM.embed`): read the prompt, sample nothing
+            pooling_params  # `LLM.embed`'s params: read the prompt, sample nothing
         )
         self.lora_request = (
             lora_request  # the LoRA adapter it runs under (a `LoRARequest`), None: the base model
@@ -87,15 +88,23 @@ class Request:
         )  # prefix-cache hits when first scheduled (-1: not scheduled yet)
         self.num_preemptions = 0
         self.stop_reason: int | str | None = None
-        self.spec_token_ids: list[
-            int
-        ] = []  # draft tokens to verify in the next step (speculative decoding, lesson 07b)
         seed = sampling_params.seed
         self.generator = None if seed is None else torch.Generator().manual_seed(seed)
 
     @property
     def lora_int_id(self) -> int:
         return 0 if self.lora_request is None else self.lora_request.lora_int_id  # 0: no adapter
+
+    @property
+    def block_hash_extra_keys(self) -> tuple:
+        "What besides its tokens decides a block's K/V (vLLM's extra keys): the adapter, if any."
+        return () if self.lora_request is None else ("adapter", self.lora_int_id)
+
+    @property
+    def skip_reading_prefix_cache(self) -> bool:
+        """Must every prompt position be computed (prompt logprobs, an embedded prompt)? Then no
+        prefix-cache hits."""
+        return self.sampling_params.prompt_logprobs is not None or self.pooling_params is not None
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -123,7 +132,8 @@ class Request:
         "Move to `status`, refusing moves the state machine does not allow."
         if status not in ALLOWED_TRANSITIONS.get(self.status, ()):
             raise RuntimeError(
-                f"request {self.request_id!r}: illegal transition {self.status.name} -> {status.name}"
+                f"request {self.request_id!r}: illegal transition {self.status.name} -> "
+                f"{status.name}"
             )
         self.status = status
 

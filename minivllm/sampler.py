@@ -16,13 +16,14 @@ from .request import Request
 __all__ = ['bad_word_bans', 'Penalties', 'SamplingMetadata', 'apply_allowed_token_ids', 'apply_banned', 'apply_logit_bias',
            'apply_penalties', 'apply_temperature', 'apply_min_p', 'apply_top_k_top_p', 'Logprob', 'LogprobsLists',
            'LogprobsTensors', 'logprobs_dict', 'decode_logprobs', 'compute_logprobs', 'gather_logprobs',
-           'prompt_logprobs_from_logits', 'PromptLogprobsCollector', 'random_sample', 'SamplerOutput', 'Sampler',
-           'BeamSearchParams', 'BeamSearchSequence', 'BeamSearchOutput', 'get_beam_search_score', 'beam_search_step',
-           'beam_search', 'sampling_stages']
+           'prompt_logprobs_from_logits', 'PromptLogprobsCollector', 'PromptLogprobs', 'random_sample', 'SamplerOutput',
+           'Sampler', 'SampledTokens', 'BeamSearchParams', 'BeamSearchSequence', 'BeamSearchOutput',
+           'get_beam_search_score', 'beam_search_step', 'beam_search', 'sampling_stages']
 
 # %% ../nbs/06_sampler.ipynb #91aec531
 def bad_word_bans(bad_words_token_ids: list[list[int]], output_token_ids: list[int]) -> list[int]:
-    "The tokens to ban next: the last token of every bad word whose other tokens end `output_token_ids`."
+    """The tokens to ban next: the last token of every bad word whose other tokens end
+    `output_token_ids`."""
     bans = []
     for w in bad_words_token_ids:
         n = len(w) - 1
@@ -38,7 +39,8 @@ _EPS = 1e-5
 
 @dataclass
 class Penalties:
-    "Inputs of the repetition, frequency and presence penalties, for the `P` rows of the batch that have one."
+    """Inputs of the repetition, frequency and presence penalties, for the `P` rows of the batch
+    that have one."""
 
     rows: torch.Tensor  # [P] int64: which rows of the batch
     repetition: torch.Tensor  # [P] float32 (1 = off)
@@ -54,7 +56,8 @@ class Penalties:
 
 @dataclass
 class SamplingMetadata:
-    "Per-row sampling parameters of one step, as tensors (`None`: no row of the batch uses that knob)."
+    """Per-row sampling parameters of one step, as tensors (`None`: no row of the batch uses that
+    knob)."""
 
     temperature: torch.Tensor  # [B] float32 (0 for greedy rows)
     all_greedy: bool
@@ -86,7 +89,8 @@ class SamplingMetadata:
 # %% ../nbs/06_sampler.ipynb #7b8216f9
 @patch(cls_method=True)
 def from_requests(cls: SamplingMetadata, requests: list[Request], device="cpu") -> SamplingMetadata:
-    "The batch's parameters, one pass over `requests` (row i = `requests[i]`), then one tensor per field."
+    """The batch's parameters, one pass over `requests` (row i = `requests[i]`), then one tensor per
+    field."""
     temps, top_k, top_p, min_p, gens, max_lp, lp_rows = [], [], [], [], {}, None, []
     al_rows, al_local, al_ids, ban_rows, ban_ids, lb_rows, lb_ids, lb_vals, pen = (
         [],
@@ -235,7 +239,8 @@ def apply_logit_bias(logits: torch.Tensor, logit_bias) -> torch.Tensor:
 
 
 def apply_penalties(logits: torch.Tensor, pen: Penalties | None) -> torch.Tensor:
-    "vLLM's repetition (prompt + output), frequency and presence (output) penalties, on the (row, token) entries they touch."
+    """vLLM's repetition (prompt + output), frequency and presence (output) penalties, on the (row,
+    token) entries they touch."""
     if pen is None:
         return logits
     if pen.seen is not None:
@@ -253,7 +258,8 @@ def apply_penalties(logits: torch.Tensor, pen: Penalties | None) -> torch.Tensor
 def apply_temperature(
     logits: torch.Tensor, temperature: torch.Tensor, all_random: bool = False
 ) -> torch.Tensor:
-    "Divide each row by its temperature (greedy rows by 1). Like the other `apply_*` functions, works in place."
+    """Divide each row by its temperature (greedy rows by 1). Like the other `apply_*` functions,
+    works in place."""
     if not all_random:
         temperature = torch.where(temperature < _EPS, 1.0, temperature)
     return logits.div_(temperature[:, None])
@@ -313,7 +319,8 @@ class LogprobsLists(NamedTuple):
 
 
 class LogprobsTensors(NamedTuple):
-    "Per row: the chosen token then the top-k (`[N, k+1]` ids and logprobs), and the chosen token's rank `[N]`."
+    """Per row: the chosen token then the top-k (`[N, k+1]` ids and logprobs), and the chosen
+    token's rank `[N]`."""
 
     logprob_token_ids: torch.Tensor
     logprobs: torch.Tensor
@@ -327,7 +334,8 @@ class LogprobsTensors(NamedTuple):
         )
 
     def to_dicts(self, num_logprobs: int | list[int], tokenizer=None) -> list[dict[int, Logprob]]:
-        "One `{token_id: Logprob}` per row (vLLM's output shape), keeping `num_logprobs` (per row, or one for all) top tokens."
+        """One `{token_id: Logprob}` per row (vLLM's output shape), keeping `num_logprobs` (per row,
+        or one for all) top tokens."""
         ids, lps, ranks = self.tolists()
         ks = num_logprobs if isinstance(num_logprobs, list) else [num_logprobs] * len(ids)
         return [logprobs_dict(*row, k, tokenizer) for *row, k in zip(ids, lps, ranks, ks)]
@@ -336,9 +344,10 @@ class LogprobsTensors(NamedTuple):
 def logprobs_dict(
     token_ids: list[int], logprobs: list[float], rank: int, num_logprobs: int, tokenizer=None
 ) -> dict[int, Logprob]:
-    """One position's `{token_id: Logprob}`: the chosen token with its rank, then the `num_logprobs` (-1: all) most
-    likely with ranks 1, 2, …; the chosen token appears once (so the dict has `num_logprobs` or `num_logprobs + 1` entries).
-    With a tokenizer, `decoded_token` is each token decoded alone (as vLLM does)."""
+    """One position's `{token_id: Logprob}`: the chosen token with its rank, then the `num_logprobs`
+    (-1: all) most likely with ranks 1, 2, …; the chosen token appears once (so the dict has
+    `num_logprobs` or `num_logprobs + 1` entries). With a tokenizer, `decoded_token` is each token
+    decoded alone (as vLLM does)."""
     n = len(token_ids) if num_logprobs == -1 else num_logprobs + 1
     ids, lps, rks = token_ids[:n], logprobs[:n], [rank, *range(1, n)]
     texts = (
@@ -350,7 +359,8 @@ def logprobs_dict(
 def decode_logprobs(
     logprobs: list[dict[int, Logprob] | None], tokenizer
 ) -> list[dict[int, Logprob] | None]:
-    "Fill in `decoded_token` (each token decoded alone, as vLLM does) of logprob dicts built without a tokenizer; in place."
+    """Fill in `decoded_token` (each token decoded alone, as vLLM does) of logprob dicts built
+    without a tokenizer; in place."""
     todo = [lp for d in logprobs if d for lp in d.items()]
     for (t, lp), s in zip(todo, tokenizer.batch_decode([[t] for t, _ in todo])):
         lp.decoded_token = s
@@ -365,7 +375,8 @@ def compute_logprobs(logits: torch.Tensor) -> torch.Tensor:
 def gather_logprobs(
     logprobs: torch.Tensor, num_logprobs: int, token_ids: torch.Tensor
 ) -> LogprobsTensors:
-    "The logprob and rank of `token_ids` (one per row) and the top `num_logprobs` (-1: all) of each row."
+    """The logprob and rank of `token_ids` (one per row) and the top `num_logprobs` (-1: all) of
+    each row."""
     k = logprobs.shape[-1] if num_logprobs == -1 else min(num_logprobs, logprobs.shape[-1])
     top = logprobs.topk(k, dim=-1)
     token_ids = token_ids.to(torch.int64)[:, None]
@@ -379,17 +390,18 @@ def gather_logprobs(
 def prompt_logprobs_from_logits(
     logits: torch.Tensor, next_token_ids: torch.Tensor, k: int
 ) -> LogprobsTensors:
-    """Prompt logprobs of the rows `logits[i]` (the model's prediction after prompt position i) for the tokens that
-    actually followed, `next_token_ids[i]`, with the top `k` (-1: all). vLLM's `prompt_logprobs` list is `None` for
-    the first prompt token, then `to_dicts(k)` of these rows."""
+    """Prompt logprobs of the rows `logits[i]` (the model's prediction after prompt position i) for
+    the tokens that actually followed, `next_token_ids[i]`, with the top `k` (-1: all). vLLM's
+    `prompt_logprobs` list is `None` for the first prompt token, then `to_dicts(k)` of these
+    rows."""
     return gather_logprobs(
         compute_logprobs(logits), k, torch.as_tensor(next_token_ids, device=logits.device)
     )
 
 # %% ../nbs/06_sampler.ipynb #251b08c3
 class PromptLogprobsCollector:
-    """Prompt logprobs of the requests that asked for them, gathered over the steps that compute their prompts and
-    handed out once per request, when its prompt is done."""
+    """Prompt logprobs of the requests that asked for them, gathered over the steps that compute
+    their prompts and handed out once per request, when its prompt is done."""
 
     def __init__(self):
         self.parts: dict[
@@ -397,7 +409,8 @@ class PromptLogprobsCollector:
         ] = {}  # request id -> (first position, rows)
 
     def wanted(self, scheduler_output, requests: Mapping[str, Request]) -> dict[str, int]:
-        "Request id → prompt length, for the scheduled requests whose prompt logprobs are not done (for the model runner)."
+        """Request id → prompt length, for the scheduled requests whose prompt logprobs are not done
+        (for the model runner)."""
         want = {}
         for s in scheduler_output.seqs:
             r = requests[s.req_id]
@@ -413,7 +426,8 @@ class PromptLogprobsCollector:
         requests: Mapping[str, Request],
         prompt_logits: dict[str, tuple[int, torch.Tensor]],
     ) -> dict[str, list]:
-        "Add this step's rows (`request id -> (first position, logits)`); return the lists of the prompts finished now."
+        """Add this step's rows (`request id -> (first position, logits)`); return the lists of the
+        prompts finished now."""
         if prompt_logits:
             self._add(requests, prompt_logits)
         done = {}
@@ -452,14 +466,59 @@ class PromptLogprobsCollector:
         "Forget a request's rows (it ended, or was aborted, before its prompt was done)."
         self.parts.pop(request_id, None)
 
+# %% ../nbs/06_sampler.ipynb #plp06code
+from .scheduler import StepExtension, register_extension
+
+
+@register_extension
+class PromptLogprobs(StepExtension):
+    """The engine's prompt logprobs: the prompt rows asked of the runner, collected, handed out once
+    per request."""
+
+    name = "prompt_logprobs"
+
+    def __init__(self):
+        self.collector = PromptLogprobsCollector()
+
+    @classmethod
+    def enabled(cls, config) -> bool:
+        return True  # any request may ask
+
+    def logits_rows(self, out, requests) -> dict[str, tuple[int, int]]:
+        """Per wanting request: its chunk's positions that have a next prompt token (from the
+        chunk's first row)."""
+        want = self.collector.wanted(out, requests)
+        rows = {
+            s.req_id: (0, min(s.num_tokens, want[s.req_id] - 1 - s.start_pos))
+            for s in out.seqs
+            if s.req_id in want
+        }
+        return {rid: r for rid, r in rows.items() if r[1] > 0}
+
+    def update(self, scheduler, step) -> dict[str, dict]:
+        "Collect the step's prompt rows; the finished lists go to their requests' outputs."
+        rows = {
+            s.req_id: (s.start_pos, step.runner_output.extra_logits[s.req_id])
+            for s in step.scheduler_output.seqs
+            if s.req_id in self.collector.parts and s.req_id in step.runner_output.extra_logits
+        }
+        done = self.collector.collect(step.scheduler_output, step.requests, rows)
+        return {rid: {"new_prompt_logprobs": lists} for rid, lists in done.items()}
+
+    def finish(self, request_ids: list[str]):
+        for rid in request_ids:
+            self.collector.discard(rid)
+
 # %% ../nbs/06_sampler.ipynb #f64b5138
 def _exp_noise(shape, device, generator=None) -> torch.Tensor:
-    "Exp(1) noise as −log U, U ~ U[0, 1): never 0 (so never 0/0), and cheaper than `exponential_` on the CPU."
+    """Exp(1) noise as −log U, U ~ U[0, 1): never 0 (so never 0/0), and cheaper than `exponential_`
+    on the CPU."""
     return torch.empty(shape, device=device).uniform_(generator=generator).log_().neg_()
 
 
 def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:
-    "One draw per row with the exponential race; rows with a generator draw their noise from it (on the CPU), so they are reproducible."
+    """One draw per row with the exponential race; rows with a generator draw their noise from it
+    (on the CPU), so they are reproducible."""
     q = (
         _exp_noise(probs.shape, probs.device)
         if len(generators) < probs.shape[0]
@@ -471,7 +530,8 @@ def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -
 
 
 def _on_rows(logits: torch.Tensor, rows: torch.Tensor | None, f) -> torch.Tensor:
-    "Apply `f(sub_logits, rows)` to the given rows only (to the whole tensor, in place, when they are all the rows)."
+    """Apply `f(sub_logits, rows)` to the given rows only (to the whole tensor, in place, when they
+    are all the rows)."""
     if rows is None:
         return logits
     if rows.shape[0] == logits.shape[0]:
@@ -482,25 +542,25 @@ def _on_rows(logits: torch.Tensor, rows: torch.Tensor | None, f) -> torch.Tensor
 
 @dataclass
 class SamplerOutput:
-    "vLLM's `SamplerOutput`: one sampled token per row, and the logprobs when any row asked for them."
+    """vLLM's `SamplerOutput`: one sampled token per row, and the logprobs when any row asked for
+    them."""
 
     sampled_token_ids: torch.Tensor  # [B] int64
     logprobs_tensors: (
         LogprobsTensors | None
     )  # [B, k+1] (rows that did not ask hold zeros); None when no row asked
 
-    def tolist(self) -> list[int]:
-        return self.sampled_token_ids.tolist()  # what the first engine's code expects
-
 # %% ../nbs/06_sampler.ipynb #db52af78
 class Sampler:
-    "Batched sampling with every `SamplingParams` knob, in vLLM's order; logprobs of the raw logits."
+    """Batched sampling with every `SamplingParams` knob, in vLLM's order; logprobs of the raw
+    logits."""
 
     def __call__(self, logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
         return self.forward(logits, md)
 
     def forward(self, logits: torch.Tensor, md: SamplingMetadata) -> SamplerOutput:
-        "One token per row of `logits` (and the logprobs of the rows that asked), following each row's parameters in `md`."
+        """One token per row of `logits` (and the logprobs of the rows that asked), following each
+        row's parameters in `md`."""
         assert logits.shape[0] == md.temperature.shape[0], (logits.shape, md.temperature.shape)
         raw = None if md.logprobs_rows is None else compute_logprobs(logits[md.logprobs_rows])
         if (
@@ -523,7 +583,8 @@ class Sampler:
         return SamplerOutput(sampled, None if raw is None else self.logprobs(raw, sampled, md))
 
     def sample(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
-        "Greedy rows: the argmax; the others: temperature, min-p, top-k, top-p (each on its rows only), then a draw."
+        """Greedy rows: the argmax; the others: temperature, min-p, top-k, top-p (each on its rows
+        only), then a draw."""
         greedy = None if md.all_random else logits.argmax(-1)
         if md.all_greedy:
             return greedy
@@ -551,13 +612,35 @@ class Sampler:
     def logprobs(
         self, raw: torch.Tensor, sampled: torch.Tensor, md: SamplingMetadata
     ) -> LogprobsTensors:
-        "The `LogprobsTensors` of the rows that asked (raw: their log-softmax), spread over the whole batch."
+        """The `LogprobsTensors` of the rows that asked (raw: their log-softmax), spread over the
+        whole batch."""
         rows = md.logprobs_rows
         lt = gather_logprobs(raw, md.max_num_logprobs, sampled[rows])
         if rows.shape[0] == sampled.shape[0]:
             return lt
         full = lambda x: x.new_zeros((sampled.shape[0], *x.shape[1:])).index_copy_(0, rows, x)
         return LogprobsTensors(*map(full, lt))
+
+# %% ../nbs/06_sampler.ipynb #st06code
+@dataclass
+class SampledTokens:
+    """The sample phase's record: each sampling request's new tokens (one; more when lookahead
+    tokens were kept) and, for the requests with `logprobs`, one logprob dict per token."""
+
+    token_ids: dict[str, list[int]] = field(default_factory=dict)
+    logprobs: dict[str, list[dict]] = field(default_factory=dict)
+
+    @classmethod
+    def from_sampler(cls, requests: list[Request], so: SamplerOutput) -> SampledTokens:
+        "Row `i` of `so` is `requests[i]`'s token (and logprobs, for the requests that asked)."
+        toks, lps, lt = so.sampled_token_ids.tolist(), {}, so.logprobs_tensors
+        if lt is not None:
+            rows = [i for i, r in enumerate(requests) if r.sampling_params.logprobs is not None]
+            ids, lp, ranks = LogprobsTensors(*(x[rows] for x in lt)).tolists()
+            for j, i in enumerate(rows):
+                k = requests[i].sampling_params.logprobs
+                lps[requests[i].request_id] = [logprobs_dict(ids[j], lp[j], ranks[j], k)]
+        return cls({r.request_id: [t] for r, t in zip(requests, toks)}, lps)
 
 # %% ../nbs/06_sampler.ipynb #97914bfa
 @dataclass
@@ -582,7 +665,8 @@ class BeamSearchParams:
 
 @dataclass
 class BeamSearchSequence:
-    "One beam: all its tokens (prompt included), the logprob dict of each generated step, and its cumulative logprob."
+    """One beam: all its tokens (prompt included), the logprob dict of each generated step, and its
+    cumulative logprob."""
 
     tokens: list[int]
     logprobs: list[dict[int, Logprob]]
@@ -619,8 +703,8 @@ def beam_search_step(
     ignore_eos: bool = False,
     length_penalty: float = 1.0,
 ) -> tuple[list[BeamSearchSequence], list[BeamSearchSequence]]:
-    """Extend each beam by every candidate of its logprob dict (`None`: the beam could not go on). Returns the best
-    `beam_width` live candidates and the candidates that ended with EOS."""
+    """Extend each beam by every candidate of its logprob dict (`None`: the beam could not go on).
+    Returns the best `beam_width` live candidates and the candidates that ended with EOS."""
     live, done = [], []
     for beam, lps in zip(beams, next_logprobs):
         if lps is None:
@@ -644,10 +728,11 @@ def beam_search(
     eos_token_id: int | None,
     decode: Callable[[list[int]], str] | None = None,
 ) -> list[BeamSearchOutput]:
-    """vLLM's beam search over `prompts` (token ids). `next_logprobs(token_lists, num_logprobs, temperature)` returns,
-    for each sequence, the logprob dict of its next token (the engine: one `generate` step with
-    `SamplingParams(logprobs=num_logprobs, max_tokens=1, temperature=temperature)`). With `decode`, each returned
-    beam's `text` is `decode` of its generated tokens (the prompt and a final EOS left out, as in vLLM)."""
+    """vLLM's beam search over `prompts` (token ids). `next_logprobs(token_lists, num_logprobs,
+    temperature)` returns, for each sequence, the logprob dict of its next token (the engine: one
+    `generate` step with `SamplingParams(logprobs=num_logprobs, max_tokens=1,
+    temperature=temperature)`). With `decode`, each returned beam's `text` is `decode` of its
+    generated tokens (the prompt and a final EOS left out, as in vLLM)."""
     key = lambda b: get_beam_search_score(
         b.tokens, b.cum_logprob, eos_token_id, params.length_penalty
     )
@@ -690,7 +775,8 @@ def beam_search(
 def sampling_stages(
     logits: torch.Tensor, params, output_token_ids=(), prompt_token_ids=(0,)
 ) -> list[tuple[str, torch.Tensor]]:
-    "The logits of one row after each step of the sampler (masks and bias, penalties, temperature, min-p, top-k, top-p)."
+    """The logits of one row after each step of the sampler (masks and bias, penalties, temperature,
+    min-p, top-k, top-p)."""
     r = Request("stages", list(prompt_token_ids), params)
     r.append_output_token_ids(list(output_token_ids))
     md = SamplingMetadata.from_requests([r])
@@ -705,7 +791,8 @@ def sampling_stages(
     if md.penalties is not None:
         stages.append(
             (
-                f"penalties rep {params.repetition_penalty}, freq {params.frequency_penalty}, pres {params.presence_penalty}",
+                f"penalties rep {params.repetition_penalty}, freq {params.frequency_penalty}, "
+                f"pres {params.presence_penalty}",
                 l[0].clone(),
             )
         )

@@ -15,7 +15,8 @@ from .request import Request, RequestStatus, check_stop
 from .block_manager import KVCacheManager
 
 # %% auto #0
-__all__ = ['ScheduledSeq', 'SchedulerOutput', 'WaitingQueue', 'Scheduler', 'make_scheduler', 'simulate']
+__all__ = ['STEP_EXTENSIONS', 'ScheduledSeq', 'SchedulerOutput', 'SchedulerUpdate', 'WaitingQueue', 'StepExtension',
+           'register_extension', 'Scheduler', 'make_scheduler', 'simulate']
 
 # %% ../nbs/03_scheduler.ipynb #cdbe7ba4
 @dataclass
@@ -29,19 +30,14 @@ class ScheduledSeq:
     sample: bool  # does this step reach the last known token (so a new token is sampled)?
     is_prefill: bool  # prompt (or recompute) tokens rather than a single decode token
     new: bool = False  # admitted from the waiting queue in this step
-    num_cached_tokens: int = (
-        0  # tokens served by the prefix cache at admission (they are not in token_ids)
-    )
-    lora_int_id: int = 0  # the LoRA adapter the request runs under (0: the base model)
-    spec_token_ids: list[int] = field(
-        default_factory=list
-    )  # draft tokens at the end of token_ids, to verify (lesson 07b)
+    num_cached_tokens: int = 0  # tokens served by the prefix cache at admission (not in token_ids)
+    num_lookahead_tokens: int = 0  # guessed tokens at the end of token_ids (a step extension's)
 
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
 
-
+# %% ../nbs/03_scheduler.ipynb #schout03
 @dataclass
 class SchedulerOutput:
     "Everything decided in one step."
@@ -52,21 +48,10 @@ class SchedulerOutput:
     num_waiting: int = 0
     token_budget: int = 0  # max_num_batched_tokens of this step
     kv_usage: float = 0.0  # KV-cache usage after this step's allocations
-    finished_after_step: list[str] = field(
-        default_factory=list
-    )  # finished by this step's tokens (set by update_from_output)
 
     @property
     def total_num_scheduled_tokens(self) -> int:
         return sum(s.num_tokens for s in self.seqs)
-
-    @property
-    def num_prefill_tokens(self) -> int:
-        return sum(s.num_tokens for s in self.seqs if s.is_prefill)
-
-    @property
-    def num_decode_tokens(self) -> int:
-        return sum(s.num_tokens for s in self.seqs if not s.is_prefill)
 
     @property
     def num_scheduled_tokens(self) -> dict[str, int]:
@@ -83,23 +68,41 @@ class SchedulerOutput:
     def summary(self) -> str:
         "One line per scheduled request, then preemptions and finishes."
         lines = [
-            f"{s.req_id:>10}  {'prefill' if s.is_prefill else 'decode ':7} {s.num_tokens:4d} tokens from position {s.start_pos}"
+            f"{s.req_id:>10}  {'prefill' if s.is_prefill else 'decode ':7} {s.num_tokens:4d} tokens"
+            f" from position {s.start_pos}"
             + (f"  (new; {s.num_cached_tokens} cached)" if s.new else "")
             + ("  → samples" if s.sample else "")
             for s in self.seqs
         ]
         lines.append(
-            f"{self.total_num_scheduled_tokens}/{self.token_budget} tokens, KV usage {self.kv_usage:.0%}, {self.num_waiting} waiting"
+            f"{self.total_num_scheduled_tokens}/{self.token_budget} tokens, "
+            f"KV usage {self.kv_usage:.0%}, {self.num_waiting} waiting"
         )
         if self.preempted_req_ids:
             lines.append(f"preempted: {', '.join(self.preempted_req_ids)}")
-        if self.finished_after_step:
-            lines.append(f"finished: {', '.join(self.finished_after_step)}")
+        if self.finished_req_ids:
+            lines.append(f"finished before this step: {', '.join(self.finished_req_ids)}")
         return "\n".join(lines)
 
+# %% ../nbs/03_scheduler.ipynb #schupd03
+@dataclass
+class SchedulerUpdate:
+    """What `update_from_output` did with a step's tokens (it changes the requests, never the step's
+    records)."""
+
+    updated: list[Request]  # the requests that got tokens, in the step's order
+    new_token_ids: dict[str, list[int]]  # the tokens each kept (cut after a stop)
+    finished_req_ids: list[str]  # the requests this step's tokens finished
+
 # %% ../nbs/03_scheduler.ipynb #50fd07c2
+def _urgency(r: Request):
+    "Sort key of the priority policy: lower priority values first, then earlier arrivals."
+    return (r.priority, r.arrival_time)
+
+
 class WaitingQueue:
-    "Waiting requests in policy order: FCFS (a deque) or priority (a heap on (priority, arrival_time))."
+    """Waiting requests in policy order: FCFS (a deque) or priority (a heap on (priority,
+    arrival_time))."""
 
     def __init__(self, policy: str):
         self.policy, self._q, self._count = (
@@ -109,7 +112,7 @@ class WaitingQueue:
         )
 
     def _key(self, r):
-        return (r.priority, r.arrival_time, next(self._count))
+        return (*_urgency(r), next(self._count))  # the count: ties keep their order
 
     def add(self, r: Request):
         if self.policy == "priority":
@@ -146,12 +149,58 @@ class WaitingQueue:
             else self._q
         )
 
+# %% ../nbs/03_scheduler.ipynb #ext03code
+class StepExtension:
+    """A feature plugged into the step through named hooks; every default does nothing. The
+    scheduler's hooks are here; the model runner (lesson 05) and the engine core (lesson 09) add
+    theirs. Lesson 09 lists them all."""
+
+    name: str = ""  # the core's attribute that reaches it (`core.<name>`)
+
+    @classmethod
+    def enabled(cls, config) -> bool:
+        "Does an engine with this `EngineConfig` use the feature?"
+        return False
+
+    @classmethod
+    def from_core(cls, core) -> StepExtension:
+        "Build the extension for an engine core (its config, model runner and KV cache are ready)."
+        return cls()
+
+    def can_admit(self, request: Request, running: list[Request]) -> bool:
+        """May waiting `request` join `running` now? False: it waits, and the requests behind it may
+        pass."""
+        return True
+
+    def lookahead_token_ids(self, request: Request) -> list[int]:
+        """Tokens guessed to follow a decoding request's next token, to compute (and check) in the
+        same step."""
+        return []
+
+
+STEP_EXTENSIONS: dict[str, type[StepExtension]] = {}  # name -> class, filled by the feature lessons
+
+
+def register_extension(cls: type[StepExtension]) -> type[StepExtension]:
+    """Class decorator: make a feature's extension available to every engine core whose config
+    enables it. The first class of a `name` stays (a lesson's notebook defining it again changes
+    nothing: engines use the package's)."""
+    STEP_EXTENSIONS.setdefault(cls.name, cls)
+    return cls
+
 # %% ../nbs/03_scheduler.ipynb #6f88eb7a
 class Scheduler:
-    "Continuous batching under a token budget, with chunked prefill, prefix caching and preemption by recompute."
+    """Continuous batching under a token budget, with chunked prefill, prefix caching and preemption
+    by recompute."""
 
-    def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager):
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        kv_cache_manager: KVCacheManager,
+        extensions: list[StepExtension] = (),
+    ):
         self.config, self.kv_cache_manager = config, kv_cache_manager
+        self.extensions = list(extensions)  # features' hooks (`can_admit`, `lookahead_token_ids`)
         self.policy = config.policy
         self.waiting = WaitingQueue(self.policy)
         self.running: list[Request] = []  # in preemption order: the last one is preempted first
@@ -182,20 +231,17 @@ def make_scheduler(
     policy="fcfs",
     max_model_len=256,
     caching=True,
+    extensions=(),
 ) -> Scheduler:
     "A scheduler over a fresh `KVCacheManager`, for experiments and tests."
     cfg = SchedulerConfig(max_num_seqs, max_num_batched_tokens, max_model_len, chunked, policy)
-    return Scheduler(cfg, KVCacheManager(num_blocks, block_size, caching))
+    return Scheduler(cfg, KVCacheManager(num_blocks, block_size, caching), extensions)
 
 # %% ../nbs/03_scheduler.ipynb #96056272
-def _urgency(r: Request):
-    "Sort key of the priority policy: lower priority values first, then earlier arrivals."
-    return (r.priority, r.arrival_time)
-
-
 @patch
 def _preempt(self: Scheduler, r: Request):
-    "Free all of `r`'s blocks and send it back to the waiting queue, to be recomputed from its tokens."
+    """Free all of `r`'s blocks and send it back to the waiting queue, to be recomputed from its
+    tokens."""
     self.kv_cache_manager.free(r)
     r.set_status(RequestStatus.PREEMPTED)
     r.num_computed_tokens = 0
@@ -218,35 +264,41 @@ def _admit(self: Scheduler, r: Request):
 
 @patch
 def _seq(
-    self: Scheduler, r: Request, n: int, new: bool = False, num_cached: int = 0, k: int = 0
+    self: Scheduler,
+    r: Request,
+    n: int,
+    new: bool = False,
+    num_cached: int = 0,
+    lookahead: list[int] = (),
 ) -> ScheduledSeq:
-    "`r`'s share of this step: its next `n` tokens from `num_computed_tokens` on (then `k` draft tokens), with its block table."
-    c, spec = r.num_computed_tokens, r.spec_token_ids[:k]
+    """`r`'s share of this step: its next `n` tokens from `num_computed_tokens` on (then the
+    `lookahead` tokens)."""
+    c = r.num_computed_tokens
     return ScheduledSeq(
         r.request_id,
-        r.all_token_ids[c : c + n] + spec,
+        r.all_token_ids[c : c + n] + list(lookahead),
         c,
         self.kv_cache_manager.get_block_ids(r.request_id),
         sample=c + n == r.num_tokens,
         is_prefill=c < r.num_prompt_tokens or n > 1,
         new=new,
         num_cached_tokens=num_cached,
-        lora_int_id=getattr(r, "lora_int_id", 0),
-        spec_token_ids=spec,
+        num_lookahead_tokens=len(lookahead),
     )
 
 
 @patch
-def _num_spec_tokens(self: Scheduler, r: Request, n: int, budget: int) -> int:
-    "How many of `r`'s draft tokens (speculative decoding, lesson 07b) ride along: only on a decode, within the budget."
-    if not r.spec_token_ids or n != 1 or r.num_computed_tokens + 1 != r.num_tokens:
-        return 0
-    return min(len(r.spec_token_ids), budget - 1)
+def _lookahead(self: Scheduler, r: Request, n: int, budget: int) -> list[int]:
+    "The extensions' tokens guessed ahead of `r`: only on a decode, and within the budget."
+    if n != 1 or r.num_computed_tokens + 1 != r.num_tokens:
+        return []
+    return [t for e in self.extensions for t in e.lookahead_token_ids(r)][: budget - 1]
 
 # %% ../nbs/03_scheduler.ipynb #e5680c81
 @patch
 def _fits(self: Scheduler, r: Request) -> bool:
-    "Would waiting request `r` be admitted this step, after the running requests took their tokens and blocks?"
+    """Would waiting request `r` be admitted this step, after the running requests took their tokens
+    and blocks?"""
     cfg, kv = self.config, self.kv_cache_manager
     if len(self.running) >= cfg.max_num_seqs:
         return False
@@ -268,7 +320,8 @@ def _fits(self: Scheduler, r: Request) -> bool:
 
 @patch
 def _preempt_for_priority(self: Scheduler) -> list[str]:
-    "`priority` only: preempt strictly less urgent running requests while the most urgent waiting one does not fit."
+    """`priority` only: preempt strictly less urgent running requests while the most urgent waiting
+    one does not fit."""
     out = []
     if self.policy != "priority" or not len(self.waiting):
         return out
@@ -281,36 +334,21 @@ def _preempt_for_priority(self: Scheduler) -> list[str]:
 
 # %% ../nbs/03_scheduler.ipynb #2876ea34
 @patch
-def schedule(self: Scheduler) -> SchedulerOutput:
-    """Decide one step: which requests compute how many tokens.
-
-    There is no "prefill phase" and no "decode phase". Each request has `num_computed_tokens` and `num_tokens`
-    (prompt + output so far); each step the scheduler assigns tokens to requests so that `num_computed_tokens`
-    catches up with `num_tokens`. A whole prompt, a chunk of one (chunked prefill), one token (a decode), prompt
-    and output again (a recompute after preemption) are all the same move; a prefix-cache hit counts as computed.
-
-    Invariants of the result: at most `max_num_batched_tokens` tokens and at most `max_num_seqs` requests (running
-    list included); each scheduled chunk is exactly the request's next tokens, with KV blocks allocated for them;
-    running requests are served before waiting ones; waiting ones are admitted in policy order and stop at the
-    first that does not fit (nobody overtakes — except past a request whose LoRA adapter has no slot left), and
-    none is admitted in a step where a running one lost its blocks;
-    a preempted request holds no block and restarts from 0, and is not re-admitted in the same step; without
-    chunked prefill a prompt is never split."""
-    budget, cfg, kv = self.config.max_num_batched_tokens, self.config, self.kv_cache_manager
-    seqs = []
-    preempted = self._preempt_for_priority()
-    # 1. running requests: decodes and unfinished prefill chunks
-    blocks_short, i = False, 0
+def _schedule_running(
+    self: Scheduler, budget: int, preempted: list[str]
+) -> tuple[list[ScheduledSeq], int, bool]:
+    """1. The running requests, in order: decodes and unfinished prefill chunks, preempting from the
+    back when blocks run out. Returns their shares, the budget left, whether blocks ran short.
+    """
+    kv, seqs, blocks_short, i = self.kv_cache_manager, [], False, 0
     while i < len(self.running) and budget > 0:
         r = self.running[i]
         n = min(r.num_tokens - r.num_computed_tokens, budget)
-        k = self._num_spec_tokens(
-            r, n, budget
-        )  # draft tokens to verify (0 without speculative decoding)
-        while kv.allocate_slots(r, n + k) is None:
-            if k:
-                k = 0
-                continue  # no room for the drafts: a plain decode
+        ahead = self._lookahead(r, n, budget)  # (none without a step extension that guesses)
+        while kv.allocate_slots(r, n + len(ahead)) is None:
+            if ahead:
+                ahead = []
+                continue  # no room for the guesses: a plain decode
             victim = self.running.pop()
             self._preempt(victim)
             preempted.append(victim.request_id)
@@ -319,21 +357,18 @@ def schedule(self: Scheduler) -> SchedulerOutput:
                 break
         if r.status != RequestStatus.RUNNING:
             break
-        seqs.append(self._seq(r, n, k=k))
-        budget -= n + k
+        seqs.append(self._seq(r, n, lookahead=ahead))
+        budget -= n + len(ahead)
         i += 1
-    # 2. waiting requests, unless running ones just ran out of blocks; never re-admit this step's victims;
-    #    with LoRA, never more distinct adapters among the running requests than `max_loras` (the device's slots)
-    loras, skipped = (
-        ({r.lora_int_id for r in self.running if r.lora_int_id} if cfg.max_loras else set()),
-        [],
-    )
-    while (
-        not blocks_short
-        and len(self.waiting)
-        and budget > 0
-        and len(self.running) < cfg.max_num_seqs
-    ):
+    return seqs, budget, blocks_short
+
+
+@patch
+def _schedule_waiting(self: Scheduler, budget: int, preempted: list[str]) -> list[ScheduledSeq]:
+    """2. Waiting requests in policy order while budget, blocks and `max_num_seqs` allow; never this
+    step's victims. One an extension's `can_admit` refuses waits, and those behind it may pass."""
+    cfg, kv, seqs, skipped = self.config, self.kv_cache_manager, [], []
+    while len(self.waiting) and budget > 0 and len(self.running) < cfg.max_num_seqs:
         r = self.waiting.peek()
         if r.request_id in preempted:
             break
@@ -341,14 +376,9 @@ def schedule(self: Scheduler) -> SchedulerOutput:
         n = r.num_tokens - num_cached
         if not cfg.enable_chunked_prefill and n > budget:
             break
-        if (
-            cfg.max_loras
-            and r.lora_int_id
-            and r.lora_int_id not in loras
-            and len(loras) >= cfg.max_loras
-        ):
+        if not all(e.can_admit(r, self.running) for e in self.extensions):
             skipped.append(self.waiting.pop())
-            continue  # no slot left for its adapter: it waits, others pass (vLLM)
+            continue
         n = min(n, budget)
         if kv.allocate_slots(r, n, hits) is None:
             break
@@ -357,64 +387,82 @@ def schedule(self: Scheduler) -> SchedulerOutput:
         if r.num_cached_tokens < 0:
             r.num_cached_tokens = num_cached
         self._admit(r)
-        if r.lora_int_id:
-            loras.add(r.lora_int_id)
         seqs.append(self._seq(r, n, new=True, num_cached=num_cached))
         budget -= n
     for r in reversed(skipped):
         self.waiting.add_preempted(r)  # back at the head, in their order
+    return seqs
+
+# %% ../nbs/03_scheduler.ipynb #sched03
+@patch
+def schedule(self: Scheduler) -> SchedulerOutput:
+    """Decide one step: which requests compute how many tokens.
+
+    There is no "prefill phase" and no "decode phase". Each request has `num_computed_tokens` and
+    `num_tokens` (prompt + output so far); each step the scheduler assigns tokens to requests so
+    that `num_computed_tokens` catches up with `num_tokens`. A whole prompt, a chunk of one (chunked
+    prefill), one token (a decode), prompt and output again (a recompute after preemption) are all
+    the same move; a prefix-cache hit counts as computed.
+
+    Invariants of the result: at most `max_num_batched_tokens` tokens and at most `max_num_seqs`
+    requests (running list included); each scheduled chunk is exactly the request's next tokens,
+    with KV blocks allocated for them; running requests are served before waiting ones; waiting ones
+    are admitted in policy order and stop at the first that does not fit (nobody overtakes — except
+    past a request that an extension's `can_admit` refuses), and none is admitted in a step where a
+    running one lost its blocks; a preempted request holds no block and restarts from 0, and is not
+    re-admitted in the same step; without chunked prefill a prompt is never split."""
+    preempted = self._preempt_for_priority()
+    seqs, budget, blocks_short = self._schedule_running(
+        self.config.max_num_batched_tokens, preempted
+    )
+    if not blocks_short:  # no request is admitted in a step where a running one lost its blocks
+        seqs += self._schedule_waiting(budget, preempted)
     finished, self.finished_req_ids = self.finished_req_ids, []
     return SchedulerOutput(
-        seqs, preempted, finished, len(self.waiting), cfg.max_num_batched_tokens, kv.usage
+        seqs,
+        preempted,
+        finished,
+        len(self.waiting),
+        self.config.max_num_batched_tokens,
+        self.kv_cache_manager.usage,
     )
 
 # %% ../nbs/03_scheduler.ipynb #fd19a2f3
 @patch
 def update_from_output(
-    self: Scheduler, out: SchedulerOutput, sampled: dict[str, int | list[int]]
-) -> list[Request]:
-    """Advance the scheduled requests by the step's results; return the requests that got a new token (or, pooling, ended).
-    With speculative decoding a request may get a list of tokens (its accepted drafts, then one from the model): they
-    are taken one by one, each checked for a stop, and the list is cut (in `sampled`) where the request finished."""
-    updated = []
+    self: Scheduler, out: SchedulerOutput, sampled: dict[str, list[int]]
+) -> SchedulerUpdate:
+    """Advance the scheduled requests by the step's results: `sampled[req_id]` lists the tokens of
+    each request that sampled (one; more when its lookahead tokens were kept, then one of the
+    model's own). They are taken one by one, each checked for a stop; a request that sampled
+    nothing (`sampled` has no list for it) only advances."""
+    updated, kept, finished = [], {}, []
     for s in out.seqs:
         r = self.requests.get(s.req_id)
         if r is None or r.is_finished():
             continue
-        r.num_computed_tokens += s.num_tokens - len(s.spec_token_ids)
-        r.spec_token_ids = []
-        if not s.sample:
+        r.num_computed_tokens += s.num_tokens - s.num_lookahead_tokens
+        toks = sampled.get(s.req_id) if s.sample else None
+        if not toks:
             continue
-        if (
-            getattr(r, "pooling_params", None) is not None
-        ):  # a pooling request ends once its prompt is read
-            r.set_status(RequestStatus.FINISHED_STOPPED)
-            self._finish(r)
-            out.finished_after_step.append(r.request_id)
-            updated.append(r)
-            continue
-        toks = sampled[s.req_id]
-        for j, t in enumerate(toks if isinstance(toks, list) else [toks]):
-            if j:
-                r.num_computed_tokens += (
-                    1  # an accepted draft token: its K/V were written by this step
-                )
+        for j, t in enumerate(toks):
+            r.num_computed_tokens += j > 0  # a kept lookahead token: this step wrote its K/V
             r.append_output_token_ids(t)
             if check_stop(r, self.config.max_model_len):
                 self._finish(r)
-                out.finished_after_step.append(r.request_id)
-                if isinstance(toks, list):
-                    del toks[j + 1 :]
+                finished.append(r.request_id)
                 break
-        if s.spec_token_ids and not r.is_finished():  # give back the slots of the rejected drafts
+        kept[r.request_id] = list(toks[: j + 1])
+        if s.num_lookahead_tokens and not r.is_finished():  # the slots of the guesses not kept
             self.kv_cache_manager.rollback_slots(r, r.num_computed_tokens)
         updated.append(r)
-    return updated
+    return SchedulerUpdate(updated, kept, finished)
 
 
 @patch
 def _finish(self: Scheduler, r: Request):
-    "Forget a finished request: off the running list, blocks freed, reported in the next step's `finished_req_ids`."
+    """Forget a finished request: off the running list, blocks freed, reported in the next step's
+    `finished_req_ids`."""
     if r in self.running:
         self.running.remove(r)
     self.kv_cache_manager.free(r)
@@ -445,8 +493,11 @@ def simulate(
     max_steps: int = 100_000,
     token: int | Callable[[Request], int] = 7,
     on_step: Callable | None = None,
+    on_update: Callable | None = None,
 ) -> list[SchedulerOutput]:
-    "Drive `scheduler` with a fake model that samples `token` (or `token(request)`); `arrivals` adds requests at given steps."
+    """Drive `scheduler` with a fake model that samples `token` (or `token(request)`); `arrivals`
+    adds requests at given steps. Returns each step's decision; `on_step(step, scheduler, out)`
+    sees each decision before the update, `on_update(step, out, update)` each `SchedulerUpdate`."""
     for r in requests:
         scheduler.add_request(r)
     trace, arrivals = [], arrivals or {}
@@ -459,8 +510,9 @@ def simulate(
         out = scheduler.schedule()
         if on_step is not None:
             on_step(step, scheduler, out)
-        scheduler.update_from_output(
-            out, {s.req_id: pick(scheduler.requests[s.req_id]) for s in out.seqs if s.sample}
-        )
+        sampled = {s.req_id: [pick(scheduler.requests[s.req_id])] for s in out.seqs if s.sample}
+        upd = scheduler.update_from_output(out, sampled)
+        if on_update is not None:
+            on_update(step, out, upd)
         trace.append(out)
     return trace

@@ -8,12 +8,18 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 from fastcore.basics import patch
-from .config import EngineArgs, EngineConfig, SpeculativeConfig
+from .config import EngineArgs, EngineConfig
 from .request import Request
 from .block_manager import cdiv
-from .scheduler import Scheduler, SchedulerOutput, ScheduledSeq
+from minivllm.scheduler import (
+    Scheduler,
+    SchedulerOutput,
+    ScheduledSeq,
+    StepExtension,
+    register_extension,
+)
 from .model import ModelRunner
-from .sampler import Sampler, SamplingMetadata, logprobs_dict
+from .sampler import Sampler, SamplingMetadata, SampledTokens, logprobs_dict
 
 # %% auto #0
 __all__ = ['ngram_propose', 'num_draft_tokens', 'NgramProposer', 'rejection_sample', 'verify_drafts', 'DraftModelProposer',
@@ -21,7 +27,8 @@ __all__ = ['ngram_propose', 'num_draft_tokens', 'NgramProposer', 'rejection_samp
 
 # %% ../nbs/07b_spec_decode.ipynb #a4556dab
 def ngram_propose(token_ids: list[int], min_n: int, max_n: int, k: int) -> list[int]:
-    "Prompt lookup: the (up to `k`) tokens that followed the latest earlier occurrence of the longest suffix of `min_n…max_n` tokens."
+    """Prompt lookup: the (up to `k`) tokens that followed the latest earlier occurrence of the
+    longest suffix of `min_n…max_n` tokens."""
     a = np.asarray(token_ids, dtype=np.int64)
     L = len(a)
     for n in range(min(max_n, L - 1), min_n - 1, -1):
@@ -36,12 +43,10 @@ def ngram_propose(token_ids: list[int], min_n: int, max_n: int, k: int) -> list[
 
 # %% ../nbs/07b_spec_decode.ipynb #d1b6838c
 def num_draft_tokens(r: Request, k: int, max_model_len: int) -> int:
-    "How many tokens are worth proposing for `r`: at most `k`, none past `max_model_len`, none `max_tokens` leaves no room for."
+    """How many tokens are worth proposing for `r`: at most `k`, none past `max_model_len`, none
+    `max_tokens` leaves no room for."""
     sp = r.sampling_params
-    if (
-        getattr(sp, "structured_outputs", None) is not None
-        or getattr(r, "pooling_params", None) is not None
-    ):
+    if sp.structured_outputs is not None or r.pooling_params is not None:
         return 0
     left = max_model_len - r.num_tokens
     if sp.max_tokens is not None:
@@ -70,10 +75,11 @@ def rejection_sample(
     draft_probs: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
 ) -> list[int]:
-    """Exact speculative sampling for one request. `target_probs` `[k+1, V]`: the target's distribution after each
-    position; `draft_probs` `[k, V]`: the proposer's (None: each guess was one token for sure, `q` is one-hot).
-    Accept guess `j` with probability `min(1, p_j(d)/q_j(d))`; at the first rejection draw from
-    `max(0, p_j − q_j)/Z` and stop; with all `k` accepted draw a bonus token from `p_k`."""
+    """Exact speculative sampling for one request. `target_probs` `[k+1, V]`: the target's
+    distribution after each position; `draft_probs` `[k, V]`: the proposer's (None: each guess
+    was one token for sure, `q` is one-hot). Accept guess `j` with probability `min(1,
+    p_j(d)/q_j(d))`; at the first rejection draw from `max(0, p_j − q_j)/Z` and stop; with all
+    `k` accepted draw a bonus token from `p_k`."""
     out = []
     for j, d in enumerate(draft_token_ids):
         p = target_probs[j]
@@ -93,7 +99,8 @@ def rejection_sample(
 
 # %% ../nbs/07b_spec_decode.ipynb #013e46a8
 class _AtDraft:
-    "What the sampler reads of request `r` once its first draft tokens `extra` are accepted: same parameters, longer output."
+    """What the sampler reads of request `r` once its first draft tokens `extra` are accepted: same
+    parameters, longer output."""
 
     def __init__(self, r: Request, extra: list[int]):
         self.request_id, self.sampling_params, self.generator = (
@@ -116,10 +123,11 @@ def verify_drafts(
     spec_logits: dict[str, torch.Tensor],
     spec_tokens: dict[str, list[int]],
 ) -> tuple[list[list[int]], list[list[dict] | None]]:
-    """Sample every verified row with the target's sampler; keep each request's draft tokens while they equal the
-    sampled ones, then its first disagreeing (or bonus) token. `logits[i]`: the row after `requests[i]`'s last token
-    (or last draft); `spec_logits[id]` `[k, V]`: the rows before each draft. Returns per request its new tokens and
-    (requests with `logprobs`) their logprob dicts."""
+    """Sample every verified row with the target's sampler; keep each request's draft tokens while
+    they equal the sampled ones, then its first disagreeing (or bonus) token. `logits[i]`: the
+    row after `requests[i]`'s last token (or last draft); `spec_logits[id]` `[k, V]`: the rows
+    before each draft. Returns per request its new tokens and (requests with `logprobs`) their
+    logprob dicts."""
     views, rows, starts = [], [], []
     for i, r in enumerate(requests):
         d = spec_tokens.get(r.request_id, [])
@@ -154,7 +162,8 @@ class _DraftState:
 
 
 class DraftModelProposer:
-    "vLLM's `draft_model` method: a small model with the same tokenizer, on its own paged KV cache, proposing greedily."
+    """vLLM's `draft_model` method: a small model with the same tokenizer, on its own paged KV
+    cache, proposing greedily."""
 
     def __init__(self, config: EngineConfig):
         sc, mc, cc = config.speculative_config, config.model_config, config.cache_config
@@ -178,8 +187,10 @@ class DraftModelProposer:
         self.config = args.create_engine_config()
         if self.config.model_config.get_vocab_size() != mc.get_vocab_size():
             raise ValueError(
-                f"speculative_config.model: the draft's vocabulary ({self.config.model_config.get_vocab_size()}) "
-                f"differs from the model's ({mc.get_vocab_size()}); a draft model needs the same tokenizer."
+                "speculative_config.model: the draft's vocabulary "
+                f"({self.config.model_config.get_vocab_size()}) "
+                f"differs from the model's ({mc.get_vocab_size()}); a draft model needs the same "
+                "tokenizer."
             )
         self.runner = ModelRunner(self.config)
         self.free, self.state = list(range(blocks - 1, -1, -1)), {}
@@ -201,7 +212,8 @@ def release(self: DraftModelProposer, alive):
 def propose(
     self: DraftModelProposer, requests: list[Request], ks: list[int], alive=()
 ) -> list[list[int]]:
-    "Up to `ks[i]` greedy guesses of the draft model for `requests[i]`: one catch-up chunk, then `k - 1` decodes."
+    """Up to `ks[i]` greedy guesses of the draft model for `requests[i]`: one catch-up chunk, then
+    `k - 1` decodes."""
     self.release(alive)
     seqs, want, drafts = [], {}, {r.request_id: [] for r in requests}
     for r, k in zip(requests, ks):
@@ -233,7 +245,8 @@ def propose(
 
 # %% ../nbs/07b_spec_decode.ipynb #85f6fc65
 def truncated_draft_model(model_dir, out_dir, num_layers: int) -> str:
-    "Save the first `num_layers` layers of the checkpoint in `model_dir` (and its tokenizer) as a draft model in `out_dir`."
+    """Save the first `num_layers` layers of the checkpoint in `model_dir` (and its tokenizer) as a
+    draft model in `out_dir`."""
     import json
     import shutil
     from pathlib import Path
@@ -300,8 +313,12 @@ class SpecDecodingStats:
         )
 
 # %% ../nbs/07b_spec_decode.ipynb #64b0bd7b
-class SpecDecoder:
-    "Speculative decoding inside the engine core: proposes after each step, verifies in the next, keeps the counters."
+@register_extension
+class SpecDecoder(StepExtension):
+    """Speculative decoding as a step extension: proposes after each step, verifies in the next,
+    keeps the counters."""
+
+    name = "spec_decoder"
 
     def __init__(self, config: EngineConfig):
         sc = config.speculative_config
@@ -313,12 +330,20 @@ class SpecDecoder:
             NgramProposer(config) if sc.method == "ngram" else DraftModelProposer(config)
         )
         self.stats = SpecDecodingStats(self.k)
+        self.drafts: dict[str, list[int]] = {}  # request id -> its guesses for the next step
+
+    @classmethod
+    def enabled(cls, config) -> bool:
+        return config.speculative_config is not None
+
+    @classmethod
+    def from_core(cls, core) -> SpecDecoder:
+        return cls(core.config)
 
     def propose(self, scheduler: Scheduler):
-        "Set `spec_token_ids` of every running request whose next step is a decode (and clear the others')."
-        reqs, ks = [], []
+        "Guesses for every running request whose next step is a decode (the others get none)."
+        reqs, ks, self.drafts = [], [], {}
         for r in scheduler.running:
-            r.spec_token_ids = []
             k = (
                 num_draft_tokens(r, self.k, self.max_model_len)
                 if r.num_computed_tokens == r.num_tokens - 1
@@ -328,26 +353,44 @@ class SpecDecoder:
                 reqs.append(r)
                 ks.append(k)
         for r, d in zip(reqs, self.proposer.propose(reqs, ks, alive=scheduler.requests)):
-            r.spec_token_ids = d
+            self.drafts[r.request_id] = d
 
-    def verify(
-        self,
-        sampler: Sampler,
-        requests: list[Request],
-        logits: torch.Tensor,
-        out: SchedulerOutput,
-        spec_logits: dict[str, torch.Tensor],
-    ) -> tuple[dict[str, list[int]], dict[str, list[dict]], dict[str, tuple[int, int]]]:
-        "Sample the step's rows (`verify_drafts`); count; return tokens and logprobs by request id, and (proposed, accepted) by id."
-        spec = {s.req_id: s.spec_token_ids for s in out.seqs if s.spec_token_ids}
-        new, lps = verify_drafts(sampler, requests, logits, spec_logits, spec)
-        counts = {}
-        for r, toks in zip(requests, new):
-            if r.request_id in spec:
-                counts[r.request_id] = (len(spec[r.request_id]), len(toks) - 1)
-                self.stats.observe(*counts[r.request_id])
-        return (
-            {r.request_id: t for r, t in zip(requests, new)},
-            {r.request_id: l for r, l in zip(requests, lps) if l is not None},
-            counts,
-        )
+    def after_step(self, scheduler: Scheduler, timer):
+        self.propose(scheduler)
+        timer.lap("propose")
+
+    def lookahead_token_ids(self, request: Request) -> list[int]:
+        return self.drafts.get(request.request_id, [])
+
+# %% ../nbs/07b_spec_decode.ipynb #sd07bhooks
+@patch
+def logits_rows(self: SpecDecoder, out: SchedulerOutput, requests) -> dict[str, tuple[int, int]]:
+    "The rows before each guess (the row after the last one is the sampling row)."
+    return {
+        s.req_id: (s.num_tokens - 1 - s.num_lookahead_tokens, s.num_lookahead_tokens)
+        for s in out.seqs
+        if s.num_lookahead_tokens
+    }
+
+
+@patch
+def sample(self: SpecDecoder, sampler, requests, logits, out, result) -> SampledTokens | None:
+    "Verify the step's guesses (`verify_drafts`) and count them; None in a step without guesses."
+    spec = {
+        s.req_id: s.token_ids[-s.num_lookahead_tokens :] for s in out.seqs if s.num_lookahead_tokens
+    }
+    if not spec:
+        return None
+    new, lps = verify_drafts(sampler, requests, logits, result.extra_logits, spec)
+    for r, toks in zip(requests, new):
+        if r.request_id in spec:
+            self.stats.observe(len(spec[r.request_id]), len(toks) - 1)
+    return SampledTokens(
+        {r.request_id: t for r, t in zip(requests, new)},
+        {r.request_id: l for r, l in zip(requests, lps) if l is not None},
+    )
+
+
+@patch
+def scheduler_stats(self: SpecDecoder) -> dict:
+    return {"spec_decoding_stats": self.stats.copy()}

@@ -17,7 +17,7 @@ from .request import Request
 
 # %% auto #0
 __all__ = ['grammar_key', 'grammar_from_key', 'validate_structured_outputs', 'bitmask_to_bool', 'apply_token_bitmask',
-           'count_allowed', 'GrammarState', 'StructuredOutputManager']
+           'count_allowed', 'GrammarState', 'StructuredOutputManager', 'StructuredOutputs']
 
 # %% ../nbs/06b_structured_outputs.ipynb #bd8d04b0
 def _xgr():
@@ -28,7 +28,8 @@ def _xgr():
 
 
 def grammar_key(so: StructuredOutputsParams) -> tuple[str, str, bool]:
-    "A hashable key of the constraint: its kind, its text (a schema as canonical JSON), and whether JSON may hold any whitespace."
+    """A hashable key of the constraint: its kind, its text (a schema as canonical JSON), and
+    whether JSON may hold any whitespace."""
     kind, v = so.kind, getattr(so, so.kind)
     if kind == "json":
         if isinstance(v, str):
@@ -53,7 +54,8 @@ def _clean(e: Exception) -> str:
 
 @functools.lru_cache(maxsize=512)
 def grammar_from_key(key: tuple[str, str, bool]):
-    "The xgrammar `Grammar` of a `grammar_key` (memoised); a `ValueError` that says what is wrong with an invalid spec."
+    """The xgrammar `Grammar` of a `grammar_key` (memoised); a `ValueError` that says what is wrong
+    with an invalid spec."""
     xgr, (kind, text, any_ws) = _xgr(), key
     try:
         if kind == "json":
@@ -71,12 +73,14 @@ def grammar_from_key(key: tuple[str, str, bool]):
 
 
 def validate_structured_outputs(so: StructuredOutputsParams) -> None:
-    "Raise a `ValueError` naming the problem if `so` cannot be turned into a grammar (the processor calls this when a request arrives)."
+    """Raise a `ValueError` naming the problem if `so` cannot be turned into a grammar (the
+    processor calls this when a request arrives)."""
     grammar_from_key(grammar_key(so))
 
 # %% ../nbs/06b_structured_outputs.ipynb #c9ed9854
 def bitmask_to_bool(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    "The `[R, ⌈V/32⌉]` int32 bitmask as an `[R, V]` bool tensor: token `t` is allowed iff bit `t % 32` of word `t // 32` is set."
+    """The `[R, ⌈V/32⌉]` int32 bitmask as an `[R, V]` bool tensor: token `t` is allowed iff bit `t %
+    32` of word `t // 32` is set."""
     shifts = torch.arange(32, dtype=torch.int32, device=bitmask.device)
     bits = (bitmask[:, :, None] >> shifts) & 1
     return bits.reshape(bitmask.shape[0], -1)[:, :vocab_size].bool()
@@ -85,7 +89,8 @@ def bitmask_to_bool(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
 def apply_token_bitmask(
     logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor | None = None
 ) -> torch.Tensor:
-    "Set the logits of the tokens each row's bitmask forbids to −∞, in place, in one operation; `rows`: which rows of `logits` the bitmask's rows are (all if None)."
+    """Set the logits of the tokens each row's bitmask forbids to −∞, in place, in one operation;
+    `rows`: which rows of `logits` the bitmask's rows are (all if None)."""
     allowed = bitmask_to_bool(bitmask.to(logits.device), logits.shape[-1])
     if rows is None:
         return logits.masked_fill_(~allowed, float("-inf"))
@@ -100,7 +105,8 @@ def count_allowed(bitmask: torch.Tensor, vocab_size: int) -> list[int]:
 # %% ../nbs/06b_structured_outputs.ipynb #77925c7f
 @dataclass
 class GrammarState:
-    "Where one request is in its grammar: the compiled grammar (a `Future`), its matcher, and how many output tokens it accepted."
+    """Where one request is in its grammar: the compiled grammar (a `Future`), its matcher, and how
+    many output tokens it accepted."""
 
     key: tuple
     compiled: Future
@@ -110,7 +116,8 @@ class GrammarState:
 
 
 class StructuredOutputManager:
-    "Compiles each distinct structured-output spec once, keeps one matcher per constrained request, and masks the logits of the rows that need it."
+    """Compiles each distinct structured-output spec once, keeps one matcher per constrained
+    request, and masks the logits of the rows that need it."""
 
     def __init__(
         self,
@@ -137,7 +144,8 @@ class StructuredOutputManager:
         )  # cost of `mask_logits`, summed
 
     def compile(self, so: StructuredOutputsParams) -> Future:
-        "The compiled grammar of `so` as a `Future`, started on the worker thread the first time this spec is seen."
+        """The compiled grammar of `so` as a `Future`, started on the worker thread the first time
+        this spec is seen."""
         key = grammar_key(so)
         if key not in self.compiled:
             grammar = grammar_from_key(key)  # raises ValueError for an invalid spec, here and now
@@ -145,7 +153,8 @@ class StructuredOutputManager:
         return self.compiled[key]
 
     def add_request(self, request: Request):
-        "Start tracking a request that has `structured_outputs` (its grammar compiles in the background)."
+        """Start tracking a request that has `structured_outputs` (its grammar compiles in the
+        background)."""
         so = request.sampling_params.structured_outputs
         self.states[request.request_id] = GrammarState(grammar_key(so), self.compile(so))
 
@@ -157,7 +166,8 @@ class StructuredOutputManager:
 # %% ../nbs/06b_structured_outputs.ipynb #e2a9ebc7
 @patch
 def _matcher(self: StructuredOutputManager, st: GrammarState):
-    "The request's matcher, created (after waiting for its grammar, if still compiling) on first use."
+    """The request's matcher, created (after waiting for its grammar, if still compiling) on first
+    use."""
     if st.matcher is None:
         st.matcher = _xgr().GrammarMatcher(st.compiled.result())
     return st.matcher
@@ -165,7 +175,8 @@ def _matcher(self: StructuredOutputManager, st: GrammarState):
 
 @patch
 def sync(self: StructuredOutputManager, request: Request) -> bool:
-    "Advance (or roll back) the request's matcher to its output tokens; False if the grammar rejects one."
+    """Advance (or roll back) the request's matcher to its output tokens; False if the grammar
+    rejects one."""
     st = self.states[request.request_id]
     m, out = self._matcher(st), request.output_token_ids
     if len(out) < st.num_accepted:
@@ -206,7 +217,8 @@ def grammar_bitmask(self: StructuredOutputManager, requests: list[Request]) -> t
 def mask_logits(
     self: StructuredOutputManager, requests: list[Request], logits: torch.Tensor
 ) -> torch.Tensor:
-    "Mask the rows of `logits` (row i ↔ `requests[i]`) whose request is constrained, in one batched operation; in place."
+    """Mask the rows of `logits` (row i ↔ `requests[i]`) whose request is constrained, in one
+    batched operation; in place."""
     t0 = time.perf_counter()
     rows = [i for i, r in enumerate(requests) if self.needs_mask(r)]
     if rows:
@@ -225,7 +237,8 @@ def mask_logits(
 def advance(
     self: StructuredOutputManager, requests: list[Request]
 ) -> tuple[list[Request], list[Request]]:
-    "Accept the new output tokens of `requests`; returns the constrained ones whose grammar terminated, and those with a rejected token."
+    """Accept the new output tokens of `requests`; returns the constrained ones whose grammar
+    terminated, and those with a rejected token."""
     done, failed = [], []
     for r in requests:
         if r.request_id not in self.states:
@@ -235,3 +248,79 @@ def advance(
         elif self.is_terminated(r.request_id):
             done.append(r)
     return done, failed
+
+# %% ../nbs/06b_structured_outputs.ipynb #so06bext
+import logging
+from .request import RequestStatus
+from .scheduler import StepExtension, register_extension
+
+
+@register_extension
+class StructuredOutputs(StepExtension):
+    """Structured outputs in the engine: each constrained request's grammar, its mask before
+    sampling, advanced after."""
+
+    name = "structured_outputs"
+
+    def __init__(self, model_config):
+        self.model_config = model_config
+        self.manager: StructuredOutputManager | None = (
+            None  # built when a constrained request arrives
+        )
+
+    @classmethod
+    def enabled(cls, config) -> bool:
+        return True  # any request may be constrained
+
+    @classmethod
+    def from_core(cls, core) -> StructuredOutputs:
+        return cls(core.config.model_config)
+
+    def add_request(self, request: Request):
+        """A constrained request starts compiling its grammar (the manager is built, with the
+        model's tokenizer, once)."""
+        if request.sampling_params.structured_outputs is None:
+            return
+        if self.manager is None:
+            from transformers import AutoTokenizer
+
+            mc = self.model_config
+            tok = AutoTokenizer.from_pretrained(mc.tokenizer)
+            eos = getattr(mc.hf_config, "eos_token_id", None)  # (a GGUF model's config may lack it)
+            eos = tok.eos_token_id if eos is None else eos
+            eos = list(eos) if isinstance(eos, (list, tuple)) else [eos]
+            self.manager = StructuredOutputManager(tok, mc.get_vocab_size(), eos)
+        self.manager.add_request(request)
+
+# %% ../nbs/06b_structured_outputs.ipynb #so06bhooks
+@patch
+def process_logits(self: StructuredOutputs, requests: list[Request], logits: torch.Tensor):
+    """Engine hook, before sampling: the forbidden tokens of the constrained rows to −∞
+    (`mask_logits`)."""
+    return logits if self.manager is None else self.manager.mask_logits(requests, logits)
+
+
+@patch
+def update(self: StructuredOutputs, scheduler, step) -> dict:
+    """Accept the step\'s tokens; end requests whose grammar terminated ("stop"), abort any with a
+    rejected token."""
+    mgr = self.manager
+    if mgr is None:
+        return {}
+    done, failed = mgr.advance([r for r in step.update.updated if not r.is_finished()])
+    scheduler.finish_requests([r.request_id for r in done], RequestStatus.FINISHED_STOPPED)
+    scheduler.finish_requests([r.request_id for r in failed], RequestStatus.FINISHED_ABORTED)
+    if failed:
+        logging.getLogger("minivllm").warning(
+            "structured outputs: a token the grammar rejects was sampled for %s; aborted.",
+            [r.request_id for r in failed],
+        )
+    mgr.remove_requests([rid for rid in mgr.states if rid not in scheduler.requests])
+    return {}
+
+
+@patch
+def finish(self: StructuredOutputs, request_ids: list[str]):
+    "Engine hook: drop the matchers of requests ended from outside."
+    if self.manager is not None:
+        self.manager.remove_requests(request_ids)

@@ -141,9 +141,7 @@ def step_record(
     fin = list(
         finished
         if finished is not None
-        else dict.fromkeys(
-            list(getattr(o, "finished_req_ids", [])) + list(getattr(o, "finished_after_step", []))
-        )
+        else dict.fromkeys(list(getattr(o, "finished_req_ids", [])))
     )
     return StepRecord(
         step,
@@ -179,7 +177,7 @@ def record_scheduler(
         lab = labels(step, scheduler, out) if labels else None
         rd = reads(step, scheduler, out) if reads else None
         scheduler.update_from_output(
-            out, {s.req_id: pick(scheduler.requests[s.req_id]) for s in out.seqs if s.sample}
+            out, {s.req_id: [pick(scheduler.requests[s.req_id])] for s in out.seqs if s.sample}
         )
         recs.append(step_record(step, out, scheduler.kv_cache_manager, lab, rd))
     return recs
@@ -232,7 +230,7 @@ class EngineRecorder:
                 dict(self.texts),
             )
         )
-        self.records[-1].spec = dict(getattr(info, "spec", {}))
+        self.records[-1].spec = dict(info.lookahead)
 
     def add_outputs(self, outputs):
         """Remember the text of each `RequestOutput` (call with what `step()` returned; shown from

@@ -244,8 +244,18 @@ def test_repetition_penalty_matches_hf(runs, prompts, hf_model):
     assert got.token_ids != base.token_ids                            # the penalty changed the greedy text
 
 
-def test_random_requests_in_the_batch_ran(runs):
-    assert len(runs["random_a"].token_ids) > 0 and len(runs["random_b"].token_ids) > 0
+def test_random_requests_in_the_batch(runs, llm, prompts, hf_model):
+    "top_k=20 draws only among the model's 20 likeliest tokens (HF's logits); a seeded request draws as it does alone."
+    a = runs["random_a"].token_ids
+    ids = prompts["planets"] + a
+    with torch.no_grad():
+        logits = hf_model(torch.tensor([ids])).logits[0, len(prompts["planets"]) - 1 : -1]
+    top = logits.topk(20).indices.tolist()
+    assert len(a) == 6 or a[-1] == EOS
+    assert all(t in top[j] for j, t in enumerate(a)), (a, [top[j][:3] for j in range(len(a))])
+    sp = SamplingParams(temperature=0.7, min_p=0.1, presence_penalty=1.0, frequency_penalty=0.5, seed=5, max_tokens=6)
+    alone = llm.generate([TokensPrompt(prompt_token_ids=prompts["france"])], sp, use_tqdm=False)[0].outputs[0]
+    assert runs["random_b"].token_ids == alone.token_ids and len(alone.token_ids) > 0
 
 
 # ---- need the engine plumbing

@@ -105,7 +105,7 @@ def test_preemption_frees_exactly_the_victims_blocks():
             for rid, ids in tables.items():
                 if rid not in out.preempted_req_ids: assert sched.kv_cache_manager.get_block_ids(rid)[:len(ids)] == ids
             total += len(out.preempted_req_ids)
-            sched.update_from_output(out, {s.req_id: 1 for s in out.seqs if s.sample})
+            sched.update_from_output(out, {s.req_id: [1] for s in out.seqs if s.sample})
             step += 1
         assert all(r.num_output_tokens == r.sampling_params.max_tokens for r in rs)
     assert total > 20, total
@@ -120,8 +120,8 @@ def test_no_starvation_under_a_steady_stream(seed):
         p = rng.randint(4, 40)
         r = Request(f"s{k}", [rng.randrange(1000) for _ in range(p)], SamplingParams(max_tokens=rng.randint(2, 24), ignore_eos=True))
         arrivals[step] = [r]; arrived[r.request_id] = step
-    trace = simulate(sched, [], arrivals)
-    done = {rid: i for i, o in enumerate(trace) for rid in o.finished_after_step}
+    done = {}
+    trace = simulate(sched, [], arrivals, on_update=lambda i, o, u: done.update(dict.fromkeys(u.finished_req_ids, i)))
     assert set(done) == set(arrived)
     waits = [done[f"s{k}"] - arrived[f"s{k}"] for k in range(len(arrived))]
     assert sched.num_preemptions > 0
@@ -176,11 +176,13 @@ def test_scheduler_output_reports_the_step():
     sched = make_scheduler(max_num_batched_tokens=16)
     rs = [Request("a", list(range(5)), SamplingParams(max_tokens=2, ignore_eos=True)),
           Request("b", list(range(100, 130)), SamplingParams(max_tokens=1, ignore_eos=True))]   # no prefix shared with a
-    trace = simulate(sched, rs)
+    upds = []
+    trace = simulate(sched, rs, on_update=lambda i, o, u: upds.append(u))
     o0, o1 = trace[0], trace[1]
     assert o0.num_scheduled_tokens == {"a": 5, "b": 11} and o0.prefill_req_ids == ["a", "b"] and o0.decode_req_ids == []
     assert [s.new for s in o0.seqs] == [True, True] and [s.sample for s in o0.seqs] == [True, False]
-    assert o1.num_scheduled_tokens == {"a": 1, "b": 15} and o1.decode_req_ids == ["a"] and o1.finished_after_step == ["a"]
+    assert o1.num_scheduled_tokens == {"a": 1, "b": 15} and o1.decode_req_ids == ["a"] and upds[1].finished_req_ids == ["a"]
+    assert upds[1].new_token_ids == {"a": [7]} and upds[1].updated == [rs[0]]   # b still reads its prompt
     assert trace[2].finished_req_ids == ["a"]
     assert o0.token_budget == 16 and 0 < o0.kv_usage <= 1
     assert "prefill" in o0.summary() and "decode" in o1.summary()
@@ -202,9 +204,11 @@ def baseline():
 
 
 def run(engine, requests, arrivals=None):
-    "requests: (id, token ids, params, priority); arrivals: {step: [...]}. Returns ({id: token ids}, trace)."
-    trace, done, step, arrivals = [], {}, 0, arrivals or {}
-    watch = lambda info: trace.append(info.scheduler_output)      # a step observer: every step's scheduler decision
+    "requests: (id, token ids, params, priority); arrivals: {step: [...]}. Returns ({id: token ids}, trace, finished)."
+    trace, fins, done, step, arrivals = [], [], {}, 0, arrivals or {}
+    def watch(info):      # a step observer: every step's scheduler decision and the requests it finished
+        trace.append(info.scheduler_output)
+        fins.append(info.finished_req_ids)
     engine.step_observers.append(watch)
     for rid, ids, sp, prio in requests: engine.add_request(rid, TokensPrompt(prompt_token_ids=ids), sp, priority=prio)
     while engine.has_unfinished_requests() or step <= max(arrivals, default=-1):
@@ -213,7 +217,7 @@ def run(engine, requests, arrivals=None):
             if o.finished: done[o.request_id] = o.outputs[0].token_ids
         step += 1
     engine.step_observers.remove(watch)
-    return done, trace
+    return done, trace, fins
 
 
 def test_chunked_prefill_gives_the_unchunked_tokens(baseline, tokenizer):
@@ -223,17 +227,17 @@ def test_chunked_prefill_gives_the_unchunked_tokens(baseline, tokenizer):
     sp = SamplingParams(temperature=0, max_tokens=10)
     chunked = LLMEngine.from_engine_args(EngineArgs(dtype="float32", max_model_len=512, num_gpu_blocks_override=64, max_num_batched_tokens=64,
                                                     enable_prefix_caching=False))
-    got, trace = run(chunked, [("short", short_ids, sp, 0)], {1: [("long", long_ids, sp, 0)]})
+    got, trace, fins = run(chunked, [("short", short_ids, sp, 0)], {1: [("long", long_ids, sp, 0)]})
     chunks = [(i, s) for i, o in enumerate(trace) for s in o.seqs if s.req_id == "long" and s.is_prefill]
     assert len(chunks) >= -(-len(long_ids) // 64) and all(s.num_tokens <= 64 for _, s in chunks)
     assert [s.start_pos for _, s in chunks] == [sum(c.num_tokens for _, c in chunks[:k]) for k in range(len(chunks))]
     assert sum(s.num_tokens for _, s in chunks) == len(long_ids)
     assert [s.sample for _, s in chunks] == [False] * (len(chunks) - 1) + [True]     # only the last chunk samples
-    short_done = next(i for i, o in enumerate(trace) if "short" in o.finished_after_step)
+    short_done = next(i for i, f in enumerate(fins) if "short" in f)
     overlap = [i for i, _ in chunks if i <= short_done]
     assert len(overlap) >= 3 and all(trace[i].num_scheduled_tokens["short"] == 1 for i in overlap), "decodes starved by the long prompt"
     assert all(o.total_num_scheduled_tokens <= 64 for o in trace)
-    ref, _ = run(baseline, [("short", short_ids, sp, 0), ("long", long_ids, sp, 0)])
+    ref, *_ = run(baseline, [("short", short_ids, sp, 0), ("long", long_ids, sp, 0)])
     assert got == ref
 
 
@@ -247,14 +251,14 @@ def test_small_cache_with_priorities_gives_the_unconstrained_tokens(baseline, to
     g = lambda n: SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
     small = LLMEngine.from_engine_args(EngineArgs(dtype="float32", num_gpu_blocks_override=18, block_size=16, max_model_len=288,
                                                   max_num_batched_tokens=64, scheduling_policy="priority"))
-    got, trace = run(small, [(r, ids, g(n), 1) for r, ids, n in lows], {12: [(urgent[0], urgent[1], g(urgent[2]), 0)]})
+    got, trace, fins = run(small, [(r, ids, g(n), 1) for r, ids, n in lows], {12: [(urgent[0], urgent[1], g(urgent[2]), 0)]})
     admitted = next(i for i, o in enumerate(trace) if "urgent" in o.num_scheduled_tokens)
     assert admitted == 12 and trace[admitted].preempted_req_ids, "the urgent arrival should preempt a less urgent request"
     victims = [v for o in trace for v in o.preempted_req_ids]
     assert small.scheduler.num_preemptions == len(victims) >= 2 and "urgent" not in victims
-    finished_at = {r: i for i, o in enumerate(trace) for r in o.finished_after_step}
+    finished_at = {r: i for i, f in enumerate(fins) for r in f}
     assert all(finished_at["urgent"] < finished_at[r] for r in ("chat-1", "chat-2"))
-    ref, _ = run(baseline, [(r, ids, g(n), 0) for r, ids, n in lows + [urgent]])
+    ref, *_ = run(baseline, [(r, ids, g(n), 0) for r, ids, n in lows + [urgent]])
     assert got == ref
     kv = small.kv_cache_manager
     assert kv.block_pool.get_num_free_blocks() == kv.num_blocks

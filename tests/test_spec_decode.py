@@ -66,8 +66,8 @@ def test_greedy_identical(baseline, draft_dir, method, k):
         out = info.scheduler_output
         assert out.total_num_scheduled_tokens <= KW["max_num_batched_tokens"]
         for s in out.seqs:
-            if s.spec_token_ids: assert s.num_tokens == len(s.spec_token_ids) + 1 <= k + 1
-        for rid, (p, a) in info.spec.items(): assert len(info.sampled.get(rid, [])) <= a + 1 and a <= p
+            if s.num_lookahead_tokens: assert s.num_tokens == s.num_lookahead_tokens + 1 <= k + 1
+        for rid, (p, a) in info.lookahead.items(): assert len(info.sampled.get(rid, [])) <= a + 1 and a <= p
     kv = core.kv_cache_manager
     check_invariants(kv)
     assert kv.block_pool.get_num_free_blocks() == kv.num_blocks

@@ -150,7 +150,7 @@ def test_preemption_keeps_constrained_requests_valid():
     for o, s in zip(outs, schemas):
         assert o.outputs[0].finish_reason == "stop", o.outputs[0].text
         jsonschema.validate(json.loads(o.outputs[0].text), s)
-    assert small.llm_engine.engine_core.structured_output_manager.states == {}
+    assert small.llm_engine.engine_core.structured_outputs.manager.states == {}
 
 
 def test_server_json_schema_through_openai_client():
@@ -167,7 +167,12 @@ def test_server_json_schema_through_openai_client():
         jsonschema.validate(json.loads("".join(c.choices[0].delta.content or "" for c in s if c.choices)), schema)
         c = client.completions.create(model="smol", prompt="A JSON object:", max_tokens=60, temperature=0,
                                       extra_body={"response_format": {"type": "json_object"}})   # vLLM takes it on completions too
-        assert isinstance(json.loads(c.choices[0].text), dict)
+        jsonschema.validate(json.loads(c.choices[0].text), {"type": "object"})
+        assert c.choices[0].finish_reason == "stop"                  # the object is complete, not cut by max_tokens
+        c = client.completions.create(model="smol", prompt="A movie as JSON:", max_tokens=100, temperature=0,
+                                      extra_body={"response_format": rf})
+        jsonschema.validate(json.loads(c.choices[0].text), schema)
+        assert c.choices[0].finish_reason == "stop"
         c = client.completions.create(model="smol", prompt="The answer is", max_tokens=5, temperature=0, extra_body={"structured_outputs": {"choice": ["yes", "no"]}})
         assert c.choices[0].text in ("yes", "no")
         with pytest.raises(openai.BadRequestError, match="parenthesis"):
