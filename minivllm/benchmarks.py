@@ -1371,7 +1371,7 @@ def structured_outputs_cost(
                     structured_outputs=so,
                 ),
             )
-        mgr, acc = eng.engine_core._so_manager, accs[mode]
+        mgr, acc = eng.engine_core.structured_outputs.manager, accs[mode]
         probe = lambda: mgr.mask_seconds if mgr is not None else 0.0
         for dt, info, mask in _decode_steps(eng, num_requests, warmup_steps, probe):
             acc["step"].append(dt)

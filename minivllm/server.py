@@ -667,7 +667,7 @@ async def compile_grammar(app, sp: SamplingParams, param: str = "structured_outp
     if so is None:
         return
     fut = await app.state.engine.run_in_engine(
-        lambda e: e.engine_core.structured_output_manager.compile(so)
+        lambda e: e.engine_core.structured_outputs.get_manager().compile(so)
     )
     try:  # (shielded: the compilation is shared with later requests of the same schema)
         await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(fut)), app.state.prep_timeout)

@@ -276,11 +276,8 @@ class StructuredOutputs(StepExtension):
     def from_core(cls, core) -> StructuredOutputs:
         return cls(core.config.model_config)
 
-    def add_request(self, request: Request):
-        """A constrained request starts compiling its grammar (the manager is built, with the
-        model's tokenizer, once)."""
-        if request.sampling_params.structured_outputs is None:
-            return
+    def get_manager(self) -> StructuredOutputManager:
+        "The grammars and matchers, built with the model's tokenizer on first use."
         if self.manager is None:
             from transformers import AutoTokenizer
 
@@ -290,7 +287,12 @@ class StructuredOutputs(StepExtension):
             eos = tok.eos_token_id if eos is None else eos
             eos = list(eos) if isinstance(eos, (list, tuple)) else [eos]
             self.manager = StructuredOutputManager(tok, mc.get_vocab_size(), eos)
-        self.manager.add_request(request)
+        return self.manager
+
+    def add_request(self, request: Request):
+        "A constrained request starts compiling its grammar."
+        if request.sampling_params.structured_outputs is not None:
+            self.get_manager().add_request(request)
 
 # %% ../nbs/06b_structured_outputs.ipynb #so06bhooks
 @patch
