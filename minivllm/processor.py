@@ -28,7 +28,8 @@ _UNIMPLEMENTED_PROMPT_KEYS = (
 
 
 def check_prompt_keys(prompt: dict) -> None:
-    "A dict prompt holds only what minivllm uses: vLLM's other keys raise by name (unless empty), unknown keys too."
+    """A dict prompt holds only what minivllm uses: vLLM's other keys raise by name (unless empty),
+    unknown keys too."""
     for k, v in prompt.items():
         if k in _PROMPT_KEYS:
             continue
@@ -39,12 +40,14 @@ def check_prompt_keys(prompt: dict) -> None:
                 f"prompt key {k!r} is not implemented in minivllm (text-only models)."
             )
         raise ValueError(
-            f"Unknown prompt key {k!r}: a prompt dict takes {' and/or '.join(map(repr, _PROMPT_KEYS))}."
+            f"Unknown prompt key {k!r}: a prompt dict takes "
+            f"{' and/or '.join(map(repr, _PROMPT_KEYS))}."
         )
 
 
 class Processor:
-    "Validate and tokenize user input into `Request`s (vLLM's `Processor`, the input side of the engine)."
+    """Validate and tokenize user input into `Request`s (vLLM's `Processor`, the input side of the
+    engine)."""
 
     def __init__(self, config: EngineConfig, tokenizer):
         self.config, self.tokenizer = config, tokenizer
@@ -82,11 +85,13 @@ class Processor:
         ]
         if bad:
             raise ValueError(
-                f"prompt_token_ids: token id {bad[0]!r} is out of the vocabulary (size {self.vocab_size})."
+                f"prompt_token_ids: token id {bad[0]!r} is out of the vocabulary (size "
+                f"{self.vocab_size})."
             )
         if len(ids) > self.max_model_len:
             raise ValueError(
-                f"The prompt (length {len(ids)}) is longer than the maximum model length of {self.max_model_len}."
+                f"The prompt (length {len(ids)}) is longer than the maximum model length of "
+                f"{self.max_model_len}."
             )
         return text, ids
 
@@ -95,7 +100,8 @@ class Processor:
 def prepare_params(
     self: Processor, params: SamplingParams, num_prompt_tokens: int
 ) -> SamplingParams:
-    "A checked copy of `params` for a prompt of `num_prompt_tokens` tokens: verified, bad words tokenized, structured outputs checked, `max_tokens` set."
+    """A checked copy of `params` for a prompt of `num_prompt_tokens` tokens: verified, bad words
+    tokenized, structured outputs checked, `max_tokens` set."""
     params = params.clone()
     params.verify(self.config.model_config)  # token ids in the vocabulary, logprobs <= max_logprobs
     params.update_from_tokenizer(self.tokenizer)  # bad_words -> token ids, for the sampler
@@ -112,14 +118,16 @@ def prepare_params(
 # %% ../nbs/08_processor.ipynb #69972355
 @dataclass
 class ParentRequest:
-    "vLLM's `ParentRequest`: a user request with `n > 1`, fanned out into `n` child `Request`s that point back at it."
+    """vLLM's `ParentRequest`: a user request with `n > 1`, fanned out into `n` child `Request`s
+    that point back at it."""
 
     request_id: str
     sampling_params: SamplingParams
     child_request_ids: list[str] = field(default_factory=list)
 
     def child_params(self, index: int) -> SamplingParams:
-        "The parameters of sample `index`: `n = 1` and, for a seeded request, the seed `seed + index`."
+        """The parameters of sample `index`: `n = 1` and, for a seeded request, the seed `seed +
+        index`."""
         p = self.sampling_params.clone()
         p.n = 1
         if p.seed is not None:
@@ -146,7 +154,8 @@ def pooling_request(
     arrival_time: float | None = None,
     priority: int = 0,
 ) -> Request:
-    "The `Request` of a pooling request: a checked copy of `params` rides on it, and a placeholder `SamplingParams`."
+    """The `Request` of a pooling request: a checked copy of `params` rides on it, and a placeholder
+    `SamplingParams`."""
     params = params.clone()
     params.verify(self.config.model_config)
     return Request(
@@ -171,8 +180,10 @@ def process(
     priority: int = 0,
     in_use: Container[str] = (),
 ) -> list[Request]:
-    """One `Request` per sequence to generate, ready for the scheduler: the request itself (`n = 1`) or its `n`
-    children, each with `parent_request_id=request_id`. Their ids avoid `in_use` (the engine's live sequences)."""
+    """One `Request` per sequence to generate, ready for the scheduler: the request itself (`n = 1`)
+    or its `n`
+    children, each with `parent_request_id=request_id`. Their ids avoid `in_use` (the engine's live
+    sequences)."""
     if not isinstance(request_id, str):
         raise TypeError(f"request_id must be a str, got {type(request_id).__name__}")
     params = SamplingParams() if params is None else params

@@ -6,6 +6,8 @@
 from __future__ import annotations
 import argparse
 import gc
+import importlib
+import importlib.util
 import logging
 import sys
 import types
@@ -347,7 +349,8 @@ def register_vllm_modules(table: dict[str, dict] = VLLM_MODULES) -> None:
     parents = {p.rsplit(".", i)[0] for p in table for i in range(1, p.count(".") + 1)}
     for path in sorted(parents | set(table), key=lambda p: p.count(".")):
         name = f"minivllm.{path}"
-        if path not in table and name in sys.modules:  # a lesson's module (minivllm.lora)
+        if path not in table and (name in sys.modules or importlib.util.find_spec(name)):
+            importlib.import_module(name)  # a lesson's module (minivllm.lora): the real one
             continue
         m = _thin_module(name, table.get(path, {}), package=path in parents)
         sys.modules[name] = m
