@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -39,7 +40,9 @@ class ForwardContext:
     attn_fn: object
 
 
-_CTX = threading.local()
+# One holder per process: a notebook that runs this cell again (and so registers the op again) reads
+# and writes the same contexts as the package's runner.
+_CTX = getattr(sys.modules.get("minivllm.compilation"), "_CTX", None) or threading.local()
 
 
 @contextlib.contextmanager
