@@ -710,6 +710,9 @@ def base_app(
     # selects one
     s.loras = {}
     s.on_engine_dead, s.engine_dead = None, False  # `cmd_serve` sets the first: stop the server
+    # what `build_app` sets from its arguments, at their defaults for an app built route by route
+    s.chat_template, s.content_format, s.trust_request_chat_template = None, "auto", False
+    s.enable_auto_tool_choice, s.tool_call_parser = False, None
     init_prep(app)
     _add_error_handlers(app)
     app.add_middleware(_Guard, owner=app, api_key=api_key, max_body_bytes=max_body_bytes)

@@ -191,3 +191,37 @@ def test_offline_llm_with_dead_workers_says_so(tp_dir):
     assert time.monotonic() - t < 1
     kv = llm.llm_engine.kv_cache_manager
     assert not llm.llm_engine.has_unfinished_requests() and kv.block_pool.get_num_free_blocks() == kv.num_blocks
+
+
+def _stream_gaps(base: str, out: list, started: threading.Event):
+    "One streamed completion; the seconds between its chunks go to `out`."
+    body = {"prompt": "Count slowly:", "max_tokens": 1500, "ignore_eos": True, "stream": True}
+    last = None
+    with httpx.stream("POST", base + "/v1/completions", json=body, timeout=120) as r:
+        for line in r.iter_lines():
+            if not line.startswith("data: {"): continue
+            now = time.perf_counter()
+            if last is not None: out.append(now - last)
+            last = now
+            started.set()
+
+
+def test_grammar_compile_does_not_stall_other_streams(server):
+    """A schema whose grammar takes over a second to compile (a 400,000-character string) is compiled off the
+    event loop and off the step loop: two streams running meanwhile keep their pace (the issue saw a 1.4 s stall)."""
+    gaps, started = [[], []], [threading.Event(), threading.Event()]
+    streams = [threading.Thread(target=_stream_gaps, args=(server, g, s)) for g, s in zip(gaps, started)]
+    for t in streams: t.start()
+    for s in started: assert s.wait(60)
+    n = 400_000 + os.getpid() % 1000          # a length no earlier run compiled (the grammar cache would answer)
+    schema = {"type": "object", "properties": {"a": {"type": "string", "maxLength": n}}, "required": ["a"]}
+    body = {"prompt": "JSON:", "max_tokens": 4, "response_format": {"type": "json_schema",
+            "json_schema": {"name": "big", "schema": schema}}}
+    t = time.perf_counter()
+    r = httpx.post(server + "/v1/completions", json=body, timeout=120)
+    took = time.perf_counter() - t
+    for th in streams: th.join()
+    assert r.status_code == 200, r.text[:300]
+    assert took > 0.5, f"the grammar compiled in {took:.2f} s: too fast to show a stall"
+    assert all(len(g) > 10 for g in gaps)
+    assert max(max(g) for g in gaps) < 1.0, [round(max(g), 2) for g in gaps]
