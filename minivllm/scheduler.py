@@ -7,15 +7,14 @@ from __future__ import annotations
 import heapq
 import itertools
 from dataclasses import dataclass, field
-from typing import Callable
 from fastcore.basics import patch
 from .config import SchedulerConfig
 from .request import Request, RequestStatus, check_stop
 from .block_manager import KVCacheManager
 
 # %% auto #0
-__all__ = ['STEP_EXTENSIONS', 'ScheduledSeq', 'SchedulerOutput', 'SchedulerUpdate', 'WaitingQueue', 'StepExtension',
-           'register_extension', 'Scheduler', 'make_scheduler', 'simulate']
+__all__ = ['STEP_EXTENSIONS', 'ScheduledSeq', 'SchedulerOutput', 'SchedulerUpdate', 'StepExtension', 'register_extension',
+           'Scheduler', 'make_scheduler', 'simulate']
 
 # %% ../nbs/03_scheduler.ipynb #cdbe7ba4
 @dataclass
@@ -100,12 +99,13 @@ class SchedulerUpdate:
     finished_req_ids: list[str]  # the requests this step's tokens finished
 
 # %% ../nbs/03_scheduler.ipynb #50fd07c2
+#| code-fold: true
 def _urgency(r: Request):
     "Sort key of the priority policy: lower priority values first, then earlier arrivals."
     return (r.priority, r.arrival_time)
 
 
-class WaitingQueue:
+class _WaitingQueue:
     """Waiting requests in policy order, one heap for both policies: `fcfs` by arrival (preempted
     ones at the front), `priority` by (priority, arrival_time)."""
 
@@ -183,7 +183,7 @@ class Scheduler:
         self.config, self.kv_cache_manager = config, kv_cache_manager
         self.extensions = list(extensions)  # features' hooks (`can_admit`, `lookahead_token_ids`)
         self.policy = config.policy
-        self.waiting = WaitingQueue(self.policy)
+        self.waiting = _WaitingQueue(self.policy)
         self.running: list[Request] = []  # in preemption order: the last one is preempted first
         self.requests: dict[str, Request] = {}  # every unfinished request, by id
         self.finished_req_ids: list[str] = []  # finished since the last `schedule()`
@@ -451,13 +451,7 @@ def finish_requests(self: Scheduler, req_ids, status: RequestStatus) -> list[Req
 
 # %% ../nbs/03_scheduler.ipynb #3bb3f803
 def simulate(
-    scheduler: Scheduler,
-    requests: list[Request],
-    arrivals: dict[int, list[Request]] | None = None,
-    max_steps: int = 100_000,
-    token: int | Callable[[Request], int] = 7,
-    on_step: Callable | None = None,
-    on_update: Callable | None = None,
+    scheduler, requests, arrivals=None, max_steps=100_000, token=7, on_step=None, on_update=None
 ) -> list[SchedulerOutput]:
     """Drive `scheduler` with a fake model that samples `token` (or `token(request)`); `arrivals`
     adds requests at given steps. Returns each step's decision; `on_step(step, scheduler, out)`
