@@ -78,13 +78,6 @@ def write_kv_cache(
     kv_cache[0].view(nb * bs, h, d).index_copy_(0, slot_mapping, key.to(kv_cache.dtype))
     kv_cache[1].view(nb * bs, h, d).index_copy_(0, slot_mapping, value.to(kv_cache.dtype))
 
-# %% ../nbs/04_paged_attention.ipynb #26f9c7aa
-#| code-fold: true
-def _causal_mask(q_len: int, kv_len: int, device) -> torch.Tensor:
-    """Boolean mask [q_len, kv_len]: query j (at position kv_len - q_len + j) sees keys up to its
-    position."""
-    return torch.ones(q_len, kv_len, dtype=torch.bool, device=device).tril(kv_len - q_len)
-
 # %% ../nbs/04_paged_attention.ipynb #f81bc7fe
 def simple_paged_attention(q, k, v, kv_cache, md: AttentionMetadata, scale: float) -> torch.Tensor:
     """Write this step's `k`, `v` into `kv_cache`, then attend. q: [T, H, D]; k, v: [T, Hkv, D].
@@ -115,6 +108,13 @@ def simple_paged_attention(q, k, v, kv_cache, md: AttentionMetadata, scale: floa
             o = F.scaled_dot_product_attention(qi, ki, vi, _causal_mask(e - s, L, q.device), **gqa)
         out[s:e] = o.transpose(0, 1)
     return out
+
+# %% ../nbs/04_paged_attention.ipynb #26f9c7aa
+#| code-fold: true
+def _causal_mask(q_len: int, kv_len: int, device) -> torch.Tensor:
+    """Boolean mask [q_len, kv_len]: query j (at position kv_len - q_len + j) sees keys up to its
+    position."""
+    return torch.ones(q_len, kv_len, dtype=torch.bool, device=device).tril(kv_len - q_len)
 
 # %% ../nbs/04_paged_attention.ipynb #8bbf1be8
 def reference_attention(q_full, k_full, v_full, scale: float) -> torch.Tensor:
@@ -163,6 +163,20 @@ def make_paged_case(
         exp.append(reference_attention(qf, kf, vf, scale)[s - ql :])
     md = build_metadata(seq_lens, query_lens, tables, block_size)
     return torch.cat(qs), torch.cat(ks), torch.cat(vs), kv_cache, md, torch.cat(exp)
+
+# %% ../nbs/04_paged_attention.ipynb #024a6359
+def torch_paged_attention(q, k, v, kv_cache, md: AttentionMetadata, scale: float) -> torch.Tensor:
+    """Write this step's `k`, `v` into `kv_cache`, then attend. q: [T, H, D]; k, v: [T, Hkv, D].
+    Returns [T, H, D]."""
+    write_kv_cache(k, v, kv_cache, md.slot_mapping)
+    if not kv_cache.is_contiguous():
+        return simple_paged_attention(q, k, v, kv_cache, md, scale)
+    plan = _torch_plan(md, kv_cache)  # computed by the step's first layer, then remembered
+    out = torch.empty_like(q)
+    flat = kv_cache.view(2, kv_cache.shape[1], -1)  # [2, num_blocks, block_size * Hkv * D]
+    _attend_decode_groups(q, flat, kv_cache, plan, out, scale)
+    _attend_prefills(q, k, v, flat, plan, out, scale)
+    return out
 
 # %% ../nbs/04_paged_attention.ipynb #ac72c2d9
 #| code-fold: true
@@ -384,20 +398,6 @@ def _attend_decode_groups(q, flat, kv_cache, plan: _TorchPlan, out, scale: float
         qg = q[g.rows].view(g.n, hkv, H // hkv, d).to(kc.dtype)  # a KV head's query heads as rows
         o = F.scaled_dot_product_attention(qg, kc, vc, attn_mask=g.mask, scale=scale)
         out[g.rows] = o.reshape(g.n, H, d).to(q.dtype)
-
-# %% ../nbs/04_paged_attention.ipynb #024a6359
-def torch_paged_attention(q, k, v, kv_cache, md: AttentionMetadata, scale: float) -> torch.Tensor:
-    """Write this step's `k`, `v` into `kv_cache`, then attend. q: [T, H, D]; k, v: [T, Hkv, D].
-    Returns [T, H, D]."""
-    write_kv_cache(k, v, kv_cache, md.slot_mapping)
-    if not kv_cache.is_contiguous():
-        return simple_paged_attention(q, k, v, kv_cache, md, scale)
-    plan = _torch_plan(md, kv_cache)  # computed by the step's first layer, then remembered
-    out = torch.empty_like(q)
-    flat = kv_cache.view(2, kv_cache.shape[1], -1)  # [2, num_blocks, block_size * Hkv * D]
-    _attend_decode_groups(q, flat, kv_cache, plan, out, scale)
-    _attend_prefills(q, k, v, flat, plan, out, scale)
-    return out
 
 # %% ../nbs/04_paged_attention.ipynb #6cfcb5d3
 ATTENTION_BACKENDS: dict = {}  # name → attention function

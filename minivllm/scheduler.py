@@ -35,27 +35,6 @@ class ScheduledSeq:
     def num_tokens(self) -> int:
         return len(self.token_ids)
 
-# %% ../nbs/03_scheduler.ipynb #8f03143b
-#| code-fold: true
-def _summary(out: SchedulerOutput) -> str:
-    "`SchedulerOutput.summary`: one line per scheduled request, then preemptions and finishes."
-    lines = [
-        f"{s.req_id:>10}  {'prefill' if s.is_prefill else 'decode ':7} {s.num_tokens:4d} tokens"
-        f" from position {s.start_pos}"
-        + (f"  (new; {s.num_cached_tokens} cached)" if s.new else "")
-        + ("  → samples" if s.sample else "")
-        for s in out.seqs
-    ]
-    lines.append(
-        f"{out.total_num_scheduled_tokens}/{out.token_budget} tokens, "
-        f"KV usage {out.kv_usage:.0%}, {out.num_waiting} waiting"
-    )
-    if out.preempted_req_ids:
-        lines.append(f"preempted: {', '.join(out.preempted_req_ids)}")
-    if out.finished_req_ids:
-        lines.append(f"finished before this step: {', '.join(out.finished_req_ids)}")
-    return "\n".join(lines)
-
 # %% ../nbs/03_scheduler.ipynb #schout03
 @dataclass
 class SchedulerOutput:
@@ -87,6 +66,27 @@ class SchedulerOutput:
     def summary(self) -> str:
         "One line per scheduled request, then preemptions and finishes."
         return _summary(self)
+
+# %% ../nbs/03_scheduler.ipynb #8f03143b
+#| code-fold: true
+def _summary(out: SchedulerOutput) -> str:
+    "`SchedulerOutput.summary`: one line per scheduled request, then preemptions and finishes."
+    lines = [
+        f"{s.req_id:>10}  {'prefill' if s.is_prefill else 'decode ':7} {s.num_tokens:4d} tokens"
+        f" from position {s.start_pos}"
+        + (f"  (new; {s.num_cached_tokens} cached)" if s.new else "")
+        + ("  → samples" if s.sample else "")
+        for s in out.seqs
+    ]
+    lines.append(
+        f"{out.total_num_scheduled_tokens}/{out.token_budget} tokens, "
+        f"KV usage {out.kv_usage:.0%}, {out.num_waiting} waiting"
+    )
+    if out.preempted_req_ids:
+        lines.append(f"preempted: {', '.join(out.preempted_req_ids)}")
+    if out.finished_req_ids:
+        lines.append(f"finished before this step: {', '.join(out.finished_req_ids)}")
+    return "\n".join(lines)
 
 # %% ../nbs/03_scheduler.ipynb #schupd03
 @dataclass
