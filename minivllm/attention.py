@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 # %% auto #0
 __all__ = ['DECODE_GROUP_COST', 'MAX_GATHER_BYTES', 'ATTENTION_BACKENDS', 'AttentionMetadata', 'build_metadata', 'write_kv_cache',
-           'simple_paged_attention', 'reference_attention', 'make_paged_case', 'group_decodes', 'torch_paged_attention',
+           'simple_paged_attention', 'reference_attention', 'make_paged_case', 'torch_paged_attention',
            'register_attention_backend', 'get_attention_backend']
 
 # %% ../nbs/04_paged_attention.ipynb #69264453
@@ -20,9 +20,7 @@ class AttentionMetadata:
     "Where one step's tokens come from and go to in the paged cache."
 
     slot_mapping: torch.Tensor  # [num_tokens] int64: cache slot of each new token
-    query_start_loc: (
-        torch.Tensor
-    )  # [num_seqs + 1] int32: offsets of each request's queries in the batch
+    query_start_loc: torch.Tensor  # [num_seqs + 1] int32: where each request's queries start
     seq_lens: torch.Tensor  # [num_seqs] int32: context length after this step
     block_tables: torch.Tensor  # [num_seqs, max_blocks] int32, padded with 0
     num_decodes: int  # the first num_decodes requests have exactly one query token
@@ -80,57 +78,43 @@ def write_kv_cache(
     kv_cache[0].view(nb * bs, h, d).index_copy_(0, slot_mapping, key.to(kv_cache.dtype))
     kv_cache[1].view(nb * bs, h, d).index_copy_(0, slot_mapping, value.to(kv_cache.dtype))
 
-# %% ../nbs/04_paged_attention.ipynb #26f9c7aa
-def _causal_mask(q_len: int, kv_len: int, device) -> torch.Tensor:
-    """Boolean mask [q_len, kv_len]: query j (at position kv_len - q_len + j) sees keys up to its
-    position."""
-    return torch.ones(q_len, kv_len, dtype=torch.bool, device=device).tril(kv_len - q_len)
-
-
+# %% ../nbs/04_paged_attention.ipynb #f81bc7fe
 def simple_paged_attention(q, k, v, kv_cache, md: AttentionMetadata, scale: float) -> torch.Tensor:
     """Write this step's `k`, `v` into `kv_cache`, then attend. q: [T, H, D]; k, v: [T, Hkv, D].
     Returns [T, H, D]."""
     write_kv_cache(k, v, kv_cache, md.slot_mapping)
-    out = torch.empty_like(q)
+    out, gqa = torch.empty_like(q), dict(scale=scale, enable_gqa=True)
     nd, bs = md.num_decodes, kv_cache.shape[2]
-    seq_lens = md.seq_lens_cpu if md.seq_lens_cpu is not None else md.seq_lens.tolist()
-    qsl = (
-        md.query_start_loc_cpu
-        if md.query_start_loc_cpu is not None
-        else md.query_start_loc.tolist()
-    )
-    if nd:
-        max_len = max(seq_lens[:nd])
-        bt = md.block_tables[:nd, : (max_len + bs - 1) // bs]
+    seq_lens = md.seq_lens.tolist() if md.seq_lens_cpu is None else md.seq_lens_cpu
+    qsl = md.query_start_loc.tolist() if md.query_start_loc_cpu is None else md.query_start_loc_cpu
+    if nd:  # the decodes at once: gather their blocks, mask what lies past each one's length
+        bt = md.block_tables[:nd, : -(-max(seq_lens[:nd]) // bs)]
         kc = kv_cache[0][bt].flatten(1, 2).transpose(1, 2)  # [nd, Hkv, L, D]
         vc = kv_cache[1][bt].flatten(1, 2).transpose(1, 2)
         mask = torch.arange(kc.shape[2], device=q.device)[None, :] < md.seq_lens[:nd, None]
-        o = F.scaled_dot_product_attention(
-            q[:nd, :, None].to(kc.dtype),
-            kc,
-            vc,
-            attn_mask=mask[:, None, None],
-            scale=scale,
-            enable_gqa=True,
-        )
+        qd = q[:nd, :, None].to(kc.dtype)  # [nd, H, 1, D]
+        o = F.scaled_dot_product_attention(qd, kc, vc, mask[:, None, None], **gqa)
         out[:nd] = o[:, :, 0].to(q.dtype)
-    for i in range(nd, md.num_seqs):
+    for i in range(nd, md.num_seqs):  # the prefill chunks, one at a time
         s, e, L = qsl[i], qsl[i + 1], seq_lens[i]
         qi = q[s:e].transpose(0, 1)  # [H, q, D]
         if L == e - s:  # no cached context: this step's keys and values are the whole context
-            ki, vi = k[s:e].transpose(0, 1), v[s:e].transpose(0, 1)
-            o = F.scaled_dot_product_attention(
-                qi, ki.to(qi.dtype), vi.to(qi.dtype), is_causal=True, scale=scale, enable_gqa=True
-            )
+            ki, vi = k[s:e].transpose(0, 1).to(qi.dtype), v[s:e].transpose(0, 1).to(qi.dtype)
+            o = F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, **gqa)
         else:
-            bt = md.block_tables[i, : (L + bs - 1) // bs]
+            bt = md.block_tables[i, : -(-L // bs)]
             ki = kv_cache[0][bt].flatten(0, 1)[:L].transpose(0, 1).to(qi.dtype)
             vi = kv_cache[1][bt].flatten(0, 1)[:L].transpose(0, 1).to(qi.dtype)
-            o = F.scaled_dot_product_attention(
-                qi, ki, vi, attn_mask=_causal_mask(e - s, L, q.device), scale=scale, enable_gqa=True
-            )
+            o = F.scaled_dot_product_attention(qi, ki, vi, _causal_mask(e - s, L, q.device), **gqa)
         out[s:e] = o.transpose(0, 1)
     return out
+
+# %% ../nbs/04_paged_attention.ipynb #26f9c7aa
+#| code-fold: true
+def _causal_mask(q_len: int, kv_len: int, device) -> torch.Tensor:
+    """Boolean mask [q_len, kv_len]: query j (at position kv_len - q_len + j) sees keys up to its
+    position."""
+    return torch.ones(q_len, kv_len, dtype=torch.bool, device=device).tril(kv_len - q_len)
 
 # %% ../nbs/04_paged_attention.ipynb #8bbf1be8
 def reference_attention(q_full, k_full, v_full, scale: float) -> torch.Tensor:
@@ -163,19 +147,16 @@ def make_paged_case(
     for n in nblocks:
         tables.append(perm[o : o + n])
         o += n
-    kv_cache = torch.randn(2, len(perm), block_size, num_kv_heads, head_dim, generator=g).to(
-        dtype
-    )  # garbage everywhere
+    kv_cache = torch.randn(2, len(perm), block_size, num_kv_heads, head_dim, generator=g)
+    kv_cache = kv_cache.to(dtype)  # garbage everywhere
     qs, ks, vs, exp = [], [], [], []
     scale = head_dim**-0.5
     for i, (s, ql) in enumerate(zip(seq_lens, query_lens)):
         qf = torch.randn(s, num_heads, head_dim, generator=g).to(dtype)
         kf, vf = (torch.randn(s, num_kv_heads, head_dim, generator=g).to(dtype) for _ in range(2))
-        md_i = build_metadata([s - ql], [s - ql], [tables[i]], block_size) if s > ql else None
-        if md_i is not None:
-            write_kv_cache(
-                kf[: s - ql], vf[: s - ql], kv_cache, md_i.slot_mapping
-            )  # the cached context
+        if s > ql:  # the cached context
+            md_i = build_metadata([s - ql], [s - ql], [tables[i]], block_size)
+            write_kv_cache(kf[: s - ql], vf[: s - ql], kv_cache, md_i.slot_mapping)
         qs.append(qf[s - ql :])
         ks.append(kf[s - ql :])
         vs.append(vf[s - ql :])
@@ -183,8 +164,23 @@ def make_paged_case(
     md = build_metadata(seq_lens, query_lens, tables, block_size)
     return torch.cat(qs), torch.cat(ks), torch.cat(vs), kv_cache, md, torch.cat(exp)
 
+# %% ../nbs/04_paged_attention.ipynb #024a6359
+def torch_paged_attention(q, k, v, kv_cache, md: AttentionMetadata, scale: float) -> torch.Tensor:
+    """Write this step's `k`, `v` into `kv_cache`, then attend. q: [T, H, D]; k, v: [T, Hkv, D].
+    Returns [T, H, D]."""
+    write_kv_cache(k, v, kv_cache, md.slot_mapping)
+    if not kv_cache.is_contiguous():
+        return simple_paged_attention(q, k, v, kv_cache, md, scale)
+    plan = _torch_plan(md, kv_cache)  # computed by the step's first layer, then remembered
+    out = torch.empty_like(q)
+    flat = kv_cache.view(2, kv_cache.shape[1], -1)  # [2, num_blocks, block_size * Hkv * D]
+    _attend_decode_groups(q, flat, kv_cache, plan, out, scale)
+    _attend_prefills(q, k, v, flat, plan, out, scale)
+    return out
+
 # %% ../nbs/04_paged_attention.ipynb #ac72c2d9
-def group_decodes(
+#| code-fold: true
+def _group_decodes(
     seq_lens: list[int], block_size: int, group_cost: int = 256, max_keys: int | None = None
 ) -> list[list[int]]:
     """Cut the decodes into groups of similar length (indices, each group sorted by length):
@@ -224,6 +220,7 @@ def group_decodes(
     return groups
 
 # %% ../nbs/04_paged_attention.ipynb #ff444e1c
+#| code-fold: true
 @dataclass
 class _DecodeGroup:
     "Decodes of similar length attended together: one gather of their blocks and one SDPA call."
@@ -285,6 +282,7 @@ def _workspace(numel: int, like: torch.Tensor) -> torch.Tensor:
     return buf[:numel]
 
 # %% ../nbs/04_paged_attention.ipynb #83d1aadf
+#| code-fold: true
 DECODE_GROUP_COST = (
     256  # keys: the padding worth one more group of calls (measured on a 2-core x86 CPU)
 )
@@ -317,7 +315,7 @@ def _torch_plan(md: AttentionMetadata, kv_cache: torch.Tensor) -> _TorchPlan:
     bt = md.block_tables.to(dev, torch.int64)
     groups, numel = [], 0
     max_keys = max(MAX_GATHER_BYTES // (2 * hkv * d * kv_cache.element_size()), bs)
-    for g in group_decodes(seq_lens[:nd], bs, DECODE_GROUP_COST, max_keys):
+    for g in _group_decodes(seq_lens[:nd], bs, DECODE_GROUP_COST, max_keys):
         n, L = len(g), seq_lens[g[-1]]
         nb = -(-L // bs)
         rows = (
@@ -346,6 +344,7 @@ def _torch_plan(md: AttentionMetadata, kv_cache: torch.Tensor) -> _TorchPlan:
     return plan
 
 # %% ../nbs/04_paged_attention.ipynb #bfe33d32
+#| code-fold: true
 def _attend_prefills(q, k, v, flat, plan: _TorchPlan, out, scale: float):
     """SDPA for each prefill chunk of `plan` into `out`: this step's own keys, or (with cached
     context) the gathered blocks."""
@@ -375,18 +374,13 @@ def _attend_prefills(q, k, v, flat, plan: _TorchPlan, out, scale: float):
             )
         out[p.start : p.end] = o.flatten(0, 1).transpose(0, 1)
 
-# %% ../nbs/04_paged_attention.ipynb #024a6359
-def torch_paged_attention(q, k, v, kv_cache, md: AttentionMetadata, scale: float) -> torch.Tensor:
-    """Write this step's `k`, `v` into `kv_cache`, then attend. q: [T, H, D]; k, v: [T, Hkv, D].
-    Returns [T, H, D]."""
-    write_kv_cache(k, v, kv_cache, md.slot_mapping)
-    if not kv_cache.is_contiguous():
-        return simple_paged_attention(q, k, v, kv_cache, md, scale)
-    plan = _torch_plan(md, kv_cache)
+# %% ../nbs/04_paged_attention.ipynb #059ae5b1
+#| code-fold: true
+def _attend_decode_groups(q, flat, kv_cache, plan: _TorchPlan, out, scale: float):
+    """Per decode group of `plan`: one `index_select` of its blocks into the workspace, one SDPA
+    call with a KV head's query heads as rows, into `out`."""
     _, nblk, bs, hkv, d = kv_cache.shape
     H = q.shape[1]
-    out = torch.empty_like(q)
-    flat = kv_cache.view(2, nblk, bs * hkv * d)
     if plan.groups and plan.workspace is None:
         plan.workspace = _workspace(plan.workspace_numel, kv_cache)
     for g in plan.groups:
@@ -404,8 +398,6 @@ def torch_paged_attention(q, k, v, kv_cache, md: AttentionMetadata, scale: float
         qg = q[g.rows].view(g.n, hkv, H // hkv, d).to(kc.dtype)  # a KV head's query heads as rows
         o = F.scaled_dot_product_attention(qg, kc, vc, attn_mask=g.mask, scale=scale)
         out[g.rows] = o.reshape(g.n, H, d).to(q.dtype)
-    _attend_prefills(q, k, v, flat, plan, out, scale)
-    return out
 
 # %% ../nbs/04_paged_attention.ipynb #6cfcb5d3
 ATTENTION_BACKENDS: dict = {}  # name → attention function

@@ -6,17 +6,15 @@
 from __future__ import annotations
 import heapq
 import itertools
-from collections import deque
 from dataclasses import dataclass, field
-from typing import Callable
 from fastcore.basics import patch
 from .config import SchedulerConfig
 from .request import Request, RequestStatus, check_stop
 from .block_manager import KVCacheManager
 
 # %% auto #0
-__all__ = ['STEP_EXTENSIONS', 'ScheduledSeq', 'SchedulerOutput', 'SchedulerUpdate', 'WaitingQueue', 'StepExtension',
-           'register_extension', 'Scheduler', 'make_scheduler', 'simulate']
+__all__ = ['STEP_EXTENSIONS', 'ScheduledSeq', 'SchedulerOutput', 'SchedulerUpdate', 'StepExtension', 'register_extension',
+           'Scheduler', 'make_scheduler', 'simulate']
 
 # %% ../nbs/03_scheduler.ipynb #cdbe7ba4
 @dataclass
@@ -67,22 +65,28 @@ class SchedulerOutput:
 
     def summary(self) -> str:
         "One line per scheduled request, then preemptions and finishes."
-        lines = [
-            f"{s.req_id:>10}  {'prefill' if s.is_prefill else 'decode ':7} {s.num_tokens:4d} tokens"
-            f" from position {s.start_pos}"
-            + (f"  (new; {s.num_cached_tokens} cached)" if s.new else "")
-            + ("  → samples" if s.sample else "")
-            for s in self.seqs
-        ]
-        lines.append(
-            f"{self.total_num_scheduled_tokens}/{self.token_budget} tokens, "
-            f"KV usage {self.kv_usage:.0%}, {self.num_waiting} waiting"
-        )
-        if self.preempted_req_ids:
-            lines.append(f"preempted: {', '.join(self.preempted_req_ids)}")
-        if self.finished_req_ids:
-            lines.append(f"finished before this step: {', '.join(self.finished_req_ids)}")
-        return "\n".join(lines)
+        return _summary(self)
+
+# %% ../nbs/03_scheduler.ipynb #8f03143b
+#| code-fold: true
+def _summary(out: SchedulerOutput) -> str:
+    "`SchedulerOutput.summary`: one line per scheduled request, then preemptions and finishes."
+    lines = [
+        f"{s.req_id:>10}  {'prefill' if s.is_prefill else 'decode ':7} {s.num_tokens:4d} tokens"
+        f" from position {s.start_pos}"
+        + (f"  (new; {s.num_cached_tokens} cached)" if s.new else "")
+        + ("  → samples" if s.sample else "")
+        for s in out.seqs
+    ]
+    lines.append(
+        f"{out.total_num_scheduled_tokens}/{out.token_budget} tokens, "
+        f"KV usage {out.kv_usage:.0%}, {out.num_waiting} waiting"
+    )
+    if out.preempted_req_ids:
+        lines.append(f"preempted: {', '.join(out.preempted_req_ids)}")
+    if out.finished_req_ids:
+        lines.append(f"finished before this step: {', '.join(out.finished_req_ids)}")
+    return "\n".join(lines)
 
 # %% ../nbs/03_scheduler.ipynb #schupd03
 @dataclass
@@ -95,65 +99,50 @@ class SchedulerUpdate:
     finished_req_ids: list[str]  # the requests this step's tokens finished
 
 # %% ../nbs/03_scheduler.ipynb #50fd07c2
+#| code-fold: true
 def _urgency(r: Request):
     "Sort key of the priority policy: lower priority values first, then earlier arrivals."
     return (r.priority, r.arrival_time)
 
 
-class WaitingQueue:
-    """Waiting requests in policy order: FCFS (a deque) or priority (a heap on (priority,
-    arrival_time))."""
+class _WaitingQueue:
+    """Waiting requests in policy order, one heap for both policies: `fcfs` by arrival (preempted
+    ones at the front), `priority` by (priority, arrival_time)."""
 
     def __init__(self, policy: str):
-        self.policy, self._q, self._count = (
-            policy,
-            ([] if policy == "priority" else deque()),
-            itertools.count(),
-        )
+        self.policy, self._q, self._count = policy, [], itertools.count()
 
-    def _key(self, r):
-        return (*_urgency(r), next(self._count))  # the count: ties keep their order
+    def _push(self, r: Request, front: bool):
+        n = next(self._count)  # ties keep their order
+        key = (*_urgency(r), n) if self.policy == "priority" else ((-n if front else n),)
+        heapq.heappush(self._q, (key, r))
 
     def add(self, r: Request):
-        if self.policy == "priority":
-            heapq.heappush(self._q, (self._key(r), r))
-        else:
-            self._q.append(r)
+        self._push(r, front=False)
 
     def add_preempted(self, r: Request):
-        if self.policy == "priority":
-            heapq.heappush(self._q, (self._key(r), r))
-        else:
-            self._q.appendleft(r)
+        self._push(r, front=True)
 
     def peek(self) -> Request:
-        return self._q[0][1] if self.policy == "priority" else self._q[0]
+        return self._q[0][1]
 
     def pop(self) -> Request:
-        return heapq.heappop(self._q)[1] if self.policy == "priority" else self._q.popleft()
+        return heapq.heappop(self._q)[1]
 
     def remove(self, r: Request):
-        if self.policy == "priority":
-            self._q = [e for e in self._q if e[1] is not r]
-            heapq.heapify(self._q)
-        else:
-            self._q.remove(r)
+        self._q = [e for e in self._q if e[1] is not r]
+        heapq.heapify(self._q)
 
     def __len__(self):
         return len(self._q)
 
     def __iter__(self):
-        return iter(
-            [e[1] for e in sorted(self._q, key=lambda e: e[0])]
-            if self.policy == "priority"
-            else self._q
-        )
+        return (e[1] for e in sorted(self._q, key=lambda e: e[0]))
 
 # %% ../nbs/03_scheduler.ipynb #ext03code
 class StepExtension:
     """A feature plugged into the step through named hooks; every default does nothing. The
-    scheduler's hooks are here; the model runner (lesson 05) and the engine core (lesson 09) add
-    theirs. Lesson 09 lists them all."""
+    scheduler's hooks are here; lessons 05 and 09 add theirs (lesson 09 lists them all)."""
 
     name: str = ""  # the core's attribute that reaches it (`core.<name>`)
 
@@ -168,13 +157,11 @@ class StepExtension:
         return cls()
 
     def can_admit(self, request: Request, running: list[Request]) -> bool:
-        """May waiting `request` join `running` now? False: it waits, and the requests behind it may
-        pass."""
+        "May waiting `request` join `running` now? False: it waits; those behind it may pass."
         return True
 
     def lookahead_token_ids(self, request: Request) -> list[int]:
-        """Tokens guessed to follow a decoding request's next token, to compute (and check) in the
-        same step."""
+        "Tokens guessed to follow a decoding request's next one, computed and checked this step."
         return []
 
 
@@ -182,9 +169,8 @@ STEP_EXTENSIONS: dict[str, type[StepExtension]] = {}  # name -> class, filled by
 
 
 def register_extension(cls: type[StepExtension]) -> type[StepExtension]:
-    """Class decorator: make a feature's extension available to every engine core whose config
-    enables it. The first class of a `name` stays (a lesson's notebook defining it again changes
-    nothing: engines use the package's)."""
+    """Class decorator: engines whose config enables the feature build it. The first class of a
+    `name` stays (a lesson's notebook defining it again changes nothing)."""
     STEP_EXTENSIONS.setdefault(cls.name, cls)
     return cls
 
@@ -193,16 +179,11 @@ class Scheduler:
     """Continuous batching under a token budget, with chunked prefill, prefix caching and preemption
     by recompute."""
 
-    def __init__(
-        self,
-        config: SchedulerConfig,
-        kv_cache_manager: KVCacheManager,
-        extensions: list[StepExtension] = (),
-    ):
+    def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager, extensions=()):
         self.config, self.kv_cache_manager = config, kv_cache_manager
         self.extensions = list(extensions)  # features' hooks (`can_admit`, `lookahead_token_ids`)
         self.policy = config.policy
-        self.waiting = WaitingQueue(self.policy)
+        self.waiting = _WaitingQueue(self.policy)
         self.running: list[Request] = []  # in preemption order: the last one is preempted first
         self.requests: dict[str, Request] = {}  # every unfinished request, by id
         self.finished_req_ids: list[str] = []  # finished since the last `schedule()`
@@ -249,7 +230,8 @@ def _preempt(self: Scheduler, r: Request):
     self.num_preemptions += 1
     self.waiting.add_preempted(r)
 
-
+# %% ../nbs/03_scheduler.ipynb #7efeb6b9
+#| code-fold: true
 @patch
 def _admit(self: Scheduler, r: Request):
     "Move `r` to the running list, keeping the list in preemption order under `priority`."
@@ -295,6 +277,7 @@ def _lookahead(self: Scheduler, r: Request, n: int, budget: int) -> list[int]:
     return [t for e in self.extensions for t in e.lookahead_token_ids(r)][: budget - 1]
 
 # %% ../nbs/03_scheduler.ipynb #e5680c81
+#| code-fold: true
 @patch
 def _fits(self: Scheduler, r: Request) -> bool:
     """Would waiting request `r` be admitted this step, after the running requests took their tokens
@@ -396,35 +379,17 @@ def _schedule_waiting(self: Scheduler, budget: int, preempted: list[str]) -> lis
 # %% ../nbs/03_scheduler.ipynb #sched03
 @patch
 def schedule(self: Scheduler) -> SchedulerOutput:
-    """Decide one step: which requests compute how many tokens.
-
-    There is no "prefill phase" and no "decode phase". Each request has `num_computed_tokens` and
-    `num_tokens` (prompt + output so far); each step the scheduler assigns tokens to requests so
-    that `num_computed_tokens` catches up with `num_tokens`. A whole prompt, a chunk of one (chunked
-    prefill), one token (a decode), prompt and output again (a recompute after preemption) are all
-    the same move; a prefix-cache hit counts as computed.
-
-    Invariants of the result: at most `max_num_batched_tokens` tokens and at most `max_num_seqs`
-    requests (running list included); each scheduled chunk is exactly the request's next tokens,
-    with KV blocks allocated for them; running requests are served before waiting ones; waiting ones
-    are admitted in policy order and stop at the first that does not fit (nobody overtakes — except
-    past a request that an extension's `can_admit` refuses), and none is admitted in a step where a
-    running one lost its blocks; a preempted request holds no block and restarts from 0, and is not
-    re-admitted in the same step; without chunked prefill a prompt is never split."""
+    """Decide one step: which requests compute how many tokens. No prefill or decode phase: each
+    request's `num_computed_tokens` catches up with its `num_tokens`, a whole prompt, a chunk, one
+    decode token or a recompute at a time; a prefix-cache hit counts as computed."""
+    cfg, kv = self.config, self.kv_cache_manager
     preempted = self._preempt_for_priority()
-    seqs, budget, blocks_short = self._schedule_running(
-        self.config.max_num_batched_tokens, preempted
-    )
-    if not blocks_short:  # no request is admitted in a step where a running one lost its blocks
+    seqs, budget, blocks_short = self._schedule_running(cfg.max_num_batched_tokens, preempted)
+    if not blocks_short:
         seqs += self._schedule_waiting(budget, preempted)
     finished, self.finished_req_ids = self.finished_req_ids, []
     return SchedulerOutput(
-        seqs,
-        preempted,
-        finished,
-        len(self.waiting),
-        self.config.max_num_batched_tokens,
-        self.kv_cache_manager.usage,
+        seqs, preempted, finished, len(self.waiting), cfg.max_num_batched_tokens, kv.usage
     )
 
 # %% ../nbs/03_scheduler.ipynb #fd19a2f3
@@ -433,9 +398,7 @@ def update_from_output(
     self: Scheduler, out: SchedulerOutput, sampled: dict[str, list[int]]
 ) -> SchedulerUpdate:
     """Advance the scheduled requests by the step's results: `sampled[req_id]` lists the tokens of
-    each request that sampled (one; more when its lookahead tokens were kept, then one of the
-    model's own). They are taken one by one, each checked for a stop; a request that sampled
-    nothing (`sampled` has no list for it) only advances."""
+    each request that sampled, taken one by one, each checked for a stop."""
     updated, kept, finished = [], {}, []
     for s in out.seqs:
         r = self.requests.get(s.req_id)
@@ -458,7 +421,8 @@ def update_from_output(
         updated.append(r)
     return SchedulerUpdate(updated, kept, finished)
 
-
+# %% ../nbs/03_scheduler.ipynb #33dff4cb
+#| code-fold: true
 @patch
 def _finish(self: Scheduler, r: Request):
     """Forget a finished request: off the running list, blocks freed, reported in the next step's
@@ -469,7 +433,7 @@ def _finish(self: Scheduler, r: Request):
     self.requests.pop(r.request_id, None)
     self.finished_req_ids.append(r.request_id)
 
-
+# %% ../nbs/03_scheduler.ipynb #be86044b
 @patch
 def finish_requests(self: Scheduler, req_ids, status: RequestStatus) -> list[Request]:
     "End requests from outside (abort, stop string); unknown or finished ids are ignored."
@@ -487,13 +451,7 @@ def finish_requests(self: Scheduler, req_ids, status: RequestStatus) -> list[Req
 
 # %% ../nbs/03_scheduler.ipynb #3bb3f803
 def simulate(
-    scheduler: Scheduler,
-    requests: list[Request],
-    arrivals: dict[int, list[Request]] | None = None,
-    max_steps: int = 100_000,
-    token: int | Callable[[Request], int] = 7,
-    on_step: Callable | None = None,
-    on_update: Callable | None = None,
+    scheduler, requests, arrivals=None, max_steps=100_000, token=7, on_step=None, on_update=None
 ) -> list[SchedulerOutput]:
     """Drive `scheduler` with a fake model that samples `token` (or `token(request)`); `arrivals`
     adds requests at given steps. Returns each step's decision; `on_step(step, scheduler, out)`
