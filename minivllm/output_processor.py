@@ -58,12 +58,9 @@ class IncrementalDetokenizer:
         spaces_between_special_tokens: bool = True,
     ):
         self.tokenizer, self.skip_special_tokens = tokenizer, skip_special_tokens
-        self.spaces_between_special_tokens = (
-            spaces_between_special_tokens  # slow tokenizers only (fast ones ignore it)
-        )
-        self.fast = getattr(
-            tokenizer, "_tokenizer", None
-        )  # the `tokenizers` object of a fast tokenizer
+        # (slow tokenizers only: fast ones ignore it)
+        self.spaces_between_special_tokens = spaces_between_special_tokens
+        self.fast = getattr(tokenizer, "_tokenizer", None)  # a fast tokenizer's `tokenizers` object
         suffix = prompt_suffix_for_priming(tokenizer, prompt_token_ids)
         if self.fast is not None:
             from tokenizers.decoders import DecodeStream
@@ -145,12 +142,10 @@ class SequenceDetokenizer:
         if any."""
         if not new_token_ids:
             return None
-        if (
-            self.stop and len(new_token_ids) > 1
-        ):  # several tokens in one step (speculative decoding): check each,
-            for i, t in enumerate(
-                new_token_ids
-            ):  # so the text and tokens end where one-token steps would end them
+        # several tokens in one step (speculative decoding): check each, so that the text and
+        # the tokens end where one-token steps would end them
+        if self.stop and len(new_token_ids) > 1:
+            for i, t in enumerate(new_token_ids):
                 hit = self.update([t], stop_terminated and i == len(new_token_ids) - 1)
                 if hit is not None:
                     return hit
@@ -198,12 +193,8 @@ class SequenceState:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     logprobs: list | None = None
-    cumulative_logprob: float | None = (
-        None  # sum of the sampled tokens' logprobs (None: logprobs not asked for)
-    )
-    decode_logprobs: bool = (
-        True  # fill in `decoded_token` (False with detokenize=False, as in vLLM)
-    )
+    cumulative_logprob: float | None = None  # the sampled tokens' (None: logprobs not asked for)
+    decode_logprobs: bool = True  # fill in `decoded_token` (False with detokenize=False)
     sent_tokens: int = 0
     sent_logprobs: int = 0
     done_sent: bool = False
@@ -246,9 +237,8 @@ class OutputProcessor:
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
         self.requests: dict[str, RequestState] = {}
-        self.seq_of: dict[
-            str, tuple[RequestState, SequenceState]
-        ] = {}  # sequence (core) id -> (request, sequence)
+        # sequence (core) id -> (request, sequence)
+        self.seq_of: dict[str, tuple[RequestState, SequenceState]] = {}
 
     def add_request(self, request_id: str, children: list[Request]):
         """Follow a user request: its `Request`s (one, or the `n` children of the processor) become
