@@ -26,6 +26,7 @@ from minivllm.config import (
 from .sampler import BeamSearchParams
 from .llm_engine import LLMEngine
 from .llm import LLM
+from . import llm_more  # noqa: F401 (LLM.chat, beam_search, embed, ...: lesson 13b)
 from .async_engine import AsyncLLMEngine, AsyncLLM, AsyncEngineArgs
 from . import vllm_compat  # noqa: F401 (vLLM's other engine arguments and module paths)
 

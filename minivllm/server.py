@@ -1120,7 +1120,7 @@ def _chat_prompt(
 ) -> TokensPrompt:
     """The chat's messages (and `tools`) rendered with the (request's, server's or model's) chat
     template, as token ids."""
-    from minivllm.llm import convert_content_parts, resolve_content_format
+    from minivllm.llm_more import convert_content_parts, resolve_content_format
 
     template = req.chat_template or default_template
     try:

@@ -46,7 +46,8 @@ from minivllm.config import (
     _json_or_str,
 )
 from .llm_engine import LLMEngine
-from .llm import LLM, Metric
+from .llm import LLM
+from .llm_more import Metric
 from .async_engine import AsyncEngineArgs, AsyncLLM, AsyncLLMEngine, EngineDeadError
 from .cli import FlexibleArgumentParser
 from .tool_calling import ToolParser, ToolParserManager
