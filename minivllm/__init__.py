@@ -28,6 +28,7 @@ from .llm_engine import LLMEngine
 from .llm import LLM
 from .async_engine import AsyncLLMEngine, AsyncLLM, AsyncEngineArgs
 from . import vllm_compat  # noqa: F401 (vLLM's other engine arguments and module paths)
+from . import sampling_more  # noqa: F401 (SamplingParams.verify, lesson 00c)
 
 __all__ = [  # what `from minivllm import *` brings (ruff reads it too)
     "SamplingParams",
