@@ -30,6 +30,7 @@ class RequestOutputKind(enum.Enum):
 # %% ../nbs/00_sampling_params.ipynb #1d6d69f0
 #| code-fold: true
 #| code-summary: "Constants"
+_STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 _SAMPLING_EPS = 1e-5
 _MAX_TEMP = 1e-2  # vLLM raises smaller positive temperatures to this (below it softmax overflows)
 _DEFAULT_MAX_LOGPROBS = 20  # vLLM's default `max_logprobs`
@@ -38,7 +39,6 @@ _DEFAULT_MAX_LOGPROBS = 20  # vLLM's default `max_logprobs`
 _UNIMPLEMENTED_SAMPLING = dict(logits_processors=None, truncate_prompt_tokens=None)
 # (`extra_args` is passed through untouched, as vLLM does: a dict for custom logits processors,
 # read by nobody here)
-_STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 
 # %% ../nbs/00_sampling_params.ipynb #3b7f02e0
 @dataclass
