@@ -29,6 +29,7 @@ from .llm import LLM
 from . import llm_more  # noqa: F401 (LLM.chat, beam_search, embed, ...: lesson 13b)
 from .async_engine import AsyncLLMEngine, AsyncLLM, AsyncEngineArgs
 from . import vllm_compat  # noqa: F401 (vLLM's other engine arguments and module paths)
+from . import sampling_more  # noqa: F401 (SamplingParams.verify, lesson 00c)
 
 __all__ = [  # what `from minivllm import *` brings (ruff reads it too)
     "SamplingParams",
