@@ -23,7 +23,7 @@ from minivllm.config import (
     EmbeddingOutput,
     LoRARequest,
 )
-from .sampler import BeamSearchParams
+from .sampling_more import BeamSearchParams
 from .llm_engine import LLMEngine
 from .llm import LLM
 from .async_engine import AsyncLLMEngine, AsyncLLM, AsyncEngineArgs
@@ -54,5 +54,5 @@ __all__ = [  # what `from minivllm import *` brings (ruff reads it too)
 
 # %% ../nbs/99_public_api.ipynb #feat99code
 # the feature lessons register their step extensions and runners when imported
-from . import model_kernels, compilation, lora  # noqa: F401
+from . import model_kernels, sampling_more, compilation, lora  # noqa: F401
 from . import structured_outputs, parallel, spec_decode, pooling  # noqa: F401

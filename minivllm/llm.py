@@ -23,7 +23,7 @@ from minivllm.config import (
 from .config import PoolingParams, PoolingRequestOutput, EmbeddingRequestOutput
 from fastcore.basics import patch
 from .llm_engine import LLMEngine
-from .sampler import BeamSearchParams, BeamSearchOutput, beam_search
+from .sampling_more import BeamSearchParams, BeamSearchOutput, beam_search
 from .tool_calling import render_chat
 
 # %% auto #0

@@ -546,7 +546,7 @@ MODEL_LOADERS: dict[str, Callable] = {}
 # attention backend → warm-up `(runner) → None` that compiles its kernel (lesson 05a: cpu, inductor)
 ATTENTION_WARMUPS: dict[str, Callable] = {}
 
-
+# %% ../nbs/05_model.ipynb #1af1ae43
 class ModelRunner:
     "Owns the model and its paged KV cache; turns a `SchedulerOutput` into logits."
 
@@ -569,8 +569,7 @@ class ModelRunner:
         ]
         self.extensions: list[StepExtension] = []  # the engine's step extensions (`prepare` hook)
 
-    # Three steps of building a runner that the tensor-parallel worker (a later notebook) overrides
-    # for its shard:
+    # three steps that the tensor-parallel worker (lesson 07) overrides for its shard
     def load_model(self) -> LlamaForCausalLM:
         "The model of the config, with its weights, on this runner's device."
         mc = self.config.model_config
