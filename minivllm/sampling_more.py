@@ -46,9 +46,8 @@ class PromptLogprobsCollector:
     their prompts and handed out once per request, when its prompt is done."""
 
     def __init__(self):
-        self.parts: dict[
-            str, list[tuple[int, LogprobsTensors]]
-        ] = {}  # request id -> (first position, rows)
+        # request id -> (first position, rows) of each step so far
+        self.parts: dict[str, list[tuple[int, LogprobsTensors]]] = {}
 
     def wanted(self, scheduler_output, requests: Mapping[str, Request]) -> dict[str, int]:
         """Request id → prompt length, for the scheduled requests whose prompt logprobs are not done
@@ -63,10 +62,7 @@ class PromptLogprobsCollector:
         return want
 
     def collect(
-        self,
-        scheduler_output,
-        requests: Mapping[str, Request],
-        prompt_logits: dict[str, tuple[int, torch.Tensor]],
+        self, scheduler_output, requests: Mapping[str, Request], prompt_logits: dict
     ) -> dict[str, list]:
         """Add this step's rows (`request id -> (first position, logits)`); return the lists of the
         prompts finished now."""
@@ -76,11 +72,8 @@ class PromptLogprobsCollector:
         for s in scheduler_output.seqs:
             if s.sample and s.req_id in self.parts:  # the step that reaches the end of the prompt
                 r, parts = requests[s.req_id], self.parts.pop(s.req_id)
-                lists = [
-                    d
-                    for _, lt in sorted(parts, key=lambda x: x[0])
-                    for d in lt.to_dicts(r.sampling_params.prompt_logprobs)
-                ]
+                k = r.sampling_params.prompt_logprobs
+                lists = [d for _, lt in sorted(parts, key=lambda x: x[0]) for d in lt.to_dicts(k)]
                 assert len(lists) == r.num_prompt_tokens - 1, (len(lists), r.num_prompt_tokens)
                 done[s.req_id] = [None] + lists
         return done
@@ -89,11 +82,8 @@ class PromptLogprobsCollector:
         "All requests' rows in one batched computation, then split back per request."
         reqs = [requests[r] for r in prompt_logits]
         ks = [r.sampling_params.prompt_logprobs for r in reqs]
-        nxt = [
-            t
-            for r, (p0, l) in zip(reqs, prompt_logits.values())
-            for t in r.prompt_token_ids[p0 + 1 : p0 + 1 + l.shape[0]]
-        ]
+        starts = [(r, p0, l.shape[0]) for r, (p0, l) in zip(reqs, prompt_logits.values())]
+        nxt = [t for r, p0, n in starts for t in r.prompt_token_ids[p0 + 1 : p0 + 1 + n]]
         lt = prompt_logprobs_from_logits(
             torch.cat([l for _, l in prompt_logits.values()]),
             torch.tensor(nxt, dtype=torch.int64),
@@ -226,7 +216,7 @@ def beam_search_step(
     key = lambda b: get_beam_search_score(b.tokens, b.cum_logprob, eos_token_id, length_penalty)
     return sorted(live, key=key, reverse=True)[:beam_width], done
 
-
+# %% ../nbs/06a_sampling_more.ipynb #0618ab54
 def beam_search(
     next_logprobs: Callable[[list[list[int]], int, float], list[dict[int, Logprob] | None]],
     prompts: list[list[int]],
