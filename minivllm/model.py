@@ -183,12 +183,8 @@ def rope_inv_freq(config) -> tuple[torch.Tensor, float]:
     inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
     kind = rp.get("rope_type", rp.get("type", "default"))
     if kind == "llama3":
-        factor, lo, hi, old = (
-            rp["factor"],
-            rp["low_freq_factor"],
-            rp["high_freq_factor"],
-            rp["original_max_position_embeddings"],
-        )
+        factor, old = rp["factor"], rp["original_max_position_embeddings"]
+        lo, hi = rp["low_freq_factor"], rp["high_freq_factor"]
         wavelen = 2 * math.pi / inv_freq
         scaled = torch.where(wavelen > old / lo, inv_freq / factor, inv_freq)
         smooth = (old / wavelen - lo) / (hi - lo)
@@ -242,20 +238,16 @@ class Attention(nn.Module):
         c = config
         self.num_heads, self.num_kv_heads = c.num_attention_heads, c.num_key_value_heads
         self.head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-        self.q_size, self.kv_size = (
-            self.num_heads * self.head_dim,
-            self.num_kv_heads * self.head_dim,
-        )
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
         qkv_bias = c.model_type == "qwen2" or getattr(c, "attention_bias", False)
         o_bias = c.model_type != "qwen2" and getattr(c, "attention_bias", False)
         self.qkv_proj = Linear(c.hidden_size, self.q_size + 2 * self.kv_size, bias=qkv_bias)
         self.o_proj = Linear(self.q_size, c.hidden_size, bias=o_bias)
         self.qk_norm = c.model_type == "qwen3"
         if self.qk_norm:
-            self.q_norm, self.k_norm = (
-                RMSNorm(self.head_dim, c.rms_norm_eps),
-                RMSNorm(self.head_dim, c.rms_norm_eps),
-            )
+            self.q_norm = RMSNorm(self.head_dim, c.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, c.rms_norm_eps)
         self.scale, self.attn_fn = self.head_dim**-0.5, attn_fn
 
     def forward(self, x, kv_cache, md: AttentionMetadata, rope: tuple[torch.Tensor, torch.Tensor]):
@@ -265,14 +257,9 @@ class Attention(nn.Module):
         qkv = self.qkv_proj(x)
         v = qkv[:, self.q_size + self.kv_size :].view(T, Hkv, D)
         if self.qk_norm:
-            q, k = (
-                qkv[:, : self.q_size].view(T, H, D),
-                qkv[:, self.q_size : self.q_size + self.kv_size].view(T, Hkv, D),
-            )
-            q, k = (
-                self.ops.rotate(self.q_norm(q), *rope),
-                self.ops.rotate(self.k_norm(k), *rope),
-            )
+            q = self.q_norm(qkv[:, : self.q_size].view(T, H, D))
+            k = self.k_norm(qkv[:, self.q_size : self.q_size + self.kv_size].view(T, Hkv, D))
+            q, k = self.ops.rotate(q, *rope), self.ops.rotate(k, *rope)
         else:  # q and k side by side: one rotation for both
             q, k = self.ops.rotate(
                 qkv[:, : self.q_size + self.kv_size].view(T, H + Hkv, D), *rope
@@ -386,13 +373,8 @@ def load_weights(self: LlamaForCausalLM, weights):
     """Load `(name, tensor)` pairs with HF names (`model.layers.0.self_attn.q_proj.weight`, …) into
     the fused layout."""
     params = dict(self.named_parameters())
-    fused = {
-        "q_proj": ("qkv_proj", 0),
-        "k_proj": ("qkv_proj", 1),
-        "v_proj": ("qkv_proj", 2),
-        "gate_proj": ("gate_up_proj", 0),
-        "up_proj": ("gate_up_proj", 1),
-    }
+    fused = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2)}
+    fused |= {"gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
     loaded = set()
     for name, w in weights:
         name = name.removeprefix("model.")
@@ -456,17 +438,9 @@ def tiny_config(model_type="llama", **kw):
     "A tiny random-model config of an HF model family, for tests."
     from transformers import AutoConfig
 
-    base = dict(
-        vocab_size=256,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        tie_word_embeddings=False,
-        head_dim=16,
-    )
+    base = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2)
+    base |= dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    base |= dict(max_position_embeddings=512, tie_word_embeddings=False)
     base.update(kw)
     return AutoConfig.for_model(model_type, **base)
 
@@ -652,27 +626,16 @@ def profile_num_blocks(self: ModelRunner) -> int:
     """GPU: run a full-budget forward pass, then give the KV cache what `gpu_memory_utilization`
     leaves."""
     mc, n = self.config.model_config, self.config.scheduler_config.max_num_batched_tokens
-    L, seqs, nb = (
-        min(n, mc.max_model_len),
-        [],
-        0,
-    )  # the budget as prompts of at most max_model_len tokens (positions exist)
+    # the budget as prompts of at most max_model_len tokens (positions exist)
+    L, seqs, nb = min(n, mc.max_model_len), [], 0
     for i, s in enumerate(range(0, n, L)):
         m = min(L, n - s)
         k = -(-m // self.block_size)
         seqs.append(ScheduledSeq(f"profile{i}", [0] * m, 0, list(range(nb, nb + k)), True, True))
         nb += k
+    shape = (2, nb, self.block_size, mc.get_num_kv_heads(), mc.get_head_size())
     caches = [
-        torch.zeros(
-            2,
-            nb,
-            self.block_size,
-            mc.get_num_kv_heads(),
-            mc.get_head_size(),
-            dtype=self.dtype,
-            device=self.device,
-        )
-        for _ in range(mc.get_num_layers())
+        torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(mc.get_num_layers())
     ]
     torch.cuda.reset_peak_memory_stats(self.device)
     ids, pos, md, _ = self.prepare_inputs(SchedulerOutput(seqs))
