@@ -23,13 +23,13 @@ from minivllm.config import (
     EmbeddingOutput,
     LoRARequest,
 )
-from .sampler import BeamSearchParams
+from .sampling_more import BeamSearchParams
 from .llm_engine import LLMEngine
 from .llm import LLM
 from . import llm_more  # noqa: F401 (LLM.chat, beam_search, embed, ...: lesson 13b)
 from .async_engine import AsyncLLMEngine, AsyncLLM, AsyncEngineArgs
 from . import vllm_compat  # noqa: F401 (vLLM's other engine arguments and module paths)
-from . import sampling_more  # noqa: F401 (SamplingParams.verify, lesson 00c)
+from . import sampling_verify  # noqa: F401 (SamplingParams.verify, lesson 00c)
 
 __all__ = [  # what `from minivllm import *` brings (ruff reads it too)
     "SamplingParams",
@@ -56,4 +56,5 @@ __all__ = [  # what `from minivllm import *` brings (ruff reads it too)
 
 # %% ../nbs/99_public_api.ipynb #feat99code
 # the feature lessons register their step extensions and runners when imported
-from . import compilation, lora, structured_outputs, parallel, spec_decode, pooling  # noqa: F401
+from . import model_kernels, sampling_more, compilation, lora  # noqa: F401
+from . import structured_outputs, parallel, spec_decode, pooling  # noqa: F401

@@ -167,8 +167,7 @@ class CompiledModelRunner(ModelRunner):
     def __init__(self, config: EngineConfig, device: torch.device | None = None):
         super().__init__(config, device)
         cc = self.cc = config.compilation_config
-        # the CPU's in-place kernel, compiled now (lesson 05): the op below calls it every step
-        self.switch_attention()
+        # the attention kernel chosen when the runner was built (lesson 05): the op below calls it
         self.attn_fn = self.model.layers[0].self_attn.attn_fn
         for layer in self.model.layers:
             layer.self_attn.attn_fn = attention_op

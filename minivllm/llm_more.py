@@ -18,7 +18,7 @@ from minivllm.config import (
     PoolingRequestOutput,
     EmbeddingRequestOutput,
 )
-from .sampler import BeamSearchParams, BeamSearchOutput, beam_search
+from .sampling_more import BeamSearchParams, BeamSearchOutput, beam_search
 from .tool_calling import render_chat
 from .llm import LLM, load_chat_template
 

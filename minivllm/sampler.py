@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, NamedTuple
+from typing import NamedTuple
 import torch
 from fastcore.basics import patch
 from .request import Request
@@ -16,9 +16,7 @@ from .request import Request
 __all__ = ['bad_word_bans', 'Penalties', 'SamplingMetadata', 'apply_allowed_token_ids', 'apply_banned', 'apply_logit_bias',
            'apply_penalties', 'apply_temperature', 'apply_min_p', 'apply_top_k_top_p', 'Logprob', 'LogprobsLists',
            'LogprobsTensors', 'logprobs_dict', 'decode_logprobs', 'compute_logprobs', 'gather_logprobs',
-           'prompt_logprobs_from_logits', 'PromptLogprobsCollector', 'PromptLogprobs', 'random_sample', 'SamplerOutput',
-           'Sampler', 'SampledTokens', 'BeamSearchParams', 'BeamSearchSequence', 'BeamSearchOutput',
-           'get_beam_search_score', 'beam_search_step', 'beam_search', 'sampling_stages']
+           'random_sample', 'SamplerOutput', 'Sampler', 'SampledTokens']
 
 # %% ../nbs/06_sampler.ipynb #91aec531
 def bad_word_bans(bad_words_token_ids: list[list[int]], output_token_ids: list[int]) -> list[int]:
@@ -93,15 +91,7 @@ def from_requests(cls: SamplingMetadata, requests: list[Request], device="cpu") 
     field."""
     temps, top_k, top_p, min_p, gens, max_lp, lp_rows = [], [], [], [], {}, None, []
     al_rows, al_local, al_ids, ban_rows, ban_ids, lb_rows, lb_ids, lb_vals, pen = (
-        [],
-        [],
-        [],
-        [],
-        [],
-        [],
-        [],
-        [],
-        [],
+        [] for _ in range(9)
     )
     for i, r in enumerate(requests):
         sp, out = r.sampling_params, r.output_token_ids
@@ -168,6 +158,7 @@ def from_requests(cls: SamplingMetadata, requests: list[Request], device="cpu") 
     )
 
 # %% ../nbs/06_sampler.ipynb #7334e999
+#| code-fold: true
 _PROMPT_IDS: "weakref.WeakKeyDictionary[Request, torch.Tensor]" = weakref.WeakKeyDictionary()
 
 
@@ -386,136 +377,14 @@ def gather_logprobs(
         torch.cat([token_ids, top.indices], 1), torch.cat([tok_lp, top.values], 1), ranks
     )
 
-
-def prompt_logprobs_from_logits(
-    logits: torch.Tensor, next_token_ids: torch.Tensor, k: int
-) -> LogprobsTensors:
-    """Prompt logprobs of the rows `logits[i]` (the model's prediction after prompt position i) for
-    the tokens that actually followed, `next_token_ids[i]`, with the top `k` (-1: all). vLLM's
-    `prompt_logprobs` list is `None` for the first prompt token, then `to_dicts(k)` of these
-    rows."""
-    return gather_logprobs(
-        compute_logprobs(logits), k, torch.as_tensor(next_token_ids, device=logits.device)
-    )
-
-# %% ../nbs/06_sampler.ipynb #251b08c3
-class PromptLogprobsCollector:
-    """Prompt logprobs of the requests that asked for them, gathered over the steps that compute
-    their prompts and handed out once per request, when its prompt is done."""
-
-    def __init__(self):
-        self.parts: dict[
-            str, list[tuple[int, LogprobsTensors]]
-        ] = {}  # request id -> (first position, rows)
-
-    def wanted(self, scheduler_output, requests: Mapping[str, Request]) -> dict[str, int]:
-        """Request id → prompt length, for the scheduled requests whose prompt logprobs are not done
-        (for the model runner)."""
-        want = {}
-        for s in scheduler_output.seqs:
-            r = requests[s.req_id]
-            if r.sampling_params.prompt_logprobs is not None and r.num_output_tokens == 0:
-                want[s.req_id] = r.num_prompt_tokens
-                if s.start_pos == 0:
-                    self.parts[s.req_id] = []  # a (re)start from the first token
-        return want
-
-    def collect(
-        self,
-        scheduler_output,
-        requests: Mapping[str, Request],
-        prompt_logits: dict[str, tuple[int, torch.Tensor]],
-    ) -> dict[str, list]:
-        """Add this step's rows (`request id -> (first position, logits)`); return the lists of the
-        prompts finished now."""
-        if prompt_logits:
-            self._add(requests, prompt_logits)
-        done = {}
-        for s in scheduler_output.seqs:
-            if s.sample and s.req_id in self.parts:  # the step that reaches the end of the prompt
-                r, parts = requests[s.req_id], self.parts.pop(s.req_id)
-                lists = [
-                    d
-                    for _, lt in sorted(parts, key=lambda x: x[0])
-                    for d in lt.to_dicts(r.sampling_params.prompt_logprobs)
-                ]
-                assert len(lists) == r.num_prompt_tokens - 1, (len(lists), r.num_prompt_tokens)
-                done[s.req_id] = [None] + lists
-        return done
-
-    def _add(self, requests, prompt_logits):
-        "All requests' rows in one batched computation, then split back per request."
-        reqs = [requests[r] for r in prompt_logits]
-        ks = [r.sampling_params.prompt_logprobs for r in reqs]
-        nxt = [
-            t
-            for r, (p0, l) in zip(reqs, prompt_logits.values())
-            for t in r.prompt_token_ids[p0 + 1 : p0 + 1 + l.shape[0]]
-        ]
-        lt = prompt_logprobs_from_logits(
-            torch.cat([l for _, l in prompt_logits.values()]),
-            torch.tensor(nxt, dtype=torch.int64),
-            -1 if -1 in ks else max(ks),
-        )
-        lt, j = LogprobsTensors(*(x.cpu() for x in lt)), 0
-        for rid, (p0, l) in prompt_logits.items():
-            self.parts[rid].append((p0, LogprobsTensors(*(x[j : j + l.shape[0]] for x in lt))))
-            j += l.shape[0]
-
-    def discard(self, request_id: str):
-        "Forget a request's rows (it ended, or was aborted, before its prompt was done)."
-        self.parts.pop(request_id, None)
-
-# %% ../nbs/06_sampler.ipynb #plp06code
-from .scheduler import StepExtension, register_extension
-
-
-@register_extension
-class PromptLogprobs(StepExtension):
-    """The engine's prompt logprobs: the prompt rows asked of the runner, collected, handed out once
-    per request."""
-
-    name = "prompt_logprobs"
-
-    def __init__(self):
-        self.collector = PromptLogprobsCollector()
-
-    @classmethod
-    def enabled(cls, config) -> bool:
-        return True  # any request may ask
-
-    def logits_rows(self, out, requests) -> dict[str, tuple[int, int]]:
-        """Per wanting request: its chunk's positions that have a next prompt token (from the
-        chunk's first row)."""
-        want = self.collector.wanted(out, requests)
-        rows = {
-            s.req_id: (0, min(s.num_tokens, want[s.req_id] - 1 - s.start_pos))
-            for s in out.seqs
-            if s.req_id in want
-        }
-        return {rid: r for rid, r in rows.items() if r[1] > 0}
-
-    def update(self, scheduler, step) -> dict[str, dict]:
-        "Collect the step's prompt rows; the finished lists go to their requests' outputs."
-        rows = {
-            s.req_id: (s.start_pos, step.runner_output.extra_logits[s.req_id])
-            for s in step.scheduler_output.seqs
-            if s.req_id in self.collector.parts and s.req_id in step.runner_output.extra_logits
-        }
-        done = self.collector.collect(step.scheduler_output, step.requests, rows)
-        return {rid: {"new_prompt_logprobs": lists} for rid, lists in done.items()}
-
-    def finish(self, request_ids: list[str]):
-        for rid in request_ids:
-            self.collector.discard(rid)
-
-# %% ../nbs/06_sampler.ipynb #f64b5138
+# %% ../nbs/06_sampler.ipynb #eb1b7dcc
+#| code-fold: true
 def _exp_noise(shape, device, generator=None) -> torch.Tensor:
     """Exp(1) noise as −log U, U ~ U[0, 1): never 0 (so never 0/0), and cheaper than `exponential_`
     on the CPU."""
     return torch.empty(shape, device=device).uniform_(generator=generator).log_().neg_()
 
-
+# %% ../nbs/06_sampler.ipynb #9c210e6c
 def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:
     """One draw per row with the exponential race; rows with a generator draw their noise from it
     (on the CPU), so they are reproducible."""
@@ -528,7 +397,8 @@ def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -
         q[i] = _exp_noise(probs.shape[-1], "cpu", g).to(probs.device)
     return probs.div_(q).argmax(-1)
 
-
+# %% ../nbs/06_sampler.ipynb #f0181730
+#| code-fold: true
 def _on_rows(logits: torch.Tensor, rows: torch.Tensor | None, f) -> torch.Tensor:
     """Apply `f(sub_logits, rows)` to the given rows only (to the whole tensor, in place, when they
     are all the rows)."""
@@ -539,7 +409,7 @@ def _on_rows(logits: torch.Tensor, rows: torch.Tensor | None, f) -> torch.Tensor
     logits[rows] = f(logits[rows], rows)
     return logits
 
-
+# %% ../nbs/06_sampler.ipynb #78857570
 @dataclass
 class SamplerOutput:
     """vLLM's `SamplerOutput`: one sampled token per row, and the logprobs when any row asked for
@@ -641,179 +511,3 @@ class SampledTokens:
                 k = requests[i].sampling_params.logprobs
                 lps[requests[i].request_id] = [logprobs_dict(ids[j], lp[j], ranks[j], k)]
         return cls({r.request_id: [t] for r, t in zip(requests, toks)}, lps)
-
-# %% ../nbs/06_sampler.ipynb #97914bfa
-@dataclass
-class BeamSearchParams:
-    "vLLM's beam-search parameters."
-
-    beam_width: int
-    max_tokens: int
-    ignore_eos: bool = False
-    temperature: float = 0.0
-    length_penalty: float = 1.0
-    include_stop_str_in_output: bool = False
-
-    def __post_init__(self):
-        if not isinstance(self.beam_width, int) or self.beam_width < 1:
-            raise ValueError(f"beam_width must be at least 1, got {self.beam_width}.")
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be at least 1, got {self.max_tokens}.")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be non-negative, got {self.temperature}.")
-
-
-@dataclass
-class BeamSearchSequence:
-    """One beam: all its tokens (prompt included), the logprob dict of each generated step, and its
-    cumulative logprob."""
-
-    tokens: list[int]
-    logprobs: list[dict[int, Logprob]]
-    lora_request: Any = None
-    cum_logprob: float = 0.0
-    text: str | None = None
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-
-
-@dataclass
-class BeamSearchOutput:
-    "The best `beam_width` sequences of one prompt, best first."
-
-    sequences: list[BeamSearchSequence]
-
-
-def get_beam_search_score(
-    tokens: list[int],
-    cumulative_logprob: float,
-    eos_token_id: int | None,
-    length_penalty: float = 1.0,
-) -> float:
-    "vLLM's (and HF's) length-normalised beam score."
-    seq_len = len(tokens) - (1 if tokens[-1] == eos_token_id else 0)
-    return cumulative_logprob / (seq_len**length_penalty)
-
-# %% ../nbs/06_sampler.ipynb #a49f310c
-def beam_search_step(
-    beams: list[BeamSearchSequence],
-    next_logprobs: list[dict[int, Logprob] | None],
-    beam_width: int,
-    eos_token_id: int | None,
-    ignore_eos: bool = False,
-    length_penalty: float = 1.0,
-) -> tuple[list[BeamSearchSequence], list[BeamSearchSequence]]:
-    """Extend each beam by every candidate of its logprob dict (`None`: the beam could not go on).
-    Returns the best `beam_width` live candidates and the candidates that ended with EOS."""
-    live, done = [], []
-    for beam, lps in zip(beams, next_logprobs):
-        if lps is None:
-            continue
-        for t, lp in lps.items():
-            nb = BeamSearchSequence(
-                beam.tokens + [t],
-                beam.logprobs + [lps],
-                beam.lora_request,
-                beam.cum_logprob + lp.logprob,
-            )
-            (done if t == eos_token_id and not ignore_eos else live).append(nb)
-    key = lambda b: get_beam_search_score(b.tokens, b.cum_logprob, eos_token_id, length_penalty)
-    return sorted(live, key=key, reverse=True)[:beam_width], done
-
-
-def beam_search(
-    next_logprobs: Callable[[list[list[int]], int, float], list[dict[int, Logprob] | None]],
-    prompts: list[list[int]],
-    params: BeamSearchParams,
-    eos_token_id: int | None,
-    decode: Callable[[list[int]], str] | None = None,
-) -> list[BeamSearchOutput]:
-    """vLLM's beam search over `prompts` (token ids). `next_logprobs(token_lists, num_logprobs,
-    temperature)` returns, for each sequence, the logprob dict of its next token (the engine: one
-    `generate` step with `SamplingParams(logprobs=num_logprobs, max_tokens=1,
-    temperature=temperature)`). With `decode`, each returned beam's `text` is `decode` of its
-    generated tokens (the prompt and a final EOS left out, as in vLLM)."""
-    key = lambda b: get_beam_search_score(
-        b.tokens, b.cum_logprob, eos_token_id, params.length_penalty
-    )
-    state = [
-        ([BeamSearchSequence(list(p), [])], []) for p in prompts
-    ]  # (live beams, completed) per prompt
-    for _ in range(params.max_tokens):
-        seqs = [b.tokens for live, _ in state for b in live]
-        if not seqs:
-            break
-        lps, i, new = next_logprobs(seqs, 2 * params.beam_width, params.temperature), 0, []
-        for live, completed in state:
-            kept, done = beam_search_step(
-                live,
-                lps[i : i + len(live)],
-                params.beam_width,
-                eos_token_id,
-                params.ignore_eos,
-                params.length_penalty,
-            )
-            i += len(live)
-            new.append((kept, completed + done))
-        state = new
-    outs = []
-    for live, completed in state:
-        best = sorted(completed + live, key=key, reverse=True)[: params.beam_width]
-        if decode is not None:
-            n = len(prompts[len(outs)])
-            for b in best:
-                end = (
-                    -1
-                    if b.tokens[-1] == eos_token_id and not params.ignore_eos and len(b.tokens) > n
-                    else None
-                )
-                b.text = decode(b.tokens[n:end])
-        outs.append(BeamSearchOutput(best))
-    return outs
-
-# %% ../nbs/06_sampler.ipynb #58fba77c
-def sampling_stages(
-    logits: torch.Tensor, params, output_token_ids=(), prompt_token_ids=(0,)
-) -> list[tuple[str, torch.Tensor]]:
-    """The logits of one row after each step of the sampler (masks and bias, penalties, temperature,
-    min-p, top-k, top-p)."""
-    r = Request("stages", list(prompt_token_ids), params)
-    r.append_output_token_ids(list(output_token_ids))
-    md = SamplingMetadata.from_requests([r])
-    l = logits.float()[None].clone()
-    stages = [("model logits", l[0].clone())]
-    l = apply_logit_bias(
-        apply_banned(apply_allowed_token_ids(l, md.allowed), md.banned), md.logit_bias
-    )
-    if md.allowed is not None or md.banned is not None or md.logit_bias is not None:
-        stages.append(("masks + logit bias", l[0].clone()))
-    l = apply_penalties(l, md.penalties)
-    if md.penalties is not None:
-        stages.append(
-            (
-                f"penalties rep {params.repetition_penalty}, freq {params.frequency_penalty}, "
-                f"pres {params.presence_penalty}",
-                l[0].clone(),
-            )
-        )
-    if params.greedy:
-        return stages + [("greedy: argmax", torch.where(l[0] == l[0].max(), 0.0, float("-inf")))]
-    l = apply_temperature(l, md.temperature)
-    stages.append((f"temperature {params.temperature}", l[0].clone()))
-    for name, on, f in [
-        (f"min-p {params.min_p}", md.min_p is not None, lambda l: apply_min_p(l, md.min_p)),
-        (
-            f"top-k {params.top_k}",
-            md.top_k is not None,
-            lambda l: apply_top_k_top_p(l, md.top_k, None),
-        ),
-        (
-            f"top-p {params.top_p}",
-            md.top_p is not None,
-            lambda l: apply_top_k_top_p(l, None, md.top_p),
-        ),
-    ]:
-        if on:
-            l = f(l)
-            stages.append((name, l[0].clone()))
-    return stages

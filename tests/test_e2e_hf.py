@@ -44,11 +44,11 @@ def test_greedy_in_place_attention_matches_hf(prompt_ids, hf_greedy, backend):
     "The CPU's in-place decode kernels (lesson 04: the C kernel, the default, and Inductor's) from the first step on: still HF's greedy tokens."
     llm = LLM(dtype="float32", max_model_len=1024, attention_backend=backend)
     runner = llm.llm_engine.engine_core.model_runner
-    assert runner.switch_attention() == backend
+    assert runner.attention_backend == backend  # chosen when the runner was built
     outs = llm.generate([TokensPrompt(prompt_token_ids=i) for i in prompt_ids], SamplingParams(temperature=0, max_tokens=MAX_NEW), use_tqdm=False)
     for ids, o in zip(prompt_ids, outs): assert o.outputs[0].token_ids == hf_greedy(ids, MAX_NEW), o.prompt
-    from minivllm.model import IN_PLACE_BACKENDS
-    assert {layer.self_attn.attn_fn for layer in runner.model.layers} == {IN_PLACE_BACKENDS[backend]}
+    from minivllm.attention import get_attention_backend
+    assert {layer.self_attn.attn_fn for layer in runner.model.layers} == {get_attention_backend(backend)}
 
 
 def test_greedy_with_preemption_matches_hf(prompt_ids, hf_greedy):
