@@ -110,7 +110,6 @@ def simple_paged_attention(q, k, v, kv_cache, md: AttentionMetadata, scale: floa
     return out
 
 # %% ../nbs/04_paged_attention.ipynb #26f9c7aa
-#| code-fold: true
 def _causal_mask(q_len: int, kv_len: int, device) -> torch.Tensor:
     """Boolean mask [q_len, kv_len]: query j (at position kv_len - q_len + j) sees keys up to its
     position."""
@@ -179,7 +178,6 @@ def torch_paged_attention(q, k, v, kv_cache, md: AttentionMetadata, scale: float
     return out
 
 # %% ../nbs/04_paged_attention.ipynb #ac72c2d9
-#| code-fold: true
 def _group_decodes(
     seq_lens: list[int], block_size: int, group_cost: int = 256, max_keys: int | None = None
 ) -> list[list[int]]:
@@ -220,7 +218,6 @@ def _group_decodes(
     return groups
 
 # %% ../nbs/04_paged_attention.ipynb #ff444e1c
-#| code-fold: true
 @dataclass
 class _DecodeGroup:
     "Decodes of similar length attended together: one gather of their blocks and one SDPA call."
@@ -282,7 +279,6 @@ def _workspace(numel: int, like: torch.Tensor) -> torch.Tensor:
     return buf[:numel]
 
 # %% ../nbs/04_paged_attention.ipynb #83d1aadf
-#| code-fold: true
 DECODE_GROUP_COST = (
     256  # keys: the padding worth one more group of calls (measured on a 2-core x86 CPU)
 )
@@ -344,7 +340,6 @@ def _torch_plan(md: AttentionMetadata, kv_cache: torch.Tensor) -> _TorchPlan:
     return plan
 
 # %% ../nbs/04_paged_attention.ipynb #bfe33d32
-#| code-fold: true
 def _attend_prefills(q, k, v, flat, plan: _TorchPlan, out, scale: float):
     """SDPA for each prefill chunk of `plan` into `out`: this step's own keys, or (with cached
     context) the gathered blocks."""
@@ -375,7 +370,6 @@ def _attend_prefills(q, k, v, flat, plan: _TorchPlan, out, scale: float):
         out[p.start : p.end] = o.flatten(0, 1).transpose(0, 1)
 
 # %% ../nbs/04_paged_attention.ipynb #059ae5b1
-#| code-fold: true
 def _attend_decode_groups(q, flat, kv_cache, plan: _TorchPlan, out, scale: float):
     """Per decode group of `plan`: one `index_select` of its blocks into the workspace, one SDPA
     call with a KV head's query heads as rows, into `out`."""

@@ -158,7 +158,6 @@ def from_requests(cls: SamplingMetadata, requests: list[Request], device="cpu") 
     )
 
 # %% ../nbs/06_sampler.ipynb #7334e999
-#| code-fold: true
 _PROMPT_IDS: "weakref.WeakKeyDictionary[Request, torch.Tensor]" = weakref.WeakKeyDictionary()
 
 
@@ -378,7 +377,6 @@ def gather_logprobs(
     )
 
 # %% ../nbs/06_sampler.ipynb #eb1b7dcc
-#| code-fold: true
 def _exp_noise(shape, device, generator=None) -> torch.Tensor:
     """Exp(1) noise as −log U, U ~ U[0, 1): never 0 (so never 0/0), and cheaper than `exponential_`
     on the CPU."""
@@ -398,7 +396,6 @@ def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -
     return probs.div_(q).argmax(-1)
 
 # %% ../nbs/06_sampler.ipynb #f0181730
-#| code-fold: true
 def _on_rows(logits: torch.Tensor, rows: torch.Tensor | None, f) -> torch.Tensor:
     """Apply `f(sub_logits, rows)` to the given rows only (to the whole tensor, in place, when they
     are all the rows)."""

@@ -68,7 +68,6 @@ class SchedulerOutput:
         return _summary(self)
 
 # %% ../nbs/03_scheduler.ipynb #8f03143b
-#| code-fold: true
 def _summary(out: SchedulerOutput) -> str:
     "`SchedulerOutput.summary`: one line per scheduled request, then preemptions and finishes."
     lines = [
@@ -99,7 +98,6 @@ class SchedulerUpdate:
     finished_req_ids: list[str]  # the requests this step's tokens finished
 
 # %% ../nbs/03_scheduler.ipynb #50fd07c2
-#| code-fold: true
 def _urgency(r: Request):
     "Sort key of the priority policy: lower priority values first, then earlier arrivals."
     return (r.priority, r.arrival_time)
@@ -231,7 +229,6 @@ def _preempt(self: Scheduler, r: Request):
     self.waiting.add_preempted(r)
 
 # %% ../nbs/03_scheduler.ipynb #7efeb6b9
-#| code-fold: true
 @patch
 def _admit(self: Scheduler, r: Request):
     "Move `r` to the running list, keeping the list in preemption order under `priority`."
@@ -277,7 +274,6 @@ def _lookahead(self: Scheduler, r: Request, n: int, budget: int) -> list[int]:
     return [t for e in self.extensions for t in e.lookahead_token_ids(r)][: budget - 1]
 
 # %% ../nbs/03_scheduler.ipynb #e5680c81
-#| code-fold: true
 @patch
 def _fits(self: Scheduler, r: Request) -> bool:
     """Would waiting request `r` be admitted this step, after the running requests took their tokens
@@ -422,7 +418,6 @@ def update_from_output(
     return SchedulerUpdate(updated, kept, finished)
 
 # %% ../nbs/03_scheduler.ipynb #33dff4cb
-#| code-fold: true
 @patch
 def _finish(self: Scheduler, r: Request):
     """Forget a finished request: off the running list, blocks freed, reported in the next step's
