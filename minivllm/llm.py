@@ -8,7 +8,6 @@ import dataclasses
 import itertools
 import re
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 from minivllm.config import (
@@ -23,12 +22,12 @@ from minivllm.config import (
 from .config import PoolingParams, PoolingRequestOutput, EmbeddingRequestOutput
 from fastcore.basics import patch
 from .llm_engine import LLMEngine
+from .metrics import Metric, metrics_snapshot
 from .sampler import BeamSearchParams, BeamSearchOutput, beam_search
 from .tool_calling import render_chat
 
 # %% auto #0
-__all__ = ['load_chat_template', 'LLM', 'EngineDeadError', 'engine_failure', 'resolve_content_format', 'convert_content_parts',
-           'Metric']
+__all__ = ['load_chat_template', 'LLM', 'EngineDeadError', 'engine_failure', 'resolve_content_format', 'convert_content_parts']
 
 # %% ../nbs/13_llm.ipynb #44cd7931
 def load_chat_template(chat_template: str | None) -> str | None:
@@ -454,51 +453,11 @@ def reset_prefix_cache(
     return self.llm_engine.reset_prefix_cache(device)
 
 
-@dataclass
-class Metric:
-    """One metric of `LLM.get_metrics()` (vLLM's reader shape): its name, labels, kind ('counter' or
-    'gauge') and value."""
-
-    name: str
-    labels: dict
-    kind: str
-    value: float
-
-
 @patch
 def get_metrics(self: LLM) -> list[Metric]:
-    "The engine's numbers now, under vLLM's metric names."
-    s = self.llm_engine.get_stats()
-    g = lambda n, v: Metric(f"vllm:{n}", {}, "gauge", v)
-    c = lambda n, v, **l: Metric(f"vllm:{n}", l, "counter", v)
-    return [
-        g("num_requests_running", s.num_running_reqs),
-        g("num_requests_waiting", s.num_waiting_reqs),
-        g("kv_cache_usage_perc", s.kv_cache_usage),
-        c("prompt_tokens", s.num_prompt_tokens),
-        c("generation_tokens", s.num_generation_tokens),
-        c("num_preemptions", s.num_preemptions),
-        c("prefix_cache_queries", s.prefix_cache_queries),
-        c("prefix_cache_hits", s.prefix_cache_hits),
-        *[c("request_success", n, finished_reason=r) for r, n in s.num_finished.items()],
-        *_spec_metrics(s, c),
-    ]
-
-
-def _spec_metrics(s, c) -> list[Metric]:
-    "vLLM's speculative-decoding counters, when speculation is on."
-    sd = s.spec_decoding
-    if sd is None:
-        return []
-    return [
-        c("spec_decode_num_drafts", sd.num_drafts),
-        c("spec_decode_num_draft_tokens", sd.num_draft_tokens),
-        c("spec_decode_num_accepted_tokens", sd.num_accepted_tokens),
-        *[
-            c("spec_decode_num_accepted_tokens_per_pos", n, position=str(j))
-            for j, n in enumerate(sd.num_accepted_tokens_per_pos)
-        ],
-    ]
+    "The engine's numbers now: vLLM's reader records (`Counter`, `Gauge`, `Histogram`, `Vector`)."
+    labels = {"model_name": self.llm_engine.get_model_config().model, "engine": "0"}
+    return metrics_snapshot(self.llm_engine.get_stats(), labels)  # (lesson 11)
 
 
 def _not_here(name: str, why: str):

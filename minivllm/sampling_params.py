@@ -82,10 +82,8 @@ def _check_constraint(self: StructuredOutputsParams):
         raise ValueError(
             f"StructuredOutputsParams needs one of {', '.join(_STRUCTURED_KINDS[:5])}."
         )
-    if self.structural_tag is not None:
-        raise NotImplementedError(
-            "structured outputs with structural_tag are not implemented in minivllm."
-        )
+    if self.structural_tag is not None and not isinstance(self.structural_tag, (str, dict)):
+        raise ValueError("structural_tag must be a structural tag's JSON text (lesson 06b).")
     if self.whitespace_pattern is not None:
         raise NotImplementedError("whitespace_pattern is not implemented in minivllm.")
     if self.json_object is not None and self.json_object is not True:
@@ -365,6 +363,8 @@ def verify(self: SamplingParams, model_config, max_logprobs: int | None = None):
             )
     if self.allowed_token_ids is not None and not all(0 <= t < V for t in self.allowed_token_ids):
         raise ValueError("allowed_token_ids contains out-of-vocab token id!")
+    for lp in getattr(model_config, "logits_processors", ()):  # custom processors (lesson 06d)
+        lp.validate_params(self)
 
 # %% ../nbs/00_sampling_params.ipynb #33a82bb2
 class TextPrompt(TypedDict, total=False):
