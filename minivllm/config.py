@@ -39,8 +39,9 @@ __all__ = ['POOLING_TYPES', 'VllmConfig', 'EXTRA_ARGS', 'EMBEDDED_GGUF', 'LoRARe
            'PoolingParams', 'PoolingOutput', 'EmbeddingOutput', 'PoolingRequestOutput', 'EmbeddingRequestOutput',
            'ModelConfig', 'CompilationConfig', 'SpeculativeConfig', 'ProfilerConfig', 'LoRAConfig', 'CacheConfig',
            'SchedulerConfig', 'ParallelConfig', 'DeviceConfig', 'EngineConfig', 'register_extra_args',
-           'check_extra_args', 'EngineArgs', 'embedded_gguf_path', 'cache_dir', 'convert_gguf', 'hub_snapshot',
-           'resolve_model', 'tokenize_bad_words', 'cpu_has_bf16', 'engine_args_from_kwargs']
+           'check_extra_args', 'EngineArgs', 'resolve_logits_processors', 'embedded_gguf_path', 'cache_dir',
+           'convert_gguf', 'hub_snapshot', 'resolve_model', 'tokenize_bad_words', 'cpu_has_bf16', 'apply_hf_overrides',
+           'engine_args_from_kwargs']
 
 # %% ../nbs/00b_config.ipynb #a8b80c6b
 @dataclass
@@ -261,6 +262,7 @@ class ModelConfig:
     gguf_file: str | None = (
         None  # that file (`model` is then the converted directory: config, tokenizer)
     )
+    logits_processors: tuple = ()  # custom logits processors (lesson 06d): classes or their names
 
     def get_vocab_size(self) -> int:
         return self.hf_config.vocab_size
@@ -641,10 +643,14 @@ class _EngineArgsFields:
     speculative_config: dict | None = None
     quantization: str | None = None
     profiler_config: dict | ProfilerConfig | None = None  # vLLM's: see `ProfilerConfig`
+    hf_overrides: dict | None = None  # vLLM's: a dict or a callable applied to the HF config
+    logits_processors: list | None = None  # vLLM's: classes or "module:Class" names (lesson 06d)
 
     def __post_init__(self):
         if self.max_num_seqs is None:
             self.max_num_seqs = _MAX_NUM_SEQS
+        if self.hf_overrides == {}:  # vLLM's default, spelled as it spells it
+            self.hf_overrides = None
         if self.quantization not in _QUANTIZATIONS:  # refused at once, by name
             raise NotImplementedError(
                 f"quantization={self.quantization!r} is not implemented in minivllm; it runs "
@@ -729,6 +735,7 @@ def _check(self: EngineArgs, device: torch.device) -> str:
             raise NotImplementedError(
                 "enable_lora with tensor_parallel_size > 1 is not implemented in minivllm."
             )
+    self._check_logits_processors()
     backend = self.attention_backend or ("triton" if device.type == "cuda" else "cpu")
     if backend not in _BACKENDS:
         bad(f"attention_backend must be one of {_BACKENDS}, got {backend!r}.")
@@ -738,6 +745,42 @@ def _check(self: EngineArgs, device: torch.device) -> str:
             "'torch'."
         )
     return backend
+
+# %% ../nbs/00b_config.ipynb #f6810444
+def resolve_logits_processors(specs) -> tuple[type, ...]:
+    "The classes of `logits_processors`: classes as they are, `module:Class` names imported."
+    if specs is None:
+        return ()
+    if isinstance(specs, (str, type)) or not isinstance(specs, (list, tuple)):
+        raise ValueError(f"logits_processors must be a list of classes or names, got {specs!r}.")
+    out = []
+    for spec in specs:
+        if isinstance(spec, str) and (":" in spec or "." in spec.strip(".")):
+            module, sep, qualname = spec.partition(":")
+            if not sep:
+                module, _, qualname = spec.rpartition(".")
+            try:
+                obj = importlib.import_module(module)
+                for attr in qualname.split("."):
+                    obj = getattr(obj, attr)
+            except (ImportError, AttributeError) as e:
+                raise ValueError(f"logits_processors: cannot load {spec!r}: {e}") from e
+            spec = obj
+        if not isinstance(spec, type):
+            raise ValueError(
+                f"logits_processors: {spec!r} is neither a class nor a 'module:Class'."
+            )
+        out.append(spec)
+    return tuple(out)
+
+
+@patch
+def _check_logits_processors(self: EngineArgs):
+    "`logits_processors` load; not with speculative decoding."
+    if resolve_logits_processors(self.logits_processors) and self.speculative_config is not None:
+        raise NotImplementedError(
+            "logits_processors with speculative_config is not implemented in minivllm."
+        )
 
 # %% ../nbs/00b_config.ipynb #6f90803b
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -944,6 +987,28 @@ def _dtype_and_quantization(
     )
     return dtype, gguf and str(gguf)
 
+# %% ../nbs/00b_config.ipynb #hfo00b
+def apply_hf_overrides(hf_config, overrides):
+    "`hf_config` with vLLM's `hf_overrides` applied: a dict of keys to set, or a callable."
+    if overrides is None:
+        return hf_config
+    if callable(overrides):
+        out = overrides(hf_config)
+        if out is None:
+            raise ValueError("hf_overrides: the callable must return the (changed) config.")
+        return out
+    if not isinstance(overrides, dict):
+        raise ValueError(f"hf_overrides must be a dict or a callable, got {overrides!r}.")
+    from transformers import PretrainedConfig
+
+    for k, v in overrides.items():
+        sub = getattr(hf_config, k, None)
+        if isinstance(v, dict) and isinstance(sub, PretrainedConfig):
+            apply_hf_overrides(sub, v)
+        else:
+            setattr(hf_config, k, v)
+    return hf_config
+
 # %% ../nbs/00b_config.ipynb #72f37a84
 @patch
 def _model_config(self: EngineArgs, device: torch.device, backend: str) -> ModelConfig:
@@ -961,7 +1026,7 @@ def _model_config(self: EngineArgs, device: torch.device, backend: str) -> Model
             "generation_config must be 'auto', 'vllm' or a directory, got "
             f"{self.generation_config!r}."
         )
-    hf_config = AutoConfig.from_pretrained(path)
+    hf_config = apply_hf_overrides(AutoConfig.from_pretrained(path), self.hf_overrides)
     dtype, gguf_file = self._dtype_and_quantization(device)
     limit = getattr(hf_config, "max_position_embeddings", None) or 2048
     max_model_len = self.max_model_len or limit
@@ -984,6 +1049,7 @@ def _model_config(self: EngineArgs, device: torch.device, backend: str) -> Model
         self.pooler_config,
         self.quantization,
         gguf_file,
+        resolve_logits_processors(self.logits_processors),
     )
 
 
@@ -1151,6 +1217,8 @@ def add_cli_args(cls: EngineArgs, parser: argparse.ArgumentParser) -> argparse.A
             "typing.Optional[bool]",
         ):
             g.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
+        elif hint.startswith("list"):  # a list of names: `--logits-processors a:B c:D`
+            g.add_argument(flag, type=str, nargs="+", default=f.default)
         else:
             typ = (
                 _json_or_str

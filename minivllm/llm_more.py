@@ -6,7 +6,6 @@
 from __future__ import annotations
 import dataclasses
 import re
-from dataclasses import dataclass
 from typing import Sequence
 from fastcore.basics import patch
 from minivllm.config import (
@@ -21,9 +20,10 @@ from minivllm.config import (
 from .sampling_more import BeamSearchParams, BeamSearchOutput, beam_search
 from .tool_calling import render_chat
 from .llm import LLM, load_chat_template
+from .metrics import Metric, metrics_snapshot
 
 # %% auto #0
-__all__ = ['resolve_content_format', 'convert_content_parts', 'Metric']
+__all__ = ['resolve_content_format', 'convert_content_parts']
 
 # %% ../nbs/13b_llm_more.ipynb #f168e196
 def resolve_content_format(chat_template: str | None, fmt: str = "auto") -> str:
@@ -315,51 +315,11 @@ def reset_prefix_cache(
     return self.llm_engine.reset_prefix_cache(device)
 
 # %% ../nbs/13b_llm_more.ipynb #55f1e543
-@dataclass
-class Metric:
-    """One metric of `LLM.get_metrics()` (vLLM's reader shape): its name, labels, kind ('counter' or
-    'gauge') and value."""
-
-    name: str
-    labels: dict
-    kind: str
-    value: float
-
-
 @patch
 def get_metrics(self: LLM) -> list[Metric]:
-    "The engine's numbers now, under vLLM's metric names."
-    s = self.llm_engine.get_stats()
-    g = lambda n, v: Metric(f"vllm:{n}", {}, "gauge", v)
-    c = lambda n, v, **l: Metric(f"vllm:{n}", l, "counter", v)
-    return [
-        g("num_requests_running", s.num_running_reqs),
-        g("num_requests_waiting", s.num_waiting_reqs),
-        g("kv_cache_usage_perc", s.kv_cache_usage),
-        c("prompt_tokens", s.num_prompt_tokens),
-        c("generation_tokens", s.num_generation_tokens),
-        c("num_preemptions", s.num_preemptions),
-        c("prefix_cache_queries", s.prefix_cache_queries),
-        c("prefix_cache_hits", s.prefix_cache_hits),
-        *[c("request_success", n, finished_reason=r) for r, n in s.num_finished.items()],
-        *_spec_metrics(s, c),
-    ]
-
-
-def _spec_metrics(s, c) -> list[Metric]:
-    "vLLM's speculative-decoding counters, when speculation is on."
-    sd = s.spec_decoding
-    if sd is None:
-        return []
-    return [
-        c("spec_decode_num_drafts", sd.num_drafts),
-        c("spec_decode_num_draft_tokens", sd.num_draft_tokens),
-        c("spec_decode_num_accepted_tokens", sd.num_accepted_tokens),
-        *[
-            c("spec_decode_num_accepted_tokens_per_pos", n, position=str(j))
-            for j, n in enumerate(sd.num_accepted_tokens_per_pos)
-        ],
-    ]
+    "The engine's numbers now: vLLM's reader records (`Counter`, `Gauge`, `Histogram`, `Vector`)."
+    labels = {"model_name": self.llm_engine.get_model_config().model, "engine": "0"}
+    return metrics_snapshot(self.llm_engine.get_stats(), labels)  # (lesson 11)
 
 # %% ../nbs/13b_llm_more.ipynb #45f9ff60
 def _not_here(name: str, why: str):

@@ -4,26 +4,32 @@
 
 # %% ../nbs/11_metrics.ipynb #832b753c
 from __future__ import annotations
+import bisect
 import copy
 import logging
 import os
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 from .engine_core import SchedulerStats
 
 # %% auto #0
-__all__ = ['logger', 'LatencyStats', 'FinishedRequestStats', 'IterationStats', 'Stats', 'StatLogger']
+__all__ = ['logger', 'TTFT_BUCKETS', 'ITL_BUCKETS', 'REQUEST_LATENCY_BUCKETS', 'LatencyStats', 'FinishedRequestStats',
+           'IterationStats', 'Stats', 'StatLogger', 'Metric', 'Counter', 'Vector', 'Gauge', 'Histogram',
+           'metrics_snapshot']
 
 # %% ../nbs/11_metrics.ipynb #b1058418
 logger = logging.getLogger("minivllm")
 
 # %% ../nbs/11_metrics.ipynb #f7d725ad
 class LatencyStats:
-    "Count, sum, max and the last `keep` values of a latency (seconds)."
+    "Count, sum, max, a histogram over `buckets` and the last `keep` values of a latency (seconds)."
 
-    def __init__(self, keep: int = 1000):
+    def __init__(self, keep: int = 1000, buckets: tuple[float, ...] = ()):
         self.count, self.sum, self.max, self.recent = 0, 0.0, 0.0, deque(maxlen=keep)
+        self.buckets = tuple(buckets)  # upper bounds, increasing
+        self.bucket_counts = [0] * (len(self.buckets) + 1)  # values per bucket; last: above all
 
     def add(self, v: float):
         "Record one value."
@@ -31,6 +37,7 @@ class LatencyStats:
         self.sum += v
         self.max = max(self.max, v)
         self.recent.append(v)
+        self.bucket_counts[bisect.bisect_left(self.buckets, v)] += 1
 
     @property
     def mean(self) -> float:
@@ -42,6 +49,21 @@ class LatencyStats:
             return 0.0
         v = sorted(self.recent)
         return v[min(len(v) - 1, int(round(q / 100 * (len(v) - 1))))]
+
+    def cumulative_buckets(self) -> dict[str, int]:
+        "Prometheus' buckets: upper bound → values at most it; `'+Inf'` → all of them."
+        out, n = {}, 0
+        for b, k in zip(self.buckets, self.bucket_counts):
+            n += k
+            out[str(float(b))] = n
+        return {**out, "+Inf": self.count}
+
+    def __copy__(self) -> LatencyStats:
+        new = LatencyStats(self.recent.maxlen, self.buckets)
+        new.count, new.sum, new.max = self.count, self.sum, self.max
+        new.recent.extend(self.recent)
+        new.bucket_counts = list(self.bucket_counts)
+        return new
 
     def __repr__(self):
         return f"LatencyStats(count={self.count}, mean={self.mean:.4f}, max={self.max:.4f})"
@@ -109,6 +131,16 @@ class IterationStats:
         )
 
 # %% ../nbs/11_metrics.ipynb #28a848f6
+# vLLM's histogram buckets (seconds): time to first token; inter-token and per-output-token
+# time; a request's end-to-end and queued time
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+                1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)  # fmt: skip
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75,
+               1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)  # fmt: skip
+REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
+                           50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)  # fmt: skip
+
+
 @dataclass
 class Stats:
     "A snapshot of the engine's numbers."
@@ -160,7 +192,9 @@ class StatLogger:
         self.interval_prompt_tokens = self.interval_generation_tokens = 0
         self.num_finished: dict[str, int] = {}
         self.phase_seconds: dict[str, float] = {}
-        self.ttft, self.itl, self.tpot, self.e2e, self.queued = (LatencyStats() for _ in range(5))
+        self.ttft = LatencyStats(buckets=TTFT_BUCKETS)
+        self.itl, self.tpot = LatencyStats(buckets=ITL_BUCKETS), LatencyStats(buckets=ITL_BUCKETS)
+        self.e2e, self.queued = (LatencyStats(buckets=REQUEST_LATENCY_BUCKETS) for _ in range(2))
 
     def record(self, scheduler_stats: SchedulerStats | None, it: IterationStats | None):
         "Take the scheduler's latest state and one step's `IterationStats` (either may be None)."
@@ -249,3 +283,77 @@ class StatLogger:
         "Log if the interval has passed."
         if now - self.last_log_time >= self.interval:
             self.log(now)
+
+# %% ../nbs/11_metrics.ipynb #mx11b
+@dataclass
+class Metric:
+    "vLLM's reader record: a Prometheus metric's name and its labels."
+
+    name: str
+    labels: dict[str, str]
+
+
+@dataclass
+class Counter(Metric):
+    "A count that only grows."
+
+    value: int
+
+
+@dataclass
+class Vector(Metric):
+    "An ordered list of counters (vLLM's one: speculative acceptances per position)."
+
+    values: list[int]
+
+
+@dataclass
+class Gauge(Metric):
+    "A value that goes up and down."
+
+    value: float
+
+
+@dataclass
+class Histogram(Metric):
+    "Observations in buckets: upper bound → values at most it (`'+Inf'`: all)."
+
+    count: int
+    sum: float
+    buckets: dict[str, int]
+
+# %% ../nbs/11_metrics.ipynb #mx11c
+def metrics_snapshot(s: Stats, labels: dict[str, str] | None = None) -> list[Metric]:
+    "The numbers of a `Stats` snapshot as vLLM's reader records, each with `labels`."
+    labels = dict(labels or {})
+    g = lambda n, v: Gauge(f"vllm:{n}", labels, v)
+    c = lambda n, v, **more: Counter(f"vllm:{n}", {**labels, **more}, int(v))
+    h = lambda n, ls: Histogram(f"vllm:{n}", labels, ls.count, ls.sum, ls.cumulative_buckets())
+    out: list[Any] = [
+        g("num_requests_running", s.num_running_reqs),
+        g("num_requests_waiting", s.num_waiting_reqs),
+        g("kv_cache_usage_perc", s.kv_cache_usage),
+        c("prompt_tokens", s.num_prompt_tokens),
+        c("generation_tokens", s.num_generation_tokens),
+        c("num_preemptions", s.num_preemptions),
+        c("prefix_cache_queries", s.prefix_cache_queries),
+        c("prefix_cache_hits", s.prefix_cache_hits),
+        *[c("request_success", n, finished_reason=r) for r, n in s.num_finished.items()],
+        h("time_to_first_token_seconds", s.time_to_first_token),
+        h("inter_token_latency_seconds", s.inter_token_latency),
+        h("request_time_per_output_token_seconds", s.time_per_output_token),
+        h("e2e_request_latency_seconds", s.e2e_latency),
+        h("request_queue_time_seconds", s.queued_time),
+    ]
+    if (sd := s.spec_decoding) is not None:  # (lesson 07b)
+        out += [
+            c("spec_decode_num_drafts", sd.num_drafts),
+            c("spec_decode_num_draft_tokens", sd.num_draft_tokens),
+            c("spec_decode_num_accepted_tokens", sd.num_accepted_tokens),
+            Vector(
+                "vllm:spec_decode_num_accepted_tokens_per_pos",
+                labels,
+                list(sd.num_accepted_tokens_per_pos),
+            ),
+        ]
+    return out

@@ -75,10 +75,8 @@ def _check_constraint(self: StructuredOutputsParams):
         raise ValueError(
             f"StructuredOutputsParams needs one of {', '.join(_STRUCTURED_KINDS[:5])}."
         )
-    if self.structural_tag is not None:
-        raise NotImplementedError(
-            "structured outputs with structural_tag are not implemented in minivllm."
-        )
+    if self.structural_tag is not None and not isinstance(self.structural_tag, (str, dict)):
+        raise ValueError("structural_tag must be a structural tag's JSON text (lesson 06b).")
     if self.whitespace_pattern is not None:
         raise NotImplementedError("whitespace_pattern is not implemented in minivllm.")
     if self.json_object is not None and self.json_object is not True:

@@ -27,6 +27,8 @@ def verify(self: SamplingParams, model_config, max_logprobs: int | None = None):
                 f"Requested {what} logprobs of {n}, which is greater than max allowed: {max_lp}"
             )
     self._verify_token_ids(V)
+    for lp in getattr(model_config, "logits_processors", ()):  # custom processors (lesson 06d)
+        lp.validate_params(self)
 
 # %% ../nbs/00c_sampling_verify.ipynb #8f01ce49
 @patch

@@ -8,6 +8,7 @@ import functools
 import json
 import re
 import time
+import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 import torch
@@ -16,8 +17,9 @@ from .config import StructuredOutputsParams
 from .request import Request
 
 # %% auto #0
-__all__ = ['grammar_key', 'grammar_from_key', 'validate_structured_outputs', 'bitmask_to_bool', 'apply_token_bitmask',
-           'count_allowed', 'GrammarState', 'StructuredOutputManager', 'StructuredOutputs']
+__all__ = ['grammar_key', 'grammar_from_key', 'validate_structured_outputs', 'structural_tag_text', 'structural_tag_grammar',
+           'bitmask_to_bool', 'apply_token_bitmask', 'count_allowed', 'GrammarState', 'StructuredOutputManager',
+           'StructuredOutputs']
 
 # %% ../nbs/06b_structured_outputs.ipynb #bd8d04b0
 def _xgr():
@@ -44,6 +46,8 @@ def grammar_key(so: StructuredOutputsParams) -> tuple[str, str, bool]:
         kind, v = "json", '{"type": "object"}'
     elif kind == "choice":
         v = json.dumps(v, ensure_ascii=False)
+    elif kind == "structural_tag":
+        v = structural_tag_text(v)
     return kind, v, not so.disable_any_whitespace
 
 
@@ -67,6 +71,8 @@ def grammar_from_key(key: tuple[str, str, bool]):
                 "root ::= "
                 + " | ".join(json.dumps(c, ensure_ascii=False) for c in json.loads(text))
             )
+        if kind == "structural_tag":
+            return structural_tag_grammar(text)
         return xgr.Grammar.from_ebnf(text)
     except Exception as e:
         raise ValueError(f"Invalid {kind} for structured outputs: {_clean(e)}") from None
@@ -76,6 +82,34 @@ def validate_structured_outputs(so: StructuredOutputsParams) -> None:
     """Raise a `ValueError` naming the problem if `so` cannot be turned into a grammar (the
     processor calls this when a request arrives)."""
     grammar_from_key(grammar_key(so))
+
+# %% ../nbs/06b_structured_outputs.ipynb #st06b2
+def structural_tag_text(tag) -> str:
+    "A structural tag (its JSON text, or a dict) as compact JSON text; a `ValueError` if it is not."
+    if isinstance(tag, str):
+        try:
+            tag = json.loads(tag)
+        except json.JSONDecodeError as e:
+            raise ValueError(
+                f"Invalid structural_tag for structured outputs: not JSON ({e})."
+            ) from None
+    if not isinstance(tag, dict):
+        raise ValueError(f"Invalid structural_tag for structured outputs: not an object: {tag!r}")
+    return json.dumps(tag)
+
+
+def structural_tag_grammar(text: str):
+    "The xgrammar `Grammar` of a structural tag: xgrammar's format, or vLLM's `structures` form."
+    xgr, tag = _xgr(), json.loads(text)
+    if "structures" not in tag:
+        return xgr.Grammar.from_structural_tag(text)
+    items = [
+        xgr.StructuralTagItem(begin=s["begin"], schema=json.dumps(s["schema"]), end=s["end"])
+        for s in tag["structures"]
+    ]
+    with warnings.catch_warnings():  # (xgrammar calls this form deprecated; vLLM still sends it)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return xgr.Grammar.from_structural_tag(items, tag.get("triggers", []))
 
 # %% ../nbs/06b_structured_outputs.ipynb #c9ed9854
 def bitmask_to_bool(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:

@@ -47,10 +47,11 @@ from minivllm.config import (
 )
 from .llm_engine import LLMEngine
 from .llm import LLM
-from .llm_more import Metric
+from .metrics import Counter, Gauge, Histogram, Metric, Vector
 from .async_engine import AsyncEngineArgs, AsyncLLM, AsyncLLMEngine, EngineDeadError
 from .cli import FlexibleArgumentParser
 from .tool_calling import ToolParser, ToolParserManager
+from . import logits_processors as lp
 
 # %% auto #0
 __all__ = ['VLLM_MODULES', 'VLLM_CONFIG_NAMES', 'check_vllm_args', 'VllmArgs', 'cleanup_dist_env_and_memory', 'init_logger',
@@ -77,10 +78,8 @@ _VLLM_ARGS: dict = dict(  # what changes nothing, per vLLM argument
     config_format=("auto", "hf"),
     rope_scaling=(None, {}),
     rope_theta=(None,),
-    hf_overrides=(None, {}),
     model_impl=("auto", "vllm"),
     override_attention_dtype=(None,),
-    logits_processors=(None, []),
     logits_processor_pattern=_ANY,
     io_processor_plugin=(None,),
     logprobs_mode=("raw_logprobs",),
@@ -291,7 +290,23 @@ VLLM_MODULES: dict[str, dict] = {
     "v1.engine.async_llm": dict(AsyncLLM=AsyncLLM),
     "v1.engine.llm_engine": dict(LLMEngine=LLMEngine),
     "v1.engine.exceptions": dict(EngineDeadError=EngineDeadError),
-    "v1.metrics.reader": dict(Metric=Metric),
+    "v1.metrics.reader": dict(
+        Metric=Metric, Counter=Counter, Gauge=Gauge, Histogram=Histogram, Vector=Vector
+    ),
+    "v1.sample.logits_processor": dict(
+        LogitsProcessor=lp.LogitsProcessor,
+        BatchUpdate=lp.BatchUpdate,
+        MoveDirectionality=lp.MoveDirectionality,
+        AdapterLogitsProcessor=lp.AdapterLogitsProcessor,
+        RequestLogitsProcessor=lp.RequestLogitsProcessor,
+    ),
+    "v1.sample.logits_processor.interface": dict(
+        LogitsProcessor=lp.LogitsProcessor,
+        BatchUpdate=lp.BatchUpdate,
+        MoveDirectionality=lp.MoveDirectionality,
+    ),
+    "v1.sample.logits_processor.builtin": dict(process_dict_updates=lp.process_dict_updates),
+    "logits_process": dict(LogitsProcessor=lp.RequestLogitsProcessor),
     "utils": dict(FlexibleArgumentParser=FlexibleArgumentParser, random_uuid=random_uuid),
     "utils.argparse_utils": dict(FlexibleArgumentParser=FlexibleArgumentParser),
     "distributed": dict(cleanup_dist_env_and_memory=cleanup_dist_env_and_memory),

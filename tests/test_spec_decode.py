@@ -178,11 +178,14 @@ def test_metrics_names(baseline):
     llm = LLM(**KW, speculative_config={"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 1})
     llm.generate(prompts[1:2], SamplingParams(temperature=0, max_tokens=20), use_tqdm=False)
     st = llm.llm_engine.get_stats().spec_decoding
-    ms = {(m.name, m.labels.get("position")): m.value for m in llm.get_metrics()}
-    assert ms[("vllm:spec_decode_num_drafts", None)] == st.num_drafts > 0
-    assert ms[("vllm:spec_decode_num_draft_tokens", None)] == st.num_draft_tokens
-    assert ms[("vllm:spec_decode_num_accepted_tokens", None)] == st.num_accepted_tokens
-    assert ms[("vllm:spec_decode_num_accepted_tokens_per_pos", "0")] == st.num_accepted_tokens_per_pos[0]
+    from minivllm.v1.metrics.reader import Counter, Vector   # vLLM's reader types, as its spec_decode.py example reads them
+    ms = {m.name: m for m in llm.get_metrics()}
+    assert ms["vllm:spec_decode_num_drafts"] == Counter("vllm:spec_decode_num_drafts", ms["vllm:spec_decode_num_drafts"].labels, st.num_drafts)
+    assert st.num_drafts > 0
+    assert ms["vllm:spec_decode_num_draft_tokens"].value == st.num_draft_tokens
+    assert ms["vllm:spec_decode_num_accepted_tokens"].value == st.num_accepted_tokens
+    vec = ms["vllm:spec_decode_num_accepted_tokens_per_pos"]
+    assert isinstance(vec, Vector) and vec.values == st.num_accepted_tokens_per_pos and len(vec.values) == 2
     from minivllm.server import Metrics
     class Async: engine = llm.llm_engine
     text = Metrics(Async).render().decode()

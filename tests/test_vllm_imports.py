@@ -38,6 +38,10 @@ HAVE = {
     ("vllm.utils.argparse_utils", "FlexibleArgumentParser"): "minivllm.cli:FlexibleArgumentParser",
     ("vllm.v1.engine.async_llm", "AsyncLLM"): "minivllm.async_engine:AsyncLLM",
     ("vllm.version", "__version__"): "minivllm:__version__",
+    **{("vllm.v1.sample.logits_processor", n): f"minivllm.logits_processors:{n}" for n in [
+        "AdapterLogitsProcessor", "BatchUpdate", "LogitsProcessor", "RequestLogitsProcessor"]},
+    ("vllm.v1.sample.logits_processor.builtin", "process_dict_updates"): "minivllm.logits_processors:process_dict_updates",
+    **{("vllm.v1.metrics.reader", n): f"minivllm.metrics:{n}" for n in ["Counter", "Gauge", "Histogram", "Vector"]},
 }
 
 
@@ -70,8 +74,8 @@ def test_what_minivllm_lacks_is_refused_by_name(module, name):
 
 
 def test_thin_modules_say_what_they_have():
-    with pytest.raises(ImportError, match=r"no 'Counter'.*vLLM's Counter.*It has: Metric"):
-        from minivllm.v1.metrics.reader import Counter  # noqa: F401
+    with pytest.raises(ImportError, match=r"no 'get_metrics_snapshot'.*vLLM's get_metrics_snapshot.*It has: Metric, Counter"):
+        from minivllm.v1.metrics.reader import get_metrics_snapshot  # noqa: F401
     import minivllm.outputs
     assert "RequestOutput" in minivllm.outputs.__all__ and not hasattr(minivllm.outputs, "_private")
 

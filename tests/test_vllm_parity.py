@@ -52,8 +52,8 @@ VLLM_DEFAULTS = dict(served_model_name=None, hf_config_path=None, runner="auto",
 VLLM_UNSUPPORTED = dict(quantization="awq", pipeline_parallel_size=2, data_parallel_size=2, fully_sharded_loras=True,
     kv_cache_dtype="fp8", speculative_config={"method": "eagle", "num_speculative_tokens": 2}, cpu_offload_gb=4, tokenizer_mode="mistral",
     skip_tokenizer_init=True, enable_prompt_embeds=True, enable_sleep_mode=True, async_scheduling=True,
-    rope_scaling={"rope_type": "dynamic", "factor": 2.0}, hf_overrides={"num_hidden_layers": 1}, model_impl="transformers",
-    logits_processors=["my.Processor"], enable_expert_parallel=True, compilation_config={"level": 3, "splitting_ops": []}, load_format="dummy")
+    rope_scaling={"rope_type": "dynamic", "factor": 2.0}, model_impl="transformers",
+    enable_expert_parallel=True, compilation_config={"level": 3, "splitting_ops": []}, load_format="dummy")
 
 
 def test_every_vllm_engine_arg_is_known():
