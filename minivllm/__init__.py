@@ -54,4 +54,5 @@ __all__ = [  # what `from minivllm import *` brings (ruff reads it too)
 
 # %% ../nbs/99_public_api.ipynb #feat99code
 # the feature lessons register their step extensions and runners when imported
-from . import compilation, lora, structured_outputs, parallel, pipeline, spec_decode, pooling  # noqa: F401
+from . import compilation, lora, structured_outputs, parallel, spec_decode, pooling  # noqa: F401
+from . import pipeline, data_parallel  # noqa: F401  (lessons 07c and 14b)

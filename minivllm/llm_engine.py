@@ -24,9 +24,14 @@ from .output_processor import OutputProcessor
 from .metrics import IterationStats, Stats, StatLogger
 
 # %% auto #0
-__all__ = ['LLMEngine']
+__all__ = ['ENGINE_FRONT_ENDS', 'LLMEngine']
 
 # %% ../nbs/12_llm_engine.ipynb #2bb18652
+# engines of later lessons that stand in for `LLMEngine` (by class name), each with
+# `enabled(engine_args)`: `from_engine_args` builds the latest enabled one
+ENGINE_FRONT_ENDS: dict[str, type] = {}
+
+
 class LLMEngine:
     """vLLM's `LLMEngine`: add requests, `step()` until done, abort what you no longer need.
     `last_step` is the `StepInfo` of the latest step; each callable of `step_observers` is called
@@ -96,6 +101,9 @@ class LLMEngine:
             raise NotImplementedError(
                 "enable_multiprocessing is not implemented: the engine core runs in-process."
             )
+        for front in reversed(ENGINE_FRONT_ENDS.values()):  # (data parallelism, lesson 14b)
+            if cls is LLMEngine and front.enabled(engine_args):
+                return front.from_engine_args(engine_args)
         return cls(engine_args.create_engine_config(), log_stats=not engine_args.disable_log_stats)
 
 # %% ../nbs/12_llm_engine.ipynb #f253a122
