@@ -706,23 +706,7 @@ def _check(self: EngineArgs, device: torch.device) -> str:
     def bad(msg):
         raise ValueError(msg)
 
-    for k in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
-        v = getattr(self, k)
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            bad(f"{k} must be a positive integer, got {v!r}.")
-    if self.distributed_executor_backend not in (None, "mp", "uni", "external_launcher"):
-        raise NotImplementedError(
-            f"distributed_executor_backend={self.distributed_executor_backend!r} is not "
-            "implemented in minivllm; it runs None, 'mp', 'uni' or 'external_launcher'."
-        )
-    split = self.tensor_parallel_size * self.pipeline_parallel_size > 1
-    for k in ("enable_lora", "speculative_config", "quantization"):
-        if self.pipeline_parallel_size > 1 and getattr(self, k):
-            raise NotImplementedError(
-                f"{k} with pipeline_parallel_size > 1 is not implemented in minivllm."
-            )
-    if self.distributed_executor_backend == "external_launcher" and not split:
-        bad("distributed_executor_backend='external_launcher' needs a model split over ranks.")
+    self._check_parallel()
     if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128):
         bad(f"block_size must be a power of 2 up to 128, got {self.block_size}.")
     if not 0 < self.gpu_memory_utilization <= 1:
@@ -760,6 +744,47 @@ def _check(self: EngineArgs, device: torch.device) -> str:
             "'torch'."
         )
     return backend
+
+# %% ../nbs/00b_config.ipynb #par00b01
+@patch
+def _check_parallel(self: EngineArgs):
+    """The sizes of tensor, pipeline and data parallelism, and who starts the ranks (lessons 07,
+    07c, 14b)."""
+    for k in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
+        v = getattr(self, k)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{k} must be a positive integer, got {v!r}.")
+    if self.distributed_executor_backend not in (None, "mp", "uni", "external_launcher"):
+        raise NotImplementedError(
+            f"distributed_executor_backend={self.distributed_executor_backend!r} is not "
+            "implemented in minivllm; it runs None, 'mp', 'uni' or 'external_launcher'."
+        )
+    for k in ("enable_lora", "speculative_config", "quantization"):
+        if self.pipeline_parallel_size > 1 and getattr(self, k):
+            raise NotImplementedError(
+                f"{k} with pipeline_parallel_size > 1 is not implemented in minivllm."
+            )
+    split = self.tensor_parallel_size * self.pipeline_parallel_size > 1
+    if self.distributed_executor_backend == "external_launcher" and not split:
+        raise ValueError(
+            "distributed_executor_backend='external_launcher' needs a model split over ranks."
+        )
+
+
+@patch
+def _parallel_config(self: EngineArgs, mc: ModelConfig) -> ParallelConfig:
+    "The `ParallelConfig`; a clear error when the pipeline has more stages than the model layers."
+    if self.pipeline_parallel_size > mc.get_num_layers():
+        raise ValueError(
+            f"pipeline_parallel_size={self.pipeline_parallel_size} is more stages than the "
+            f"model's {mc.get_num_layers()} layers."
+        )
+    return ParallelConfig(
+        self.tensor_parallel_size,
+        self.pipeline_parallel_size,
+        self.data_parallel_size,
+        self.distributed_executor_backend,
+    )
 
 # %% ../nbs/00b_config.ipynb #6f90803b
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -1046,11 +1071,6 @@ def create_engine_config(self: EngineArgs) -> EngineConfig:
             "least one whole KV head (with its group of query heads), so tensor_parallel_size "
             f"must be between 1 and {kv}."
         )
-    if self.pipeline_parallel_size > mc.get_num_layers():
-        bad(
-            f"pipeline_parallel_size={self.pipeline_parallel_size} is more stages than the "
-            f"model's {mc.get_num_layers()} layers."
-        )
     mnbt = self.max_num_batched_tokens or (
         2048 if self.enable_chunked_prefill else max(max_model_len, 2048)
     )
@@ -1078,12 +1098,7 @@ def create_engine_config(self: EngineArgs) -> EngineConfig:
             self.scheduling_policy,
             self.max_loras if self.enable_lora else 0,
         ),
-        ParallelConfig(
-            self.tensor_parallel_size,
-            self.pipeline_parallel_size,
-            self.data_parallel_size,
-            self.distributed_executor_backend,
-        ),
+        self._parallel_config(mc),
         DeviceConfig(device),
         compilation_config=self._compilation(device),
         lora_config=lora,

@@ -69,7 +69,7 @@ def _serve(engine: LLMEngine, inp, out, rank: int):
         if engine.has_unfinished_requests():
             out.send_pyobj(("step", rank, engine.step(), _gauges(engine)))
 
-
+# %% ../nbs/14b_data_parallel.ipynb #82cfe51e
 def engine_main():
     """Entry point of one data-parallel engine process: `python -c "from minivllm.data_parallel
     import engine_main; engine_main()"` with `MINIVLLM_DP_RANK` and the two ZeroMQ addresses."""
@@ -122,7 +122,7 @@ class _DPState:
     closed: bool = False
     error: str = ""
 
-
+# %% ../nbs/14b_data_parallel.ipynb #5c1d437a
 class _DPCore:
     """Stands in for `EngineCore` in the front end: the queue lengths and KV numbers summed over
     the engines (what `LLMEngine.scheduler`, `kv_cache_manager` and the server's gauges read)."""
@@ -255,7 +255,7 @@ def _wait_ready(self: DPLLMEngine, timeout: float = 600):
                 f"data-parallel engines {sorted(ready)} of {len(self.engines)} ready"
             )
 
-
+# %% ../nbs/14b_data_parallel.ipynb #62068648
 def _close_engines(engines, ctx, tmpdir):
     "Stop the engine processes (kill those that do not stop), close ZeroMQ. Idempotent."
     import zmq
@@ -386,7 +386,7 @@ def step(self: DPLLMEngine) -> list:
     self.stat_logger.record(self.engine_core.get_scheduler_stats(), None)
     return outputs
 
-
+# %% ../nbs/14b_data_parallel.ipynb #8de67de0
 @patch
 def shutdown(self: DPLLMEngine):
     "Stop the engine processes."

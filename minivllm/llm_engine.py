@@ -31,7 +31,7 @@ __all__ = ['ENGINE_FRONT_ENDS', 'LLMEngine']
 # `enabled(engine_args)`: `from_engine_args` builds the latest enabled one
 ENGINE_FRONT_ENDS: dict[str, type] = {}
 
-
+# %% ../nbs/12_llm_engine.ipynb #9043309c
 class LLMEngine:
     """vLLM's `LLMEngine`: add requests, `step()` until done, abort what you no longer need.
     `last_step` is the `StepInfo` of the latest step; each callable of `step_observers` is called

@@ -137,7 +137,7 @@ class PipelineStage:
             dist.broadcast(logits, src=0)
         return logits
 
-
+# %% ../nbs/07c_scaling_out.ipynb #5f74bc7d
 class PPLlamaForCausalLM(PipelineStage, LlamaForCausalLM):
     "One pipeline stage of a Llama-family model (no tensor parallelism inside the stage)."
 
@@ -145,7 +145,7 @@ class PPLlamaForCausalLM(PipelineStage, LlamaForCausalLM):
 class PPTPLlamaForCausalLM(PipelineStage, TPLlamaForCausalLM):
     "One tensor-parallel rank of one pipeline stage."
 
-# %% ../nbs/07c_scaling_out.ipynb #5f74bc7d
+
 class PPWorker(TPWorker):
     """One rank of a TP × PP grid: stage `rank // tp` (its layers only), TP rank `rank % tp` (its
     heads only), with the stage's own process group for the tensor-parallel collectives."""
