@@ -535,9 +535,13 @@ class SchedulerConfig:
 
 @dataclass
 class ParallelConfig:
-    "How many processes the model is split over (tensor parallelism, lesson 07)."
+    """How many processes the model is split over (tensor parallelism, lesson 07; pipeline
+    parallelism, lesson 07c), how many engines serve (data parallelism) and who starts the ranks."""
 
     tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    data_parallel_size: int = 1
+    distributed_executor_backend: str | None = None  # None/"mp": the engine starts its ranks
 
 
 @dataclass
@@ -625,6 +629,9 @@ class _EngineArgsFields:
     enforce_eager: bool | None = None  # None: compiled on CUDA, eager on the CPU (lesson 05b)
     compilation_config: int | dict | None = None  # vLLM's: a level (0-3) or a dict
     tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    data_parallel_size: int = 1
+    distributed_executor_backend: str | None = None  # None, "mp" or "external_launcher" (07c)
     device: str = "auto"
     attention_backend: str | None = None
     disable_log_stats: bool = True
@@ -705,8 +712,7 @@ def _check(self: EngineArgs, device: torch.device) -> str:
     def bad(msg):
         raise ValueError(msg)
 
-    if not isinstance(self.tensor_parallel_size, int) or self.tensor_parallel_size < 1:
-        bad(f"tensor_parallel_size must be a positive integer, got {self.tensor_parallel_size!r}.")
+    self._check_parallel()
     if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128):
         bad(f"block_size must be a power of 2 up to 128, got {self.block_size}.")
     if not 0 < self.gpu_memory_utilization <= 1:
@@ -781,6 +787,47 @@ def _check_logits_processors(self: EngineArgs):
         raise NotImplementedError(
             "logits_processors with speculative_config is not implemented in minivllm."
         )
+
+# %% ../nbs/00b_config.ipynb #par00b01
+@patch
+def _check_parallel(self: EngineArgs):
+    """The sizes of tensor, pipeline and data parallelism, and who starts the ranks (lessons 07,
+    07c, 14b)."""
+    for k in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
+        v = getattr(self, k)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{k} must be a positive integer, got {v!r}.")
+    if self.distributed_executor_backend not in (None, "mp", "uni", "external_launcher"):
+        raise NotImplementedError(
+            f"distributed_executor_backend={self.distributed_executor_backend!r} is not "
+            "implemented in minivllm; it runs None, 'mp', 'uni' or 'external_launcher'."
+        )
+    for k in ("enable_lora", "speculative_config", "quantization"):
+        if self.pipeline_parallel_size > 1 and getattr(self, k):
+            raise NotImplementedError(
+                f"{k} with pipeline_parallel_size > 1 is not implemented in minivllm."
+            )
+    split = self.tensor_parallel_size * self.pipeline_parallel_size > 1
+    if self.distributed_executor_backend == "external_launcher" and not split:
+        raise ValueError(
+            "distributed_executor_backend='external_launcher' needs a model split over ranks."
+        )
+
+
+@patch
+def _parallel_config(self: EngineArgs, mc: ModelConfig) -> ParallelConfig:
+    "The `ParallelConfig`; a clear error when the pipeline has more stages than the model layers."
+    if self.pipeline_parallel_size > mc.get_num_layers():
+        raise ValueError(
+            f"pipeline_parallel_size={self.pipeline_parallel_size} is more stages than the "
+            f"model's {mc.get_num_layers()} layers."
+        )
+    return ParallelConfig(
+        self.tensor_parallel_size,
+        self.pipeline_parallel_size,
+        self.data_parallel_size,
+        self.distributed_executor_backend,
+    )
 
 # %% ../nbs/00b_config.ipynb #6f90803b
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -1117,7 +1164,7 @@ def create_engine_config(self: EngineArgs) -> EngineConfig:
             self.scheduling_policy,
             self.max_loras if self.enable_lora else 0,
         ),
-        ParallelConfig(self.tensor_parallel_size),
+        self._parallel_config(mc),
         DeviceConfig(device),
         compilation_config=self._compilation(device),
         lora_config=lora,
@@ -1160,10 +1207,11 @@ def _compilation(self: EngineArgs, device: torch.device) -> CompilationConfig:
         level = cc.level
     else:
         level = 3 if asked or device.type == "cuda" else 0
-    if level and (self.tensor_parallel_size > 1 or self.enable_lora or self.speculative_config):
+    split = self.tensor_parallel_size * self.pipeline_parallel_size > 1
+    if level and (split or self.enable_lora or self.speculative_config):
         what = (
-            "a tensor-parallel model"
-            if self.tensor_parallel_size > 1
+            "a tensor- or pipeline-parallel model"
+            if split
             else "a model with LoRA adapters (enable_lora=True)"
             if self.enable_lora
             else "a model that verifies speculative tokens (speculative_config)"

@@ -24,7 +24,7 @@ from .output_processor import OutputProcessor
 from .metrics import IterationStats, Stats, StatLogger
 
 # %% auto #0
-__all__ = ['LLMEngine']
+__all__ = ['ENGINE_FRONT_ENDS', 'LLMEngine']
 
 # %% ../nbs/12_llm_engine.ipynb #29504cec
 def _refuse(executor_class, log_stats, stat_loggers, multiprocess_mode):
@@ -120,6 +120,9 @@ class _EngineDelegations:
             raise ValueError(f"reset_prefix_cache: unknown device {device!r}")
         return self.engine_core.reset_prefix_cache()
 
+# %% ../nbs/12_llm_engine.ipynb #front12cd
+ENGINE_FRONT_ENDS: dict[str, type] = {}  # engines that stand in for LLMEngine, by class name
+
 # %% ../nbs/12_llm_engine.ipynb #2bb18652
 class LLMEngine(_EngineConfigs, _EngineDelegations):
     """vLLM's `LLMEngine`: add requests, `step()` until done, abort what you no longer need.
@@ -167,6 +170,9 @@ class LLMEngine(_EngineConfigs, _EngineDelegations):
         """Build the configs from `engine_args`, load the model, allocate the KV cache.
         (`usage_context` is vLLM's telemetry label and means nothing here.)"""
         _refuse(None, False, stat_loggers, enable_multiprocessing)
+        for front in reversed(ENGINE_FRONT_ENDS.values()):  # (data parallelism, lesson 14b)
+            if cls is LLMEngine and front.enabled(engine_args):
+                return front.from_engine_args(engine_args)
         return cls(engine_args.create_engine_config(), log_stats=not engine_args.disable_log_stats)
 
     def has_unfinished_requests(self) -> bool:

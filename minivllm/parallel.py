@@ -9,6 +9,7 @@ import ctypes
 import dataclasses
 import datetime
 import glob
+import importlib
 import os
 import signal
 import subprocess
@@ -144,11 +145,13 @@ def shard_config(hf_config, plan: TPPlan, rank: int):
 
 class RowParallelLinear(Linear):
     """A `Linear` over a slice of the input features: its partial sums are all-reduced over the
-    ranks."""
+    ranks (of `group`; None: all of them)."""
+
+    group = None
 
     def forward(self, x):
         y = super().forward(x)
-        dist.all_reduce(y)
+        dist.all_reduce(y, group=self.group)
         return y
 
 
@@ -156,9 +159,9 @@ class VocabParallelEmbedding(nn.Embedding):
     """The rows `[start, start + num_embeddings)` of an embedding table; other token ids give zeros
     before the all-reduce."""
 
-    def __init__(self, num_embeddings: int, embedding_dim: int, start: int):
+    def __init__(self, num_embeddings: int, embedding_dim: int, start: int, group=None):
         super().__init__(num_embeddings, embedding_dim)
-        self.start = start
+        self.start, self.group = start, group
 
     def forward(self, ids):
         local = ids - self.start
@@ -166,13 +169,14 @@ class VocabParallelEmbedding(nn.Embedding):
         x = F.embedding(local.clamp(0, self.num_embeddings - 1), self.weight).masked_fill(
             ~inside[:, None], 0
         )
-        dist.all_reduce(x)
+        dist.all_reduce(x, group=self.group)
         return x
 
 
 class TPLlamaForCausalLM(LlamaForCausalLM):
     """One rank's shard of a Llama-family model: column/row-parallel layers, vocab-parallel
-    embedding and LM head."""
+    embedding and LM head. `group`: the ranks that split it (None: all; the pipeline-parallel
+    lesson 07c gives each stage its own)."""
 
     def __init__(
         self,
@@ -181,9 +185,10 @@ class TPLlamaForCausalLM(LlamaForCausalLM):
         rank: int,
         attention_backend: str = "torch",
         max_pos: int | None = None,
+        group=None,
     ):
         super().__init__(shard_config(config, plan, rank), attention_backend, max_pos)
-        self.plan, self.rank = plan, rank
+        self.plan, self.rank, self.group = plan, rank, group
         c = self.config
         for layer in self.layers:
             a, m = layer.self_attn, layer.mlp
@@ -191,8 +196,9 @@ class TPLlamaForCausalLM(LlamaForCausalLM):
             m.down_proj = RowParallelLinear(
                 m.inter, c.hidden_size, bias=m.down_proj.bias is not None
             )
+            a.o_proj.group = m.down_proj.group = group
         self.embed_tokens = VocabParallelEmbedding(
-            c.vocab_size, c.hidden_size, plan.span("vocab", rank)[0]
+            c.vocab_size, c.hidden_size, plan.span("vocab", rank)[0], group
         )
         if c.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
@@ -205,10 +211,10 @@ class TPLlamaForCausalLM(LlamaForCausalLM):
             return local  # no rows this step (every rank knows it): nothing to gather
         local = F.pad(local, (0, max(self.plan.vocab) - local.shape[1]))
         if self.rank != 0:
-            dist.gather(local, None, dst=0)
+            dist.gather(local, None, group=self.group, group_dst=0)
             return local
         parts = [torch.empty_like(local) for _ in range(self.plan.world_size)]
-        dist.gather(local, parts, dst=0)
+        dist.gather(local, parts, group=self.group, group_dst=0)
         return torch.cat([p[:, :v] for p, v in zip(parts, self.plan.vocab)], 1)
 
 
@@ -345,12 +351,14 @@ def worker_main():
         ctrl = dist.new_group(backend="gloo", timeout=_IDLE_TIMEOUT)
         msg = [None]
         dist.broadcast_object_list(msg, src=0, group=ctrl)
-        config = msg[0]
+        config, worker_class = msg[0]  # "module:class" of what this rank builds
+        module, name = worker_class.split(":")
         device = config.device_config.device
         if device.type == "cuda":
             device = torch.device("cuda", local_rank)
             torch.cuda.set_device(device)
-        TPWorker(config, rank, world, device).serve(ctrl)
+        worker = getattr(importlib.import_module(module), name)
+        worker(config, rank, world, device).serve(ctrl)
     except BaseException:
         tb = traceback.format_exc()
         print(
@@ -453,13 +461,21 @@ class TPModelRunner(TPWorker):
     """Rank 0 of a tensor-parallel model: starts the workers, broadcasts each step, returns the full
     logits."""
 
-    def __init__(self, config: EngineConfig):
-        """Start the workers, join the process group with them, send them the config, then build
-        rank 0's shard."""
+    # what the other ranks build, as "module:class" (the pipeline's runner sends its own)
+    worker_class = "minivllm.parallel:TPWorker"
+
+    @classmethod
+    def world_size_of(cls, config: EngineConfig) -> int:
+        """How many processes the model is split over; an impossible split fails here, before
+        anything starts."""
         n = config.parallel_config.tensor_parallel_size
-        TPPlan.from_config(
-            config.model_config.hf_config, n
-        )  # an impossible split fails before anything starts
+        TPPlan.from_config(config.model_config.hf_config, n)
+        return n
+
+    def __init__(self, config: EngineConfig):
+        """Start the workers, join the process group with them, send them the config (and the
+        worker class), then build rank 0's shard."""
+        n = self.world_size_of(config)
         if dist.is_initialized():
             raise RuntimeError(
                 "This process already belongs to a torch.distributed process group: minivllm "
@@ -497,7 +513,7 @@ class TPModelRunner(TPWorker):
             )
             st.initialized = True
             st.ctrl = dist.new_group(backend="gloo", timeout=_IDLE_TIMEOUT)
-            dist.broadcast_object_list([config], src=0, group=st.ctrl)
+            dist.broadcast_object_list([(config, self.worker_class)], src=0, group=st.ctrl)
             super().__init__(config, 0, n, device)
         except BaseException as e:
             st.failed = True

@@ -1433,6 +1433,8 @@ def cmd_serve(ns) -> int:
         enable_auto_tool_choice=ns.enable_auto_tool_choice,
         tool_call_parser=ns.tool_call_parser,
     )
+    for c in getattr(engine.engine, "metrics_collectors", ()):  # per engine (lesson 14b)
+        app.state.metrics.registry.register(c)
     for k, (n, path) in enumerate(loras, 1):  # read and checked now: a bad adapter stops here
         app.state.loras[n] = lr = LoRARequest(n, k, path)
         engine.engine.add_lora(lr)

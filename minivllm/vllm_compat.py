@@ -113,10 +113,7 @@ _VLLM_ARGS: dict = dict(  # what changes nothing, per vLLM argument
 # %% ../nbs/95_vllm_compat.ipynb #7c8990bf
 _VLLM_ARGS.update(
     # parallelism beyond tensor parallelism
-    distributed_executor_backend=(None, "mp", "uni"),
-    pipeline_parallel_size=(1,),
     decode_context_parallel_size=(1,),
-    data_parallel_size=(1,),
     data_parallel_rank=(None, 0),
     data_parallel_start_rank=(None, 0),
     data_parallel_size_local=(None, 1),

@@ -49,7 +49,7 @@ VLLM_DEFAULTS = dict(served_model_name=None, hf_config_path=None, runner="auto",
     enable_sleep_mode=False, model_impl="auto", async_scheduling=False, structured_outputs_config=None)
 
 # a value of each field that minivllm cannot honour (it must raise NotImplementedError naming the field)
-VLLM_UNSUPPORTED = dict(quantization="awq", pipeline_parallel_size=2, data_parallel_size=2, fully_sharded_loras=True,
+VLLM_UNSUPPORTED = dict(quantization="awq", decode_context_parallel_size=2, data_parallel_rank=1, fully_sharded_loras=True,
     kv_cache_dtype="fp8", speculative_config={"method": "eagle", "num_speculative_tokens": 2}, cpu_offload_gb=4, tokenizer_mode="mistral",
     skip_tokenizer_init=True, enable_prompt_embeds=True, enable_sleep_mode=True, async_scheduling=True,
     rope_scaling={"rope_type": "dynamic", "factor": 2.0}, model_impl="transformers",
@@ -88,8 +88,8 @@ def test_cli_flags_for_vllm_args():
                                                 "--generation-config", "vllm", "--max-logprobs", "5", "--revision", "main"]))
     assert ea.vllm_args == dict(trust_remote_code=True, swap_space=16.0)
     assert (ea.enforce_eager, ea.generation_config, ea.max_logprobs, ea.revision) == (True, "vllm", 5, "main")
-    r = subprocess.run([sys.executable, "-m", "minivllm", "generate", "--pipeline-parallel-size", "2"], capture_output=True, text=True)
-    assert r.returncode == 2 and "pipeline_parallel_size=2" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "minivllm", "generate", "--decode-context-parallel-size", "2"], capture_output=True, text=True)
+    assert r.returncode == 2 and "decode_context_parallel_size=2" in r.stderr
 
 
 @pytest.fixture(scope="module")

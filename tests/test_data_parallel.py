@@ -1,0 +1,97 @@
+"""Data parallelism behind the server: `minivllm serve --data-parallel-size 2` gives every request of a mixed workload
+(completions and chats, streamed or not) the same greedy output as one engine through the `openai` client; both
+engines are used (per-engine /metrics); killing one engine mid-load fails only its in-flight requests, with an error
+naming it, and the server keeps serving (and /metrics says which engine died). Offline `LLM(data_parallel_size=2)`
+is checked in nbs/14b_data_parallel.ipynb."""
+import os, re, signal, threading, time
+import httpx, psutil, pytest, openai
+from conftest import running_server
+
+pytestmark = pytest.mark.xdist_group("tp")   # one xdist worker: these tests start processes of their own
+
+ARGS = ("--dtype", "float32", "--max-model-len", "256", "--kv-cache-memory-bytes", str(8 << 20), "--served-model-name", "tiny")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory, model_dir):
+    from minivllm.model import make_tiny_checkpoint
+    d = tmp_path_factory.mktemp("tiny_dp")
+    make_tiny_checkpoint(d, "llama", seed=1, tokenizer_from=model_dir, vocab_size=49152, hidden_size=96, num_attention_heads=6,
+                         num_key_value_heads=3, intermediate_size=192, num_hidden_layers=3, tie_word_embeddings=True,
+                         initializer_range=0.2)
+    return str(d)
+
+
+WORKLOAD = [("completion", "The capital of France is", 12, False), ("chat", "Write a haiku about the sea.", 16, True),
+            ("completion", "1, 2, 3, 4,", 8, True), ("chat", "Hi", 10, False), ("completion", "def add(a, b):", 20, False),
+            ("chat", "List three prime numbers.", 14, True), ("completion", "Once upon a time", 6, False),
+            ("chat", "What is 2 + 2?", 12, False)]
+
+
+def run_one(client, kind, text, max_tokens, stream):
+    kw = dict(model="tiny", max_tokens=max_tokens, temperature=0)
+    if kind == "completion":
+        if not stream: return client.completions.create(prompt=text, **kw).choices[0].text
+        return "".join(c.choices[0].text for c in client.completions.create(prompt=text, stream=True, **kw))
+    msgs = [{"role": "user", "content": text}]
+    if not stream: return client.chat.completions.create(messages=msgs, **kw).choices[0].message.content
+    return "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(messages=msgs, stream=True, **kw)
+                   if c.choices)
+
+
+def run_all(base, workload):
+    "Every request of `workload` at once (one thread each): their texts, or the exception each raised."
+    client = openai.OpenAI(base_url=base + "/v1", api_key="none", max_retries=0, timeout=300)
+    out = [None] * len(workload)
+    def go(i):
+        try: out[i] = run_one(client, *workload[i])
+        except Exception as e: out[i] = e
+    ts = [threading.Thread(target=go, args=(i,)) for i in range(len(workload))]
+    for t in ts: t.start()
+    for t in ts: t.join()
+    return out
+
+
+def metric(base, name, engine):
+    m = re.search(rf'^{name}(_total)?{{engine="{engine}"}} ([0-9.e+-]+)$', httpx.get(base + "/metrics").text, re.M)
+    return float(m.group(2))
+
+
+def engine_pids():
+    return [p.pid for p in psutil.Process().children(recursive=True)
+            if "minivllm.data_parallel" in " ".join(p.cmdline() if p.is_running() else [])]
+
+
+@pytest.fixture(scope="module")
+def reference(tiny):
+    with running_server(tiny, *ARGS) as base:
+        out = run_all(base, WORKLOAD)
+    assert not any(isinstance(o, Exception) for o in out), out
+    return out
+
+
+def test_dp2_equals_dp1_and_survives_a_dead_engine(tiny, reference):
+    with running_server(tiny, *ARGS, "--data-parallel-size", "2") as base:
+        assert len(engine_pids()) == 2
+        assert run_all(base, WORKLOAD) == reference
+        routed = [metric(base, "minivllm_dp_requests_routed", e) for e in (0, 1)]
+        assert sum(routed) == 8 and min(routed) >= 2, routed   # both engines used
+        # killing engine 1 mid-load: long requests on both engines, then SIGKILL engine 1 while they run
+        long = [("completion", "Count: 1, 2, 3,", 200, i % 2 == 0) for i in range(6)]
+        res, t = [None], threading.Thread(target=lambda: res.__setitem__(0, run_all(base, long)))
+        t.start()
+        deadline = time.monotonic() + 120
+        while metric(base, "minivllm_dp_num_requests_running", 1) < 1 and time.monotonic() < deadline: time.sleep(0.05)
+        pid = None
+        for p in psutil.Process().children(recursive=True):
+            if "minivllm.data_parallel" in " ".join(p.cmdline()) and p.environ().get("MINIVLLM_DP_RANK") == "1": pid = p.pid
+        os.kill(pid, signal.SIGKILL)
+        t.join(300)
+        errors = [o for o in res[0] if isinstance(o, Exception)]
+        assert len(errors) == 3, res[0]   # engine 1's three requests, and only those
+        assert all("data-parallel engine 1" in str(e) for e in errors), errors
+        assert [len(o) > 0 for o in res[0] if not isinstance(o, Exception)] == [True] * 3
+        assert httpx.get(base + "/health").status_code == 200
+        assert metric(base, "minivllm_dp_engine_alive", 1) == 0 and metric(base, "minivllm_dp_engine_alive", 0) == 1
+        assert run_all(base, WORKLOAD[:4]) == reference[:4]   # the server keeps serving, on engine 0
+    assert engine_pids() == []
