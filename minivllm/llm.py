@@ -676,3 +676,8 @@ def embed(
         tokenization_kwargs=tokenization_kwargs,
     )
     return [EmbeddingRequestOutput.from_base(o) for o in outs]
+
+# %% ../nbs/13_llm.ipynb #p13score
+from .pooling import score as _score
+
+LLM.score = _score  # vLLM's `LLM.score`: each pair's cosine similarity of embeddings (lesson 09b)

@@ -11,7 +11,7 @@ from .request import RequestStatus
 from .scheduler import StepExtension, register_extension
 
 # %% auto #0
-__all__ = ['Pooler', 'PoolingExtension']
+__all__ = ['Pooler', 'PoolingExtension', 'ScoringOutput', 'ScoringRequestOutput', 'check_score_inputs', 'cosine_scores', 'score']
 
 # %% ../nbs/09b_pooling.ipynb #p09b
 class Pooler:
@@ -90,3 +90,100 @@ class PoolingExtension(Pooler, StepExtension):
     def finish(self, request_ids: list[str]):
         for rid in request_ids:
             self.discard(rid)
+
+# %% ../nbs/09b_pooling.ipynb #p09s2
+from dataclasses import dataclass
+from .config import PoolingOutput, PoolingRequestOutput
+
+
+@dataclass
+class ScoringOutput:
+    "vLLM's `ScoringOutput`: one pair's score."
+
+    score: float
+
+    @staticmethod
+    def from_base(output: PoolingOutput) -> ScoringOutput:
+        "The score in a `PoolingOutput` whose `data` is a scalar."
+        if output.data.ndim != 0:
+            raise ValueError("pooled_data should be a scalar score")
+        return ScoringOutput(output.data.item())
+
+
+@dataclass
+class ScoringRequestOutput(PoolingRequestOutput):
+    "vLLM's `ScoringRequestOutput`: `outputs.score` is the pair's score."
+
+    @classmethod
+    def from_base(cls, o: PoolingRequestOutput) -> ScoringRequestOutput:
+        return cls(
+            o.request_id,
+            ScoringOutput.from_base(o.outputs),
+            o.prompt_token_ids,
+            o.num_cached_tokens,
+            o.finished,
+            o.prompt,
+        )
+
+
+def check_score_inputs(n_1: int, n_2: int) -> None:
+    "vLLM's rule for the two sides' lengths: 1:1, 1:N or N:N (a `ValueError` otherwise)."
+    if n_1 > 1 and n_1 != n_2:
+        raise ValueError("Input lengths must be either 1:1, 1:N or N:N")
+    if n_1 == 0:
+        raise ValueError("At least one text element must be given")
+    if n_2 == 0:
+        raise ValueError("At least one text_pair element must be given")
+
+# %% ../nbs/09b_pooling.ipynb #p09s3
+def cosine_scores(embeds_1: list, embeds_2: list, pad_token_id: int | None = None) -> list:
+    """Each pair's cosine similarity as a `ScoringRequestOutput`, from two lists of pooling outputs
+    (one on the left is paired with every one on the right)."""
+    check_score_inputs(len(embeds_1), len(embeds_2))
+    if len(embeds_1) == 1:
+        embeds_1 = embeds_1 * len(embeds_2)
+    pad = [] if pad_token_id is None else [pad_token_id]
+    out = []
+    for e1, e2 in zip(embeds_1, embeds_2):
+        s = F.cosine_similarity(e1.outputs.data.float(), e2.outputs.data.float(), dim=0)
+        ids = list(e1.prompt_token_ids) + pad + list(e2.prompt_token_ids)
+        rid = f"{e1.request_id}_{e2.request_id}"
+        out.append(ScoringRequestOutput(rid, ScoringOutput(s.item()), ids))
+    return out
+
+
+def _prompts(data) -> list:
+    "One side of a score call as a list (a text or a prompt dict is a list of one)."
+    return [data] if isinstance(data, (str, dict)) else list(data)
+
+
+def score(
+    self,
+    data_1,
+    data_2,
+    /,
+    *,
+    truncate_prompt_tokens: int | None = None,
+    use_tqdm: bool = True,
+    pooling_params=None,
+    lora_request=None,
+    tokenization_kwargs: dict | None = None,
+    chat_template: str | None = None,
+) -> list:
+    """vLLM's `LLM.score` for an embedding model (`self` an `LLM`, lesson 13): every text embedded
+    once (`LLM.encode`, task "embed"), each pair scored by cosine similarity."""
+    if chat_template is not None:
+        raise NotImplementedError("chat_template in LLM.score applies to cross-encoders only.")
+    d1, d2 = _prompts(data_1), _prompts(data_2)
+    check_score_inputs(len(d1), len(d2))
+    embs = self.encode(
+        d1 + d2,
+        pooling_params,
+        truncate_prompt_tokens=truncate_prompt_tokens,
+        use_tqdm=use_tqdm,
+        lora_request=lora_request,
+        pooling_task="embed",
+        tokenization_kwargs=tokenization_kwargs,
+    )
+    pad = getattr(self.get_tokenizer(), "pad_token_id", None)
+    return cosine_scores(embs[: len(d1)], embs[len(d1) :], pad)

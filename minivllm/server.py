@@ -6,6 +6,7 @@
 from __future__ import annotations
 import asyncio
 import base64
+import collections
 import contextlib
 import copy
 import dataclasses
@@ -33,6 +34,7 @@ from .config import StructuredOutputsParams
 from .structured_outputs import validate_structured_outputs
 from .llm import EngineDeadError
 from .async_engine import EngineGenerateError
+from .pooling import check_score_inputs, cosine_scores
 from minivllm.tool_calling import (
     ToolCallStream,
     ToolPlan,
@@ -44,14 +46,16 @@ from minivllm.tool_calling import (
 
 # %% auto #0
 __all__ = ['Text', 'Bool', 'INT64', 'TokenId', 'TokenIds', 'OneText', 'OneTokenIds', 'ERROR_RESPONSES', 'DEFAULT_MAX_BODY_BYTES',
-           'logger', 'StreamOptions', 'JsonSchemaFormat', 'ResponseFormat', 'CompletionRequest', 'ChatMessage',
+           'logger', 'Texts', 'StreamOptions', 'JsonSchemaFormat', 'ResponseFormat', 'CompletionRequest', 'ChatMessage',
            'ChatCompletionRequest', 'ErrorInfo', 'ErrorResponse', 'APIError', 'to_sampling_params',
            'structured_outputs_of', 'Metrics', 'completion_logprobs', 'chat_logprobs', 'max_token_chars', 'init_prep',
            'thread_tokenizer', 'offload', 'check_prompt_chars', 'check_prompt_len', 'tokens_of', 'compile_grammar',
            'base_app', 'add_info_routes', 'check_model', 'apply_sampling_defaults', 'run_request', 'usage',
            'until_gone', 'respond', 'Accumulator', 'serve_choices', 'add_completions_route', 'EmbeddingRequest',
-           'add_embeddings_route', 'add_chat_route', 'LoadLoRAAdapterRequest', 'add_lora_adapter', 'add_lora_routes',
-           'build_app', 'serve_parser', 'cmd_serve']
+           'add_embeddings_route', 'prepare_chat', 'add_chat_route', 'LoadLoRAAdapterRequest', 'add_lora_adapter',
+           'add_lora_routes', 'ResponsesRequest', 'input_messages', 'output_items', 'ResponseEvents',
+           'add_responses_route', 'TokenizeRequest', 'DetokenizeRequest', 'add_tokenize_routes', 'ScoreRequest',
+           'RerankRequest', 'score_texts', 'add_score_routes', 'build_app', 'serve_parser', 'cmd_serve']
 
 # %% ../nbs/15_server.ipynb #738e7691
 class StreamOptions(BaseModel):
@@ -858,8 +862,9 @@ async def _drain(gen):
         pass
 
 
-async def respond(stream: bool, gen, finish, request=None):
-    "Stream the SSE chunks of the async iterator `gen`, or drain it and return `finish()`'s JSON."
+async def respond(stream: bool, gen, finish, request=None, done: bool = True):
+    """Stream the SSE chunks of the async iterator `gen` (ending with `data: [DONE]` if `done`), or
+    drain it and return `finish()`'s JSON."""
     from fastapi.responses import Response, StreamingResponse
 
     if not stream:
@@ -884,7 +889,8 @@ async def respond(stream: bool, gen, finish, request=None):
             yield _sse(APIError(f"Internal error: {e!r}", 500).body())
         finally:
             await it.aclose()
-        yield "data: [DONE]\n\n"
+        if done:
+            yield "data: [DONE]\n\n"
 
     return StreamingResponse(body(), media_type="text/event-stream")
 
@@ -1181,43 +1187,52 @@ def _chat_views(app, req: ChatCompletionRequest, top: int, plan: ToolPlan):
     return pieces, final
 
 # %% ../nbs/15_server.ipynb #fs15l
+async def prepare_chat(app, req: ChatCompletionRequest):
+    """What a chat-shaped request needs before the engine: the model (or adapter), the sampling
+    defaults, the guards, the tool plan (lesson 06c), the prompt rendered off the loop and the
+    sampling params with their grammar compiled. Returns `(lora, prompt, sp, plan)`."""
+    s = app.state
+    lora = check_model(app, req.model)
+    apply_sampling_defaults(app, req)
+    if req.chat_template is not None and not s.trust_request_chat_template:
+        raise APIError(
+            "The request sends a chat_template, but this server does not run templates from "
+            "requests (start it with --trust-request-chat-template to allow them).",
+            param="chat_template",
+        )
+    check_prompt_chars(app, _content_chars(req.messages), "messages")
+    if req.top_logprobs and not req.logprobs:
+        raise APIError("top_logprobs needs logprobs=true.", param="top_logprobs")
+    top, max_tokens = req.top_logprobs or 0, req.max_completion_tokens or req.max_tokens
+    try:  # tools and tool_choice (lesson 06c): what to render, constrain and parse
+        plan = plan_tools(req.model_dump(), s.enable_auto_tool_choice, s.tool_call_parser)
+    except (ValueError, KeyError) as e:
+        raise APIError(e.args[0] if e.args else str(e), param="tool_choice") from e
+
+    def prepare():
+        tmpl, fmt = s.chat_template, s.content_format
+        p = _chat_prompt(thread_tokenizer(app), req, tmpl, fmt, plan.tools)
+        check_prompt_len(app, len(p["prompt_token_ids"]), "messages")
+        sp = to_sampling_params(req, max_tokens, max(top, 1) if req.logprobs else None)
+        if plan.structured_outputs is not None:  # "required" or a named function
+            sp = dataclasses.replace(sp, structured_outputs=plan.structured_outputs)
+        return p, sp
+
+    prompt, sp = await offload(app, prepare, "Rendering the chat template", "messages")
+    param = "tool_choice" if plan.structured_outputs is not None else _so_param(req)
+    await compile_grammar(app, sp, param)
+    return lora, prompt, sp, plan
+
+
 def add_chat_route(app):
     """`POST /v1/chat/completions`: messages in, `n` assistant messages out (streamed as deltas, or
     in one JSON)."""
-    s = app.state
 
     @app.post("/v1/chat/completions", responses=_STREAMED)
     async def chat(req: ChatCompletionRequest, request: Request):
-        lora = check_model(app, req.model)
-        apply_sampling_defaults(app, req)
-        if req.chat_template is not None and not getattr(s, "trust_request_chat_template", False):
-            raise APIError(
-                "The request sends a chat_template, but this server does not run templates from "
-                "requests (start it with --trust-request-chat-template to allow them).",
-                param="chat_template",
-            )
-        check_prompt_chars(app, _content_chars(req.messages), "messages")
-        if req.top_logprobs and not req.logprobs:
-            raise APIError("top_logprobs needs logprobs=true.", param="top_logprobs")
-        top, max_tokens = req.top_logprobs or 0, req.max_completion_tokens or req.max_tokens
-        try:  # tools and tool_choice (lesson 06c): what to render, constrain and parse
-            plan = plan_tools(req.model_dump(), s.enable_auto_tool_choice, s.tool_call_parser)
-        except (ValueError, KeyError) as e:
-            raise APIError(e.args[0] if e.args else str(e), param="tool_choice") from e
-
-        def prepare():
-            tmpl, fmt = s.chat_template, s.content_format
-            p = _chat_prompt(thread_tokenizer(app), req, tmpl, fmt, plan.tools)
-            check_prompt_len(app, len(p["prompt_token_ids"]), "messages")
-            sp = to_sampling_params(req, max_tokens, max(top, 1) if req.logprobs else None)
-            if plan.structured_outputs is not None:  # "required" or a named function
-                sp = dataclasses.replace(sp, structured_outputs=plan.structured_outputs)
-            return p, sp
-
-        prompt, sp = await offload(app, prepare, "Rendering the chat template", "messages")
-        param = "tool_choice" if plan.structured_outputs is not None else _so_param(req)
-        await compile_grammar(app, sp, param)
-        rid, views = f"chatcmpl-{uuid.uuid4().hex}", _chat_views(app, req, top, plan)
+        lora, prompt, sp, plan = await prepare_chat(app, req)
+        rid = f"chatcmpl-{uuid.uuid4().hex}"
+        views = _chat_views(app, req, req.top_logprobs or 0, plan)
         objects = ("chat.completion.chunk", "chat.completion")
         return await serve_choices(
             app, request, req, prompt, sp, rid, lora, views, objects, "messages"
@@ -1287,6 +1302,488 @@ def add_lora_routes(app):
 
     return app
 
+# %% ../nbs/15_server.ipynb #r15b
+class ResponsesRequest(BaseModel):
+    """The JSON body of `POST /v1/responses`: `input` (a text or a list of items), `instructions`,
+    sampling fields, function `tools`, and `previous_response_id` to continue a stored reply."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: Optional[str] = None
+    input: Union[Text, Annotated[list[dict[str, Any]], Field(min_length=1)]]
+    instructions: Optional[str] = None
+    max_output_tokens: Optional[int] = Field(None, ge=1)
+    temperature: Optional[float] = Field(None, ge=0, le=2)
+    top_p: Optional[float] = Field(None, gt=0, le=1)
+    seed: Optional[int] = Field(None, **INT64)
+    stream: Bool = False
+    tools: Optional[list[dict[str, Any]]] = None
+    tool_choice: Optional[Union[str, dict[str, Any]]] = None
+    parallel_tool_calls: Optional[Bool] = None
+    previous_response_id: Optional[str] = None
+    store: Bool = True  # keep the reply for `previous_response_id` (and `GET /v1/responses/{id}`)
+    metadata: Optional[dict[str, str]] = None
+    user: Optional[str] = None
+
+# %% ../nbs/15_server.ipynb #r15c
+def _item_text(content) -> str:
+    "A message item's content as text: a string, or its text parts joined."
+    if isinstance(content, str) or content is None:
+        return content or ""
+    kinds = ("input_text", "output_text", "text")
+    if not all(isinstance(p, dict) and p.get("type") in kinds for p in content):
+        raise APIError(
+            "Only text content parts (input_text, output_text) are supported.", param="input"
+        )
+    return "".join(p.get("text", "") for p in content)
+
+
+def input_messages(items) -> list[dict]:
+    """Responses input items as chat messages: messages, `function_call`s (an assistant message's
+    `tool_calls`) and `function_call_output`s (`tool` messages)."""
+    if isinstance(items, str):
+        return [{"role": "user", "content": items}]
+    msgs = []
+    try:
+        for it in items:
+            kind = it.get("type", "message")
+            if kind == "message":
+                msgs.append({"role": it["role"], "content": _item_text(it.get("content"))})
+            elif kind == "function_call":
+                fn = {"name": it["name"], "arguments": it["arguments"]}
+                call = {"id": it["call_id"], "type": "function", "function": fn}
+                if msgs and msgs[-1]["role"] == "assistant" and "tool_calls" in msgs[-1]:
+                    msgs[-1]["tool_calls"].append(call)  # parallel calls: one assistant message
+                else:
+                    msgs.append({"role": "assistant", "content": None, "tool_calls": [call]})
+            elif kind == "function_call_output":
+                msgs.append(
+                    {"role": "tool", "tool_call_id": it["call_id"], "content": it["output"]}
+                )
+            else:
+                raise APIError(f"Input items of type {kind!r} are not supported.", param="input")
+    except (KeyError, AttributeError) as e:
+        raise APIError(f"An input item lacks a field or is not an object: {e}", param="input")
+    return msgs
+
+
+def _chat_tools(tools, choice):
+    "Responses' flat function tools and `tool_choice` in the chat API's nested form."
+    if tools is not None:
+        for t in tools:
+            if t.get("type") != "function" or "name" not in t:
+                raise APIError(
+                    f"Only function tools with a name are supported, got {t!r}.", param="tools"
+                )
+        keys = ("name", "description", "parameters", "strict")
+        tools = [{"type": "function", "function": {k: t[k] for k in keys if k in t}} for t in tools]
+    if isinstance(choice, dict) and choice.get("type") == "function" and "name" in choice:
+        choice = {"type": "function", "function": {"name": choice["name"]}}
+    return tools, choice
+
+# %% ../nbs/15_server.ipynb #r15d
+def _as_chat(req: ResponsesRequest, history: list[dict]):
+    """The Responses request as a `ChatCompletionRequest` (instructions first, then the stored
+    conversation, then the input), and the conversation without the instructions."""
+    from pydantic import ValidationError
+
+    msgs = history + input_messages(req.input)
+    system = [{"role": "system", "content": req.instructions}] if req.instructions else []
+    tools, choice = _chat_tools(req.tools, req.tool_choice)
+    kw = dict(
+        model=req.model,
+        messages=system + msgs,
+        max_tokens=req.max_output_tokens,
+        temperature=req.temperature,
+        top_p=req.top_p,
+        seed=req.seed,
+        stream=req.stream,
+        tools=tools,
+        tool_choice=choice,
+        parallel_tool_calls=req.parallel_tool_calls,
+    )
+    try:
+        return ChatCompletionRequest(**kw), msgs
+    except ValidationError as e:
+        msg, param = _validation_message(e.errors())
+        raise APIError(msg, param="input" if param and param.startswith("messages") else param)
+
+
+def _message_item(text: str) -> dict:
+    part = dict(type="output_text", text=text, annotations=[])
+    return dict(
+        type="message",
+        id=f"msg_{uuid.uuid4().hex}",
+        role="assistant",
+        status="completed",
+        content=[part],
+    )
+
+
+def _call_item(call_id: str, name: str, arguments: str) -> dict:
+    return dict(
+        type="function_call",
+        id=f"fc_{uuid.uuid4().hex}",
+        call_id=call_id,
+        name=name,
+        arguments=arguments,
+        status="completed",
+    )
+
+
+def output_items(msg: dict) -> list[dict]:
+    "A chat message (`tool_message`'s, lesson 06c) as Responses output items."
+    calls = [
+        _call_item(c["id"], c["function"]["name"], c["function"]["arguments"])
+        for c in msg.get("tool_calls") or []
+    ]
+    return ([_message_item(msg["content"])] if msg.get("content") or not calls else []) + calls
+
+# %% ../nbs/15_server.ipynb #r15f
+class _EventLog:
+    "Numbered server-sent events, and the output items they announce."
+
+    def __init__(self):
+        self.seq, self.items = 0, []
+
+    def event(self, kind: str, **kw) -> str:
+        "One server-sent event: its type on the `event:` line and in the JSON."
+        self.seq += 1
+        data = json.dumps(dict(type=kind, sequence_number=self.seq - 1, **kw))
+        return f"event: {kind}\ndata: {data}\n\n"
+
+    def on(self, kind: str, item: dict, **kw) -> str:
+        "An event about `item` (its id and output index added)."
+        at = dict(item_id=item["id"], output_index=self.items.index(item))
+        return self.event(f"response.{kind}", **at, **kw)
+
+    def add(self, item: dict) -> list[str]:
+        "A new output item announced (a message with its empty text part)."
+        self.items.append(item)
+        shown = dict(item, status="in_progress") | ({"content": []} if "content" in item else {})
+        k = len(self.items) - 1
+        out = [self.event("response.output_item.added", output_index=k, item=shown)]
+        if "content" in item:
+            out.append(
+                self.on("content_part.added", item, content_index=0, part=item["content"][0])
+            )
+        return out
+
+# %% ../nbs/15_server.ipynb #r15f2
+class ResponseEvents(_EventLog):
+    """The Responses API's stream events for one reply, from chat deltas: a `message` item for the
+    text, a `function_call` item per call; `items` is the output so far."""
+
+    def __init__(self):
+        super().__init__()
+        self.text, self.calls = None, {}
+
+    def delta(self, d: dict) -> list[str]:
+        "The events for one chat delta (`content` and/or `tool_calls`)."
+        out = []
+        if d.get("content"):
+            if self.text is None:
+                self.text = _message_item("")
+                out += self.add(self.text)
+            self.text["content"][0]["text"] += d["content"]
+            kw = dict(content_index=0, delta=d["content"], logprobs=[])
+            out.append(self.on("output_text.delta", self.text, **kw))
+        for tc in d.get("tool_calls") or []:
+            fn = tc.get("function") or {}
+            if tc.get("id"):  # the first piece of a call: its id and name
+                self.calls[tc["index"]] = item = _call_item(tc["id"], fn.get("name"), "")
+                out += self.add(item)
+            item = self.calls[tc["index"]]
+            if fn.get("arguments"):
+                item["arguments"] += fn["arguments"]
+                out.append(self.on("function_call_arguments.delta", item, delta=fn["arguments"]))
+        return out
+
+    def close(self) -> list[str]:
+        "Every item's closing events (an empty message if the reply had nothing)."
+        out = [] if self.items else self.add(_message_item(""))
+        for k, item in enumerate(self.items):
+            if item["type"] == "message":
+                part = item["content"][0]
+                out.append(
+                    self.on(
+                        "output_text.done", item, content_index=0, text=part["text"], logprobs=[]
+                    )
+                )
+                out.append(self.on("content_part.done", item, content_index=0, part=part))
+            else:
+                kw = dict(name=item["name"], arguments=item["arguments"])
+                out.append(self.on("function_call_arguments.done", item, **kw))
+            out.append(self.event("response.output_item.done", output_index=k, item=item))
+        return out
+
+# %% ../nbs/15_server.ipynb #r15g
+def _stored(app, rid: str, param: str) -> tuple:
+    "A stored reply and its conversation; a 404 naming `param` if there is none."
+    if rid not in app.state.responses:
+        raise APIError(f"Response with id '{rid}' not found.", 404, param=param)
+    return app.state.responses[rid]
+
+
+def _response_json(req, chat, rid: str, created: int, model: str, status: str, items, acc) -> dict:
+    "OpenAI's `Response` object (usage from the `Accumulator`, once the reply is done)."
+    n_in, n_out = acc.prompt_tokens, len(acc.toks[0])
+    use = dict(
+        input_tokens=n_in,
+        input_tokens_details=dict(cached_tokens=0),
+        output_tokens=n_out,
+        output_tokens_details=dict(reasoning_tokens=0),
+        total_tokens=n_in + n_out,
+    )
+    why = dict(reason="max_output_tokens") if status == "incomplete" else None
+    return dict(
+        id=rid,
+        object="response",
+        created_at=created,
+        model=model,
+        status=status,
+        output=items,
+        error=None,
+        incomplete_details=why,
+        instructions=req.instructions,
+        max_output_tokens=req.max_output_tokens,
+        temperature=chat.temperature,
+        top_p=chat.top_p,
+        tools=req.tools or [],
+        tool_choice=req.tool_choice or "auto",
+        parallel_tool_calls=req.parallel_tool_calls is not False,
+        previous_response_id=req.previous_response_id,
+        store=req.store,
+        metadata=req.metadata or {},
+        text=dict(format=dict(type="text")),
+        truncation="disabled",
+        user=req.user,
+        usage=None if status == "in_progress" else use,
+    )
+
+# %% ../nbs/15_server.ipynb #r15h
+def add_responses_route(app, max_stored: int = 1000):
+    """`POST /v1/responses` (streamed or not) and `GET /v1/responses/{id}`: a chat underneath;
+    replies kept in a bounded in-memory store (the oldest dropped) for `previous_response_id`."""
+    s = app.state
+    s.responses = collections.OrderedDict()  # id -> (the Response, the conversation it ends)
+
+    @app.post("/v1/responses", responses=_STREAMED)
+    async def create(req: ResponsesRequest, request: Request):
+        prev = req.previous_response_id
+        chat, msgs = _as_chat(req, _stored(app, prev, "previous_response_id")[1] if prev else [])
+        lora, prompt, sp, plan = await prepare_chat(app, chat)
+        rid, created, acc = f"resp_{uuid.uuid4().hex}", _now(), Accumulator(1)
+        calls, ev = ToolCallStream(plan, s.tokenizer), ResponseEvents()
+
+        def response(status, items):
+            return _response_json(req, chat, rid, created, s.served_model_name, status, items, acc)
+
+        async def on_output(out):
+            for c, _ in acc.add(out):
+                if req.stream:
+                    for e in ev.delta(calls.step(c.text, c.finish_reason)[0]):
+                        yield e
+
+        def finish(items=None):
+            if items is None:  # not streamed: the whole reply read at once
+                items = output_items(
+                    tool_message(plan, acc.texts[0], acc.finish[0], s.tokenizer)[0]
+                )
+            r = response("incomplete" if acc.finish[0] == "length" else "completed", items)
+            if req.store:
+                s.responses[rid] = (r, msgs + input_messages(items))
+                while len(s.responses) > max_stored:
+                    s.responses.popitem(last=False)
+            return r
+
+        run = run_request(app, prompt, sp, rid, on_output, lora, "input")
+        if not req.stream:
+            return await respond(False, run, finish, request)
+
+        async def events():
+            yield ev.event("response.created", response=response("in_progress", []))
+            yield ev.event("response.in_progress", response=response("in_progress", []))
+            async for e in run:
+                yield e
+            for e in ev.close():
+                yield e
+            r = finish(ev.items)
+            yield ev.event(f"response.{r['status']}", response=r)
+
+        return await respond(True, events(), None, request, done=False)
+
+    @app.get("/v1/responses/{response_id}")
+    async def retrieve(response_id: str):
+        return _stored(app, response_id, "response_id")[0]
+
+    return app
+
+# %% ../nbs/15_server.ipynb #t15b
+class TokenizeRequest(BaseModel):
+    "vLLM's body of `POST /tokenize`: a `prompt`, or chat `messages` (and `tools`) to render."
+
+    model_config = ConfigDict(extra="forbid")
+    model: Optional[str] = None
+    prompt: Optional[str] = None
+    messages: Optional[list[ChatMessage]] = None
+    add_special_tokens: Optional[Bool] = None  # default: true for a prompt, false for messages
+    add_generation_prompt: Bool = True
+    tools: Optional[list[dict[str, Any]]] = None
+    return_token_strs: Bool = False
+
+
+class DetokenizeRequest(BaseModel):
+    "vLLM's body of `POST /detokenize`: token ids."
+
+    model_config = ConfigDict(extra="forbid")
+    model: Optional[str] = None
+    tokens: list[TokenId]
+
+# %% ../nbs/15_server.ipynb #t15b2
+def add_tokenize_routes(app):
+    "vLLM's `POST /tokenize` (ids, `count`, `max_model_len`) and `POST /detokenize` (`prompt`)."
+    s = app.state
+
+    @app.post("/tokenize")
+    async def tokenize(req: TokenizeRequest):
+        check_model(app, req.model)
+        if (req.prompt is None) == (req.messages is None):
+            raise APIError("Give either prompt or messages (one of them).", param="prompt")
+        if req.messages is not None and req.add_special_tokens:
+            raise APIError(
+                "add_special_tokens=true with messages is not supported: the chat "
+                "template writes the special tokens.",
+                param="add_special_tokens",
+            )
+
+        def ids():
+            tok = thread_tokenizer(app)
+            if req.prompt is not None:
+                return tok(
+                    req.prompt, add_special_tokens=req.add_special_tokens is not False
+                ).input_ids
+            chat = ChatCompletionRequest(
+                messages=req.messages, add_generation_prompt=req.add_generation_prompt
+            )
+            return _chat_prompt(tok, chat, s.chat_template, s.content_format, req.tools)[
+                "prompt_token_ids"
+            ]
+
+        toks = await offload(app, ids, "Tokenizing", "prompt")
+        strs = s.tokenizer.convert_ids_to_tokens(toks) if req.return_token_strs else None
+        return dict(count=len(toks), max_model_len=s.max_model_len, tokens=toks, token_strs=strs)
+
+    @app.post("/detokenize")
+    async def detokenize(req: DetokenizeRequest):
+        check_model(app, req.model)
+        if any(t >= len(s.tokenizer) for t in req.tokens):
+            raise APIError(
+                f"Token ids must be below the vocabulary size {len(s.tokenizer)}.", param="tokens"
+            )
+        return dict(
+            prompt=await offload(
+                app, lambda: thread_tokenizer(app).decode(req.tokens), "Detokenizing", "tokens"
+            )
+        )
+
+    return app
+
+# %% ../nbs/15_server.ipynb #s15b
+Texts = Union[Text, Annotated[list[Text], Field(min_length=1)]]
+
+
+class ScoreRequest(BaseModel):
+    "vLLM's body of `POST /score`: `text_1` scored against each of `text_2` (1:1, 1:N or N:N)."
+
+    model_config = ConfigDict(extra="forbid")
+    model: Optional[str] = None
+    text_1: Texts
+    text_2: Texts
+    user: Optional[str] = None
+
+
+class RerankRequest(BaseModel):
+    "vLLM's body of `POST /rerank` (Jina/Cohere): a `query`, `documents`, the `top_n` to return."
+
+    model_config = ConfigDict(extra="forbid")
+    model: Optional[str] = None
+    query: Text
+    documents: Annotated[list[Text], Field(min_length=1)]
+    top_n: int = Field(0, ge=0)  # 0: every document
+    user: Optional[str] = None
+
+
+async def score_texts(app, request, left: list[str], right: list[str], rid: str):
+    """Embed each text once and score each pair by cosine similarity (lesson 09b): the
+    `ScoringRequestOutput`s, or None if the client left."""
+    try:
+        check_score_inputs(len(left), len(right))
+    except ValueError as e:
+        raise APIError(str(e), param="text_1") from e
+    for t in left + right:
+        check_prompt_chars(app, len(t), "input")
+    prompts = await offload(
+        app,
+        lambda: [tokens_of(app, t, "input") for t in left + right],
+        "Tokenizing the input",
+        "input",
+    )
+    done, outs = await until_gone(
+        request, _embed_all(app, prompts, PoolingParams(task="embed"), rid)
+    )
+    if not done:
+        return None
+    app.state.metrics.prompt_tokens.inc(sum(len(o.prompt_token_ids) for o in outs))
+    pad = getattr(app.state.tokenizer, "pad_token_id", None)
+    return cosine_scores(outs[: len(left)], outs[len(left) :], pad)
+
+# %% ../nbs/15_server.ipynb #s15c
+def add_score_routes(app):
+    "vLLM's `POST /score` and `POST /rerank` for an embedding model (also under `/v1`, `/v2`)."
+    from fastapi.responses import Response
+
+    s = app.state
+
+    @app.post("/score")
+    @app.post("/v1/score")
+    async def score(req: ScoreRequest, request: Request):
+        check_model(app, req.model)
+        as_list = lambda t: [t] if isinstance(t, str) else t
+        rid = f"score-{uuid.uuid4().hex}"
+        scores = await score_texts(app, request, as_list(req.text_1), as_list(req.text_2), rid)
+        if scores is None:
+            return Response(status_code=499)
+        n = sum(len(o.prompt_token_ids) for o in scores)
+        data = [dict(index=i, object="score", score=o.outputs.score) for i, o in enumerate(scores)]
+        head = dict(id=rid, object="list", created=_now(), model=s.served_model_name)
+        return dict(
+            head, data=data, usage=dict(prompt_tokens=n, total_tokens=n, completion_tokens=0)
+        )
+
+    @app.post("/rerank")
+    @app.post("/v1/rerank")
+    @app.post("/v2/rerank")
+    async def rerank(req: RerankRequest, request: Request):
+        check_model(app, req.model)
+        rid = f"rerank-{uuid.uuid4().hex}"
+        scores = await score_texts(app, request, [req.query], req.documents, rid)
+        if scores is None:
+            return Response(status_code=499)
+        results = [
+            dict(index=i, document=dict(text=d), relevance_score=o.outputs.score)
+            for i, (d, o) in enumerate(zip(req.documents, scores))
+        ]
+        results.sort(key=lambda r: -r["relevance_score"])
+        n = sum(len(o.prompt_token_ids) for o in scores)
+        return dict(
+            id=rid,
+            model=s.served_model_name,
+            usage=dict(total_tokens=n),
+            results=results[: req.top_n or None],
+        )
+
+    return app
+
 # %% ../nbs/15_server.ipynb #fs15n
 def build_app(
     engine,
@@ -1319,6 +1816,9 @@ def build_app(
         add_chat_route,
         add_embeddings_route,
         add_lora_routes,
+        add_responses_route,
+        add_tokenize_routes,
+        add_score_routes,
     ):
         add(app)
     return app
