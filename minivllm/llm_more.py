@@ -280,6 +280,11 @@ def embed(
     )
     return [EmbeddingRequestOutput.from_base(o) for o in outs]
 
+# %% ../nbs/13b_llm_more.ipynb #score13bcd
+from .pooling import score as _score
+
+LLM.score = _score  # vLLM's `LLM.score` (lesson 09b)
+
 # %% ../nbs/13b_llm_more.ipynb #a1cddfaf
 @patch
 def add_lora(self: LLM, lora_request) -> bool:
