@@ -30,6 +30,7 @@ from . import llm_more  # noqa: F401 (LLM.chat, beam_search, embed, ...: lesson 
 from .async_engine import AsyncLLMEngine, AsyncLLM, AsyncEngineArgs
 from . import vllm_compat  # noqa: F401 (vLLM's other engine arguments and module paths)
 from . import sampling_verify  # noqa: F401 (SamplingParams.verify, lesson 00c)
+from .pooling import ScoringOutput, ScoringRequestOutput
 
 __all__ = [  # what `from minivllm import *` brings (ruff reads it too)
     "SamplingParams",
@@ -52,6 +53,8 @@ __all__ = [  # what `from minivllm import *` brings (ruff reads it too)
     "PoolingOutput",
     "EmbeddingOutput",
     "LoRARequest",
+    "ScoringOutput",
+    "ScoringRequestOutput",
 ]
 
 # %% ../nbs/99_public_api.ipynb #feat99code

@@ -382,7 +382,9 @@ async def generate(
     if tokenization_kwargs:
         raise NotImplementedError("tokenization_kwargs is not implemented in minivllm.")
     if data_parallel_rank not in (None, 0):
-        raise NotImplementedError("minivllm has no data parallelism (data_parallel_rank).")
+        raise NotImplementedError(
+            "data_parallel_rank (pinning a request to one engine) is not implemented in minivllm."
+        )
     if (
         prompt_text is not None
         and isinstance(prompt, dict)

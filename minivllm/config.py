@@ -704,6 +704,47 @@ class EngineArgs(_EngineArgsFields):
         self.vllm_args = check_extra_args({k: kwargs.pop(k) for k in list(kwargs) if k not in own})
         super().__init__(*args, **kwargs)
 
+# %% ../nbs/00b_config.ipynb #par00b01
+@patch
+def _check_parallel(self: EngineArgs):
+    """The sizes of tensor, pipeline and data parallelism, and who starts the ranks (lessons 07,
+    07c, 14b)."""
+    for k in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
+        v = getattr(self, k)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{k} must be a positive integer, got {v!r}.")
+    if self.distributed_executor_backend not in (None, "mp", "uni", "external_launcher"):
+        raise NotImplementedError(
+            f"distributed_executor_backend={self.distributed_executor_backend!r} is not "
+            "implemented in minivllm; it runs None, 'mp', 'uni' or 'external_launcher'."
+        )
+    for k in ("enable_lora", "speculative_config", "quantization"):
+        if self.pipeline_parallel_size > 1 and getattr(self, k):
+            raise NotImplementedError(
+                f"{k} with pipeline_parallel_size > 1 is not implemented in minivllm."
+            )
+    split = self.tensor_parallel_size * self.pipeline_parallel_size > 1
+    if self.distributed_executor_backend == "external_launcher" and not split:
+        raise ValueError(
+            "distributed_executor_backend='external_launcher' needs a model split over ranks."
+        )
+
+
+@patch
+def _parallel_config(self: EngineArgs, mc: ModelConfig) -> ParallelConfig:
+    "The `ParallelConfig`; a clear error when the pipeline has more stages than the model layers."
+    if self.pipeline_parallel_size > mc.get_num_layers():
+        raise ValueError(
+            f"pipeline_parallel_size={self.pipeline_parallel_size} is more stages than the "
+            f"model's {mc.get_num_layers()} layers."
+        )
+    return ParallelConfig(
+        self.tensor_parallel_size,
+        self.pipeline_parallel_size,
+        self.data_parallel_size,
+        self.distributed_executor_backend,
+    )
+
 # %% ../nbs/00b_config.ipynb #c722ddd8
 @patch
 def _check(self: EngineArgs, device: torch.device) -> str:
@@ -787,47 +828,6 @@ def _check_logits_processors(self: EngineArgs):
         raise NotImplementedError(
             "logits_processors with speculative_config is not implemented in minivllm."
         )
-
-# %% ../nbs/00b_config.ipynb #par00b01
-@patch
-def _check_parallel(self: EngineArgs):
-    """The sizes of tensor, pipeline and data parallelism, and who starts the ranks (lessons 07,
-    07c, 14b)."""
-    for k in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
-        v = getattr(self, k)
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-            raise ValueError(f"{k} must be a positive integer, got {v!r}.")
-    if self.distributed_executor_backend not in (None, "mp", "uni", "external_launcher"):
-        raise NotImplementedError(
-            f"distributed_executor_backend={self.distributed_executor_backend!r} is not "
-            "implemented in minivllm; it runs None, 'mp', 'uni' or 'external_launcher'."
-        )
-    for k in ("enable_lora", "speculative_config", "quantization"):
-        if self.pipeline_parallel_size > 1 and getattr(self, k):
-            raise NotImplementedError(
-                f"{k} with pipeline_parallel_size > 1 is not implemented in minivllm."
-            )
-    split = self.tensor_parallel_size * self.pipeline_parallel_size > 1
-    if self.distributed_executor_backend == "external_launcher" and not split:
-        raise ValueError(
-            "distributed_executor_backend='external_launcher' needs a model split over ranks."
-        )
-
-
-@patch
-def _parallel_config(self: EngineArgs, mc: ModelConfig) -> ParallelConfig:
-    "The `ParallelConfig`; a clear error when the pipeline has more stages than the model layers."
-    if self.pipeline_parallel_size > mc.get_num_layers():
-        raise ValueError(
-            f"pipeline_parallel_size={self.pipeline_parallel_size} is more stages than the "
-            f"model's {mc.get_num_layers()} layers."
-        )
-    return ParallelConfig(
-        self.tensor_parallel_size,
-        self.pipeline_parallel_size,
-        self.data_parallel_size,
-        self.distributed_executor_backend,
-    )
 
 # %% ../nbs/00b_config.ipynb #6f90803b
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"

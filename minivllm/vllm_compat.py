@@ -52,6 +52,7 @@ from .async_engine import AsyncEngineArgs, AsyncLLM, AsyncLLMEngine, EngineDeadE
 from .cli import FlexibleArgumentParser
 from .tool_calling import ToolParser, ToolParserManager
 from . import logits_processors as lp
+from .pooling import ScoringOutput, ScoringRequestOutput
 
 # %% auto #0
 __all__ = ['VLLM_MODULES', 'VLLM_CONFIG_NAMES', 'check_vllm_args', 'VllmArgs', 'cleanup_dist_env_and_memory', 'init_logger',
@@ -273,6 +274,8 @@ VLLM_MODULES: dict[str, dict] = {
         PoolingRequestOutput=PoolingRequestOutput,
         EmbeddingOutput=EmbeddingOutput,
         EmbeddingRequestOutput=EmbeddingRequestOutput,
+        ScoringOutput=ScoringOutput,
+        ScoringRequestOutput=ScoringRequestOutput,
     ),
     "inputs": dict(TextPrompt=TextPrompt, TokensPrompt=TokensPrompt, PromptType=PromptType),
     "pooling_params": dict(PoolingParams=PoolingParams),
@@ -310,6 +313,8 @@ VLLM_MODULES: dict[str, dict] = {
     "logger": dict(init_logger=init_logger),
     "version": dict(__version__=minivllm.__version__),
 }
+
+# %% ../nbs/95_vllm_compat.ipynb #vllmcfgnames
 # minivllm.config is a lesson's own module; these are vLLM's names in vllm.config
 VLLM_CONFIG_NAMES = dict(
     VllmConfig=EngineConfig,

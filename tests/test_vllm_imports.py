@@ -32,6 +32,8 @@ HAVE = {
         "CompletionOutput", "EmbeddingOutput", "EmbeddingRequestOutput", "PoolingOutput", "PoolingRequestOutput",
         "RequestOutput"]},
     ("vllm.pooling_params", "PoolingParams"): "minivllm.config:PoolingParams",
+    **{(m, n): f"minivllm.pooling:{n}" for m in ("vllm", "vllm.outputs")
+       for n in ["ScoringOutput", "ScoringRequestOutput"]},
     **{("vllm.sampling_params", n): f"minivllm.config:{n}" for n in [
         "RequestOutputKind", "SamplingParams", "StructuredOutputsParams"]},
     ("vllm.utils", "random_uuid"): "minivllm.vllm_compat:random_uuid",
