@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from http import HTTPStatus
 from typing import Annotated, Any, Literal, Optional, Union
 from starlette.requests import Request
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt
 from minivllm.config import (
     EngineArgs,
     SamplingParams,
@@ -1625,7 +1625,7 @@ class TokenizeRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     model: Optional[str] = None
     prompt: Optional[str] = None
-    messages: Optional[list[ChatMessage]] = None
+    messages: Optional[Annotated[list[ChatMessage], Field(min_length=1)]] = None
     add_special_tokens: Optional[Bool] = None  # default: true for a prompt, false for messages
     add_generation_prompt: Bool = True
     tools: Optional[list[dict[str, Any]]] = None
@@ -1709,7 +1709,7 @@ class RerankRequest(BaseModel):
     model: Optional[str] = None
     query: Text
     documents: Annotated[list[Text], Field(min_length=1)]
-    top_n: int = Field(0, ge=0)  # 0: every document
+    top_n: StrictInt = Field(0, ge=0)  # 0: every document
     user: Optional[str] = None
 
 

@@ -70,7 +70,10 @@ def reference(tiny):
     return out
 
 
-def test_dp2_equals_dp1_and_survives_a_dead_engine(tiny, reference):
+def test_dp2_equals_dp1_and_survives_a_dead_engine(tiny, reference, monkeypatch):
+    # one thread per engine process: three processes with two OpenMP threads each on CI's two cores would make every
+    # matrix product wait on the slowest thread (and slow the other xdist worker's tests to a crawl)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     with running_server(tiny, *ARGS, "--data-parallel-size", "2") as base:
         assert len(engine_pids()) == 2
         assert run_all(base, WORKLOAD) == reference
