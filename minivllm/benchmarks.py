@@ -1257,6 +1257,7 @@ def step_breakdown(llm, wl: Workload, warmup_steps: int = 0, decode_only: bool =
 
     eng = llm.llm_engine
     eng.reset_prefix_cache()
+    eng.engine_core.sync_phase_timings = True  # each phase's own device time
     for i, (p, n) in enumerate(zip(wl.prompts, wl.output_lens)):
         eng.add_request(
             f"bd{time.perf_counter_ns()}-{i}",

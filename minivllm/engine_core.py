@@ -173,6 +173,7 @@ class EngineCore:
         self.scheduler = Scheduler(config.scheduler_config, self.kv_cache_manager, self.extensions)
         self.sampler = Sampler()
         self.num_steps = 0
+        self.sync_phase_timings = False  # exact device time per phase (a GPU sync per phase)
 
     def __getattr__(self, name: str):
         """A step extension by its `name` (`core.<name>`); None for a registered one this engine
@@ -262,7 +263,7 @@ def step(self: EngineCore) -> EngineCoreOutputs:
     - `step_info` holds the scheduler's decision, the tokens kept, the requests ended and the
       seconds of each phase of `PHASES`; `step_info.step` counts this core's steps from 0;
     - with nothing to schedule, no model runs and `outputs` is empty."""
-    timer = StepTimer(self.model_runner.device, PHASES)
+    timer = StepTimer(self.model_runner.device if self.sync_phase_timings else None, PHASES)
     out = self.scheduler.schedule()
     timer.lap("schedule")
     outputs, sampled, upd = [], SampledTokens(), SchedulerUpdate([], {}, [])
