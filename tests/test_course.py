@@ -90,6 +90,20 @@ def computed_headline() -> str:
     finally: os.chdir(cwd)
 
 
+def computed_gpu_line() -> str:
+    "The index's GPU sentence, computed from nbs/bench_results/real_size_h200.json by the index's own cell."
+    nb = json.loads((NBS / "index.ipynb").read_text())
+    cell = next(c for c in nb["cells"] if c["cell_type"] == "code" and "def on_gpu" in _src(c))
+    ns = {}
+    cwd = os.getcwd(); os.chdir(NBS)
+    try:
+        exec(re.sub(r"^on_gpu\(\)\s*$", "", _src(headline_cell()) + "\n" + _src(cell), flags=re.M)
+             .replace("\nMarkdown(headline())", ""), ns)
+        saved = "".join("".join(o["data"]["text/markdown"]) for o in cell["outputs"] if "text/markdown" in o.get("data", {}))
+        return ns["on_gpu"]().data, saved
+    finally: os.chdir(cwd)
+
+
 def stray_numbers(text: str, allowed: str) -> list[str]:
     "Numbers with a unit of speed or time in `text` that the results table `allowed` does not hold."
     ok = set(re.findall(r"\d+(?:\.\d+)?", allowed))
@@ -104,7 +118,10 @@ def test_index_numbers_come_from_saved_results():
     assert table.strip() in readme, "README.md does not hold the results table: run python3 .ci/readme"
     nb = json.loads((NBS / "index.ipynb").read_text())
     prose = "\n".join(_src(c) for c in nb["cells"] if c["cell_type"] == "markdown")
-    bad = stray_numbers(prose, table) + stray_numbers(readme, table)
+    gpu, gpu_saved = computed_gpu_line()
+    assert gpu_saved.strip() == gpu.strip(), "the index's GPU sentence is stale: re-execute nbs/index.ipynb"
+    assert gpu.strip() in readme, "README.md does not hold the GPU sentence: run python3 .ci/readme"
+    bad = stray_numbers(prose, table + gpu) + stray_numbers(readme, table + gpu)
     assert not bad, f"numbers quoted in index/README that nbs/bench_results does not give: {bad}"
 
 
