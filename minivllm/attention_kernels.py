@@ -145,14 +145,9 @@ class _LaunchPlan:
     max_prefill_len: int  # longest prefill chunk (query tokens)
     num_prefills: int
 
-# %% ../nbs/04c_attention_kernels.ipynb #baa13c04
-def _check_metadata(md, num_tokens: int, kv_cache: torch.Tensor) -> _LaunchPlan:
-    """Check `md` against `num_tokens` query tokens and the cache geometry; return (and remember)
-    its launch plan."""
-    _, nb, bs = kv_cache.shape[:3]
-    key = (num_tokens, nb, bs, str(kv_cache.device))
-    if getattr(md, "_checked_for", None) == key:
-        return md._plan
+# %% ../nbs/04c_attention_kernels.ipynb #0ae6333f
+def _check_shapes(md, num_tokens: int, kv_cache: torch.Tensor):
+    "Check the types, devices and shapes of `md`'s tensors against `num_tokens` and the cache."
     _need(
         isinstance(md, AttentionMetadata),
         f"md must be an AttentionMetadata, got {type(md).__name__}",
@@ -189,6 +184,17 @@ def _check_metadata(md, num_tokens: int, kv_cache: torch.Tensor) -> _LaunchPlan:
         f"md.block_tables must be [num_seqs={n}, max_blocks], got {tuple(md.block_tables.shape)}",
     )
     _need(0 <= md.num_decodes <= n, f"md.num_decodes={md.num_decodes} is not in [0, {n}]")
+
+# %% ../nbs/04c_attention_kernels.ipynb #baa13c04
+def _check_metadata(md, num_tokens: int, kv_cache: torch.Tensor) -> _LaunchPlan:
+    """Check `md` against `num_tokens` query tokens and the cache geometry; return (and remember)
+    its launch plan."""
+    _, nb, bs = kv_cache.shape[:3]
+    key = (num_tokens, nb, bs, str(kv_cache.device))
+    if getattr(md, "_checked_for", None) == key:
+        return md._plan
+    _check_shapes(md, num_tokens, kv_cache)
+    n = md.num_seqs
     # what the kernels will read, fetched with one synchronisation
     max_blocks = md.block_tables.shape[1]
     used = (
@@ -350,37 +356,13 @@ def online_softmax(s: torch.Tensor, v: torch.Tensor, block_n: int):
 # %% ../nbs/04c_attention_kernels.ipynb #91e56ffc
 @triton.jit
 def _decode_kernel(
-    q_ptr,
-    kc_ptr,
-    vc_ptr,
-    bt_ptr,
-    seq_lens_ptr,
-    o_ptr,
-    m_ptr,
-    l_ptr,
-    qk_scale,
-    split_len,
-    stride_qt,
-    stride_qh,
-    stride_bt,
-    stride_cb,
-    stride_cs,
-    stride_ch,
-    stride_ot,
-    stride_oh,
-    stride_os,
-    stride_mt,
-    stride_mh,
-    GROUP: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-    BLOCK_G: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    SPLIT: tl.constexpr,
-    UPCAST: tl.constexpr,
+    q_ptr, kc_ptr, vc_ptr, bt_ptr, seq_lens_ptr, o_ptr, m_ptr, l_ptr, qk_scale, split_len,
+    stride_qt, stride_qh, stride_bt, stride_cb, stride_cs, stride_ch,  # q, block table, cache
+    stride_ot, stride_oh, stride_os, stride_mt, stride_mh,  # the (partial) output, m and l
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_G: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr, UPCAST: tl.constexpr,
     DOT_PREC: tl.constexpr,
-):
+):  # fmt: skip
     seq, kvh, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + seq)
     start = split * split_len  # this program's slice of the context
@@ -538,70 +520,25 @@ def _launch_decode(q, kv_cache, md, plan, scale, out, num_splits=None, block_n=N
     args = (kc.stride(0), kc.stride(1), kc.stride(2))
     if num_splits == 1:
         _decode_kernel[(nd, hkv, 1)](
-            q,
-            kc,
-            vc,
-            bt,
-            md.seq_lens,
-            out,
-            None,
-            None,
-            scale * LOG2E,
-            split_len,
-            q.stride(0),
-            q.stride(1),
-            bt.stride(0),
-            *args,
-            out.stride(0),
-            out.stride(1),
-            0,
-            0,
-            0,
-            **consts,
-        )
+            q, kc, vc, bt, md.seq_lens, out, None, None, scale * LOG2E, split_len,
+            q.stride(0), q.stride(1), bt.stride(0), *args,
+            out.stride(0), out.stride(1), 0, 0, 0, **consts,
+        )  # fmt: skip
         return out
     po = torch.empty(nd, h, num_splits, d, dtype=torch.float32, device=q.device)
     m = torch.empty(nd, h, num_splits, dtype=torch.float32, device=q.device)
     l = torch.empty_like(m)
     _decode_kernel[(nd, hkv, num_splits)](
-        q,
-        kc,
-        vc,
-        bt,
-        md.seq_lens,
-        po,
-        m,
-        l,
-        scale * LOG2E,
-        split_len,
-        q.stride(0),
-        q.stride(1),
-        bt.stride(0),
-        *args,
-        po.stride(0),
-        po.stride(1),
-        po.stride(2),
-        m.stride(0),
-        m.stride(1),
-        **consts,
-    )
+        q, kc, vc, bt, md.seq_lens, po, m, l, scale * LOG2E, split_len,
+        q.stride(0), q.stride(1), bt.stride(0), *args,
+        po.stride(0), po.stride(1), po.stride(2), m.stride(0), m.stride(1), **consts,
+    )  # fmt: skip
     _decode_reduce_kernel[(nd, h)](
-        po,
-        m,
-        l,
-        out,
-        num_splits,
-        po.stride(0),
-        po.stride(1),
-        po.stride(2),
-        m.stride(0),
-        m.stride(1),
-        out.stride(0),
-        out.stride(1),
-        HEAD_DIM=d,
-        BLOCK_S=triton.next_power_of_2(num_splits),
-        BLOCK_D=triton.next_power_of_2(d),
-    )
+        po, m, l, out, num_splits,
+        po.stride(0), po.stride(1), po.stride(2), m.stride(0), m.stride(1),
+        out.stride(0), out.stride(1),
+        HEAD_DIM=d, BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=triton.next_power_of_2(d),
+    )  # fmt: skip
     return out
 
 # %% ../nbs/04c_attention_kernels.ipynb #fc996693
@@ -647,33 +584,12 @@ def paged_decode_attention(
 # %% ../nbs/04c_attention_kernels.ipynb #ca5d845e
 @triton.jit
 def _prefill_kernel(
-    q_ptr,
-    kc_ptr,
-    vc_ptr,
-    bt_ptr,
-    seq_lens_ptr,
-    qsl_ptr,
-    o_ptr,
-    qk_scale,
-    first_seq,
-    stride_qt,
-    stride_qh,
-    stride_bt,
-    stride_cb,
-    stride_cs,
-    stride_ch,
-    stride_ot,
-    stride_oh,
-    GROUP: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-    BLOCK_Q: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    UPCAST: tl.constexpr,
+    q_ptr, kc_ptr, vc_ptr, bt_ptr, seq_lens_ptr, qsl_ptr, o_ptr, qk_scale, first_seq,
+    stride_qt, stride_qh, stride_bt, stride_cb, stride_cs, stride_ch, stride_ot, stride_oh,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_Q: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr,
     DOT_PREC: tl.constexpr,
-):
+):  # fmt: skip
     seq, tile, kvh = first_seq + tl.program_id(0), tl.program_id(1), tl.program_id(2)
     q_start = tl.load(qsl_ptr + seq)
     q_len = tl.load(qsl_ptr + seq + 1) - q_start

@@ -159,7 +159,7 @@ def _cache_dir(cc: CompilationConfig) -> str:
     os.environ["TORCHINDUCTOR_CACHE_DIR"] = d
     return d
 
-
+# %% ../nbs/05b_compile.ipynb #86392bff
 class CompiledModelRunner(ModelRunner):
     """A `ModelRunner` whose forward is compiled with `torch.compile`; on CUDA, decode steps replay
     CUDA graphs."""
@@ -171,14 +171,12 @@ class CompiledModelRunner(ModelRunner):
         self.attn_fn = self.model.layers[0].self_attn.attn_fn
         for layer in self.model.layers:
             layer.self_attn.attn_fn = attention_op
-        self.least = (
-            4 if self.device.type == "cpu" else 2
-        )  # CPU: oneDNN's packed GEMM is quickest at 4 rows (see below)
+        # CPU: oneDNN's packed GEMM is quickest at 4 rows (see below)
+        self.least = 4 if self.device.type == "cpu" else 2
         self.sizes = sorted({max(self.least, s) for s in cc.cudagraph_capture_sizes or []})
         max_blocks = -(-config.model_config.max_model_len // self.block_size)
-        with (
-            torch.inference_mode()
-        ):  # inference tensors, like the steps' own inputs (else Dynamo recompiles)
+        # inference tensors, like the steps' own inputs (else Dynamo recompiles)
+        with torch.inference_mode():
             self.static = StaticInputs(
                 max(self.sizes, default=self.least),
                 max_blocks,
@@ -193,8 +191,7 @@ class CompiledModelRunner(ModelRunner):
             else self.attn_fn
         )
         self.graphs: dict[int, tuple] = {}
-        # hybrid 4-bit layers (lesson 04b) multiply prompts by dense copies that a graph cannot
-        # call: prompts run eagerly
+        # hybrid 4-bit layers (04b) multiply prompts by dense copies, outside a graph: run eagerly
         self.eager_prompts = self.device.type == "cpu" and any(
             getattr(m, "dense", None) is not None for m in self.model.modules()
         )
@@ -208,9 +205,8 @@ class CompiledModelRunner(ModelRunner):
         self.compiled = torch.compile(forward, backend=cc.backend, fullgraph=True)
         t0 = time.perf_counter()
         self.warm_up()
-        self.size_graphs = (
-            self.compile_size_graphs()
-        )  # CPU: whole decode steps of `compile_sizes` in one graph (at the end)
+        # CPU: whole decode steps of `compile_sizes` in one graph (at the end)
+        self.size_graphs = self.compile_size_graphs()
         cc.compile_time = time.perf_counter() - t0
         logger.info(
             "compiled the model (torch.compile, %s backend) in %.1f s%s%s",
@@ -341,7 +337,7 @@ def _call_size_graph(
     finally:
         Linear.gemm_in_graph = False
 
-
+# %% ../nbs/05b_compile.ipynb #f7b4b0bf
 @patch
 @torch.inference_mode()
 def compile_size_graphs(self: CompiledModelRunner) -> list[int]:

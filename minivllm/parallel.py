@@ -172,7 +172,7 @@ class VocabParallelEmbedding(nn.Embedding):
         dist.all_reduce(x, group=self.group)
         return x
 
-
+# %% ../nbs/07_tensor_parallel.ipynb #955d2f5f
 class TPLlamaForCausalLM(LlamaForCausalLM):
     """One rank's shard of a Llama-family model: column/row-parallel layers, vocab-parallel
     embedding and LM head. `group`: the ranks that split it (None: all; the pipeline-parallel
@@ -217,7 +217,7 @@ class TPLlamaForCausalLM(LlamaForCausalLM):
         dist.gather(local, parts, group=self.group, group_dst=0)
         return torch.cat([p[:, :v] for p, v in zip(parts, self.plan.vocab)], 1)
 
-
+# %% ../nbs/07_tensor_parallel.ipynb #d97bc25b
 def load_shard(
     path,
     hf_config,
@@ -439,9 +439,8 @@ def _launch_worker(rank: int, world: int, addr: str, port: int) -> subprocess.Po
     "Start rank `rank` as a fresh `python -c` process that finds rank 0 at `addr:port`."
     import minivllm
 
-    root = str(
-        Path(minivllm.__file__).resolve().parent.parent
-    )  # importable even when only on the parent's sys.path
+    # importable even when only on the parent's sys.path
+    root = str(Path(minivllm.__file__).resolve().parent.parent)
     env = dict(
         os.environ,
         MASTER_ADDR=addr,
@@ -457,6 +456,21 @@ def _launch_worker(rank: int, world: int, addr: str, port: int) -> subprocess.Po
     return subprocess.Popen([sys.executable, "-c", _WORKER_CMD], env=env)
 
 
+def _rank0_device(config: EngineConfig, n: int, n_local: int) -> torch.device:
+    "Rank 0's device: the CPU, or GPU 0 once this machine is known to have a GPU per local rank."
+    device = config.device_config.device
+    if device.type != "cuda":
+        return device
+    if n_local > torch.cuda.device_count():
+        raise ValueError(
+            f"tensor_parallel_size={n} needs {n_local} GPUs on this machine; it has "
+            f"{torch.cuda.device_count()}."
+        )
+    device = torch.device("cuda", 0)
+    torch.cuda.set_device(device)
+    return device
+
+# %% ../nbs/07_tensor_parallel.ipynb #a8aa7c57
 class TPModelRunner(TPWorker):
     """Rank 0 of a tensor-parallel model: starts the workers, broadcasts each step, returns the full
     logits."""
@@ -478,32 +492,19 @@ class TPModelRunner(TPWorker):
         n = self.world_size_of(config)
         if dist.is_initialized():
             raise RuntimeError(
-                "This process already belongs to a torch.distributed process group: minivllm "
-                "runs one "
-                "tensor-parallel engine per process at a time (shut the other one down first)."
+                "This process already belongs to a torch.distributed process group: minivllm runs "
+                "one tensor-parallel engine per process at a time (shut the other one down first)."
             )
-        device = config.device_config.device
         n_local = int(os.environ.get("MINIVLLM_TP_LOCAL_SIZE", n))
-        if device.type == "cuda":
-            if n_local > torch.cuda.device_count():
-                raise ValueError(
-                    f"tensor_parallel_size={n} needs {n_local} GPUs on this machine; it has "
-                    f"{torch.cuda.device_count()}."
-                )
-            device = torch.device("cuda", 0)
-            torch.cuda.set_device(device)
+        device = _rank0_device(config, n, n_local)
         backend = "nccl" if device.type == "cuda" else "gloo"
         self._state = st = _TPState(n)
         self._finalizer = weakref.finalize(self, _shutdown, st)
         try:
             addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
+            port = int(os.environ.get("MASTER_PORT", 0))
             st.store = dist.TCPStore(
-                addr,
-                int(os.environ.get("MASTER_PORT", 0)),
-                n,
-                is_master=True,
-                wait_for_workers=False,
-                timeout=_timeout(),
+                addr, port, n, True, wait_for_workers=False, timeout=_timeout()
             )
             st.store.set("backend", backend)
             st.procs = [(r, _launch_worker(r, n, addr, st.store.port)) for r in range(1, n_local)]

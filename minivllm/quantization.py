@@ -101,6 +101,21 @@ def _dense_mm(x: torch.Tensor, w: torch.Tensor, wc: torch.Tensor | None = None) 
         x = F.pad(x, (0, 0, 0, 32 - m % 32))
     return torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")[:m]
 
+# %% ../nbs/04b_quantization.ipynb #7391f7cf
+def _int4_pack(q: torch.Tensor) -> torch.Tensor:
+    "4-bit values `q [N, K]` (0..15) in the layout of PyTorch's int4 kernel on `q`'s device."
+    if q.device.type == "cpu":
+        return torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 2)
+    pairs = (q[:, ::2] << 4 | q[:, 1::2]).to(torch.uint8)
+    return torch.ops.aten._convert_weight_to_int4pack(pairs, _inner_k_tiles(q.shape[1]))
+
+
+def _int4_mm(x, packed, group_size, scales_and_zeros) -> torch.Tensor:
+    "`x @ W.T` through PyTorch's int4 weight-only kernel for `x`'s device."
+    cpu = x.device.type == "cpu"
+    mm = torch.ops.aten._weight_int4pack_mm_for_cpu if cpu else torch.ops.aten._weight_int4pack_mm
+    return mm(x, packed, group_size, scales_and_zeros)
+
 # %% ../nbs/04b_quantization.ipynb #6d6db39a
 class Int4Linear(nn.Module):
     """`y = x @ W.T (+ b)` with `W` in 4-bit groups of 32 (`(q - 8)·scale + zero`), run by PyTorch's
@@ -119,13 +134,7 @@ class Int4Linear(nn.Module):
         super().__init__()
         self.out_features, self.in_features = q.shape
         self.group_size = self.in_features // scale.shape[1]
-        if q.device.type == "cpu":
-            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q.to(torch.int32), 2)
-        else:
-            packed = torch.ops.aten._convert_weight_to_int4pack(
-                (q[:, ::2] << 4 | q[:, 1::2]).to(torch.uint8), _inner_k_tiles(self.in_features)
-            )
-        self.register_buffer("packed", packed)
+        self.register_buffer("packed", _int4_pack(q))
         self.register_buffer(
             "scales_and_zeros",
             torch.stack([scale, zero], -1).transpose(0, 1).contiguous().to(dtype),
@@ -134,9 +143,8 @@ class Int4Linear(nn.Module):
         self.max_int4_rows = max_int4_rows
         held = None if max_int4_rows is None else int4_reference(q, scale, zero, dtype)
         self.register_buffer("dense", None if held is None else _dense_copy(held))
-        self.register_buffer(
-            "dense_c", None if held is None else gemm_copy(held), persistent=False
-        )  # its C kernel's copy
+        dense_c = None if held is None else gemm_copy(held)  # its C kernel's copy
+        self.register_buffer("dense_c", dense_c, persistent=False)
 
     def forward(self, x):
         "`x @ W.T + b` in the kernel's dtype, returned in `x`'s dtype."
@@ -148,12 +156,7 @@ class Int4Linear(nn.Module):
         if _use_dense(self, x.shape[0], self.max_int4_rows):
             y = _dense_mm(x, self.dense, self.dense_c)  # many rows: dense
         else:
-            mm = (
-                torch.ops.aten._weight_int4pack_mm_for_cpu
-                if x.device.type == "cpu"
-                else torch.ops.aten._weight_int4pack_mm
-            )
-            y = mm(x, self.packed, self.group_size, self.scales_and_zeros)
+            y = _int4_mm(x, self.packed, self.group_size, self.scales_and_zeros)
         if self.bias is not None:
             y = y + self.bias
         if len(shape) != 2:
@@ -306,16 +309,12 @@ _GGUF_TYPES = {
     8: ("Q8_0", 34, 32),
 }
 
-# %% ../nbs/04b_quantization.ipynb #d0a22e77
-def read_gguf(path: str | os.PathLike) -> tuple[str, dict[str, tuple[str, torch.Tensor]]]:
-    """`(architecture, {gguf name: (type name, tensor)})` of a GGUF file: raw block rows `uint8 [N,
-    bytes]` for quantized types, floats `[N, K]` otherwise. (A small reader of the format's
-    header: the `gguf` package's reader also parses the whole tokenizer vocabulary, which took 5
-    s here.)"""
+# %% ../nbs/04b_quantization.ipynb #72267bea
+def _gguf_header(buf) -> tuple[dict, list, int]:
+    """The metadata `{key: value}`, the tensor infos `[(name, dims, type, offset)]` and the header's
+    end of a GGUF file's bytes `buf`."""
     import struct
-    import numpy as np
 
-    buf = np.memmap(path, dtype=np.uint8, mode="r")
     pos = 4
 
     def skip(n):
@@ -333,7 +332,7 @@ def read_gguf(path: str | os.PathLike) -> tuple[str, dict[str, tuple[str, torch.
 
     def value(
         t,
-    ):  # 8: a string, 9: an array (numeric arrays, like the vocabulary's scores, are skipped)
+    ):  # 8: a string, 9: an array (numeric arrays, like the vocabulary's scores, skipped)
         if t == 8:
             return string()
         if t != 9:
@@ -343,8 +342,6 @@ def read_gguf(path: str | os.PathLike) -> tuple[str, dict[str, tuple[str, torch.
             return skip(n * struct.calcsize(_GGUF_SCALARS[et]))
         return [value(et) for _ in range(n)]
 
-    if bytes(buf[:4]) != b"GGUF":
-        raise ValueError(f"{path} is not a GGUF file")
     _version, n_tensors, n_kv = take("<I"), take("<Q"), take("<Q")
     meta = {}
     for _ in range(n_kv):
@@ -355,6 +352,20 @@ def read_gguf(path: str | os.PathLike) -> tuple[str, dict[str, tuple[str, torch.
         name, nd = string(), take("<I")
         dims = [take("<Q") for _ in range(nd)]
         infos.append((name, dims, take("<I"), take("<Q")))
+    return meta, infos, pos
+
+# %% ../nbs/04b_quantization.ipynb #d0a22e77
+def read_gguf(path: str | os.PathLike) -> tuple[str, dict[str, tuple[str, torch.Tensor]]]:
+    """`(architecture, {gguf name: (type name, tensor)})` of a GGUF file: raw block rows `uint8 [N,
+    bytes]` for quantized types, floats `[N, K]` otherwise. (A small reader of the format's
+    header: the `gguf` package's reader also parses the whole tokenizer vocabulary, which took 5
+    s here.)"""
+    import numpy as np
+
+    buf = np.memmap(path, dtype=np.uint8, mode="r")
+    if bytes(buf[:4]) != b"GGUF":
+        raise ValueError(f"{path} is not a GGUF file")
+    meta, infos, pos = _gguf_header(buf)
     align = meta.get("general.alignment", 32)
     start, out = -(-pos // align) * align, {}
     for name, dims, t, off in infos:

@@ -158,6 +158,25 @@ def test_bf16_engine_on_cuda_close_to_fp32(tiny):
     assert_close_greedy(a, b, atol=0.1)
 
 
+def test_steps_do_not_wait_for_the_gpu_per_phase(tiny, monkeypatch):
+    """A step synchronises the GPU at each of its phases only when `sync_phase_timings` is set (the
+    step breakdown's exact device times); by default the host runs ahead and waits once, for the tokens."""
+    from minivllm import LLM
+    d, _ = tiny
+    llm = LLM(model=d, device="cuda", max_model_len=256, enforce_eager=True, num_gpu_blocks_override=64)
+    generate(llm, n=4)  # warm-up
+    calls, real = [], torch.cuda.synchronize
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
+    steps = llm.llm_engine.engine_core.num_steps
+    generate(llm, n=4)
+    assert calls == [], f"{len(calls)} GPU synchronisations in {llm.llm_engine.engine_core.num_steps - steps} steps"
+    llm.llm_engine.engine_core.sync_phase_timings = True
+    steps = llm.llm_engine.engine_core.num_steps
+    generate(llm, n=4)
+    ran = llm.llm_engine.engine_core.num_steps - steps
+    assert ran and len(calls) >= 2 * ran, (len(calls), ran)  # schedule and update lap in every step
+
+
 def test_lora_on_cuda_matches_peft(tiny, tmp_path):
     "Two adapters and the base model in one batch (Triton BGMV), against PEFT on the same GPU."
     from peft import PeftModel
