@@ -153,7 +153,7 @@ def step_record(
         o.num_waiting,
         dict(reads or {}),
         dict(texts or {}),
-        note,
+        note=note,
     )
 
 # %% ../nbs/90_viz.ipynb #eb903896
