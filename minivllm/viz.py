@@ -515,7 +515,8 @@ def plot_spec_steps(
 
 # %% ../nbs/90_viz.ipynb #b79ea667
 def _wrap(s: str, width: int) -> str:
-    s = s.replace("\n", "⏎ ")
+    # a byte of an unfinished UTF-8 character decodes to U+FFFD, which the plot's font cannot draw
+    s = s.replace("\n", "⏎ ").replace("\ufffd", "?")
     return s if len(s) <= width else s[: width - 1] + "…"
 
 
