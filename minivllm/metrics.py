@@ -12,6 +12,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
+from fastcore.basics import patch
 from .engine_core import SchedulerStats
 
 # %% auto #0
@@ -181,11 +182,8 @@ class StatLogger:
     "Accumulate each step's stats; log one line per interval (vLLM's `LoggingStatLogger`)."
 
     def __init__(self, interval: float | None = None):
-        self.interval = (
-            float(os.environ.get("MINIVLLM_LOG_STATS_INTERVAL", 10.0))
-            if interval is None
-            else interval
-        )
+        default = os.environ.get("MINIVLLM_LOG_STATS_INTERVAL", 10.0)
+        self.interval = float(default) if interval is None else interval
         self.last_log_time = time.time()
         self.scheduler_stats = SchedulerStats()
         self.num_prompt_tokens = self.num_generation_tokens = 0
@@ -225,64 +223,55 @@ class StatLogger:
         now = time.time() if now is None else now
         dt, s = max(now - self.last_log_time, 1e-9), self.scheduler_stats
         return Stats(
-            now,
-            dt,
-            self.interval_prompt_tokens / dt,
-            self.interval_generation_tokens / dt,
-            s.num_running_reqs,
-            s.num_waiting_reqs,
-            s.kv_cache_usage,
-            s.num_preemptions,
-            self.num_prompt_tokens,
-            self.num_generation_tokens,
-            dict(self.num_finished),
-            s.prefix_cache_queries,
-            s.prefix_cache_hits,
+            now, dt, self.interval_prompt_tokens / dt, self.interval_generation_tokens / dt,
+            s.num_running_reqs, s.num_waiting_reqs, s.kv_cache_usage, s.num_preemptions,
+            self.num_prompt_tokens, self.num_generation_tokens, dict(self.num_finished),
+            s.prefix_cache_queries, s.prefix_cache_hits,
             *map(copy.copy, (self.ttft, self.itl, self.tpot, self.e2e, self.queued)),
-            phase_seconds=dict(self.phase_seconds),
-            spec_decoding=s.spec_decoding_stats,
-        )
+            phase_seconds=dict(self.phase_seconds), spec_decoding=s.spec_decoding_stats,
+        )  # fmt: skip
 
-    def log(self, now: float | None = None) -> Stats:
-        "Log one line now and start a new interval."
-        st = self.snapshot(now)
+# %% ../nbs/11_metrics.ipynb #0b7a7d8e
+@patch
+def log(self: StatLogger, now: float | None = None) -> Stats:
+    "Log one line now and start a new interval."
+    st = self.snapshot(now)
+    logger.info(
+        "Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f tokens/s, "
+        "Running: %d reqs, Waiting: %d reqs, KV cache usage: %.1f%%, "
+        "Prefix cache hit rate: %.1f%%, Preemptions: %d, Mean TTFT: %.1f ms, Mean TPOT: %.1f ms",
+        st.prompt_throughput,
+        st.generation_throughput,
+        st.num_running_reqs,
+        st.num_waiting_reqs,
+        100 * st.kv_cache_usage,
+        100 * st.prefix_cache_hit_rate,
+        st.num_preemptions,
+        1000 * st.time_to_first_token.mean,
+        1000 * st.time_per_output_token.mean,
+    )
+    if (sd := st.spec_decoding) is not None and sd.num_drafts:
         logger.info(
-            "Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f tokens/s, "
-            "Running: %d reqs, "
-            "Waiting: %d reqs, KV cache usage: %.1f%%, Prefix cache hit rate: %.1f%%, "
-            "Preemptions: %d, "
-            "Mean TTFT: %.1f ms, Mean TPOT: %.1f ms",
-            st.prompt_throughput,
-            st.generation_throughput,
-            st.num_running_reqs,
-            st.num_waiting_reqs,
-            100 * st.kv_cache_usage,
-            100 * st.prefix_cache_hit_rate,
-            st.num_preemptions,
-            1000 * st.time_to_first_token.mean,
-            1000 * st.time_per_output_token.mean,
+            "SpecDecoding metrics: Mean acceptance length: %.2f, Accepted: %d tokens, "
+            "Drafted: %d tokens, Draft acceptance rate: %.1f%%",
+            sd.mean_acceptance_length,
+            sd.num_accepted_tokens,
+            sd.num_draft_tokens,
+            100 * sd.acceptance_rate,
         )
-        if (sd := st.spec_decoding) is not None and sd.num_drafts:
-            logger.info(
-                "SpecDecoding metrics: Mean acceptance length: %.2f, Accepted: %d tokens, "
-                "Drafted: %d tokens, "
-                "Draft acceptance rate: %.1f%%",
-                sd.mean_acceptance_length,
-                sd.num_accepted_tokens,
-                sd.num_draft_tokens,
-                100 * sd.acceptance_rate,
-            )
-        self.last_log_time, self.interval_prompt_tokens, self.interval_generation_tokens = (
-            st.timestamp,
-            0,
-            0,
-        )
-        return st
+    self.last_log_time, self.interval_prompt_tokens, self.interval_generation_tokens = (
+        st.timestamp,
+        0,
+        0,
+    )
+    return st
 
-    def maybe_log(self, now: float):
-        "Log if the interval has passed."
-        if now - self.last_log_time >= self.interval:
-            self.log(now)
+
+@patch
+def maybe_log(self: StatLogger, now: float):
+    "Log if the interval has passed."
+    if now - self.last_log_time >= self.interval:
+        self.log(now)
 
 # %% ../nbs/11_metrics.ipynb #mx11b
 @dataclass
