@@ -116,32 +116,22 @@ class SequenceDetokenizer:
     "One sequence's token ids and text: incremental decoding, stop strings, hold-back."
 
     def __init__(self, tokenizer, prompt_token_ids: list[int], params: SamplingParams):
-        self.decoder = (
-            IncrementalDetokenizer(
-                tokenizer,
-                prompt_token_ids,
-                params.skip_special_tokens,
-                params.spaces_between_special_tokens,
-            )
-            if params.detokenize
-            else None
-        )
-        self.stop, self.include_stop = list(params.stop), params.include_stop_str_in_output
-        self.min_tokens = params.min_tokens
-        self.stop_buffer_length = (
-            max(map(len, self.stop)) - 1 if self.stop and not self.include_stop else 0
-        )
-        self.token_ids: list[int] = []
-        self.output_text = ""
-        self._sent_chars = 0
+        p, self.decoder = params, None
+        if p.detokenize:
+            specials = (p.skip_special_tokens, p.spaces_between_special_tokens)
+            self.decoder = IncrementalDetokenizer(tokenizer, prompt_token_ids, *specials)
+        self.stop, self.include_stop = list(p.stop), p.include_stop_str_in_output
+        self.min_tokens = p.min_tokens
+        longest = max(map(len, self.stop), default=1)  # the hold-back: all but one character
+        self.stop_buffer_length = 0 if self.include_stop else longest - 1
+        self.token_ids, self.output_text, self._sent_chars = [], "", 0
 
     def update(self, new_token_ids: list[int], stop_terminated: bool) -> str | None:
         """Append the step's tokens; return the stop string they completed (the text is then cut),
         if any."""
         if not new_token_ids:
             return None
-        # several tokens in one step (speculative decoding): check each, so that the text and
-        # the tokens end where one-token steps would end them
+        # several tokens (speculative decoding): check each, so text and tokens end as one by one
         if self.stop and len(new_token_ids) > 1:
             for i, t in enumerate(new_token_ids):
                 hit = self.update([t], stop_terminated and i == len(new_token_ids) - 1)
@@ -291,24 +281,16 @@ def make_output(
     outs = []
     for s in st.seqs:
         done = s.finish_reason is not None
-        text = s.detok.get_next_output_text(done, delta)
+        text, lp = s.detok.get_next_output_text(done, delta), s.logprobs
         if delta:
-            toks, lps = (
-                s.detok.token_ids[s.sent_tokens :],
-                (s.logprobs[s.sent_logprobs :] if s.logprobs is not None else None),
-            )
+            toks = s.detok.token_ids[s.sent_tokens :]
+            lps = lp[s.sent_logprobs :] if lp is not None else None
             if not text and not toks and (not done or s.done_sent):
                 continue
         else:
-            toks, lps = (
-                list(s.detok.token_ids),
-                (list(s.logprobs) if s.logprobs is not None else None),
-            )
-        s.sent_tokens, s.sent_logprobs, s.done_sent = (
-            len(s.detok.token_ids),
-            len(s.logprobs or []),
-            done,
-        )
+            toks, lps = list(s.detok.token_ids), (list(lp) if lp is not None else None)
+        s.sent_tokens, s.sent_logprobs = len(s.detok.token_ids), len(lp or [])
+        s.done_sent = done
         outs.append(
             CompletionOutput(
                 s.index,
