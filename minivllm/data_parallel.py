@@ -19,6 +19,7 @@ from pathlib import Path
 from fastcore.basics import patch
 from .config import EngineArgs
 from .engine_core import SchedulerStats
+from .llm import EngineDeadError
 from .llm_engine import ENGINE_FRONT_ENDS, LLMEngine
 from .metrics import StatLogger
 from .parallel import _die_with_parent
@@ -107,7 +108,22 @@ class EngineHandle:
     requests: set = field(default_factory=set)  # ids in flight there
     routed: int = 0  # requests sent there, ever
     gauges: dict = field(default_factory=dict)  # its latest queue and KV numbers
-    dead: str = ""  # why it died ("" while alive)
+    dead: str = ""  # why it died ("" while alive), set by the front end's `step()`
+
+    @property
+    def alive(self) -> bool:
+        "Whether its process runs (this sees a death that no `step()` has noticed yet)."
+        return not self.dead and self.proc.poll() is None
+
+    def state(self) -> dict:
+        "What `/health` lists for it: rank, pid, `alive` or `dead` (and why), its requests."
+        code = self.proc.poll()
+        why = self.dead or ("" if code is None else f"exited with code {code}")
+        lines = why.strip().splitlines()  # (a traceback: its first and last lines)
+        st = dict(rank=self.rank, pid=self.proc.pid, state="dead" if why else "alive")
+        if why:
+            st["reason"] = lines[0] if len(lines) == 1 else f"{lines[0]} {lines[-1]}"
+        return dict(st, requests_in_flight=len(self.requests), requests_routed=self.routed)
 
 
 class _Anon:
@@ -296,9 +312,10 @@ def add_request(
     if request_id in self.children:
         raise ValueError(f"request_id {request_id!r} is already in use.")
     self.processor.process(request_id, prompt, params, arrival_time, priority)
-    alive = [e for e in self.engines if not e.dead]
+    alive = [e for e in self.engines if e.alive]
     if not alive:
-        raise RuntimeError("every data-parallel engine is dead: " + self.engine_core._state.error)
+        why = ", ".join(f"engine {s['rank']} {s['reason']}" for s in self.engine_states())
+        raise EngineDeadError(f"every data-parallel engine is dead: {why}.")
     e = min(alive, key=lambda e: (len(e.requests), e.rank))  # the shortest queue
     kw = dict(arrival_time=arrival_time, priority=priority)
     e.sock.send_pyobj(("add", (request_id, prompt, params), kw))
@@ -386,6 +403,12 @@ def step(self: DPLLMEngine) -> list:
     self.stat_logger.record(self.engine_core.get_scheduler_stats(), None)
     return outputs
 
+# %% ../nbs/14b_data_parallel.ipynb #3710675c
+@patch
+def engine_states(self: DPLLMEngine) -> list[dict]:
+    "Each engine's state (`EngineHandle.state`), for `/health`; callable from any thread."
+    return [e.state() for e in self.engines]
+
 # %% ../nbs/14b_data_parallel.ipynb #8de67de0
 @patch
 def shutdown(self: DPLLMEngine):
@@ -437,7 +460,7 @@ class DPCollector:
             g, lab = e.gauges, [str(e.rank)]
             free, total = g.get("free_blocks", 0), max(g.get("num_blocks", 0), 1)
             vals = [
-                0 if e.dead else 1,
+                int(e.alive),
                 e.routed,
                 g.get("running", 0),
                 g.get("waiting", 0),

@@ -50,12 +50,12 @@ __all__ = ['Text', 'Bool', 'INT64', 'TokenId', 'TokenIds', 'OneText', 'OneTokenI
            'ChatCompletionRequest', 'ErrorInfo', 'ErrorResponse', 'APIError', 'to_sampling_params',
            'structured_outputs_of', 'Metrics', 'completion_logprobs', 'chat_logprobs', 'max_token_chars', 'init_prep',
            'thread_tokenizer', 'offload', 'check_prompt_chars', 'check_prompt_len', 'tokens_of', 'compile_grammar',
-           'base_app', 'add_info_routes', 'check_model', 'apply_sampling_defaults', 'run_request', 'usage',
-           'until_gone', 'respond', 'Accumulator', 'serve_choices', 'add_completions_route', 'EmbeddingRequest',
-           'add_embeddings_route', 'prepare_chat', 'add_chat_route', 'LoadLoRAAdapterRequest', 'add_lora_adapter',
-           'add_lora_routes', 'ResponsesRequest', 'input_messages', 'output_items', 'ResponseEvents',
-           'add_responses_route', 'TokenizeRequest', 'DetokenizeRequest', 'add_tokenize_routes', 'ScoreRequest',
-           'RerankRequest', 'score_texts', 'add_score_routes', 'build_app', 'serve_parser', 'cmd_serve']
+           'base_app', 'engine_health', 'add_info_routes', 'check_model', 'apply_sampling_defaults', 'run_request',
+           'usage', 'until_gone', 'respond', 'Accumulator', 'serve_choices', 'add_completions_route',
+           'EmbeddingRequest', 'add_embeddings_route', 'prepare_chat', 'add_chat_route', 'LoadLoRAAdapterRequest',
+           'add_lora_adapter', 'add_lora_routes', 'ResponsesRequest', 'input_messages', 'output_items',
+           'ResponseEvents', 'add_responses_route', 'TokenizeRequest', 'DetokenizeRequest', 'add_tokenize_routes',
+           'ScoreRequest', 'RerankRequest', 'score_texts', 'add_score_routes', 'build_app', 'serve_parser', 'cmd_serve']
 
 # %% ../nbs/15_server.ipynb #738e7691
 class StreamOptions(BaseModel):
@@ -726,30 +726,56 @@ def base_app(
 logger = logging.getLogger("minivllm")
 
 
-async def _watchdog(app, every: float = 0.2, grace: float = 1.0):
-    """Wait for the engine to fail (not a shutdown); then log why and, after `grace` s, call
-    `on_engine_dead`."""
+def engine_health(app) -> tuple[int, dict | None]:
+    """`/health`'s status code, and with data-parallel engines (lesson 14b) its JSON body: 200 while
+    one engine is alive, 503 when none is or the engine loop died."""
     s = app.state
-    while not s.engine.failed:
+    states = getattr(s.engine.engine, "engine_states", None)
+    if states is None:
+        return (503 if s.engine.errored else 200), None
+    engines = states()
+    alive = sum(e["state"] == "alive" for e in engines)
+    dead = s.engine.errored or alive == 0
+    status = "dead" if dead else "healthy" if alive == len(engines) else "degraded"
+    return (503 if dead else 200), dict(status=status, engines_alive=alive, engines=engines)
+
+
+async def _watchdog(app, every: float = 0.2, grace: float = 1.0):
+    """Wait for the engine to fail (not a shutdown), or for every data-parallel engine to die; then
+    log why and, after `grace` s, call `on_engine_dead`."""
+    s = app.state
+    while True:
+        if s.engine.failed:
+            why = str(s.engine.dead_error)
+            break
+        code, body = engine_health(app)
+        if code == 503 and body is not None and not s.engine.errored:  # no engine is left
+            why = ", ".join(f"engine {e['rank']} {e['reason']}" for e in body["engines"])
+            break
         await asyncio.sleep(every)
     s.engine_dead = True
-    logger.error("minivllm: %s; the server stops.", s.engine.dead_error)
+    logger.error("minivllm: %s; the server stops.", why)
     await asyncio.sleep(grace)  # the open streams send their error events
     if s.on_engine_dead is not None:
         s.on_engine_dead()
 
 
+# %% ../nbs/15_server.ipynb #7268d3f2
 def add_info_routes(app):
     "`GET /health`, `GET /metrics` (Prometheus) and `GET /v1/models`."
-    from fastapi.responses import PlainTextResponse
+    from fastapi.responses import JSONResponse, PlainTextResponse
 
     s = app.state
 
     @app.get("/health", response_class=PlainTextResponse)
     async def health():
-        if s.engine.errored:
-            raise s.engine.dead_error
-        return PlainTextResponse("OK")
+        code, body = engine_health(app)
+        if body is None:
+            if code != 200:
+                raise s.engine.dead_error
+            return PlainTextResponse("OK")
+        n = f"{body['engines_alive']}/{len(body['engines'])}"
+        return JSONResponse(body, status_code=code, headers={"X-Engines-Alive": n})
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def prom():

@@ -1,8 +1,9 @@
 """Data parallelism behind the server: `minivllm serve --data-parallel-size 2` gives every request of a mixed workload
 (completions and chats, streamed or not) the same greedy output as one engine through the `openai` client; both
 engines are used (per-engine /metrics); killing one engine mid-load fails only its in-flight requests, with an error
-naming it, and the server keeps serving (and /metrics says which engine died). Offline `LLM(data_parallel_size=2)`
-is checked in nbs/14b_data_parallel.ipynb."""
+naming it, and the server keeps serving: /health stays 200 and says "degraded" (each engine's state in its JSON
+body, `X-Engines-Alive: 1/2`), /metrics says which engine died; when the last engine dies, /health answers 503 and
+the server exits with status 1. Offline `LLM(data_parallel_size=2)` is checked in nbs/14b_data_parallel.ipynb."""
 import os, re, signal, threading, time
 import httpx, psutil, pytest, openai
 from conftest import running_server
@@ -70,31 +71,55 @@ def reference(tiny):
     return out
 
 
+def health(base):
+    r = httpx.get(base + "/health", timeout=5)
+    return r.status_code, r.headers.get("x-engines-alive"), r.json()
+
+
+def server_process():
+    "The `minivllm serve` process this test started (the parent of the engine processes)."
+    return [p for p in psutil.Process().children() if "serve" in p.cmdline()][-1]
+
+
 def test_dp2_equals_dp1_and_survives_a_dead_engine(tiny, reference, monkeypatch):
     # one thread per engine process: three processes with two OpenMP threads each on CI's two cores would make every
     # matrix product wait on the slowest thread (and slow the other xdist worker's tests to a crawl)
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     with running_server(tiny, *ARGS, "--data-parallel-size", "2") as base:
-        assert len(engine_pids()) == 2
+        code, alive, body = health(base)
+        assert (code, alive, body["status"]) == (200, "2/2", "healthy"), body
+        assert [(e["rank"], e["state"]) for e in body["engines"]] == [(0, "alive"), (1, "alive")]
+        assert sorted(e["pid"] for e in body["engines"]) == sorted(engine_pids())   # the front end's pids are real
         assert run_all(base, WORKLOAD) == reference
         routed = [metric(base, "minivllm_dp_requests_routed", e) for e in (0, 1)]
         assert sum(routed) == 8 and min(routed) >= 2, routed   # both engines used
-        # killing engine 1 mid-load: long requests on both engines, then SIGKILL engine 1 while they run
+        # killing engine 1 mid-load: long requests on both engines, then SIGKILL engine 1 (its pid from /health)
         long = [("completion", "Count: 1, 2, 3,", 200, i % 2 == 0) for i in range(6)]
         res, t = [None], threading.Thread(target=lambda: res.__setitem__(0, run_all(base, long)))
         t.start()
         deadline = time.monotonic() + 120
         while metric(base, "minivllm_dp_num_requests_running", 1) < 1 and time.monotonic() < deadline: time.sleep(0.05)
-        pid = None
-        for p in psutil.Process().children(recursive=True):
-            if "minivllm.data_parallel" in " ".join(p.cmdline()) and p.environ().get("MINIVLLM_DP_RANK") == "1": pid = p.pid
-        os.kill(pid, signal.SIGKILL)
+        pids = {e["rank"]: e["pid"] for e in health(base)[2]["engines"]}
+        os.kill(pids[1], signal.SIGKILL)
         t.join(300)
         errors = [o for o in res[0] if isinstance(o, Exception)]
         assert len(errors) == 3, res[0]   # engine 1's three requests, and only those
-        assert all("data-parallel engine 1" in str(e) for e in errors), errors
+        assert all(f"data-parallel engine 1 (pid {pids[1]}) exited with code -9" in str(e) for e in errors), errors
         assert [len(o) > 0 for o in res[0] if not isinstance(o, Exception)] == [True] * 3
-        assert httpx.get(base + "/health").status_code == 200
+        # degraded: still 200 (the server takes requests), the body and the header say which engine is dead
+        code, alive, body = health(base)
+        assert (code, alive, body["status"], body["engines_alive"]) == (200, "1/2", "degraded", 1), body
+        assert [(e["rank"], e["state"], e.get("reason")) for e in body["engines"]] == [
+            (0, "alive", None), (1, "dead", "exited with code -9")], body
         assert metric(base, "minivllm_dp_engine_alive", 1) == 0 and metric(base, "minivllm_dp_engine_alive", 0) == 1
         assert run_all(base, WORKLOAD[:4]) == reference[:4]   # the server keeps serving, on engine 0
+        # the last engine dies while nothing runs: /health says 503 at once, and the server exits with status 1
+        server = server_process()
+        os.kill(pids[0], signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while (code := health(base)[0]) == 200 and time.monotonic() < deadline: time.sleep(0.05)
+        code, alive, body = health(base)
+        assert (code, alive, body["status"]) == (503, "0/2", "dead"), body
+        assert [e["state"] for e in body["engines"]] == ["dead", "dead"]
+        assert server.wait(timeout=30) == 1
     assert engine_pids() == []
