@@ -759,7 +759,6 @@ async def _watchdog(app, every: float = 0.2, grace: float = 1.0):
     if s.on_engine_dead is not None:
         s.on_engine_dead()
 
-
 # %% ../nbs/15_server.ipynb #7268d3f2
 def add_info_routes(app):
     "`GET /health`, `GET /metrics` (Prometheus) and `GET /v1/models`."
@@ -1906,6 +1905,9 @@ def serve_parser(sub):
         metavar="NAME=PATH",
         help="LoRA adapters to serve, each selected by model=NAME (turns on --enable-lora)",
     )
+    p.add_argument(
+        "--headless", action="store_true", help="vLLM's engines-only node: not implemented"
+    )
     return EngineArgs.add_cli_args(p)
 
 # %% ../nbs/15_server.ipynb #fs15o
@@ -1931,12 +1933,36 @@ def _check_tool_flags(ns):
     except (TypeError, KeyError) as e:
         raise SystemExit(str(e.args[0]))
 
+# %% ../nbs/15_server.ipynb #28c7ce16
+_MULTI_NODE = (
+    "minivllm serve: {flags}: minivllm runs every data-parallel engine on the server's own machine "
+    "(--data-parallel-size N starts N engine processes here). On several machines, run one "
+    "minivllm serve per machine behind an HTTP load balancer that polls /health (lesson 14b shows "
+    "the commands); for a model too large for one machine, torchrun (lesson 07c)."
+)
+
+
+def _check_multi_node_flags(ns):
+    """vLLM's flags that place data-parallel engines on other nodes, refused by name (lesson 14b):
+    `--headless`, `--data-parallel-address`, `--data-parallel-rpc-port`, and a
+    `--data-parallel-size-local` other than `--data-parallel-size`."""
+    given = ["--headless"] if getattr(ns, "headless", False) else []
+    for k in ("data_parallel_address", "data_parallel_rpc_port"):
+        if getattr(ns, k, None) is not None:
+            given.append("--" + k.replace("_", "-"))
+    local = getattr(ns, "data_parallel_size_local", None)
+    if local is not None and local != getattr(ns, "data_parallel_size", 1):
+        given.append(f"--data-parallel-size-local {local}")
+    if given:
+        raise SystemExit(_MULTI_NODE.format(flags=", ".join(given) + " (not implemented)"))
+
 # %% ../nbs/15_server.ipynb #88d954b2
 def cmd_serve(ns) -> int:
     "Run `minivllm serve` until interrupted (status 0) or until the engine dies (status 1)."
     import uvicorn
     from minivllm.async_engine import AsyncLLMEngine
 
+    _check_multi_node_flags(ns)
     _check_tool_flags(ns)
     ea = EngineArgs.from_cli_args(ns)
     if ns.model_tag is not None:
