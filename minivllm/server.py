@@ -34,6 +34,7 @@ from .config import StructuredOutputsParams
 from .structured_outputs import validate_structured_outputs
 from .llm import EngineDeadError
 from .async_engine import EngineGenerateError
+from .data_parallel import DPLLMEngine, DPPlacement, run_headless
 from .pooling import check_score_inputs, cosine_scores
 from minivllm.tool_calling import (
     ToolCallStream,
@@ -1858,7 +1859,11 @@ def serve_parser(sub):
         default=None,
         help="checkpoint directory or .gguf file (default: the embedded model)",
     )
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument(
+        "--host",
+        default=None,
+        help="the address to serve on (default 127.0.0.1); with --headless, this node's address",
+    )
     p.add_argument("--port", type=int, default=8000)
     p.add_argument(
         "--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 endpoints"
@@ -1905,8 +1910,22 @@ def serve_parser(sub):
         metavar="NAME=PATH",
         help="LoRA adapters to serve, each selected by model=NAME (turns on --enable-lora)",
     )
-    p.add_argument(
-        "--headless", action="store_true", help="vLLM's engines-only node: not implemented"
+    g = p.add_argument_group("data-parallel engines on several machines (lesson 14b)")
+    g.add_argument(
+        "--headless", action="store_true", help="run engines only, for a front end elsewhere"
+    )
+    g.add_argument(
+        "--data-parallel-size-local", type=int, default=None, help="engines started here"
+    )
+    g.add_argument(
+        "--data-parallel-start-rank", type=int, default=None, help="a headless node's first rank"
+    )
+    g.add_argument("--data-parallel-address", default=None, help="the front end's address")
+    g.add_argument(
+        "--data-parallel-rpc-port",
+        type=int,
+        default=None,
+        help="the front end's port for the engines (and the next --data-parallel-size ports)",
     )
     return EngineArgs.add_cli_args(p)
 
@@ -1934,27 +1953,41 @@ def _check_tool_flags(ns):
         raise SystemExit(str(e.args[0]))
 
 # %% ../nbs/15_server.ipynb #28c7ce16
-_MULTI_NODE = (
-    "minivllm serve: {flags}: minivllm runs every data-parallel engine on the server's own machine "
-    "(--data-parallel-size N starts N engine processes here). On several machines, run one "
-    "minivllm serve per machine behind an HTTP load balancer that polls /health (lesson 14b shows "
-    "the commands); for a model too large for one machine, torchrun (lesson 07c)."
+_DP_FLAGS = (
+    "data_parallel_size_local",
+    "data_parallel_start_rank",
+    "data_parallel_address",
+    "data_parallel_rpc_port",
 )
 
 
-def _check_multi_node_flags(ns):
-    """vLLM's flags that place data-parallel engines on other nodes, refused by name (lesson 14b):
-    `--headless`, `--data-parallel-address`, `--data-parallel-rpc-port`, and a
-    `--data-parallel-size-local` other than `--data-parallel-size`."""
-    given = ["--headless"] if getattr(ns, "headless", False) else []
-    for k in ("data_parallel_address", "data_parallel_rpc_port"):
-        if getattr(ns, k, None) is not None:
-            given.append("--" + k.replace("_", "-"))
-    local = getattr(ns, "data_parallel_size_local", None)
-    if local is not None and local != getattr(ns, "data_parallel_size", 1):
-        given.append(f"--data-parallel-size-local {local}")
-    if given:
-        raise SystemExit(_MULTI_NODE.format(flags=", ".join(given) + " (not implemented)"))
+def _placement(ns) -> tuple[DPPlacement | None, int]:
+    """The engines' placement over machines and this node's first rank, from the multi-node flags
+    (taken out of `ns`); `(None, 0)` when every engine runs here over `ipc://`."""
+    local, start, address, port = (vars(ns).pop(k, None) for k in _DP_FLAGS)
+    size = getattr(ns, "data_parallel_size", 1)
+    if not ns.headless and local in (None, size) and address is None and port is None:
+        if start not in (None, 0):
+            raise SystemExit("minivllm serve: --data-parallel-start-rank is for --headless nodes.")
+        return None, 0
+    if size < 2 or address is None or port is None:
+        raise SystemExit(
+            "minivllm serve: engines on several machines (--headless, --data-parallel-size-local) "
+            "need --data-parallel-size of 2 or more, --data-parallel-address and "
+            "--data-parallel-rpc-port (the front end's address and port)."
+        )
+    local = size if local is None else local
+    if not 0 <= local <= size:
+        raise SystemExit(
+            f"minivllm serve: --data-parallel-size-local {local} is not between 0 and "
+            f"--data-parallel-size {size}."
+        )
+    if not ns.headless and start not in (None, 0):
+        raise SystemExit(
+            "minivllm serve: --data-parallel-start-rank is for --headless nodes (the front end's "
+            "engines are ranks 0 to --data-parallel-size-local - 1)."
+        )
+    return DPPlacement(local, address, port), start or 0
 
 # %% ../nbs/15_server.ipynb #88d954b2
 def cmd_serve(ns) -> int:
@@ -1962,15 +1995,24 @@ def cmd_serve(ns) -> int:
     import uvicorn
     from minivllm.async_engine import AsyncLLMEngine
 
-    _check_multi_node_flags(ns)
+    placement, start_rank = _placement(ns)
     _check_tool_flags(ns)
     ea = EngineArgs.from_cli_args(ns)
     if ns.model_tag is not None:
         ea.model = ns.model_tag
+    if ns.headless:  # engines only (lesson 14b); they stop when the front end shuts down
+        a = f"{placement.address}:{placement.rpc_port}"
+        print(f"minivllm: headless node, engines connecting to {a}", flush=True)
+        return run_headless(ea, placement, start_rank, ns.host)
     loras = _lora_modules(ns)
     ea.enable_lora = ea.enable_lora or bool(loras)
     name = ns.served_model_name or (ea.model if ea.model else "SmolLM2-135M-Instruct")
-    engine = AsyncLLMEngine.from_engine_args(ea)
+    if placement is None:
+        engine = AsyncLLMEngine.from_engine_args(ea)
+    else:  # some engines on other machines: this front end waits for their `ready`
+        print(f"minivllm: waiting for the engines at {placement.address}", flush=True)
+        log = not ea.disable_log_stats
+        engine = AsyncLLMEngine(DPLLMEngine(ea, log_stats=log, placement=placement))
     runner = getattr(engine.engine.engine_core, "model_runner", None)
     if hasattr(runner, "prepare_attention"):
         runner.prepare_attention()  # the CPU's attention kernel, compiled now (lesson 05)
@@ -1991,8 +2033,9 @@ def cmd_serve(ns) -> int:
         app.state.loras[n] = lr = LoRARequest(n, k, path)
         engine.engine.add_lora(lr)
     served = f" and LoRA adapters {[n for n, _ in loras]}" if loras else ""
-    print(f"minivllm: serving {name!r}{served} on http://{ns.host}:{ns.port}/v1", flush=True)
-    config = uvicorn.Config(app, host=ns.host, port=ns.port, log_level=ns.log_level)
+    host = ns.host or "127.0.0.1"
+    print(f"minivllm: serving {name!r}{served} on http://{host}:{ns.port}/v1", flush=True)
+    config = uvicorn.Config(app, host=host, port=ns.port, log_level=ns.log_level)
     server = uvicorn.Server(config)
     app.state.on_engine_dead = lambda: setattr(server, "should_exit", True)
     try:

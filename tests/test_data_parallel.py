@@ -3,8 +3,10 @@
 engines are used (per-engine /metrics); killing one engine mid-load fails only its in-flight requests, with an error
 naming it, and the server keeps serving: /health stays 200 and says "degraded" (each engine's state in its JSON
 body, `X-Engines-Alive: 1/2`), /metrics says which engine died; when the last engine dies, /health answers 503 and
-the server exits with status 1. Offline `LLM(data_parallel_size=2)` is checked in nbs/14b_data_parallel.ipynb."""
-import os, re, signal, threading, time
+the server exits with status 1. Two "nodes" on loopback addresses: a front end at 127.0.0.2 with one engine and a
+`--headless` node at 127.0.0.3 with the other give the same outputs, and the front end sees the remote engine die.
+Offline `LLM(data_parallel_size=2)` is checked in nbs/14b_data_parallel.ipynb."""
+import contextlib, os, re, signal, socket, subprocess, threading, time
 import httpx, psutil, pytest, openai
 from conftest import running_server
 
@@ -123,3 +125,61 @@ def test_dp2_equals_dp1_and_survives_a_dead_engine(tiny, reference, monkeypatch)
         assert [e["state"] for e in body["engines"]] == ["dead", "dead"]
         assert server.wait(timeout=30) == 1
     assert engine_pids() == []
+
+
+@contextlib.contextmanager
+def serve_at(host, *args):
+    "`minivllm serve ARGS --host HOST` on a free port of HOST: yields (base URL, process); stops it afterwards."
+    with socket.socket() as s:
+        s.bind((host, 0)); port = s.getsockname()[1]
+    proc = subprocess.Popen(["minivllm", "serve", "--host", host, "--port", str(port), *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    base, deadline = f"http://{host}:{port}", time.monotonic() + 300
+    try:
+        while True:
+            if proc.poll() is not None: raise RuntimeError("server exited:\n" + proc.stdout.read())
+            if time.monotonic() > deadline: raise RuntimeError("server did not start")
+            try:
+                if httpx.get(base + "/health", timeout=2).status_code == 200: break
+            except httpx.HTTPError: time.sleep(0.3)
+        yield base, proc
+    finally:
+        proc.terminate()
+        try: proc.wait(timeout=30)
+        except subprocess.TimeoutExpired: proc.kill()
+
+
+def test_dp_front_end_and_headless_node(tiny, reference, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    with socket.socket() as s:   # the front end's RPC port (and the next two, for engines 0 and 1)
+        s.bind(("127.0.0.2", 0)); rpc = s.getsockname()[1]
+    dp = ("--data-parallel-size", "2", "--data-parallel-size-local", "1", "--data-parallel-address", "127.0.0.2",
+          "--data-parallel-rpc-port", str(rpc))
+    node = subprocess.Popen(["minivllm", "serve", tiny, *ARGS, *dp, "--headless", "--host", "127.0.0.3",
+                             "--data-parallel-start-rank", "1"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        with serve_at("127.0.0.2", tiny, *ARGS, *dp) as (base, front):
+            code, alive, body = health(base)
+            assert (code, alive) == (200, "2/2"), body
+            assert [(e["rank"], e["local"], e["state"]) for e in body["engines"]] == [(0, True, "alive"), (1, False, "alive")]
+            remote = psutil.Process(body["engines"][1]["pid"])
+            assert remote.parent().pid == node.pid   # engine 1 runs on the headless node ...
+            conns = remote.net_connections("tcp")     # ... and reaches the front end from its own address
+            assert {(c.laddr.ip, c.raddr.ip, c.raddr.port) for c in conns} == {("127.0.0.3", "127.0.0.2", rpc),
+                                                                             ("127.0.0.3", "127.0.0.2", rpc + 2)}
+            assert run_all(base, WORKLOAD) == reference
+            routed = [metric(base, "minivllm_dp_requests_routed", e) for e in (0, 1)]
+            assert sum(routed) == 8 and min(routed) >= 2, routed
+            # the remote engine dies: no process of the front end's to poll, ZeroMQ's socket monitor tells it
+            remote.kill()
+            deadline = time.monotonic() + 10
+            while health(base)[1] != "1/2" and time.monotonic() < deadline: time.sleep(0.05)
+            code, alive, body = health(base)
+            assert (code, alive, body["status"]) == (200, "1/2", "degraded"), body
+            assert body["engines"][1]["reason"] == "lost its connection (its process or node is gone)", body
+            assert run_all(base, WORKLOAD[:2]) == reference[:2]   # served by engine 0
+            assert node.wait(timeout=30) == 1, node.stdout.read()   # the node's engine was killed
+        assert front.returncode is not None
+    finally:
+        if node.poll() is None: node.kill()
+        node.wait()
