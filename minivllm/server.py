@@ -1859,11 +1859,7 @@ def serve_parser(sub):
         default=None,
         help="checkpoint directory or .gguf file (default: the embedded model)",
     )
-    p.add_argument(
-        "--host",
-        default=None,
-        help="the address to serve on (default 127.0.0.1); with --headless, this node's address",
-    )
+    p.add_argument("--host", help="default 127.0.0.1 (with --headless: this node's address)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument(
         "--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 endpoints"
@@ -1910,23 +1906,7 @@ def serve_parser(sub):
         metavar="NAME=PATH",
         help="LoRA adapters to serve, each selected by model=NAME (turns on --enable-lora)",
     )
-    g = p.add_argument_group("data-parallel engines on several machines (lesson 14b)")
-    g.add_argument(
-        "--headless", action="store_true", help="run engines only, for a front end elsewhere"
-    )
-    g.add_argument(
-        "--data-parallel-size-local", type=int, default=None, help="engines started here"
-    )
-    g.add_argument(
-        "--data-parallel-start-rank", type=int, default=None, help="a headless node's first rank"
-    )
-    g.add_argument("--data-parallel-address", default=None, help="the front end's address")
-    g.add_argument(
-        "--data-parallel-rpc-port",
-        type=int,
-        default=None,
-        help="the front end's port for the engines (and the next --data-parallel-size ports)",
-    )
+    _add_dp_node_args(p)  # (below)
     return EngineArgs.add_cli_args(p)
 
 # %% ../nbs/15_server.ipynb #fs15o
@@ -1953,6 +1933,27 @@ def _check_tool_flags(ns):
         raise SystemExit(str(e.args[0]))
 
 # %% ../nbs/15_server.ipynb #28c7ce16
+def _add_dp_node_args(p):
+    "The flags of data-parallel engines on several machines, vLLM's names."
+    g = p.add_argument_group("data-parallel engines on several machines (lesson 14b)")
+    g.add_argument(
+        "--headless", action="store_true", help="run engines only, for a front end elsewhere"
+    )
+    g.add_argument(
+        "--data-parallel-size-local", type=int, default=None, help="engines started here"
+    )
+    g.add_argument(
+        "--data-parallel-start-rank", type=int, default=None, help="a headless node's first rank"
+    )
+    g.add_argument("--data-parallel-address", default=None, help="the front end's address")
+    g.add_argument(
+        "--data-parallel-rpc-port",
+        type=int,
+        default=None,
+        help="the front end's port for the engines (and the next --data-parallel-size ports)",
+    )
+
+
 _DP_FLAGS = (
     "data_parallel_size_local",
     "data_parallel_start_rank",
