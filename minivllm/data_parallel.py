@@ -303,10 +303,9 @@ def _wait_ready(self: DPLLMEngine, timeout: float = 600):
                 ready.add(msg[1])
                 self.engines[msg[1]].gauges, self.engines[msg[1]].pid = msg[2], msg[3]
         for e in self.engines:
-            if e.rank not in ready and e.proc is not None and e.proc.poll() is not None:
+            if e.rank not in ready and e.why_dead():
                 raise RuntimeError(
-                    f"data-parallel engine {e.rank} exited with code {e.proc.returncode} "
-                    "before it was ready."
+                    f"data-parallel engine {e.rank} {e.why_dead()} before it was ready."
                 )
         if time.monotonic() > deadline:
             raise TimeoutError(
