@@ -19,13 +19,14 @@ from pathlib import Path
 from fastcore.basics import patch
 from .config import EngineArgs
 from .engine_core import SchedulerStats
+from .llm import EngineDeadError
 from .llm_engine import ENGINE_FRONT_ENDS, LLMEngine
 from .metrics import StatLogger
 from .parallel import _die_with_parent
 from .processor import Processor
 
 # %% auto #0
-__all__ = ['engine_main', 'EngineHandle', 'DPLLMEngine', 'DPCollector']
+__all__ = ['engine_main', 'start_engine', 'EngineHandle', 'DPLLMEngine', 'DPCollector', 'DPPlacement', 'run_headless']
 
 # %% ../nbs/14b_data_parallel.ipynb #dd5624eb
 _ENGINE_CMD = "from minivllm.data_parallel import engine_main; engine_main()"
@@ -72,21 +73,22 @@ def _serve(engine: LLMEngine, inp, out, rank: int):
 # %% ../nbs/14b_data_parallel.ipynb #82cfe51e
 def engine_main():
     """Entry point of one data-parallel engine process: `python -c "from minivllm.data_parallel
-    import engine_main; engine_main()"` with `MINIVLLM_DP_RANK` and the two ZeroMQ addresses."""
+    import engine_main; engine_main()"` with `MINIVLLM_DP_RANK` and the two ZeroMQ addresses (and,
+    on another machine, `MINIVLLM_DP_SRC`: this node's own address, to connect from)."""
     import zmq
 
     env = os.environ
-    rank = int(env["MINIVLLM_DP_RANK"])
+    rank, src = int(env["MINIVLLM_DP_RANK"]), env.get("MINIVLLM_DP_SRC")
     ctx = zmq.Context()
     inp, out = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
-    inp.connect(env["MINIVLLM_DP_IN"])
-    out.connect(env["MINIVLLM_DP_OUT"])
+    for sock, addr in ((inp, env["MINIVLLM_DP_IN"]), (out, env["MINIVLLM_DP_OUT"])):
+        sock.connect(addr.replace("tcp://", f"tcp://{src}:0;", 1) if src else addr)
     _die_with_parent()
     try:
         engine = LLMEngine.from_engine_args(
             pickle.loads(Path(env["MINIVLLM_DP_ARGS"]).read_bytes())
         )
-        out.send_pyobj(("ready", rank, _gauges(engine)))
+        out.send_pyobj(("ready", rank, _gauges(engine), os.getpid()))
         _serve(engine, inp, out, rank)
         engine.shutdown()
     except BaseException:
@@ -96,18 +98,63 @@ def engine_main():
     out.close(linger=1000)
     os._exit(0)
 
+
+def start_engine(rank: int, inp: str, out: str, args: str, n: int, src: str | None = None):
+    """Start engine `rank` as a fresh `python -c` process that connects to `inp` and `out` and
+    reads its `EngineArgs` from the file `args`; `n` engines share this machine's cores."""
+    import minivllm
+
+    root = str(Path(minivllm.__file__).resolve().parent.parent)
+    env = dict(
+        os.environ,
+        MINIVLLM_DP_RANK=str(rank),
+        MINIVLLM_DP_IN=inp,
+        MINIVLLM_DP_OUT=out,
+        MINIVLLM_DP_ARGS=args,
+        MINIVLLM_TP_PARENT_PID=str(os.getpid()),  # (lesson 07's guard: die with the parent)
+        MINIVLLM_TP_PDEATHSIG="1" if threading.current_thread() is threading.main_thread() else "0",
+        PYTHONPATH=os.pathsep.join([root] + [p for p in [os.environ.get("PYTHONPATH")] if p]),
+    )
+    if src:
+        env["MINIVLLM_DP_SRC"] = src
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // max(n, 1))))
+    return subprocess.Popen([sys.executable, "-c", _ENGINE_CMD], env=env)
+
 # %% ../nbs/14b_data_parallel.ipynb #bb8f2ce8
 @dataclass
 class EngineHandle:
-    "The front end's view of one engine process."
+    "The front end's view of one engine process (`proc` is None for an engine on another machine)."
 
     rank: int
-    proc: subprocess.Popen
+    proc: subprocess.Popen | None
     sock: object  # ZeroMQ PUSH socket to the engine
     requests: set = field(default_factory=set)  # ids in flight there
     routed: int = 0  # requests sent there, ever
     gauges: dict = field(default_factory=dict)  # its latest queue and KV numbers
-    dead: str = ""  # why it died ("" while alive)
+    pid: int = 0  # its process id (on its own machine)
+    dead: str = ""  # why it died ("" while alive), set by the front end's `step()`
+    lost: str = ""  # set when the connection to a remote engine drops
+
+    def why_dead(self) -> str:
+        "Why it is dead, '' while it runs (this sees a death that no `step()` has noticed yet)."
+        if self.dead or self.proc is None:
+            return self.dead or self.lost
+        code = self.proc.poll()
+        return "" if code is None else f"exited with code {code}"
+
+    @property
+    def alive(self) -> bool:
+        return not self.why_dead()
+
+    def state(self) -> dict:
+        "What `/health` lists for it: rank, pid, `alive` or `dead` (and why), its requests."
+        why = self.why_dead()
+        lines = why.strip().splitlines()  # (a traceback: its first and last lines)
+        st = dict(rank=self.rank, pid=self.pid, local=self.proc is not None)
+        st["state"] = "dead" if why else "alive"
+        if why:
+            st["reason"] = lines[0] if len(lines) == 1 else f"{lines[0]} {lines[-1]}"
+        return dict(st, requests_in_flight=len(self.requests), requests_routed=self.routed)
 
 
 class _Anon:
@@ -166,7 +213,8 @@ class _DPCore:
 class DPLLMEngine(LLMEngine):
     """`data_parallel_size` engines, each a whole `LLMEngine` in its own process, behind one front
     end with `LLMEngine`'s API: each request goes to the live engine with the fewest requests in
-    flight (its running + waiting queue); outputs come back over ZeroMQ."""
+    flight (its running + waiting queue); outputs come back over ZeroMQ. With a `placement`, some
+    engines run on other machines (see "Several machines")."""
 
     @classmethod
     def enabled(cls, engine_args: EngineArgs) -> bool:
@@ -176,7 +224,7 @@ class DPLLMEngine(LLMEngine):
     def from_engine_args(cls, engine_args: EngineArgs, *args, **kwargs) -> "DPLLMEngine":
         return cls(engine_args, log_stats=not engine_args.disable_log_stats)
 
-    def __init__(self, engine_args: EngineArgs, log_stats: bool = False):
+    def __init__(self, engine_args: EngineArgs, log_stats: bool = False, placement=None):
         import zmq
         from transformers import AutoTokenizer
 
@@ -188,17 +236,22 @@ class DPLLMEngine(LLMEngine):
         self._pending, self.children, self.last_step, self.step_observers = [], {}, None, []
         self.engine_core, self.engines, self._owner = _DPCore(self), [], {}
         self._failed: list = []  # (request id, error) of requests an engine refused
+        self.placement, n = placement, engine_args.data_parallel_size
+        self._n_local = n if placement is None else placement.size_local
         self._dir = tempfile.TemporaryDirectory(prefix="minivllm-dp-")
-        self._ctx = zmq.Context()
+        self._ctx, self._watch = zmq.Context(), []
         self._out = self._ctx.socket(zmq.PULL)
-        self._out.bind(f"ipc://{self._dir.name}/out")
+        self._out.bind(self._address())
         one = copy.copy(engine_args)
         one.data_parallel_size = 1
         (Path(self._dir.name) / "args.pkl").write_bytes(pickle.dumps(one))
-        self._finalizer = weakref.finalize(self, _close_engines, self.engines, self._ctx, self._dir)
+        self._finalizer = weakref.finalize(
+            self, _close_engines, self.engines, self._ctx, self._dir, self._watch
+        )
         try:
-            for r in range(engine_args.data_parallel_size):
+            for r in range(n):
                 self.engines.append(self._launch(r))
+            self._watch_remote()
             self._wait_ready()
         except BaseException:
             self._finalizer()
@@ -207,29 +260,30 @@ class DPLLMEngine(LLMEngine):
 
 # %% ../nbs/14b_data_parallel.ipynb #5a5695d1
 @patch
+def _address(self: DPLLMEngine, rank: int | None = None) -> str:
+    "Where engine `rank` reads its requests (None: where every engine sends its outputs)."
+    p = self.placement
+    if p is None:
+        return f"ipc://{self._dir.name}/" + ("out" if rank is None else f"in{rank}")
+    return f"tcp://{p.address}:{p.rpc_port + (0 if rank is None else 1 + rank)}"
+
+
+@patch
 def _launch(self: DPLLMEngine, rank: int) -> EngineHandle:
-    "Start engine `rank` as a fresh `python -c` process with its own ZeroMQ socket."
+    "Start engine `rank` (if it runs on this machine) with its own ZeroMQ socket."
     import zmq
-    import minivllm
 
     sock = self._ctx.socket(zmq.PUSH)
     sock.setsockopt(zmq.SNDHWM, 0)  # never block: an engine reads its queue between steps
-    sock.bind(f"ipc://{self._dir.name}/in{rank}")
-    root = str(Path(minivllm.__file__).resolve().parent.parent)
-    env = dict(
-        os.environ,
-        MINIVLLM_DP_RANK=str(rank),
-        MINIVLLM_DP_IN=f"ipc://{self._dir.name}/in{rank}",
-        MINIVLLM_DP_OUT=f"ipc://{self._dir.name}/out",
-        MINIVLLM_DP_ARGS=f"{self._dir.name}/args.pkl",
-        MINIVLLM_TP_PARENT_PID=str(os.getpid()),  # (lesson 07's guard: die with the front end)
-        MINIVLLM_TP_PDEATHSIG="1" if threading.current_thread() is threading.main_thread() else "0",
-        PYTHONPATH=os.pathsep.join([root] + [p for p in [os.environ.get("PYTHONPATH")] if p]),
-    )
-    n = len(self.engines) + 1
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // max(n, 1))))
-    proc = subprocess.Popen([sys.executable, "-c", _ENGINE_CMD], env=env)
-    return EngineHandle(rank, proc, sock)
+    if rank >= self._n_local:  # a remote engine: ZeroMQ's heartbeats notice a silent machine
+        sock.setsockopt(zmq.HEARTBEAT_IVL, 1000)
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 5000)
+    sock.bind(self._address(rank))
+    if rank >= self._n_local:
+        return EngineHandle(rank, None, sock)  # started by a headless node
+    args = f"{self._dir.name}/args.pkl"
+    proc = start_engine(rank, self._address(rank), self._address(), args, self._n_local)
+    return EngineHandle(rank, proc, sock, pid=proc.pid)
 
 
 @patch
@@ -239,16 +293,19 @@ def _wait_ready(self: DPLLMEngine, timeout: float = 600):
     while len(ready) < len(self.engines):
         if self._out.poll(100):
             msg = self._out.recv_pyobj()
+            if not 0 <= msg[1] < len(self.engines):
+                raise RuntimeError(
+                    f"an engine of rank {msg[1]} connected; ranks are 0 to {len(self.engines) - 1}."
+                )
             if msg[0] == "error":
                 raise RuntimeError(f"data-parallel engine {msg[1]} failed to start:\n{msg[2]}")
             if msg[0] == "ready":
                 ready.add(msg[1])
-                self.engines[msg[1]].gauges = msg[2]
+                self.engines[msg[1]].gauges, self.engines[msg[1]].pid = msg[2], msg[3]
         for e in self.engines:
-            if e.rank not in ready and e.proc.poll() is not None:
+            if e.rank not in ready and e.why_dead():
                 raise RuntimeError(
-                    f"data-parallel engine {e.rank} exited with code {e.proc.returncode} "
-                    "before it was ready."
+                    f"data-parallel engine {e.rank} {e.why_dead()} before it was ready."
                 )
         if time.monotonic() > deadline:
             raise TimeoutError(
@@ -256,22 +313,28 @@ def _wait_ready(self: DPLLMEngine, timeout: float = 600):
             )
 
 # %% ../nbs/14b_data_parallel.ipynb #62068648
-def _close_engines(engines, ctx, tmpdir):
+def _close_engines(engines, ctx, tmpdir, watch=()):
     "Stop the engine processes (kill those that do not stop), close ZeroMQ. Idempotent."
     import zmq
 
+    for w in watch:
+        w.stop.set()
+        w.join()
     for e in engines:
-        if not e.dead and e.proc.poll() is None:
+        if e.alive:
             try:
                 e.sock.send_pyobj(("stop",), zmq.NOBLOCK)
             except zmq.ZMQError:
                 pass
+            if e.proc is None:
+                e.sock.close(linger=2000)  # a remote engine: deliver its `stop`
     for e in engines:
-        try:
-            e.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            e.proc.kill()
-            e.proc.wait()
+        if e.proc is not None:
+            try:
+                e.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                e.proc.kill()
+                e.proc.wait()
         e.dead = e.dead or "shut down"
     ctx.destroy(linger=0)
     tmpdir.cleanup()
@@ -296,9 +359,10 @@ def add_request(
     if request_id in self.children:
         raise ValueError(f"request_id {request_id!r} is already in use.")
     self.processor.process(request_id, prompt, params, arrival_time, priority)
-    alive = [e for e in self.engines if not e.dead]
+    alive = [e for e in self.engines if e.alive]
     if not alive:
-        raise RuntimeError("every data-parallel engine is dead: " + self.engine_core._state.error)
+        why = ", ".join(f"engine {s['rank']} {s['reason']}" for s in self.engine_states())
+        raise EngineDeadError(f"every data-parallel engine is dead: {why}.")
     e = min(alive, key=lambda e: (len(e.requests), e.rank))  # the shortest queue
     kw = dict(arrival_time=arrival_time, priority=priority)
     e.sock.send_pyobj(("add", (request_id, prompt, params), kw))
@@ -336,8 +400,8 @@ def _check_engines(self: DPLLMEngine):
     async engine's `_fail_step` ends exactly those: they are no longer in `scheduler.requests`)."""
     lost = []
     for e in self.engines:
-        if not e.dead and e.proc.poll() is not None:
-            e.dead = f"exited with code {e.proc.returncode}"
+        if not e.dead and (why := e.why_dead()):
+            e.dead = why
             lost.append(e)
     st = self.engine_core._state
     if all(e.dead for e in self.engines):
@@ -348,7 +412,7 @@ def _check_engines(self: DPLLMEngine):
     gone = sorted(r for e in lost for r in e.requests)
     if gone:
         raise RuntimeError(
-            ", ".join(f"data-parallel engine {e.rank} (pid {e.proc.pid}) {e.dead}" for e in lost)
+            ", ".join(f"data-parallel engine {e.rank} (pid {e.pid}) {e.dead}" for e in lost)
             + f"; its requests {gone} failed (the other engines go on)."
         )
     if self._failed:
@@ -385,6 +449,12 @@ def step(self: DPLLMEngine) -> list:
                 outputs.append(o)
     self.stat_logger.record(self.engine_core.get_scheduler_stats(), None)
     return outputs
+
+# %% ../nbs/14b_data_parallel.ipynb #3710675c
+@patch
+def engine_states(self: DPLLMEngine) -> list[dict]:
+    "Each engine's state (`EngineHandle.state`), for `/health`; callable from any thread."
+    return [e.state() for e in self.engines]
 
 # %% ../nbs/14b_data_parallel.ipynb #8de67de0
 @patch
@@ -437,7 +507,7 @@ class DPCollector:
             g, lab = e.gauges, [str(e.rank)]
             free, total = g.get("free_blocks", 0), max(g.get("num_blocks", 0), 1)
             vals = [
-                0 if e.dead else 1,
+                int(e.alive),
                 e.routed,
                 g.get("running", 0),
                 g.get("waiting", 0),
@@ -446,3 +516,80 @@ class DPCollector:
             for f, v in zip(fams, vals):
                 f.add_metric(lab, v)
         yield from fams
+
+# %% ../nbs/14b_data_parallel.ipynb #6bb1071a
+@dataclass
+class DPPlacement:
+    """Where the engines run when some are on other machines (vLLM's flags): ranks `0` to
+    `size_local - 1` here, the others started by `--headless` nodes that connect to `address`."""
+
+    size_local: int  # `--data-parallel-size-local`: engines started by the front end
+    address: str  # `--data-parallel-address`: the front end's address, where every engine connects
+    rpc_port: int  # `--data-parallel-rpc-port`: outputs arrive here; engine r's requests leave
+    # from rpc_port + 1 + r
+
+
+class _RemoteWatch(threading.Thread):
+    "(a thread) Marks a remote engine `lost` when its connection drops (ZeroMQ's socket monitor)."
+
+    def __init__(self, engines):
+        import zmq
+
+        super().__init__(name="minivllm-dp-watch", daemon=True)
+        self.stop = threading.Event()
+        ev = zmq.EVENT_DISCONNECTED
+        self.mons = {e.sock.get_monitor_socket(ev): e for e in engines if e.proc is None}
+
+    def run(self):
+        import zmq
+        from zmq.utils.monitor import recv_monitor_message
+
+        poller = zmq.Poller()
+        for m in self.mons:
+            poller.register(m, zmq.POLLIN)
+        while not self.stop.is_set():
+            for m, _ in poller.poll(200):
+                if recv_monitor_message(m)["event"] == zmq.EVENT_DISCONNECTED:
+                    self.mons[m].lost = "lost its connection (its process or node is gone)"
+        for m in self.mons:
+            m.close(linger=0)
+
+
+@patch
+def _watch_remote(self: DPLLMEngine):
+    "Start the thread that watches the remote engines' connections (if there are any)."
+    if any(e.proc is None for e in self.engines):
+        self._watch.append(_RemoteWatch(self.engines))
+        self._watch[0].start()
+
+# %% ../nbs/14b_data_parallel.ipynb #6981c51c
+def run_headless(
+    engine_args: EngineArgs, placement: DPPlacement, start_rank: int, src: str | None = None
+) -> int:
+    """vLLM's `--headless` node: start engines `start_rank` to `start_rank + size_local - 1`
+    here, connected to the front end at `placement.address` (from this node's address `src`, if
+    given); wait for them. Returns 0 if every engine stopped cleanly (the front end sent `stop`)."""
+    if not 0 <= start_rank <= engine_args.data_parallel_size - placement.size_local:
+        raise ValueError(
+            f"data_parallel_start_rank={start_rank} with data_parallel_size_local="
+            f"{placement.size_local}: ranks past data_parallel_size="
+            f"{engine_args.data_parallel_size}."
+        )
+    d = tempfile.TemporaryDirectory(prefix="minivllm-dp-")
+    one = copy.copy(engine_args)
+    one.data_parallel_size = 1
+    (Path(d.name) / "args.pkl").write_bytes(pickle.dumps(one))
+    a, p, n = placement.address, placement.rpc_port, placement.size_local
+    procs = [
+        start_engine(r, f"tcp://{a}:{p + 1 + r}", f"tcp://{a}:{p}", f"{d.name}/args.pkl", n, src)
+        for r in range(start_rank, start_rank + n)
+    ]
+    try:
+        codes = [proc.wait() for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        d.cleanup()
+    return 0 if all(c == 0 for c in codes) else 1

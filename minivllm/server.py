@@ -34,6 +34,7 @@ from .config import StructuredOutputsParams
 from .structured_outputs import validate_structured_outputs
 from .llm import EngineDeadError
 from .async_engine import EngineGenerateError
+from .data_parallel import DPLLMEngine, DPPlacement, run_headless
 from .pooling import check_score_inputs, cosine_scores
 from minivllm.tool_calling import (
     ToolCallStream,
@@ -50,12 +51,12 @@ __all__ = ['Text', 'Bool', 'INT64', 'TokenId', 'TokenIds', 'OneText', 'OneTokenI
            'ChatCompletionRequest', 'ErrorInfo', 'ErrorResponse', 'APIError', 'to_sampling_params',
            'structured_outputs_of', 'Metrics', 'completion_logprobs', 'chat_logprobs', 'max_token_chars', 'init_prep',
            'thread_tokenizer', 'offload', 'check_prompt_chars', 'check_prompt_len', 'tokens_of', 'compile_grammar',
-           'base_app', 'add_info_routes', 'check_model', 'apply_sampling_defaults', 'run_request', 'usage',
-           'until_gone', 'respond', 'Accumulator', 'serve_choices', 'add_completions_route', 'EmbeddingRequest',
-           'add_embeddings_route', 'prepare_chat', 'add_chat_route', 'LoadLoRAAdapterRequest', 'add_lora_adapter',
-           'add_lora_routes', 'ResponsesRequest', 'input_messages', 'output_items', 'ResponseEvents',
-           'add_responses_route', 'TokenizeRequest', 'DetokenizeRequest', 'add_tokenize_routes', 'ScoreRequest',
-           'RerankRequest', 'score_texts', 'add_score_routes', 'build_app', 'serve_parser', 'cmd_serve']
+           'base_app', 'engine_health', 'add_info_routes', 'check_model', 'apply_sampling_defaults', 'run_request',
+           'usage', 'until_gone', 'respond', 'Accumulator', 'serve_choices', 'add_completions_route',
+           'EmbeddingRequest', 'add_embeddings_route', 'prepare_chat', 'add_chat_route', 'LoadLoRAAdapterRequest',
+           'add_lora_adapter', 'add_lora_routes', 'ResponsesRequest', 'input_messages', 'output_items',
+           'ResponseEvents', 'add_responses_route', 'TokenizeRequest', 'DetokenizeRequest', 'add_tokenize_routes',
+           'ScoreRequest', 'RerankRequest', 'score_texts', 'add_score_routes', 'build_app', 'serve_parser', 'cmd_serve']
 
 # %% ../nbs/15_server.ipynb #738e7691
 class StreamOptions(BaseModel):
@@ -726,30 +727,55 @@ def base_app(
 logger = logging.getLogger("minivllm")
 
 
-async def _watchdog(app, every: float = 0.2, grace: float = 1.0):
-    """Wait for the engine to fail (not a shutdown); then log why and, after `grace` s, call
-    `on_engine_dead`."""
+def engine_health(app) -> tuple[int, dict | None]:
+    """`/health`'s status code, and with data-parallel engines (lesson 14b) its JSON body: 200 while
+    one engine is alive, 503 when none is or the engine loop died."""
     s = app.state
-    while not s.engine.failed:
+    states = getattr(s.engine.engine, "engine_states", None)
+    if states is None:
+        return (503 if s.engine.errored else 200), None
+    engines = states()
+    alive = sum(e["state"] == "alive" for e in engines)
+    dead = s.engine.errored or alive == 0
+    status = "dead" if dead else "healthy" if alive == len(engines) else "degraded"
+    return (503 if dead else 200), dict(status=status, engines_alive=alive, engines=engines)
+
+
+async def _watchdog(app, every: float = 0.2, grace: float = 1.0):
+    """Wait for the engine to fail (not a shutdown), or for every data-parallel engine to die; then
+    log why and, after `grace` s, call `on_engine_dead`."""
+    s = app.state
+    while True:
+        if s.engine.failed:
+            why = str(s.engine.dead_error)
+            break
+        code, body = engine_health(app)
+        if code == 503 and body is not None and not s.engine.errored:  # no engine is left
+            why = ", ".join(f"engine {e['rank']} {e['reason']}" for e in body["engines"])
+            break
         await asyncio.sleep(every)
     s.engine_dead = True
-    logger.error("minivllm: %s; the server stops.", s.engine.dead_error)
+    logger.error("minivllm: %s; the server stops.", why)
     await asyncio.sleep(grace)  # the open streams send their error events
     if s.on_engine_dead is not None:
         s.on_engine_dead()
 
-
+# %% ../nbs/15_server.ipynb #7268d3f2
 def add_info_routes(app):
     "`GET /health`, `GET /metrics` (Prometheus) and `GET /v1/models`."
-    from fastapi.responses import PlainTextResponse
+    from fastapi.responses import JSONResponse, PlainTextResponse
 
     s = app.state
 
     @app.get("/health", response_class=PlainTextResponse)
     async def health():
-        if s.engine.errored:
-            raise s.engine.dead_error
-        return PlainTextResponse("OK")
+        code, body = engine_health(app)
+        if body is None:
+            if code != 200:
+                raise s.engine.dead_error
+            return PlainTextResponse("OK")
+        n = f"{body['engines_alive']}/{len(body['engines'])}"
+        return JSONResponse(body, status_code=code, headers={"X-Engines-Alive": n})
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def prom():
@@ -1833,7 +1859,7 @@ def serve_parser(sub):
         default=None,
         help="checkpoint directory or .gguf file (default: the embedded model)",
     )
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--host", help="default 127.0.0.1 (with --headless: this node's address)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument(
         "--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 endpoints"
@@ -1880,6 +1906,7 @@ def serve_parser(sub):
         metavar="NAME=PATH",
         help="LoRA adapters to serve, each selected by model=NAME (turns on --enable-lora)",
     )
+    _add_dp_node_args(p)  # (below)
     return EngineArgs.add_cli_args(p)
 
 # %% ../nbs/15_server.ipynb #fs15o
@@ -1905,20 +1932,88 @@ def _check_tool_flags(ns):
     except (TypeError, KeyError) as e:
         raise SystemExit(str(e.args[0]))
 
+# %% ../nbs/15_server.ipynb #28c7ce16
+def _add_dp_node_args(p):
+    "The flags of data-parallel engines on several machines, vLLM's names."
+    g = p.add_argument_group("data-parallel engines on several machines (lesson 14b)")
+    g.add_argument(
+        "--headless", action="store_true", help="run engines only, for a front end elsewhere"
+    )
+    g.add_argument(
+        "--data-parallel-size-local", type=int, default=None, help="engines started here"
+    )
+    g.add_argument(
+        "--data-parallel-start-rank", type=int, default=None, help="a headless node's first rank"
+    )
+    g.add_argument("--data-parallel-address", default=None, help="the front end's address")
+    g.add_argument(
+        "--data-parallel-rpc-port",
+        type=int,
+        default=None,
+        help="the front end's port for the engines (and the next --data-parallel-size ports)",
+    )
+
+
+_DP_FLAGS = (
+    "data_parallel_size_local",
+    "data_parallel_start_rank",
+    "data_parallel_address",
+    "data_parallel_rpc_port",
+)
+
+
+def _placement(ns) -> tuple[DPPlacement | None, int]:
+    """The engines' placement over machines and this node's first rank, from the multi-node flags
+    (taken out of `ns`); `(None, 0)` when every engine runs here over `ipc://`."""
+    local, start, address, port = (vars(ns).pop(k, None) for k in _DP_FLAGS)
+    size = getattr(ns, "data_parallel_size", 1)
+    if not ns.headless and local in (None, size) and address is None and port is None:
+        if start not in (None, 0):
+            raise SystemExit("minivllm serve: --data-parallel-start-rank is for --headless nodes.")
+        return None, 0
+    if size < 2 or address is None or port is None:
+        raise SystemExit(
+            "minivllm serve: engines on several machines (--headless, --data-parallel-size-local) "
+            "need --data-parallel-size of 2 or more, --data-parallel-address and "
+            "--data-parallel-rpc-port (the front end's address and port)."
+        )
+    local = size if local is None else local
+    if not 0 <= local <= size:
+        raise SystemExit(
+            f"minivllm serve: --data-parallel-size-local {local} is not between 0 and "
+            f"--data-parallel-size {size}."
+        )
+    if not ns.headless and start not in (None, 0):
+        raise SystemExit(
+            "minivllm serve: --data-parallel-start-rank is for --headless nodes (the front end's "
+            "engines are ranks 0 to --data-parallel-size-local - 1)."
+        )
+    return DPPlacement(local, address, port), start or 0
+
 # %% ../nbs/15_server.ipynb #88d954b2
 def cmd_serve(ns) -> int:
     "Run `minivllm serve` until interrupted (status 0) or until the engine dies (status 1)."
     import uvicorn
     from minivllm.async_engine import AsyncLLMEngine
 
+    placement, start_rank = _placement(ns)
     _check_tool_flags(ns)
     ea = EngineArgs.from_cli_args(ns)
     if ns.model_tag is not None:
         ea.model = ns.model_tag
+    if ns.headless:  # engines only (lesson 14b); they stop when the front end shuts down
+        a = f"{placement.address}:{placement.rpc_port}"
+        print(f"minivllm: headless node, engines connecting to {a}", flush=True)
+        return run_headless(ea, placement, start_rank, ns.host)
     loras = _lora_modules(ns)
     ea.enable_lora = ea.enable_lora or bool(loras)
     name = ns.served_model_name or (ea.model if ea.model else "SmolLM2-135M-Instruct")
-    engine = AsyncLLMEngine.from_engine_args(ea)
+    if placement is None:
+        engine = AsyncLLMEngine.from_engine_args(ea)
+    else:  # some engines on other machines: this front end waits for their `ready`
+        print(f"minivllm: waiting for the engines at {placement.address}", flush=True)
+        log = not ea.disable_log_stats
+        engine = AsyncLLMEngine(DPLLMEngine(ea, log_stats=log, placement=placement))
     runner = getattr(engine.engine.engine_core, "model_runner", None)
     if hasattr(runner, "prepare_attention"):
         runner.prepare_attention()  # the CPU's attention kernel, compiled now (lesson 05)
@@ -1939,8 +2034,9 @@ def cmd_serve(ns) -> int:
         app.state.loras[n] = lr = LoRARequest(n, k, path)
         engine.engine.add_lora(lr)
     served = f" and LoRA adapters {[n for n, _ in loras]}" if loras else ""
-    print(f"minivllm: serving {name!r}{served} on http://{ns.host}:{ns.port}/v1", flush=True)
-    config = uvicorn.Config(app, host=ns.host, port=ns.port, log_level=ns.log_level)
+    host = ns.host or "127.0.0.1"
+    print(f"minivllm: serving {name!r}{served} on http://{host}:{ns.port}/v1", flush=True)
+    config = uvicorn.Config(app, host=host, port=ns.port, log_level=ns.log_level)
     server = uvicorn.Server(config)
     app.state.on_engine_dead = lambda: setattr(server, "should_exit", True)
     try:
