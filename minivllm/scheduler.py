@@ -216,7 +216,7 @@ def make_scheduler(
     cfg = SchedulerConfig(max_num_seqs, max_num_batched_tokens, max_model_len, chunked, policy)
     return Scheduler(cfg, KVCacheManager(num_blocks, block_size, caching), extensions)
 
-# %% ../nbs/03_scheduler.ipynb #96056272
+# %% ../nbs/03_scheduler.ipynb #7efeb6b9
 @patch
 def _preempt(self: Scheduler, r: Request):
     """Free all of `r`'s blocks and send it back to the waiting queue, to be recomputed from its
@@ -228,7 +228,7 @@ def _preempt(self: Scheduler, r: Request):
     self.num_preemptions += 1
     self.waiting.add_preempted(r)
 
-# %% ../nbs/03_scheduler.ipynb #7efeb6b9
+
 @patch
 def _admit(self: Scheduler, r: Request):
     "Move `r` to the running list, keeping the list in preemption order under `priority`."
