@@ -28,8 +28,7 @@ class KVBlock:
 
 
 class FreeBlockQueue:
-    """Doubly linked queue of free blocks: pop from the head (least recently freed), append at the
-    tail, remove anywhere."""
+    "Doubly linked queue of free blocks: pop the head (least recently freed), append, remove."
 
     def __init__(self, blocks: list[KVBlock]):
         self.head, self.tail = KVBlock(-1), KVBlock(-1)  # sentinels
@@ -179,8 +178,7 @@ def cdiv(a: int, b: int) -> int:
 
 
 def sibling_group(request: Request) -> str | None:
-    """The user request that `request` is one of the `n` samples of (its `parent_request_id`), or
-    None."""
+    "The user request whose `n` samples `request` is one of (its `parent_request_id`), or None."
     return request.parent_request_id
 
 # %% ../nbs/02_block_manager.ipynb #277c27b1587741f2af2001be3712ef0d
@@ -206,8 +204,7 @@ class KVCacheManager:
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVBlock], int]:
         """Cached blocks matching the request's prefix (never its last token), and the tokens they
-        cover. None for a request that must compute every prompt position
-        (`skip_reading_prefix_cache`, as in vLLM: prompt logprobs need the logits of each one)."""
+        cover; none if it must compute every prompt position (`skip_reading_prefix_cache`)."""
         if not self._can_share(request) or request.skip_reading_prefix_cache:
             return [], 0
         hashes = self._block_hashes(request)
@@ -308,8 +305,7 @@ def reset_prefix_cache(self: KVCacheManager) -> bool:
 # %% ../nbs/02_block_manager.ipynb #cfef7707
 @patch
 def rollback_slots(self: KVCacheManager, request: Request, num_tokens: int):
-    """Keep slots for the request's first `num_tokens` tokens only: free the whole blocks past them
-    (tail first)."""
+    "Keep slots for the request's first `num_tokens` tokens: free the whole blocks past them."
     rid = request.request_id
     blocks = self.req_to_blocks.get(rid)
     if blocks is None:
@@ -339,8 +335,7 @@ def _check_pool(pool: BlockPool) -> list[int]:
 
 # %% ../nbs/02_block_manager.ipynb #1944c39560714e6e80c856f20744a8e5
 def check_invariants(manager: KVCacheManager) -> dict[str, int]:
-    """Assert the block manager's invariants; return the counts of used, cached-free and empty-free
-    blocks."""
+    "Assert the block manager's invariants; return the counts of used, cached-free and free blocks."
     pool, bs = manager.block_pool, manager.block_size
     owners = Counter()
     for rid, blocks in manager.req_to_blocks.items():

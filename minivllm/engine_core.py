@@ -105,8 +105,7 @@ def add_request(self: StepExtension, request: Request):
 
 @patch
 def logits_rows(self: StepExtension, out: SchedulerOutput, requests) -> dict[str, tuple[int, int]]:
-    """More logits rows of this step's chunks: request id -> (first token of its chunk, number of
-    rows)."""
+    "More logits rows of this step's chunks: request id -> (first token of the chunk, rows)."
     return {}
 
 
@@ -124,15 +123,13 @@ def process_logits(self: StepExtension, requests: list[Request], logits: torch.T
 
 @patch
 def sample(self: StepExtension, sampler, requests, logits, out, result) -> SampledTokens | None:
-    """Sample this step instead of the core (the first extension that returns a record does); None:
-    not this one."""
+    "Sample instead of the core (the first extension to return a record does); None: not this one."
     return None
 
 
 @patch
 def update(self: StepExtension, scheduler: Scheduler, step: StepResults) -> dict[str, dict]:
-    """After the scheduler's update: end requests (`scheduler.finish_requests`); return fields of
-    their outputs."""
+    "After the scheduler's update: end requests (`scheduler.finish_requests`), fill output fields."
     return {}
 
 
@@ -247,21 +244,14 @@ def sample(
 def step(self: EngineCore) -> EngineCoreOutputs:
     """One engine step: schedule → execute → sample → update. Returns what it did to each request.
 
-    Invariants:
-    - only token ids cross this boundary: no text, no stop strings (those are the output
-      processor's);
-    - each scheduled request's `num_computed_tokens` grows by exactly the tokens scheduled for it
-      (less its lookahead tokens not kept): the model wrote their keys and values into the blocks
-      the scheduler allocated;
-    - a token is sampled, and an `EngineCoreOutput` returned, for exactly the scheduled requests
-      whose chunk reached their last known token (`ScheduledSeq.sample`), one token each (more with
-      kept lookahead tokens); a middle prefill chunk produces nothing; an extension may add outputs
-      (fields) or end requests;
-    - a request the step finishes (EOS, a stop token, `max_tokens`, the model's length) carries its
-      `finish_reason` in its output and has its blocks freed when `step` returns; no later step
-      schedules it;
-    - `step_info` holds the scheduler's decision, the tokens kept, the requests ended and the
-      seconds of each phase of `PHASES`; `step_info.step` counts this core's steps from 0;
+    Invariants (checked below):
+    - only token ids cross this boundary (text and stop strings are the output processor's);
+    - each scheduled request's `num_computed_tokens` grows by the tokens scheduled for it (less
+      lookahead tokens not kept): their K/V are in the blocks the scheduler allocated;
+    - an output is returned for exactly the requests whose chunk reached their last known token
+      (`ScheduledSeq.sample`); an extension may add fields or end requests;
+    - a request the step finishes carries its `finish_reason`, and its blocks are free;
+    - `step_info` holds the decision, the tokens kept, the requests ended, the seconds per phase;
     - with nothing to schedule, no model runs and `outputs` is empty."""
     timer = StepTimer(self.model_runner.device if self.sync_phase_timings else None, PHASES)
     out = self.scheduler.schedule()

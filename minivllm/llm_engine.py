@@ -43,7 +43,7 @@ def _refuse(executor_class, log_stats, stat_loggers, multiprocess_mode):
 
 # %% ../nbs/12_llm_engine.ipynb #fff3f590
 class _EngineConfigs:
-    "vLLM's accessors of `LLMEngine`: its configs, its tokenizer, the core's scheduler and cache."
+    "vLLM's accessors of `LLMEngine`: configs, tokenizer, the core's scheduler and cache, stats."
 
     def get_vllm_config(self) -> EngineConfig:
         return self.vllm_config
@@ -83,6 +83,19 @@ class _EngineConfigs:
     def kv_cache_manager(self) -> KVCacheManager:
         return self.engine_core.kv_cache_manager
 
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.children)
+
+    def get_stats(self) -> Stats:
+        "The engine's numbers now (throughputs over the current logging interval)."
+        self.stat_logger.record(self.engine_core.get_scheduler_stats(), None)
+        return self.stat_logger.snapshot()
+
+    def do_log_stats(self) -> Stats:
+        "Log the stats line now (whatever `log_stats` says) and start a new interval."
+        self.stat_logger.record(self.engine_core.get_scheduler_stats(), None)
+        return self.stat_logger.log()
+
     def shutdown(self):
         "Release the tensor-parallel workers, if any; the engine cannot be used afterwards."
         self.engine_core.shutdown()
@@ -90,6 +103,15 @@ class _EngineConfigs:
 # %% ../nbs/12_llm_engine.ipynb #c60da1b7
 class _EngineDelegations:
     "`LLMEngine`'s delegations to the core: LoRA adapters, the prefix cache."
+
+    def _check_lora(self, lora_request):
+        "A request's adapter, read and checked now: a bad adapter fails this request alone."
+        if lora_request is not None:
+            if not isinstance(lora_request, LoRARequest):
+                raise TypeError(
+                    f"lora_request must be a LoRARequest, got {type(lora_request).__name__}"
+                )
+            self.add_lora(lora_request)
 
     def add_lora(self, lora_request: LoRARequest) -> bool:
         "Load a LoRA adapter now: later requests with its `lora_int_id` find it loaded."
@@ -121,7 +143,7 @@ class _EngineDelegations:
         return self.engine_core.reset_prefix_cache()
 
 # %% ../nbs/12_llm_engine.ipynb #front12cd
-ENGINE_FRONT_ENDS: dict[str, type] = {}  # engines that stand in for LLMEngine, by class name
+ENGINE_FRONT_ENDS: dict[str, type] = {}  # stand-ins for LLMEngine (lesson 14b's), by class name
 
 # %% ../nbs/12_llm_engine.ipynb #2bb18652
 class LLMEngine(_EngineConfigs, _EngineDelegations):
@@ -153,9 +175,7 @@ class LLMEngine(_EngineConfigs, _EngineDelegations):
         self.output_processor = OutputProcessor(self.tokenizer)
         self.stat_logger = StatLogger(log_stats_interval)
         self._pending: list[RequestOutput] = []  # aborted requests' final outputs, for next step()
-        self.children: dict[
-            str, list[str]
-        ] = {}  # user request id -> its sequences' ids in the core
+        self.children: dict[str, list[str]] = {}  # user request id -> its sequences' ids
         self.last_step: StepInfo | None = None  # what the latest step did
         self.step_observers: list[Callable[[StepInfo], None]] = []  # called after each step
 
@@ -179,19 +199,6 @@ class LLMEngine(_EngineConfigs, _EngineDelegations):
         "Whether a request still runs (or an aborted one's final output is still to be returned)."
         return bool(self.children) or bool(self._pending)
 
-    def get_num_unfinished_requests(self) -> int:
-        return len(self.children)
-
-    def get_stats(self) -> Stats:
-        "The engine's numbers now (throughputs over the current logging interval)."
-        self.stat_logger.record(self.engine_core.get_scheduler_stats(), None)
-        return self.stat_logger.snapshot()
-
-    def do_log_stats(self) -> Stats:
-        "Log the stats line now (whatever `log_stats` says) and start a new interval."
-        self.stat_logger.record(self.engine_core.get_scheduler_stats(), None)
-        return self.stat_logger.log()
-
 # %% ../nbs/12_llm_engine.ipynb #dd9aa71f
 @patch
 def add_request(
@@ -212,12 +219,7 @@ def add_request(
         raise NotImplementedError("tokenization_kwargs is not implemented in minivllm.")
     if request_id in self.children:
         raise ValueError(f"request_id {request_id!r} is already in use.")
-    if lora_request is not None:
-        if not isinstance(lora_request, LoRARequest):
-            raise TypeError(
-                f"lora_request must be a LoRARequest, got {type(lora_request).__name__}"
-            )
-        self.add_lora(lora_request)  # read and checked: a bad adapter fails this request alone
+    self._check_lora(lora_request)  # (lesson 05c)
     children = self.processor.process(
         request_id, prompt, params, arrival_time, priority, in_use=self.output_processor.seq_of
     )

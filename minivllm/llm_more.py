@@ -25,6 +25,44 @@ from .metrics import Metric, metrics_snapshot
 # %% auto #0
 __all__ = ['resolve_content_format', 'convert_content_parts']
 
+# %% ../nbs/13b_llm_more.ipynb #ea6c6409
+@patch
+def enqueue(
+    self: LLM,
+    prompts: PromptType | Sequence[PromptType],
+    sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+    lora_request=None,
+    priority: list[int] | None = None,
+    use_tqdm: bool = False,
+) -> list[str]:
+    """Add prompts to the engine without running it; returns their request ids.
+    `wait_for_completion` runs them."""
+    return self._add_requests(prompts, sampling_params, priority, lora_request, final_only=True)
+
+
+@patch
+def wait_for_completion(
+    self: LLM, *args, use_tqdm: bool = True, output_type: type | None = None
+) -> list[RequestOutput]:
+    """Run the engine until every enqueued request is done; their outputs, in the order they were
+    enqueued."""
+    if len(args) == 1 and isinstance(args[0], type):
+        output_type, args = args[0], ()  # vLLM's positional output_type
+    if args:
+        raise TypeError(
+            "wait_for_completion takes use_tqdm and output_type by keyword, "
+            f"got positional {args!r}"
+        )
+    if output_type not in (None, RequestOutput):
+        raise NotImplementedError(
+            f"wait_for_completion(output_type={output_type.__name__}): "
+            "enqueued requests give RequestOutputs."
+        )
+    self._run_engine(use_tqdm)
+    return self._collect(
+        sorted(self._done, key=lambda k: (0, int(k), k) if k.isdigit() else (1, 0, k))
+    )
+
 # %% ../nbs/13b_llm_more.ipynb #f168e196
 def resolve_content_format(chat_template: str | None, fmt: str = "auto") -> str:
     """vLLM's `chat_template_content_format`: "string" (content parts joined into one text) or

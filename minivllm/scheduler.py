@@ -90,8 +90,7 @@ def _summary(out: SchedulerOutput) -> str:
 # %% ../nbs/03_scheduler.ipynb #schupd03
 @dataclass
 class SchedulerUpdate:
-    """What `update_from_output` did with a step's tokens (it changes the requests, never the step's
-    records)."""
+    "What `update_from_output` did with a step's tokens (it never changes the step's records)."
 
     updated: list[Request]  # the requests that got tokens, in the step's order
     new_token_ids: dict[str, list[int]]  # the tokens each kept (cut after a stop)
@@ -139,8 +138,7 @@ class _WaitingQueue:
 
 # %% ../nbs/03_scheduler.ipynb #ext03code
 class StepExtension:
-    """A feature plugged into the step through named hooks; every default does nothing. The
-    scheduler's hooks are here; lessons 05 and 09 add theirs (lesson 09 lists them all)."""
+    "A feature plugged into the step by named hooks (listed in lesson 09); defaults do nothing."
 
     name: str = ""  # the core's attribute that reaches it (`core.<name>`)
 
@@ -174,8 +172,7 @@ def register_extension(cls: type[StepExtension]) -> type[StepExtension]:
 
 # %% ../nbs/03_scheduler.ipynb #6f88eb7a
 class Scheduler:
-    """Continuous batching under a token budget, with chunked prefill, prefix caching and preemption
-    by recompute."""
+    "Continuous batching: a token budget, chunked prefill, prefix caching, preemption by recompute."
 
     def __init__(self, config: SchedulerConfig, kv_cache_manager: KVCacheManager, extensions=()):
         self.config, self.kv_cache_manager = config, kv_cache_manager
@@ -216,7 +213,7 @@ def make_scheduler(
     cfg = SchedulerConfig(max_num_seqs, max_num_batched_tokens, max_model_len, chunked, policy)
     return Scheduler(cfg, KVCacheManager(num_blocks, block_size, caching), extensions)
 
-# %% ../nbs/03_scheduler.ipynb #96056272
+# %% ../nbs/03_scheduler.ipynb #7efeb6b9
 @patch
 def _preempt(self: Scheduler, r: Request):
     """Free all of `r`'s blocks and send it back to the waiting queue, to be recomputed from its
@@ -228,7 +225,7 @@ def _preempt(self: Scheduler, r: Request):
     self.num_preemptions += 1
     self.waiting.add_preempted(r)
 
-# %% ../nbs/03_scheduler.ipynb #7efeb6b9
+
 @patch
 def _admit(self: Scheduler, r: Request):
     "Move `r` to the running list, keeping the list in preemption order under `priority`."

@@ -59,7 +59,8 @@ def test_core_lessons_have_exercises_and_recaps():
             missing_recap.append(e["nb"])
         counts[e["nb"]] = len(exercises(nb))
     assert not missing_recap, f"core lessons without a recap: {missing_recap}"
-    for stem in ("02_block_manager", "03_scheduler", "04_paged_attention", "06_sampler"):
+    for stem in ("02_block_manager", "03_scheduler", "04_paged_attention", "06_sampler", "09_engine_core",
+                 "12_llm_engine", "13_llm"):
         assert counts.get(stem, 0) >= 1, f"{stem} has no exercise: {counts}"
 
 
