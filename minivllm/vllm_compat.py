@@ -14,6 +14,7 @@ import types
 import uuid
 
 import torch
+from fastcore.basics import patch
 
 import minivllm
 from . import config
@@ -45,6 +46,7 @@ from minivllm.config import (
     TokensPrompt,
     _json_or_str,
 )
+from .model import MODEL_LOADERS, LlamaForCausalLM, ModelRunner
 from .llm_engine import LLMEngine
 from .llm import LLM
 from .metrics import Counter, Gauge, Histogram, Metric, Vector
@@ -55,8 +57,8 @@ from . import logits_processors as lp
 from .pooling import ScoringOutput, ScoringRequestOutput
 
 # %% auto #0
-__all__ = ['VLLM_MODULES', 'VLLM_CONFIG_NAMES', 'check_vllm_args', 'VllmArgs', 'cleanup_dist_env_and_memory', 'init_logger',
-           'random_uuid', 'register_vllm_modules']
+__all__ = ['VLLM_MODULES', 'VLLM_CONFIG_NAMES', 'check_vllm_args', 'VllmArgs', 'dummy_weights', 'load_dummy_model',
+           'cleanup_dist_env_and_memory', 'init_logger', 'random_uuid', 'register_vllm_modules']
 
 # %% ../nbs/95_vllm_compat.ipynb #a4270a08
 _ANY, _ANY_BOOL = (
@@ -89,7 +91,6 @@ _VLLM_ARGS: dict = dict(  # what changes nothing, per vLLM argument
     disable_sliding_window=_ANY_BOOL,
     disable_cascade_attn=_ANY_BOOL,
     # loading
-    load_format=("auto", "safetensors"),
     safetensors_load_strategy=_ANY,
     model_loader_extra_config=(None, {}),
     ignore_patterns=_ANY,
@@ -243,6 +244,44 @@ class VllmArgs:
 
 
 config.register_extra_args(VllmArgs())
+
+# %% ../nbs/95_vllm_compat.ipynb #dummy95a
+def dummy_weights(hf_config, seed: int = 0, low: float = -1e-3, high: float = 1e-3):
+    """`(name, tensor)` for every weight of `hf_config`'s Hugging Face model (its names, its shapes),
+    uniform in `[low, high]`, drawn in order from one generator seeded with `seed`."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):  # names and shapes only: nothing allocated, nothing read
+        hf = AutoModelForCausalLM.from_config(hf_config)
+    g = torch.Generator().manual_seed(seed)
+    for name, p in hf.named_parameters():  # a tied `lm_head` is the embedding: listed once
+        yield name, torch.empty(p.shape).uniform_(low, high, generator=g)
+
+
+def load_dummy_model(mc: ModelConfig, device) -> LlamaForCausalLM:
+    "The model of `mc.hf_config` with `dummy_weights` seeded by `mc.seed`, on `device`."
+    with torch.device(device):
+        model = LlamaForCausalLM(mc.hf_config, mc.attention_backend, mc.max_model_len)
+    model.load_weights(dummy_weights(mc.hf_config, mc.seed))
+    return model.to(device=device, dtype=mc.dtype).eval()
+
+
+MODEL_LOADERS["dummy"] = load_dummy_model
+
+# %% ../nbs/95_vllm_compat.ipynb #dummy95b
+_load_from_files = getattr(ModelRunner.load_model, "from_files", ModelRunner.load_model)
+
+
+@patch
+def load_model(self: ModelRunner):
+    "The model: from `MODEL_LOADERS[load_format]` where one is registered, else as lesson 05 loads it."
+    mc = self.config.model_config
+    if mc.quantization is None and mc.load_format in MODEL_LOADERS:
+        return MODEL_LOADERS[mc.load_format](mc, self.device)
+    return _load_from_files(self)
+
+
+ModelRunner.load_model.from_files = _load_from_files
 
 # %% ../nbs/95_vllm_compat.ipynb #ff14eecd
 def cleanup_dist_env_and_memory(shutdown_ray: bool = False) -> None:
