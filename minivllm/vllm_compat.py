@@ -247,8 +247,8 @@ config.register_extra_args(VllmArgs())
 
 # %% ../nbs/95_vllm_compat.ipynb #dummy95a
 def dummy_weights(hf_config, seed: int = 0, low: float = -1e-3, high: float = 1e-3):
-    """`(name, tensor)` for every weight of `hf_config`'s Hugging Face model (its names, its shapes),
-    uniform in `[low, high]`, drawn in order from one generator seeded with `seed`."""
+    """`(name, tensor)` for every weight of `hf_config`'s Hugging Face model (its names, its
+    shapes), uniform in `[low, high]`, drawn in order from one generator seeded with `seed`."""
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):  # names and shapes only: nothing allocated, nothing read
@@ -274,7 +274,8 @@ _load_from_files = getattr(ModelRunner.load_model, "from_files", ModelRunner.loa
 
 @patch
 def load_model(self: ModelRunner):
-    "The model: from `MODEL_LOADERS[load_format]` where one is registered, else as lesson 05 loads it."
+    """The model: from `MODEL_LOADERS[load_format]` where one is registered, else as lesson 05
+    loads it."""
     mc = self.config.model_config
     if mc.quantization is None and mc.load_format in MODEL_LOADERS:
         return MODEL_LOADERS[mc.load_format](mc, self.device)
