@@ -1,0 +1,169 @@
+"""vLLM's engine methods beyond generation, as a vLLM script calls them: `load_format="dummy"` (from `LLM(...)` and
+the command line; the same model as its weights written to a checkpoint), `collective_rpc` (one process, and refused
+by name under tensor parallelism), `reset_prefix_cache(reset_running_requests=True)` and `AsyncLLM`'s
+`pause_generation` / `resume_generation` / `is_paused` in the corners the lessons do not show: a client that leaves
+while its request is held, `keep` without clearing the cache, vLLM's deprecated `wait_for_inflight_requests`, a
+shutdown while paused."""
+import asyncio, shutil, tempfile, time
+from pathlib import Path
+import pytest, torch
+from minivllm import LLM, LLMEngine, EngineArgs, SamplingParams, TokensPrompt, RequestOutputKind
+from minivllm.async_engine import AsyncLLM, EngineDeadError
+from minivllm.cli import FlexibleArgumentParser
+from minivllm.config import resolve_model
+from minivllm.model import make_tiny_checkpoint
+from minivllm.vllm_compat import dummy_weights
+
+pytestmark = pytest.mark.xdist_group("vllm_api_more")
+GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+PROMPTS = [TokensPrompt(prompt_token_ids=[5, 17, 99, 3]), TokensPrompt(prompt_token_ids=list(range(30, 52)))]
+
+
+@pytest.fixture(scope="module")
+def bare():
+    "A tiny Llama's config.json and SmolLM2's tokenizer, and no weight file."
+    d = Path(tempfile.mkdtemp())
+    make_tiny_checkpoint(d / "ckpt", tokenizer_from=resolve_model(None), vocab_size=250, hidden_size=96,
+                         num_attention_heads=6, num_key_value_heads=3, head_dim=16, intermediate_size=96)
+    (d / "bare").mkdir()
+    for f in (d / "ckpt").iterdir():
+        if f.suffix != ".safetensors":
+            shutil.copy(f, d / "bare")
+    yield d / "bare"
+    shutil.rmtree(d)
+
+
+def tokens(llm, prompts=PROMPTS, params=GREEDY):
+    return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+
+
+def test_dummy_equals_its_weights_as_a_checkpoint(bare, tmp_path):
+    "The dummy model is the model of `dummy_weights(config, seed)`: written as safetensors and loaded, same tokens."
+    from safetensors.torch import save_file
+    from transformers import AutoConfig
+    dummy = LLM(model=str(bare), load_format="dummy", seed=11, max_model_len=128, num_gpu_blocks_override=32)
+    for f in bare.iterdir():
+        shutil.copy(f, tmp_path)
+    save_file({k: v.contiguous() for k, v in dummy_weights(AutoConfig.from_pretrained(bare), 11)},
+              str(tmp_path / "model.safetensors"))
+    real = LLM(model=str(tmp_path), max_model_len=128, num_gpu_blocks_override=32)
+    assert tokens(dummy) == tokens(real)
+    other = LLM(model=str(bare), load_format="dummy", seed=12, max_model_len=128, num_gpu_blocks_override=32)
+    assert tokens(other) != tokens(dummy)
+
+
+def test_load_format_on_the_command_line(bare):
+    p = EngineArgs.add_cli_args(FlexibleArgumentParser())
+    assert EngineArgs.from_cli_args(p.parse_args(["--load-format", "dummy"])).load_format == "dummy"
+    assert EngineArgs.from_cli_args(p.parse_args([])).load_format == "auto"
+    for fmt in ("pt", "sharded_state", "bitsandbytes", "gguf"):
+        with pytest.raises(NotImplementedError, match=f"load_format='{fmt}'"):
+            EngineArgs.from_cli_args(p.parse_args(["--load-format", fmt]))
+    with pytest.raises(NotImplementedError, match="load_format='dummy'"):
+        EngineArgs(model=str(bare), load_format="dummy", quantization="gguf").create_engine_config()
+
+
+def test_collective_rpc_one_worker_and_tensor_parallel(bare, tmp_path):
+    llm = LLM(model=str(bare), load_format="dummy", max_model_len=128, num_gpu_blocks_override=32)
+    runner = llm.llm_engine.engine_core.model_runner
+    assert llm.collective_rpc(lambda w: w.num_blocks) == [32] == [llm.llm_engine.cache_config.num_gpu_blocks]
+    assert llm.collective_rpc("kv_cache_shape") == [tuple(runner.kv_caches[0].shape)]
+    assert llm.llm_engine.collective_rpc(lambda w, x: w.model_runner is w and x, args=(5,)) == [5]
+    with pytest.raises(TypeError, match="str or a callable"):
+        llm.collective_rpc(42)
+    for f in bare.iterdir():
+        shutil.copy(f, tmp_path)
+    from safetensors.torch import save_file
+    from transformers import AutoConfig
+    save_file({k: v.contiguous() for k, v in dummy_weights(AutoConfig.from_pretrained(bare), 0)},
+              str(tmp_path / "model.safetensors"))
+    tp = LLMEngine.from_engine_args(EngineArgs(model=str(tmp_path), tensor_parallel_size=2, max_model_len=128,
+                                               kv_cache_memory_bytes=1 << 22))
+    try:
+        with pytest.raises(NotImplementedError, match="collective_rpc with tensor or pipeline parallelism"):
+            tp.collective_rpc(lambda w: w.rank)
+    finally:
+        tp.shutdown()
+
+
+@pytest.fixture(scope="module")
+def engine(bare):
+    "One async engine over the dummy model; each step 5 ms longer, so a test can act in the middle of a request."
+    e = AsyncLLM.from_engine_args(EngineArgs(model=str(bare), load_format="dummy", max_model_len=128,
+                                             num_gpu_blocks_override=32))
+    e.engine.step_observers.append(lambda info: time.sleep(0.005))
+    yield e
+    e.shutdown()
+
+
+LONG = SamplingParams(temperature=0, max_tokens=60, ignore_eos=True, output_kind=RequestOutputKind.DELTA)
+
+
+async def run(e, rid, seen, prompt=PROMPTS[0]):
+    seen[rid] = []
+    async for o in e.generate(prompt, LONG, rid):
+        seen[rid] += o.outputs[0].token_ids
+    return o
+
+
+async def until(seen, rid, n):
+    while len(seen.get(rid, ())) < n:
+        await asyncio.sleep(0.001)
+
+
+def test_pause_keep_without_clearing_and_the_deprecated_spelling(engine):
+    async def main():
+        seen = {}
+        await run(engine, "ref", seen)
+        t = asyncio.create_task(run(engine, "kept", seen))
+        await until(seen, "kept", 3)
+        pre = engine.engine.scheduler.num_preemptions
+        await engine.pause_generation(mode="keep", clear_cache=False)
+        await asyncio.sleep(0.05)
+        n = len(seen["kept"])
+        await asyncio.sleep(0.2)
+        assert len(seen["kept"]) == n < 60 and await engine.is_paused()
+        await engine.resume_generation()
+        await t
+        assert seen["kept"] == seen["ref"] and engine.engine.scheduler.num_preemptions == pre  # not recomputed
+        t = asyncio.create_task(run(engine, "waited", seen))
+        await until(seen, "waited", 3)
+        with pytest.warns(DeprecationWarning, match="mode='wait'"):
+            await engine.pause_generation(wait_for_inflight_requests=True)
+        assert await engine.get_num_unfinished_requests() == 0
+        await t
+        assert seen["waited"] == seen["ref"]
+        await engine.resume_generation()
+    asyncio.run(main())
+
+
+def test_a_client_that_leaves_while_paused_runs_nothing(engine):
+    async def main():
+        seen = {}
+        await engine.pause_generation()
+        t = asyncio.create_task(run(engine, "gone", seen))
+        t2 = asyncio.create_task(run(engine, "stays", seen, PROMPTS[1]))
+        await asyncio.sleep(0.1)
+        t.cancel()
+        await asyncio.sleep(0.05)
+        assert len(engine._held) == 1     # only the request whose client stayed waits
+        await engine.resume_generation()
+        await t2
+        assert seen["gone"] == [] and len(seen["stays"]) == 60
+        assert await engine.get_num_unfinished_requests() == 0
+        kv = engine.engine.kv_cache_manager.block_pool
+        assert kv.get_num_free_blocks() == engine.engine.cache_config.num_gpu_blocks
+    asyncio.run(main())
+
+
+def test_shutdown_while_paused_ends_the_held_request(bare):
+    e = AsyncLLM.from_engine_args(EngineArgs(model=str(bare), load_format="dummy", max_model_len=128,
+                                             num_gpu_blocks_override=32))
+    async def main():
+        await e.pause_generation()
+        t = asyncio.create_task(run(e, "held", {}))
+        await asyncio.sleep(0.1)
+        e.shutdown()
+        with pytest.raises(EngineDeadError):
+            await asyncio.wait_for(t, 10)
+    asyncio.run(main())
