@@ -611,6 +611,21 @@ _QUANTIZATIONS = (None, "gguf")  # "gguf": the GGUF file's own quantized weights
 _LOAD_FORMATS = ("auto", "safetensors", "dummy")
 _MAX_NUM_SEQS = 256  # what max_num_seqs=None (vLLM's default spelling) means
 
+
+def _check_weights_format(quantization, load_format):
+    "A `quantization` or `load_format` minivllm lacks: `NotImplementedError`, naming it."
+    if quantization not in _QUANTIZATIONS:
+        raise NotImplementedError(
+            f"quantization={quantization!r} is not implemented in minivllm; it runs "
+            "quantization='gguf' (a GGUF file's own Q4_0/Q4_1/Q8_0 weights) or None (float "
+            "weights)."
+        )
+    if load_format not in _LOAD_FORMATS:
+        raise NotImplementedError(
+            f"load_format={load_format!r} is not implemented in minivllm; it loads "
+            f"{', '.join(map(repr, _LOAD_FORMATS))}."
+        )
+
 # %% ../nbs/00b_config.ipynb #5abc75f4
 @dataclass
 class _EngineArgsFields:
@@ -663,17 +678,7 @@ class _EngineArgsFields:
             self.max_num_seqs = _MAX_NUM_SEQS
         if self.hf_overrides == {}:  # vLLM's default, spelled as it spells it
             self.hf_overrides = None
-        if self.quantization not in _QUANTIZATIONS:  # refused at once, by name
-            raise NotImplementedError(
-                f"quantization={self.quantization!r} is not implemented in minivllm; it runs "
-                "quantization='gguf' (a GGUF file's own Q4_0/Q4_1/Q8_0 weights) or None (float "
-                "weights)."
-            )
-        if self.load_format not in _LOAD_FORMATS:
-            raise NotImplementedError(
-                f"load_format={self.load_format!r} is not implemented in minivllm; it loads "
-                f"{', '.join(map(repr, _LOAD_FORMATS))}."
-            )
+        _check_weights_format(self.quantization, self.load_format)  # refused at once, by name
         # an unsupported compilation, speculative or profiler option fails here, by name
         CompilationConfig.from_value(self.compilation_config)
         SpeculativeConfig.from_dict(self.speculative_config)

@@ -14,7 +14,6 @@ import types
 import uuid
 
 import torch
-from fastcore.basics import patch
 
 import minivllm
 from . import config
@@ -46,7 +45,9 @@ from minivllm.config import (
     TokensPrompt,
     _json_or_str,
 )
-from .model import MODEL_LOADERS, LlamaForCausalLM, ModelRunner
+from .model import MODEL_LOADERS, MODEL_RUNNERS, LlamaForCausalLM, ModelRunner
+from .compilation import CompiledModelRunner
+from . import pipeline  # noqa: F401 (its runners registered before this lesson's)
 from .llm_engine import LLMEngine
 from .llm import LLM
 from .metrics import Counter, Gauge, Histogram, Metric, Vector
@@ -58,7 +59,8 @@ from .pooling import ScoringOutput, ScoringRequestOutput
 
 # %% auto #0
 __all__ = ['VLLM_MODULES', 'VLLM_CONFIG_NAMES', 'check_vllm_args', 'VllmArgs', 'dummy_weights', 'load_dummy_model',
-           'cleanup_dist_env_and_memory', 'init_logger', 'random_uuid', 'register_vllm_modules']
+           'DummyModelRunner', 'DummyCompiledModelRunner', 'cleanup_dist_env_and_memory', 'init_logger', 'random_uuid',
+           'register_vllm_modules']
 
 # %% ../nbs/95_vllm_compat.ipynb #a4270a08
 _ANY, _ANY_BOOL = (
@@ -269,20 +271,32 @@ def load_dummy_model(mc: ModelConfig, device) -> LlamaForCausalLM:
 MODEL_LOADERS["dummy"] = load_dummy_model
 
 # %% ../nbs/95_vllm_compat.ipynb #dummy95b
-_load_from_files = getattr(ModelRunner.load_model, "from_files", ModelRunner.load_model)
+class _LoadFormatRunner:
+    "A runner's model from `MODEL_LOADERS[load_format]`, not from the checkpoint's weight files."
 
-
-@patch
-def load_model(self: ModelRunner):
-    """The model: from `MODEL_LOADERS[load_format]` where one is registered, else as lesson 05
-    loads it."""
-    mc = self.config.model_config
-    if mc.quantization is None and mc.load_format in MODEL_LOADERS:
+    def load_model(self):
+        mc = self.config.model_config
         return MODEL_LOADERS[mc.load_format](mc, self.device)
-    return _load_from_files(self)
 
 
-ModelRunner.load_model.from_files = _load_from_files
+class DummyModelRunner(_LoadFormatRunner, ModelRunner):
+    "Lesson 05's runner, with the model of `MODEL_LOADERS[load_format]`."
+
+    @classmethod
+    def enabled(cls, config: EngineConfig) -> bool:
+        return config.model_config.load_format in MODEL_LOADERS
+
+
+class DummyCompiledModelRunner(_LoadFormatRunner, CompiledModelRunner):
+    "Lesson 05b's compiled runner, with the model of `MODEL_LOADERS[load_format]`."
+
+    @classmethod
+    def enabled(cls, config: EngineConfig) -> bool:
+        return DummyModelRunner.enabled(config) and CompiledModelRunner.enabled(config)
+
+
+for _c in (DummyModelRunner, DummyCompiledModelRunner):
+    MODEL_RUNNERS.setdefault(_c.__name__, _c)
 
 # %% ../nbs/95_vllm_compat.ipynb #ff14eecd
 def cleanup_dist_env_and_memory(shutdown_ray: bool = False) -> None:
