@@ -798,11 +798,10 @@ def _check(self: EngineArgs, device: torch.device) -> str:
                 "enable_lora with tensor_parallel_size > 1 is not implemented in minivllm."
             )
     self._check_logits_processors()
-    split = self.tensor_parallel_size * self.pipeline_parallel_size > 1
-    if self.load_format == "dummy" and (self.quantization or split):
+    if self.load_format == "dummy" and (self.quantization or self.pipeline_parallel_size > 1):
         raise NotImplementedError(
-            "load_format='dummy' with quantization or a model split over ranks (tensor or "
-            "pipeline parallelism) is not implemented in minivllm."
+            "load_format='dummy' with quantization or pipeline_parallel_size > 1 is not "
+            "implemented in minivllm."
         )
     backend = self.attention_backend or ("triton" if device.type == "cuda" else "cpu")
     if backend not in _BACKENDS:

@@ -48,6 +48,7 @@ from minivllm.config import (
 from .model import MODEL_LOADERS, MODEL_RUNNERS, LlamaForCausalLM, ModelRunner
 from .compilation import CompiledModelRunner
 from . import pipeline  # noqa: F401 (its runners registered before this lesson's)
+from .parallel import TPLlamaForCausalLM, TPModelRunner, TPWorker, shard_weight
 from .llm_engine import LLMEngine
 from .llm import LLM
 from .metrics import Counter, Gauge, Histogram, Metric, Vector
@@ -59,8 +60,8 @@ from .pooling import ScoringOutput, ScoringRequestOutput
 
 # %% auto #0
 __all__ = ['VLLM_MODULES', 'VLLM_CONFIG_NAMES', 'check_vllm_args', 'VllmArgs', 'dummy_weights', 'load_dummy_model',
-           'DummyModelRunner', 'DummyCompiledModelRunner', 'cleanup_dist_env_and_memory', 'init_logger', 'random_uuid',
-           'register_vllm_modules']
+           'DummyModelRunner', 'DummyCompiledModelRunner', 'DummyTPWorker', 'DummyTPModelRunner',
+           'cleanup_dist_env_and_memory', 'init_logger', 'random_uuid', 'register_vllm_modules']
 
 # %% ../nbs/95_vllm_compat.ipynb #a4270a08
 _ANY, _ANY_BOOL = (
@@ -297,6 +298,36 @@ class DummyCompiledModelRunner(_LoadFormatRunner, CompiledModelRunner):
 
 for _c in (DummyModelRunner, DummyCompiledModelRunner):
     MODEL_RUNNERS.setdefault(_c.__name__, _c)
+
+# %% ../nbs/95_vllm_compat.ipynb #dummy95tp
+class _DummyShard:
+    "A tensor-parallel rank's model: its slice of `dummy_weights` (each rank draws them all)."
+
+    def load_model(self):
+        mc = self.full_model_config
+        args = (self.plan, self.rank, mc.attention_backend, mc.max_model_len)
+        with torch.device(self.device):
+            model = TPLlamaForCausalLM(mc.hf_config, *args)
+        w = dummy_weights(mc.hf_config, mc.seed)
+        model.load_weights((n, shard_weight(n, t, self.plan, self.rank)) for n, t in w)
+        return model.to(device=self.device, dtype=mc.dtype).eval()
+
+
+class DummyTPWorker(_DummyShard, TPWorker):
+    "Ranks 1…N-1 of a tensor-parallel model with dummy weights."
+
+
+class DummyTPModelRunner(_DummyShard, TPModelRunner):
+    "Rank 0 of a tensor-parallel model with dummy weights."
+
+    worker_class = "minivllm.vllm_compat:DummyTPWorker"
+
+    @classmethod
+    def enabled(cls, config: EngineConfig) -> bool:
+        return DummyModelRunner.enabled(config) and TPModelRunner.enabled(config)
+
+
+MODEL_RUNNERS.setdefault(DummyTPModelRunner.__name__, DummyTPModelRunner)
 
 # %% ../nbs/95_vllm_compat.ipynb #ff14eecd
 def cleanup_dist_env_and_memory(shutdown_ray: bool = False) -> None:

@@ -63,7 +63,7 @@ def test_load_format_on_the_command_line(bare):
         EngineArgs(model=str(bare), load_format="dummy", quantization="gguf").create_engine_config()
 
 
-def test_collective_rpc_one_worker_and_tensor_parallel(bare, tmp_path):
+def test_collective_rpc_and_dummy_under_tensor_parallelism(bare):
     llm = LLM(model=str(bare), load_format="dummy", max_model_len=128, num_gpu_blocks_override=32)
     runner = llm.llm_engine.engine_core.model_runner
     assert llm.collective_rpc(lambda w: w.num_blocks) == [32] == [llm.llm_engine.cache_config.num_gpu_blocks]
@@ -71,19 +71,16 @@ def test_collective_rpc_one_worker_and_tensor_parallel(bare, tmp_path):
     assert llm.llm_engine.collective_rpc(lambda w, x: w.model_runner is w and x, args=(5,)) == [5]
     with pytest.raises(TypeError, match="str or a callable"):
         llm.collective_rpc(42)
-    for f in bare.iterdir():
-        shutil.copy(f, tmp_path)
-    from safetensors.torch import save_file
-    from transformers import AutoConfig
-    save_file({k: v.contiguous() for k, v in dummy_weights(AutoConfig.from_pretrained(bare), 0)},
-              str(tmp_path / "model.safetensors"))
-    tp = LLMEngine.from_engine_args(EngineArgs(model=str(tmp_path), tensor_parallel_size=2, max_model_len=128,
-                                               kv_cache_memory_bytes=1 << 22))
+    want = tokens(llm)
+    tp = LLM(model=str(bare), load_format="dummy", tensor_parallel_size=2, max_model_len=128,
+             kv_cache_memory_bytes=1 << 22)       # each rank keeps its slice of the same dummy weights
     try:
+        assert type(tp.llm_engine.engine_core.model_runner).__name__ == "DummyTPModelRunner"
+        assert tokens(tp) == want
         with pytest.raises(NotImplementedError, match="collective_rpc with tensor or pipeline parallelism"):
             tp.collective_rpc(lambda w: w.rank)
     finally:
-        tp.shutdown()
+        tp.llm_engine.shutdown()
 
 
 @pytest.fixture(scope="module")
