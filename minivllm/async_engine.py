@@ -640,6 +640,10 @@ async def pause_generation(
             stacklevel=2,
         )
         mode = "wait"
+    if self.vllm_config.parallel_config.data_parallel_size > 1:
+        raise NotImplementedError(
+            "pause_generation with data_parallel_size > 1 is not implemented in minivllm."
+        )
     if mode not in ("abort", "wait", "keep"):
         raise ValueError(f"pause_generation: mode must be 'abort', 'wait' or 'keep', got {mode!r}.")
     await self.run_in_engine(lambda e: self._pause(mode))

@@ -311,6 +311,11 @@ def preempt_running(engine: LLMEngine) -> list[str]:
     """Preempt every running request of `engine` (the scheduler's `_preempt`): its blocks freed, it
     waits at the head of the queue, in its order, to be recomputed from its tokens. Returns their
     ids."""
+    if engine.vllm_config.parallel_config.data_parallel_size > 1:
+        raise NotImplementedError(
+            "preempting the running requests (reset_running_requests=True, or a pause that "
+            "clears the cache) with data_parallel_size > 1 is not implemented in minivllm."
+        )
     sched, ids = engine.scheduler, []
     while sched.running:
         r = sched.running.pop()  # the last first: each goes to the head, so the order is kept
@@ -328,11 +333,6 @@ def reset_prefix_cache(
     recomputed at the next step, so every block is free to forget); `reset_connector` resets a KV
     connector (there is none here); `device`: as `LLMEngine`'s."""
     if reset_running_requests and self.llm_engine.has_unfinished_requests():
-        if not isinstance(self.llm_engine, LLMEngine):
-            raise NotImplementedError(
-                "reset_prefix_cache(reset_running_requests=True) is not implemented for "
-                f"{type(self.llm_engine).__name__} (data parallelism) in minivllm."
-            )
         preempt_running(self.llm_engine)
     return self.llm_engine.reset_prefix_cache(device)
 

@@ -304,3 +304,17 @@ def test_vllm_pause_resume_example(capsys):
     exec(compile(code, "pause_resume.py", "exec"), {"__name__": "__main__"})
     out = capsys.readouterr().out
     assert "Test passed! Engine paused" in out and "Final token count: 30" in out, out
+
+
+def test_pause_and_preemption_refused_with_data_parallelism(bare):
+    "Data parallelism's engines run in their own processes: pausing them, or preempting their requests, is refused."
+    e = AsyncLLM.from_engine_args(EngineArgs(model=str(bare), load_format="dummy", data_parallel_size=2,
+                                             max_model_len=128, num_gpu_blocks_override=32))
+    try:
+        with pytest.raises(NotImplementedError, match="pause_generation with data_parallel_size > 1"):
+            asyncio.run(e.pause_generation())
+        from minivllm.llm_more import preempt_running
+        with pytest.raises(NotImplementedError, match="data_parallel_size > 1"):
+            preempt_running(e.engine)
+    finally:
+        e.shutdown()
