@@ -8,6 +8,7 @@ import asyncio
 import logging
 import threading
 import time
+import warnings
 from collections import deque
 from typing import AsyncIterator, Callable, Iterable
 from minivllm.config import (
@@ -23,6 +24,7 @@ from .config import PoolingParams, PoolingRequestOutput
 from fastcore.basics import patch
 from .llm_engine import LLMEngine
 from .llm import EngineDeadError, engine_failure
+from .llm_more import preempt_running  # (and `LLMEngine.collective_rpc`)
 from .metrics import Stats
 from .gemm import release_openmp_threads
 
@@ -132,6 +134,8 @@ class AsyncLLMEngine:
         self._start_lock = threading.Lock()
         self._stopping = False
         self._dead: BaseException | None = None
+        self._pause_mode: str | None = None  # "abort", "wait" or "keep" while paused
+        self._held: deque = deque()  # adds of requests that arrived while paused: (fn, done)
         self.step_times: deque = deque(
             maxlen=100_000
         )  # (start, end, number of outputs) of each step, perf_counter seconds
@@ -226,7 +230,7 @@ def _loop(self: AsyncLLMEngine):
             self._run_ops()
             if self._stopping:
                 break
-            if self.engine.has_unfinished_requests():
+            if self.engine.has_unfinished_requests() and self._pause_mode in (None, "wait"):
                 self._step()
             elif not self._ops:
                 self._wake.wait()
@@ -242,6 +246,9 @@ def _run_ops(self: AsyncLLMEngine):
     "(engine thread) Run the queued operations in order, handing each its result or exception."
     while self._ops:
         fn, done = self._ops.popleft()
+        if self._pause_mode is not None and getattr(fn, "adds", None) is not None:
+            self._held.append((fn, done))  # a new request waits while paused
+            continue
         try:
             res, ok = fn(), True
         except Exception as e:
@@ -319,6 +326,8 @@ def _close(self: AsyncLLMEngine):
     for s in self._streams.values():
         s.put_threadsafe([err])
     self._streams.clear()
+    self._ops.extendleft(reversed(self._held))
+    self._held.clear()
     while self._ops:
         _, done = self._ops.popleft()
         if done is not None:
@@ -340,9 +349,11 @@ def _post(self: AsyncLLMEngine, fn: Callable, done: Callable | None = None):
 
 
 @patch
-async def run_in_engine(self: AsyncLLMEngine, fn: Callable[[LLMEngine], object]):
+async def run_in_engine(
+    self: AsyncLLMEngine, fn: Callable[[LLMEngine], object], *, adds: _Stream | None = None
+):
     """Run `fn(engine)` in the engine thread, between two steps; return its result (or raise its
-    exception)."""
+    exception). `adds`: the stream whose request `fn` adds (held while generation is paused)."""
     loop = asyncio.get_running_loop()
     fut = loop.create_future()
 
@@ -356,7 +367,9 @@ async def run_in_engine(self: AsyncLLMEngine, fn: Callable[[LLMEngine], object])
         except RuntimeError:
             pass
 
-    self._post(lambda: fn(self.engine), done)
+    op = lambda: fn(self.engine)  # noqa: E731
+    op.adds = adds
+    self._post(op, done)
     return await fut
 
 # %% ../nbs/14_async_engine.ipynb #67e37a10
@@ -404,7 +417,8 @@ async def generate(
         await self.run_in_engine(  # bad input raises here, for this request only
             lambda e: self._add(
                 e, stream, prompt, sampling_params, arrival_time, lora_request, priority
-            )
+            ),
+            adds=stream,
         )
         while not finished:
             out = await stream.get()
@@ -436,6 +450,7 @@ def _add(
 @patch
 def _abort_stream(self: AsyncLLMEngine, stream: _Stream):
     "(engine thread) The consumer left: abort its request, if it is still that stream's."
+    self._held = deque((f, d) for f, d in self._held if f.adds is not stream)  # (never added)
     if self._streams.get(stream.request_id) is stream:
         del self._streams[stream.request_id]
         self.engine.abort_request(stream.request_id, final_output=False)
@@ -520,9 +535,26 @@ async def do_log_stats(self: AsyncLLMEngine) -> None:
 
 
 @patch
-async def reset_prefix_cache(self: AsyncLLMEngine) -> bool:
-    "Forget the cached prefix blocks (False if blocks are in use)."
-    return await self.run_in_engine(lambda e: e.reset_prefix_cache())
+async def reset_prefix_cache(
+    self: AsyncLLMEngine, reset_running_requests: bool = False, reset_connector: bool = False
+) -> bool:
+    """Forget the cached prefix blocks (False if blocks are in use); `reset_running_requests=True`
+    preempts the running requests first (lesson 13b). There is no KV connector to reset."""
+
+    def reset(e):
+        if reset_running_requests:
+            preempt_running(e)
+        return e.reset_prefix_cache()
+
+    return await self.run_in_engine(reset)
+
+
+@patch
+async def collective_rpc(
+    self: AsyncLLMEngine, method, timeout: float | None = None, args: tuple = (), kwargs=None
+) -> list:
+    "Call `method` on every worker, in the engine thread (lesson 13b); their results."
+    return await self.run_in_engine(lambda e: e.collective_rpc(method, timeout, args, kwargs))
 
 
 @patch
@@ -564,6 +596,73 @@ async def check_health(self: AsyncLLMEngine) -> None:
     "Raise `EngineDeadError` if the engine loop is not running."
     if self.errored:
         raise self.dead_error
+
+# %% ../nbs/14_async_engine.ipynb #pause14a
+@patch
+def _pause(self: AsyncLLMEngine, mode: str):
+    "(engine thread) Stop scheduling; `abort` ends the requests in flight (their outputs go now)."
+    self._pause_mode = mode
+    if mode == "abort":
+        self.engine.abort_request(list(self.engine.children))
+        self._deliver(self.engine.step())  # only their final outputs: nothing is left to run
+
+
+@patch
+def _resume(self: AsyncLLMEngine):
+    "(engine thread) Schedule again; the held adds run next, in their order."
+    self._pause_mode = None
+    self._ops.extendleft(reversed(self._held))
+    self._held.clear()
+
+
+@patch
+def _clear_cache(self: AsyncLLMEngine) -> bool:
+    "(engine thread) Forget the prefix cache; frozen requests are preempted first."
+    preempt_running(self.engine)
+    return self.engine.reset_prefix_cache()
+
+# %% ../nbs/14_async_engine.ipynb #pause14b
+@patch
+async def pause_generation(
+    self: AsyncLLMEngine,
+    *,
+    mode: str = "abort",
+    wait_for_inflight_requests: bool | None = None,
+    clear_cache: bool = True,
+) -> None:
+    """Stop scheduling until `resume_generation()`; new requests wait. `mode`: "abort" the requests
+    in flight, "wait" for them to finish, or "keep" them frozen. `clear_cache`: then forget the
+    prefix cache. (`wait_for_inflight_requests=True`: vLLM's older spelling of `mode="wait"`.)"""
+    if wait_for_inflight_requests:
+        warnings.warn(
+            "pause_generation(wait_for_inflight_requests=True) is deprecated: use mode='wait'.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        mode = "wait"
+    if self.vllm_config.parallel_config.data_parallel_size > 1:
+        raise NotImplementedError(
+            "pause_generation with data_parallel_size > 1 is not implemented in minivllm."
+        )
+    if mode not in ("abort", "wait", "keep"):
+        raise ValueError(f"pause_generation: mode must be 'abort', 'wait' or 'keep', got {mode!r}.")
+    await self.run_in_engine(lambda e: self._pause(mode))
+    if mode == "wait":
+        await self.wait_for_requests_to_drain()
+    if clear_cache:
+        await self.run_in_engine(lambda e: self._clear_cache())
+
+
+@patch
+async def resume_generation(self: AsyncLLMEngine) -> None:
+    "Schedule again: frozen requests go on, the requests that arrived while paused join."
+    await self.run_in_engine(lambda e: self._resume())
+
+
+@patch
+async def is_paused(self: AsyncLLMEngine) -> bool:
+    "Whether generation is paused."
+    return self._pause_mode is not None
 
 # %% ../nbs/14_async_engine.ipynb #bbd8efbe
 @patch

@@ -263,6 +263,8 @@ class ModelConfig:
         None  # that file (`model` is then the converted directory: config, tokenizer)
     )
     logits_processors: tuple = ()  # custom logits processors (lesson 06d): classes or their names
+    # "auto"/"safetensors": the checkpoint's weight files; "dummy": random weights (lesson 95)
+    load_format: str = "auto"
 
     def get_vocab_size(self) -> int:
         return self.hf_config.vocab_size
@@ -605,7 +607,24 @@ def get_diff_sampling_param(self: ModelConfig) -> dict:
 _CPU_KV_CACHE_BYTES = 1 << 30
 _BACKENDS = ("torch", "cpu", "inductor", "triton")
 _QUANTIZATIONS = (None, "gguf")  # "gguf": the GGUF file's own quantized weights (lesson 04b)
+# "dummy" (vLLM's): random weights of the model's shape, no weight file read (lesson 95)
+_LOAD_FORMATS = ("auto", "safetensors", "dummy")
 _MAX_NUM_SEQS = 256  # what max_num_seqs=None (vLLM's default spelling) means
+
+
+def _check_weights_format(quantization, load_format):
+    "A `quantization` or `load_format` minivllm lacks: `NotImplementedError`, naming it."
+    if quantization not in _QUANTIZATIONS:
+        raise NotImplementedError(
+            f"quantization={quantization!r} is not implemented in minivllm; it runs "
+            "quantization='gguf' (a GGUF file's own Q4_0/Q4_1/Q8_0 weights) or None (float "
+            "weights)."
+        )
+    if load_format not in _LOAD_FORMATS:
+        raise NotImplementedError(
+            f"load_format={load_format!r} is not implemented in minivllm; it loads "
+            f"{', '.join(map(repr, _LOAD_FORMATS))}."
+        )
 
 # %% ../nbs/00b_config.ipynb #5abc75f4
 @dataclass
@@ -649,6 +668,7 @@ class _EngineArgsFields:
     max_cpu_loras: int | None = None
     speculative_config: dict | None = None
     quantization: str | None = None
+    load_format: str = "auto"  # vLLM's: "auto", "safetensors" or "dummy" (see `_LOAD_FORMATS`)
     profiler_config: dict | ProfilerConfig | None = None  # vLLM's: see `ProfilerConfig`
     hf_overrides: dict | None = None  # vLLM's: a dict or a callable applied to the HF config
     logits_processors: list | None = None  # vLLM's: classes or "module:Class" names (lesson 06d)
@@ -658,12 +678,7 @@ class _EngineArgsFields:
             self.max_num_seqs = _MAX_NUM_SEQS
         if self.hf_overrides == {}:  # vLLM's default, spelled as it spells it
             self.hf_overrides = None
-        if self.quantization not in _QUANTIZATIONS:  # refused at once, by name
-            raise NotImplementedError(
-                f"quantization={self.quantization!r} is not implemented in minivllm; it runs "
-                "quantization='gguf' (a GGUF file's own Q4_0/Q4_1/Q8_0 weights) or None (float "
-                "weights)."
-            )
+        _check_weights_format(self.quantization, self.load_format)  # refused at once, by name
         # an unsupported compilation, speculative or profiler option fails here, by name
         CompilationConfig.from_value(self.compilation_config)
         SpeculativeConfig.from_dict(self.speculative_config)
@@ -783,6 +798,11 @@ def _check(self: EngineArgs, device: torch.device) -> str:
                 "enable_lora with tensor_parallel_size > 1 is not implemented in minivllm."
             )
     self._check_logits_processors()
+    if self.load_format == "dummy" and (self.quantization or self.pipeline_parallel_size > 1):
+        raise NotImplementedError(
+            "load_format='dummy' with quantization or pipeline_parallel_size > 1 is not "
+            "implemented in minivllm."
+        )
     backend = self.attention_backend or ("triton" if device.type == "cuda" else "cpu")
     if backend not in _BACKENDS:
         bad(f"attention_backend must be one of {_BACKENDS}, got {backend!r}.")
@@ -1097,6 +1117,7 @@ def _model_config(self: EngineArgs, device: torch.device, backend: str) -> Model
         self.quantization,
         gguf_file,
         resolve_logits_processors(self.logits_processors),
+        self.load_format,
     )
 
 

@@ -6,6 +6,7 @@
 from __future__ import annotations
 import dataclasses
 import re
+import time
 from typing import Sequence
 from fastcore.basics import patch
 from minivllm.config import (
@@ -20,10 +21,12 @@ from minivllm.config import (
 from .sampling_more import BeamSearchParams, BeamSearchOutput, beam_search
 from .tool_calling import render_chat
 from .llm import LLM, load_chat_template
+from .llm_engine import LLMEngine
+from .model import ModelRunner
 from .metrics import Metric, metrics_snapshot
 
 # %% auto #0
-__all__ = ['resolve_content_format', 'convert_content_parts']
+__all__ = ['resolve_content_format', 'convert_content_parts', 'preempt_running']
 
 # %% ../nbs/13b_llm_more.ipynb #ea6c6409
 @patch
@@ -342,19 +345,33 @@ def list_loras(self: LLM) -> set[int]:
     return self.llm_engine.list_loras()
 
 # %% ../nbs/13b_llm_more.ipynb #73679e9d
+def preempt_running(engine: LLMEngine) -> list[str]:
+    """Preempt every running request of `engine` (the scheduler's `_preempt`): its blocks freed, it
+    waits at the head of the queue, in its order, to be recomputed from its tokens. Returns their
+    ids."""
+    if engine.vllm_config.parallel_config.data_parallel_size > 1:
+        raise NotImplementedError(
+            "preempting the running requests (reset_running_requests=True, or a pause that "
+            "clears the cache) with data_parallel_size > 1 is not implemented in minivllm."
+        )
+    sched, ids = engine.scheduler, []
+    while sched.running:
+        r = sched.running.pop()  # the last first: each goes to the head, so the order is kept
+        sched._preempt(r)
+        ids.append(r.request_id)
+    return ids[::-1]
+
+
 @patch
 def reset_prefix_cache(
     self: LLM, reset_running_requests: bool = False, reset_connector: bool = False, device=None
 ) -> bool:
     """Forget every cached prefix block (see the block manager); False if blocks are still in use.
-    vLLM's arguments: `reset_running_requests=True` preempts the running requests first (refused
-    while requests run: minivllm does not preempt them for this), `reset_connector` resets a KV
+    vLLM's arguments: `reset_running_requests=True` first preempts the running requests (they are
+    recomputed at the next step, so every block is free to forget); `reset_connector` resets a KV
     connector (there is none here); `device`: as `LLMEngine`'s."""
     if reset_running_requests and self.llm_engine.has_unfinished_requests():
-        raise NotImplementedError(
-            "reset_prefix_cache(reset_running_requests=True) while requests run is not "
-            "implemented in minivllm: wait for them to finish (or abort them) first."
-        )
+        preempt_running(self.llm_engine)
     return self.llm_engine.reset_prefix_cache(device)
 
 # %% ../nbs/13b_llm_more.ipynb #55f1e543
@@ -379,10 +396,6 @@ def _not_here(name: str, why: str):
 for _name, _why in [
     ("sleep", "there is no GPU memory to release (sleep mode)"),
     ("wake_up", "there is no sleep mode"),
-    (
-        "collective_rpc",
-        "there are no worker processes to call (except tensor-parallel ones, not exposed)",
-    ),
     ("apply_model", "the model runs in the engine, not in workers"),
     ("classify", "no classification models"),
     ("reward", "no reward models"),
@@ -427,3 +440,44 @@ def stop_profile(self: LLM) -> None:
         raise RuntimeError("stop_profile: no profile is running (call start_profile first).")
     self._profiler.stop()
     self._profiler = None
+
+# %% ../nbs/13b_llm_more.ipynb #rpc13bcd
+ModelRunner.model_runner = property(lambda self: self)  # vLLM's `worker.model_runner`
+
+
+@patch
+def collective_rpc(
+    self: LLMEngine, method, timeout: float | None = None, args: tuple = (), kwargs=None
+) -> list:
+    "Call `method` (a name, or a callable taking the worker) on every worker; their results."
+    runner = self.engine_core.model_runner
+    if getattr(runner, "world_size", 1) > 1:
+        raise NotImplementedError(
+            "collective_rpc with tensor or pipeline parallelism is not implemented in minivllm: "
+            "the other ranks run only the steps rank 0 broadcasts."
+        )
+    if isinstance(method, str):
+        if not callable(getattr(runner, method, None)):
+            raise AttributeError(f"collective_rpc: the worker has no method {method!r}.")
+        fn = getattr(runner, method)
+    elif callable(method):
+        fn = lambda *a, **k: method(runner, *a, **k)  # noqa: E731
+    else:
+        raise TypeError(f"collective_rpc: method must be a str or a callable, got {method!r}.")
+    t0 = time.monotonic()
+    out = [fn(*args, **(kwargs or {}))]
+    if timeout is not None and time.monotonic() - t0 > timeout:
+        raise TimeoutError(f"collective_rpc: {method!r} took longer than {timeout} s.")
+    return out
+
+
+@patch
+def collective_rpc(  # noqa: F811 (LLM's, the same)
+    self: LLM, method, timeout: float | None = None, args: tuple = (), kwargs=None
+) -> list:
+    "Call `method` (a name, or a callable taking the worker) on every worker; their results."
+    if not hasattr(self.llm_engine, "collective_rpc"):
+        raise NotImplementedError(
+            f"collective_rpc is not implemented for {type(self.llm_engine).__name__} in minivllm."
+        )
+    return self.llm_engine.collective_rpc(method, timeout, args, kwargs)

@@ -442,8 +442,9 @@ def test_vllm_default_spellings_reach_the_llm(caplog):
     plain.generate(PARIS, sp, use_tqdm=False)
     assert plain.reset_prefix_cache(reset_running_requests=True, reset_connector=True) is True
     plain.enqueue(PARIS, sp)
-    with pytest.raises(NotImplementedError, match="reset_running_requests=True"):
-        plain.reset_prefix_cache(reset_running_requests=True)
+    plain.llm_engine.step(), plain.llm_engine.step()     # running: its blocks are in use
+    assert plain.reset_prefix_cache() is False
+    assert plain.reset_prefix_cache(reset_running_requests=True) is True     # preempted first (lesson 13b)
     assert [o.outputs[0].token_ids for o in plain.wait_for_completion(use_tqdm=False)] == [want]
 
 
