@@ -122,10 +122,10 @@ _VLLM_ARGS.update(
     data_parallel_rank=(None, 0),
     data_parallel_start_rank=(None, 0),
     data_parallel_size_local=(None, 1),
-    data_parallel_address=_ANY,
-    data_parallel_rpc_port=_ANY,
+    data_parallel_address=(None,),  # engines on other machines: `minivllm serve --headless` (14b)
+    data_parallel_rpc_port=(None,),
     data_parallel_hybrid_lb=(False,),
-    data_parallel_backend=_ANY,
+    data_parallel_backend=(None, "mp"),
     enable_expert_parallel=(False,),
     all2all_backend=_ANY,
     enable_dbo=(False,),
