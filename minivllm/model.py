@@ -5,7 +5,6 @@
 # %% ../nbs/05_model.ipynb #945a8757
 from __future__ import annotations
 import glob
-import logging
 import math
 import os
 import time
@@ -22,10 +21,10 @@ import minivllm.attention_kernels  # noqa: F401 (registers lesson 04c's backends
 from .scheduler import ScheduledSeq, SchedulerOutput, StepExtension
 
 # %% auto #0
-__all__ = ['LAYER_OPS', 'SUPPORTED_MODEL_TYPES', 'MODEL_RUNNERS', 'MODEL_LOADERS', 'MODEL_PREPARERS', 'ATTENTION_WARMUPS',
-           'TorchOps', 'layer_ops', 'RMSNorm', 'RotaryEmbedding', 'Attention', 'MLP', 'DecoderLayer',
-           'LlamaForCausalLM', 'iter_checkpoint_weights', 'load_model', 'tiny_config', 'make_tiny_checkpoint',
-           'StepTimer', 'ModelRunnerOutput', 'model_runner_class', 'ModelRunner']
+__all__ = ['LAYER_OPS', 'SUPPORTED_MODEL_TYPES', 'MODEL_RUNNERS', 'MODEL_LOADERS', 'RUNNER_PREPARERS', 'TorchOps', 'layer_ops',
+           'RMSNorm', 'RotaryEmbedding', 'Attention', 'MLP', 'DecoderLayer', 'LlamaForCausalLM',
+           'iter_checkpoint_weights', 'load_model', 'tiny_config', 'make_tiny_checkpoint', 'StepTimer',
+           'ModelRunnerOutput', 'model_runner_class', 'ModelRunner']
 
 # %% ../nbs/05_model.ipynb #8283517b
 class TorchOps:
@@ -40,14 +39,12 @@ class TorchOps:
 
     @staticmethod
     def rms_norm(x, weight, eps: float):
-        """`weight · x · rsqrt(mean(x²) + eps)` over the last dim, in float32 (one fused
-        `F.rms_norm` call)."""
+        "`weight · x · rsqrt(mean(x²) + eps)` over the last dim, in float32 (`F.rms_norm`)."
         return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
 
     @staticmethod
     def rotate(x, cos, sin):
-        """Rotate `x` `[T, heads, D]`: `x · cos + rotate_half(x) · sin`, as HF's
-        `apply_rotary_pos_emb`."""
+        "`x` `[T, heads, D]` rotated: `x · cos + rotate_half(x) · sin` (as HF's)."
         x1, x2 = x.chunk(2, -1)
         return x * cos + torch.cat([-x2, x1], -1) * sin
 
@@ -179,13 +176,10 @@ class MLP(nn.Module):
         super().__init__()
         if config.hidden_act != "silu":
             raise NotImplementedError(f"hidden_act={config.hidden_act!r} is not implemented.")
-        self.inter = config.intermediate_size
-        self.gate_up_proj = nn.Linear(
-            config.hidden_size, 2 * self.inter, bias=getattr(config, "mlp_bias", False)
-        )
-        self.down_proj = nn.Linear(
-            self.inter, config.hidden_size, bias=getattr(config, "mlp_bias", False)
-        )
+        self.inter, hidden = config.intermediate_size, config.hidden_size
+        bias = getattr(config, "mlp_bias", False)  # Llama's config has it; Qwen's do not
+        self.gate_up_proj = nn.Linear(hidden, 2 * self.inter, bias=bias)
+        self.down_proj = nn.Linear(self.inter, hidden, bias=bias)
 
     def forward(self, x):
         "The MLP of each token."
@@ -269,42 +263,34 @@ class LlamaForCausalLM(nn.Module):
 @patch
 def load_weights(self: LlamaForCausalLM, weights):
     """Load `(name, tensor)` pairs with HF names (`model.layers.0.self_attn.q_proj.weight`, …) into
-    the fused layout."""
-    params = dict(self.named_parameters())
-    fused = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2)}
-    fused |= {"gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
-    loaded = set()
+    the fused layout: each of HF's q/k/v (gate/up) matrices goes into its rows of ours."""
+    params, loaded = dict(self.named_parameters()), set()
+    shards = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2)}
+    shards |= {"gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
     for name, w in weights:
         name = name.removeprefix("model.")
-        if "rotary_emb" in name:
-            continue
         if name == "lm_head.weight" and self.config.tie_word_embeddings:
             name = "embed_tokens.weight"  # tied: one tensor
         parts = name.split(".")
-        hit = next(((i, fused[p]) for i, p in enumerate(parts) if p in fused), None)
-        if hit:
-            i, (target, shard) = hit
-            pname = ".".join(parts[:i] + [target] + parts[i + 1 :])
-            p = params[pname]
-            sizes = (
-                ([self.layers[0].self_attn.q_size] + [self.layers[0].self_attn.kv_size] * 2)
-                if target == "qkv_proj"
-                else [p.shape[0] // 2] * 2
-            )
-            start = sum(sizes[:shard])
-            p.data[start : start + sizes[shard]].copy_(w)
-            loaded.add((pname, shard))
-        else:
+        i = next((i for i, p in enumerate(parts) if p in shards), None)
+        if "rotary_emb" in name:
+            continue
+        if i is None:
             if name not in params:
                 raise KeyError(f"unexpected weight {name!r} in checkpoint")
             params[name].data.copy_(w)
-            loaded.add((name, 0))
-    done = {n for n, _ in loaded}
-    missing = [n for n in params if n not in done]
-    if missing:
-        raise KeyError(
-            f"checkpoint is missing weights: {missing[:5]}{'…' if len(missing) > 5 else ''}"
-        )
+            loaded.add(name)
+            continue
+        target, shard = shards[parts[i]]
+        name = ".".join(parts[:i] + [target] + parts[i + 1 :])
+        a, p = self.layers[0].self_attn, params[name]
+        sizes = [a.q_size, a.kv_size, a.kv_size] if target == "qkv_proj" else [p.shape[0] // 2] * 2
+        start = sum(sizes[:shard])
+        p.data[start : start + sizes[shard]].copy_(w)
+        loaded.add(name)
+    if missing := [n for n in params if n not in loaded]:
+        more = "…" if len(missing) > 5 else ""
+        raise KeyError(f"checkpoint is missing weights: {missing[:5]}{more}")
 
 # %% ../nbs/05_model.ipynb #cf20b8cd
 def iter_checkpoint_weights(path: str | os.PathLike):
@@ -373,11 +359,9 @@ class StepTimer:
 
 @dataclass(repr=False)
 class ModelRunnerOutput:
-    """What the model computed for one step. `logits[i]`: the next-token logits of `req_ids[i]`, a
-    request that samples; `extra_logits[req_id]` `[count, vocab]`: the rows asked for in
-    `execute_model`'s `logits_rows` (the model's prediction after each of those positions);
-    `hidden_states[req_id]` `[n, hidden]`: the final-norm hidden rows of the chunk of each
-    request in `hidden_rows` (those get no logits, sample nothing)."""
+    """What the model computed for one step: `logits[i]`, the next-token logits of `req_ids[i]`;
+    the rows asked for in `execute_model`'s `logits_rows` (`extra_logits[req_id]`, `[count, vocab]`)
+    and `hidden_rows` (`hidden_states[req_id]`, `[n, hidden]`: no logits, no sampling)."""
 
     req_ids: list[str]
     logits: torch.Tensor
@@ -411,10 +395,8 @@ def __repr__(self: ModelRunnerOutput):
 # %% ../nbs/05_model.ipynb #906320f1
 # quantization → loader `(model_config, device) → model` (lesson 05a registers "gguf")
 MODEL_LOADERS: dict[str, Callable] = {}
-# device type → what a runner does to its model once loaded (lesson 05a: "cpu" prepacks the weights)
-MODEL_PREPARERS: dict[str, Callable] = {}
-# attention backend → warm-up `(runner) → None` that compiles its kernel (lesson 05a: cpu, inductor)
-ATTENTION_WARMUPS: dict[str, Callable] = {}
+# name → `(runner) → None`, run once the model is loaded (lesson 05a: packed weights, kernels)
+RUNNER_PREPARERS: dict[str, Callable] = {}
 
 # %% ../nbs/05_model.ipynb #1af1ae43
 class ModelRunner:
@@ -427,10 +409,9 @@ class ModelRunner:
         self.dtype, self.block_size = mc.dtype, cc.block_size
         torch.manual_seed(mc.seed)
         self.model = self.load_model()
-        if self.device.type in MODEL_PREPARERS:
-            MODEL_PREPARERS[self.device.type](self.model)
-        self.attention_backend: str | None = None
-        self.prepare_attention()
+        self.attention_backend = mc.attention_backend  # the model's layers attend with it
+        for prepare_runner in RUNNER_PREPARERS.values():
+            prepare_runner(self)
         self.num_blocks = self.agree_num_blocks(self.determine_num_blocks())  # (below)
         cc.num_gpu_blocks = self.num_blocks
         self.kv_caches = [
@@ -469,29 +450,7 @@ class ModelRunner:
         return kv * self.dtype.itemsize
 
     def shutdown(self):
-        """Release what the runner holds outside this process: nothing (the tensor-parallel runner
-        stops workers)."""
-
-# %% ../nbs/05_model.ipynb #237bc1c3
-@patch
-def prepare_attention(self: ModelRunner) -> str:
-    """Choose the attention backend once, before the first step: run its warm-up (compile its
-    kernel) if it registered one; where that fails, say why and attend with `torch`. Returns it."""
-    if self.attention_backend is None:
-        backend = self.config.model_config.attention_backend
-        try:
-            ATTENTION_WARMUPS.get(backend, lambda runner: None)(self)
-        except Exception as e:  # typically no C compiler: the torch backend needs none
-            logging.getLogger("minivllm").warning(
-                "attention_backend=%r could not compile its kernel (%s: %s); "
-                "attending with the torch backend instead.",
-                *(backend, type(e).__name__, str(e)[:300]),
-            )
-            backend = "torch"
-        for layer in self.model.layers:
-            layer.self_attn.attn_fn = get_attention_backend(backend)
-        self.attention_backend = backend
-    return self.attention_backend
+        "Release what the runner holds outside this process (the tensor-parallel runner's workers)."
 
 # %% ../nbs/05_model.ipynb #94e8101f
 @patch
@@ -507,10 +466,25 @@ def determine_num_blocks(self: ModelRunner) -> int:
 
 
 @patch
-@torch.inference_mode()
 def profile_num_blocks(self: ModelRunner) -> int:
     """GPU: run a full-budget forward pass, then give the KV cache what `gpu_memory_utilization`
-    leaves."""
+    leaves after the weights, that pass's peak and what other processes hold."""
+    peak = self._forward_peak()
+    torch.cuda.empty_cache()  # hand freed blocks back: the KV cache comes in a few large pieces
+    free, total = torch.cuda.mem_get_info(self.device)
+    other = total - free - torch.cuda.memory_reserved(self.device)  # other processes, CUDA context
+    budget = total * self.config.cache_config.gpu_memory_utilization - peak - other
+    if budget < self.block_bytes:
+        raise ValueError(
+            "no memory left for the KV cache: raise gpu_memory_utilization or use a smaller model"
+        )
+    return int(budget // self.block_bytes)
+
+# %% ../nbs/05_model.ipynb #a3c557c9
+@patch
+@torch.inference_mode()
+def _forward_peak(self: ModelRunner) -> int:
+    "Peak GPU bytes of a forward pass of `max_num_batched_tokens` tokens, less its scratch cache."
     mc, n = self.config.model_config, self.config.scheduler_config.max_num_batched_tokens
     # the budget as prompts of at most max_model_len tokens (positions exist)
     L, seqs, nb = min(n, mc.max_model_len), [], 0
@@ -527,20 +501,8 @@ def profile_num_blocks(self: ModelRunner) -> int:
     ids, pos, md, _ = self.prepare_inputs(SchedulerOutput(seqs))
     self.model.compute_logits(self.model(ids, pos, caches, md)[-1:])
     torch.cuda.synchronize(self.device)
-    peak = torch.cuda.max_memory_allocated(self.device) - sum(
-        c.numel() * c.element_size() for c in caches
-    )
-    del caches
-    # hand freed blocks back: the KV cache is allocated in a few large pieces right after
-    torch.cuda.empty_cache()
-    free, total = torch.cuda.mem_get_info(self.device)
-    other = total - free - torch.cuda.memory_reserved(self.device)  # other processes, CUDA context
-    budget = total * self.config.cache_config.gpu_memory_utilization - peak - other
-    if budget < self.block_bytes:
-        raise ValueError(
-            "no memory left for the KV cache: raise gpu_memory_utilization or use a smaller model"
-        )
-    return int(budget // self.block_bytes)
+    cache_bytes = sum(c.numel() * c.element_size() for c in caches)
+    return torch.cuda.max_memory_allocated(self.device) - cache_bytes
 
 # %% ../nbs/05_model.ipynb #5548a920
 @patch
@@ -551,13 +513,8 @@ def prepare_inputs(self: ModelRunner, scheduler_output: SchedulerOutput):
         (s for s in scheduler_output.seqs if s.num_tokens == 1), key=lambda s: s.start_pos
     )
     seqs = decodes + [s for s in scheduler_output.seqs if s.num_tokens != 1]
-    ids, pos = [], []
-    for s in seqs:
-        ids += s.token_ids
-        if s.num_tokens == 1:
-            pos.append(s.start_pos)
-        else:
-            pos += range(s.start_pos, s.start_pos + s.num_tokens)
+    ids = [t for s in seqs for t in s.token_ids]
+    pos = [p for s in seqs for p in range(s.start_pos, s.start_pos + s.num_tokens)]
     md = build_metadata(
         [s.start_pos + s.num_tokens for s in seqs],
         [s.num_tokens for s in seqs],
@@ -565,12 +522,8 @@ def prepare_inputs(self: ModelRunner, scheduler_output: SchedulerOutput):
         self.block_size,
         self.device,
     )
-    return (
-        torch.tensor(ids, dtype=torch.int64, device=self.device),
-        torch.tensor(pos, dtype=torch.int64, device=self.device),
-        md,
-        seqs,
-    )
+    t = lambda x: torch.tensor(x, dtype=torch.int64, device=self.device)
+    return t(ids), t(pos), md, seqs
 
 # %% ../nbs/05_model.ipynb #71e18409
 @patch
@@ -592,8 +545,7 @@ def execute_model(
     """Run one step: the ids of the requests that sample and their logits `[n, vocab]` (float32).
     Two generic asks for more: `logits_rows[req_id] = (first, count)` adds the logits of `count`
     rows of that request's chunk from its `first` token on; the requests in `hidden_rows` get
-    their chunk's hidden rows instead of logits. `timer` (a `StepTimer`) gets the seconds of
-    "prepare", "forward" and "logits"."""
+    their chunk's hidden rows instead of logits. `timer` gets the seconds of its phases."""
     timer, logits_rows = timer or StepTimer(), logits_rows or {}
     input_ids, positions, md, seqs = self.prepare_inputs(scheduler_output)
     q = [int(v) for v in md.query_start_loc_cpu]
@@ -602,25 +554,19 @@ def execute_model(
     timer.lap("prepare")
     hidden = self.run_model(input_ids, positions, md)
     timer.lap("forward")
-    hidden_states = {
-        s.req_id: hidden[q[i] : q[i + 1]] for i, s in enumerate(seqs) if s.req_id in hidden_rows
-    }
-    samplers = [
-        (i, s.req_id) for i, s in enumerate(seqs) if s.sample and s.req_id not in hidden_rows
-    ]
-    spans = [
-        (s.req_id, q[i] + logits_rows[s.req_id][0], logits_rows[s.req_id][1])
-        for i, s in enumerate(seqs)
-        if s.req_id in logits_rows
-    ]  # (req id, first row, number of rows)
-    rows = [q[i + 1] - 1 for i, _ in samplers] + [
-        r for _, r0, m in spans for r in range(r0, r0 + m)
-    ]
+    sample = [i for i, s in enumerate(seqs) if s.sample and s.req_id not in hidden_rows]
+    rows = [q[i + 1] - 1 for i in sample]  # the last token of each request that samples
+    extra = {}  # req id → (its first row in `rows`, count)
+    for i, s in enumerate(seqs):
+        if s.req_id in logits_rows:
+            first, n = logits_rows[s.req_id]
+            extra[s.req_id] = (len(rows), n)
+            rows += range(q[i] + first, q[i] + first + n)
     logits = self.model.compute_logits(hidden[rows])  # one LM-head call for every row asked for
-    extra, j = {}, len(samplers)
-    for rid, _, m in spans:
-        extra[rid], j = logits[j : j + m], j + m
     timer.lap("logits")
     return ModelRunnerOutput(
-        [rid for _, rid in samplers], logits[: len(samplers)], extra, hidden_states
+        [seqs[i].req_id for i in sample],
+        logits[: len(sample)],
+        {rid: logits[j : j + n] for rid, (j, n) in extra.items()},
+        {s.req_id: hidden[q[i] : q[i + 1]] for i, s in enumerate(seqs) if s.req_id in hidden_rows},
     )

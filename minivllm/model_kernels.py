@@ -11,13 +11,14 @@ import weakref
 import torch
 from torch import nn
 import torch.nn.functional as F
+from .attention import get_attention_backend
 from .attention_kernels import build_decode_kernel, warm_up_decode_in_place
 from .gemm import GEMM_MAX_ROWS, batch_invariant, build_c_library, gemm, gemm_copy
 from minivllm.model import (
-    ATTENTION_WARMUPS,
     LAYER_OPS,
     MODEL_LOADERS,
-    MODEL_PREPARERS,
+    RUNNER_PREPARERS,
+    ModelRunner,
     LlamaForCausalLM,
     RotaryEmbedding,
     TorchOps,
@@ -34,8 +35,8 @@ from minivllm.quantization import (
 )
 
 # %% auto #0
-__all__ = ['PACKED_CHUNK', 'PACKED_LINEARS', 'row_bucket', 'Linear', 'pack_weights', 'packed_linear', 'rms_norm_c', 'rotate_c',
-           'silu_and_mul_c', 'CpuOps', 'load_gguf_model']
+__all__ = ['PACKED_CHUNK', 'PACKED_LINEARS', 'ATTENTION_WARMUPS', 'row_bucket', 'Linear', 'pack_weights', 'packed_linear',
+           'rms_norm_c', 'rotate_c', 'silu_and_mul_c', 'CpuOps', 'prepare_attention', 'load_gguf_model']
 
 # %% ../nbs/05a_model_kernels.ipynb #46773998
 def _can_pack(w: torch.Tensor) -> bool:
@@ -138,7 +139,13 @@ def pack_weights(model: nn.Module, enable: bool = True) -> int:
     return n
 
 
-MODEL_PREPARERS["cpu"] = pack_weights  # a runner on the CPU packs its model's weights
+def _pack_on_cpu(runner):
+    "A runner's preparation: pack its model's weights on the CPU."
+    if runner.device.type == "cpu":
+        pack_weights(runner.model)
+
+
+RUNNER_PREPARERS["pack_weights"] = _pack_on_cpu
 
 # %% ../nbs/05a_model_kernels.ipynb #b7e2f9c3
 @torch.library.custom_op(
@@ -292,7 +299,30 @@ def _warm_up_inductor(runner):
     )
 
 
-ATTENTION_WARMUPS.update(cpu=_warm_up_cpu, inductor=_warm_up_inductor)
+# attention backend → warm-up `(runner) → None` that compiles its kernel
+ATTENTION_WARMUPS = {"cpu": _warm_up_cpu, "inductor": _warm_up_inductor}
+
+
+def prepare_attention(runner) -> str:
+    """Compile the runner's attention kernel (its backend's warm-up); where that fails, say why and
+    attend with `torch`. Returns the backend in use."""
+    backend = runner.attention_backend
+    if backend in ATTENTION_WARMUPS:
+        try:
+            ATTENTION_WARMUPS[backend](runner)
+        except Exception as e:  # typically no C compiler: the torch backend needs none
+            logging.getLogger("minivllm").warning(
+                "attention_backend=%r could not compile its kernel (%s: %s); "
+                "attending with the torch backend instead.",
+                *(backend, type(e).__name__, str(e)[:300]),
+            )
+            runner.attention_backend = "torch"
+            for layer in runner.model.layers:
+                layer.self_attn.attn_fn = get_attention_backend("torch")
+    return runner.attention_backend
+
+
+RUNNER_PREPARERS["attention"] = prepare_attention
 
 # %% ../nbs/05a_model_kernels.ipynb #37496092
 def _gguf_float(kind: str, t: torch.Tensor) -> torch.Tensor:

@@ -12,8 +12,8 @@ from .request import Request
 
 # %% auto #0
 __all__ = ['LOGITS_TRANSFORMS', 'LogitsTransform', 'SamplingMetadata', 'apply_temperature', 'apply_top_k_top_p', 'Logprob',
-           'LogprobsLists', 'LogprobsTensors', 'logprobs_dict', 'decode_logprobs', 'compute_logprobs',
-           'gather_logprobs', 'random_sample', 'SamplerOutput', 'Sampler', 'SampledTokens']
+           'LogprobsLists', 'LogprobsTensors', 'logprobs_dict', 'compute_logprobs', 'gather_logprobs', 'random_sample',
+           'SamplerOutput', 'Sampler', 'SampledTokens']
 
 # %% ../nbs/06_sampler.ipynb #98c7bd57
 class LogitsTransform:
@@ -39,8 +39,7 @@ _EPS = 1e-5
 
 @dataclass
 class SamplingMetadata:
-    """Per-row sampling parameters of one step, as tensors (`None`: no row of the batch uses that
-    knob)."""
+    "Per-row sampling parameters of one step, as tensors (`None`: no row uses that knob)."
 
     temperature: torch.Tensor  # [B] float32 (0 for greedy rows)
     all_greedy: bool
@@ -48,14 +47,10 @@ class SamplingMetadata:
     top_k: torch.Tensor | None  # [B] int64, 0 = off
     top_p: torch.Tensor | None  # [B] float32, 1 = off
     generators: dict[int, torch.Generator]  # row -> the request's own generator (seeded requests)
-    max_num_logprobs: (
-        int | None
-    )  # the most `logprobs` any row asked for (-1: the whole vocabulary); None: no row
+    max_num_logprobs: int | None  # the most `logprobs` a row asked for (-1: all); None: no row
     # which rows need the costly steps (int64 indices, ascending)
     random_rows: torch.Tensor | None = None  # rows that sample at random (temperature > 0)
-    top_p_rows: torch.Tensor | None = (
-        None  # rows with top-p (their top-k, if any, is applied with it)
-    )
+    top_p_rows: torch.Tensor | None = None  # rows with top-p (and their top-k, if any)
     top_k_only_rows: torch.Tensor | None = None  # rows with top-k and no top-p
     logprobs_rows: torch.Tensor | None = None  # rows that asked for logprobs
     # the knobs of lesson 06a that some row uses, with their inputs, in the sampler's order
@@ -156,23 +151,17 @@ class LogprobsLists(NamedTuple):
 
 
 class LogprobsTensors(NamedTuple):
-    """Per row: the chosen token then the top-k (`[N, k+1]` ids and logprobs), and the chosen
-    token's rank `[N]`."""
+    "Per row: the chosen token then the top-k (`[N, k+1]` ids, logprobs); the chosen token's rank."
 
     logprob_token_ids: torch.Tensor
     logprobs: torch.Tensor
     selected_token_ranks: torch.Tensor
 
     def tolists(self) -> LogprobsLists:
-        return LogprobsLists(
-            self.logprob_token_ids.tolist(),
-            self.logprobs.tolist(),
-            self.selected_token_ranks.tolist(),
-        )
+        return LogprobsLists(*(x.tolist() for x in self))
 
     def to_dicts(self, num_logprobs: int | list[int], tokenizer=None) -> list[dict[int, Logprob]]:
-        """One `{token_id: Logprob}` per row (vLLM's output shape), keeping `num_logprobs` (per row,
-        or one for all) top tokens."""
+        "One `{token_id: Logprob}` per row, its `num_logprobs` (a list, or one for all) top tokens."
         ids, lps, ranks = self.tolists()
         ks = num_logprobs if isinstance(num_logprobs, list) else [num_logprobs] * len(ids)
         return [logprobs_dict(*row, k, tokenizer) for *row, k in zip(ids, lps, ranks, ks)]
@@ -182,26 +171,13 @@ def logprobs_dict(
     token_ids: list[int], logprobs: list[float], rank: int, num_logprobs: int, tokenizer=None
 ) -> dict[int, Logprob]:
     """One position's `{token_id: Logprob}`: the chosen token with its rank, then the `num_logprobs`
-    (-1: all) most likely with ranks 1, 2, …; the chosen token appears once (so the dict has
-    `num_logprobs` or `num_logprobs + 1` entries). With a tokenizer, `decoded_token` is each token
-    decoded alone (as vLLM does)."""
+    (-1: all) most likely, ranked 1, 2, … (the chosen token once); with a tokenizer, their texts."""
     n = len(token_ids) if num_logprobs == -1 else num_logprobs + 1
     ids, lps, rks = token_ids[:n], logprobs[:n], [rank, *range(1, n)]
     texts = (
         tokenizer.batch_decode([[t] for t in ids]) if tokenizer is not None else [None] * len(ids)
     )
     return {t: Logprob(lp, rk, s) for t, lp, rk, s in zip(ids, lps, rks, texts)}
-
-
-def decode_logprobs(
-    logprobs: list[dict[int, Logprob] | None], tokenizer
-) -> list[dict[int, Logprob] | None]:
-    """Fill in `decoded_token` (each token decoded alone, as vLLM does) of logprob dicts built
-    without a tokenizer; in place."""
-    todo = [lp for d in logprobs if d for lp in d.items()]
-    for (t, lp), s in zip(todo, tokenizer.batch_decode([[t] for t, _ in todo])):
-        lp.decoded_token = s
-    return logprobs
 
 # %% ../nbs/06_sampler.ipynb #23e2da33
 def compute_logprobs(logits: torch.Tensor) -> torch.Tensor:
@@ -233,11 +209,8 @@ def _exp_noise(shape, device, generator=None) -> torch.Tensor:
 def random_sample(probs: torch.Tensor, generators: dict[int, torch.Generator]) -> torch.Tensor:
     """One draw per row with the exponential race; rows with a generator draw their noise from it
     (on the CPU), so they are reproducible."""
-    q = (
-        _exp_noise(probs.shape, probs.device)
-        if len(generators) < probs.shape[0]
-        else torch.empty_like(probs)
-    )
+    seeded = len(generators) == probs.shape[0]
+    q = torch.empty_like(probs) if seeded else _exp_noise(probs.shape, probs.device)
     for i, g in generators.items():
         q[i] = _exp_noise(probs.shape[-1], "cpu", g).to(probs.device)
     return probs.div_(q).argmax(-1)
@@ -297,16 +270,10 @@ class Sampler:
         for f, x in md.transforms:
             if f.after_temperature:  # lesson 06a: min-p
                 logits = f.apply(logits, x)
-        logits = _on_rows(
-            logits,
-            md.top_p_rows,
-            lambda l, r: apply_top_k_top_p(
-                l, None if md.top_k is None else md.top_k[r], md.top_p[r]
-            ),
-        )
-        logits = _on_rows(
-            logits, md.top_k_only_rows, lambda l, r: apply_top_k_top_p(l, md.top_k[r], None)
-        )
+        k, p = md.top_k, md.top_p
+        top_p = lambda l, r: apply_top_k_top_p(l, None if k is None else k[r], p[r])
+        logits = _on_rows(logits, md.top_p_rows, top_p)
+        logits = _on_rows(logits, md.top_k_only_rows, lambda l, r: apply_top_k_top_p(l, k[r], None))
         if md.all_random:
             return random_sample(logits.softmax(-1), md.generators)
         rows = md.random_rows

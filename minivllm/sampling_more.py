@@ -26,9 +26,9 @@ from .scheduler import StepExtension, register_extension
 # %% auto #0
 __all__ = ['bad_word_bans', 'Penalties', 'apply_allowed_token_ids', 'apply_banned', 'apply_logit_bias', 'apply_penalties',
            'apply_min_p', 'AllowedTokenIds', 'BannedTokens', 'LogitBias', 'PenaltiesTransform', 'MinP',
-           'prompt_logprobs_from_logits', 'PromptLogprobsCollector', 'PromptLogprobs', 'BeamSearchParams',
-           'BeamSearchSequence', 'BeamSearchOutput', 'get_beam_search_score', 'beam_search_step', 'beam_search',
-           'sampling_stages']
+           'decode_logprobs', 'prompt_logprobs_from_logits', 'PromptLogprobsCollector', 'PromptLogprobs',
+           'BeamSearchParams', 'BeamSearchSequence', 'BeamSearchOutput', 'get_beam_search_score', 'beam_search_step',
+           'beam_search', 'sampling_stages']
 
 # %% ../nbs/06a_sampling_more.ipynb #767cc45f
 def bad_word_bans(bad_words_token_ids: list[list[int]], output_token_ids: list[int]) -> list[int]:
@@ -265,6 +265,17 @@ class MinP(LogitsTransform):
 
 for _t in (AllowedTokenIds(), BannedTokens(), LogitBias(), PenaltiesTransform(), MinP()):
     LOGITS_TRANSFORMS[_t.name] = _t
+
+# %% ../nbs/06a_sampling_more.ipynb #442f7e5d
+def decode_logprobs(
+    logprobs: list[dict[int, Logprob] | None], tokenizer
+) -> list[dict[int, Logprob] | None]:
+    """Fill in `decoded_token` (each token decoded alone, as vLLM does) of logprob dicts built
+    without a tokenizer; in place."""
+    todo = [lp for d in logprobs if d for lp in d.items()]
+    for (t, lp), s in zip(todo, tokenizer.batch_decode([[t] for t, _ in todo])):
+        lp.decoded_token = s
+    return logprobs
 
 # %% ../nbs/06a_sampling_more.ipynb #644d2466
 def prompt_logprobs_from_logits(
