@@ -20,7 +20,8 @@ import torch.nn.functional as F
 from .attention import AttentionMetadata, build_metadata
 from .attention_kernels import decode_in_place, _LaunchPlan, _launch_decode, _launch_write
 from .scheduler import SchedulerOutput
-from .model import MODEL_RUNNERS, Linear, ModelRunner, ModelRunnerOutput, StepTimer
+from .model import MODEL_RUNNERS, ModelRunner, ModelRunnerOutput, StepTimer
+from .model_kernels import Linear
 
 logger = logging.getLogger("minivllm")
 

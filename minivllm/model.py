@@ -8,24 +8,21 @@ import glob
 import math
 import os
 import time
-import weakref
-from typing import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 import torch
 from torch import nn
 import torch.nn.functional as F
 from fastcore.basics import patch
 from .config import EngineConfig
-import logging
 from .attention import AttentionMetadata, build_metadata, get_attention_backend
 import minivllm.attention_kernels  # noqa: F401 (registers lesson 04c's backends: cpu, inductor, triton)
-from .scheduler import SchedulerOutput
-from .gemm import GEMM_MAX_ROWS, batch_invariant, gemm, gemm_copy
+from .scheduler import ScheduledSeq, SchedulerOutput, StepExtension
 
 # %% auto #0
-__all__ = ['LAYER_OPS', 'PACKED_CHUNK', 'PACKED_LINEARS', 'SUPPORTED_MODEL_TYPES', 'MODEL_RUNNERS', 'MODEL_LOADERS',
-           'ATTENTION_WARMUPS', 'TorchOps', 'layer_ops', 'RMSNorm', 'row_bucket', 'Linear', 'rope_inv_freq',
-           'RotaryEmbedding', 'get_attention_fn', 'Attention', 'MLP', 'DecoderLayer', 'LlamaForCausalLM',
+__all__ = ['LAYER_OPS', 'SUPPORTED_MODEL_TYPES', 'MODEL_RUNNERS', 'MODEL_LOADERS', 'RUNNER_PREPARERS', 'TorchOps', 'layer_ops',
+           'RMSNorm', 'RotaryEmbedding', 'Attention', 'MLP', 'DecoderLayer', 'LlamaForCausalLM',
            'iter_checkpoint_weights', 'load_model', 'tiny_config', 'make_tiny_checkpoint', 'StepTimer',
            'ModelRunnerOutput', 'model_runner_class', 'ModelRunner']
 
@@ -42,14 +39,12 @@ class TorchOps:
 
     @staticmethod
     def rms_norm(x, weight, eps: float):
-        """`weight · x · rsqrt(mean(x²) + eps)` over the last dim, in float32 (one fused
-        `F.rms_norm` call)."""
+        "`weight · x · rsqrt(mean(x²) + eps)` over the last dim, in float32 (`F.rms_norm`)."
         return weight * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
 
     @staticmethod
     def rotate(x, cos, sin):
-        """Rotate `x` `[T, heads, D]`: `x · cos + rotate_half(x) · sin`, as HF's
-        `apply_rotary_pos_emb`."""
+        "`x` `[T, heads, D]` rotated: `x · cos + rotate_half(x) · sin` (as HF's)."
         x1, x2 = x.chunk(2, -1)
         return x * cos + torch.cat([-x2, x1], -1) * sin
 
@@ -81,98 +76,8 @@ class RMSNorm(nn.Module):
         "Normalise the last dimension of `x` (`ops.rms_norm`)."
         return self.ops.rms_norm(x, self.weight, self.eps)
 
-# %% ../nbs/05_model.ipynb #8d8fb724
-def _can_pack(w: torch.Tensor) -> bool:
-    return (
-        w.device.type == "cpu"
-        and torch.backends.mkldnn.is_available()
-        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-        and w.dtype in (torch.float32, torch.bfloat16)
-    )
-
-
-def row_bucket(m: int) -> int:
-    """The number of rows a packed GEMM of `m` rows runs at: `m` up to 16, then rounded up to 8
-    sizes per doubling."""
-    if m <= 16:
-        return m
-    step = 1 << ((m - 1).bit_length() - 4)
-    return -(-m // step) * step
-
-
-PACKED_CHUNK = 2048  # a packed GEMM of more rows runs in chunks of this many
-# key → packed `Linear`: how a compiled graph finds its packed weight (lesson 05a)
-PACKED_LINEARS = weakref.WeakValueDictionary()
-
-# %% ../nbs/05_model.ipynb #786394c5
-class Linear(nn.Linear):
-    """`nn.Linear` that multiplies with prepacked copies of its weight once `pack()` made them
-    (CPU): the C kernel's up to `GEMM_MAX_ROWS` rows, oneDNN's above."""
-
-    packed: torch.Tensor | None = None  # oneDNN's layout
-    gemm_packed: torch.Tensor | None = None  # the C kernel's layout (lesson 04a)
-    # True while a graph that leaves the GEMMs to Inductor is traced (lesson 05b's compile sizes)
-    gemm_in_graph = False
-    # calls up to this many rows take the C kernel (any number: batch invariant)
-    gemm_max_rows = GEMM_MAX_ROWS
-
-    def pack(self) -> bool:
-        """Make the packed copies of the weight (call again after changing the weight). Returns
-        whether they are used."""
-        self.packed = self.gemm_packed = None
-        if _can_pack(self.weight):
-            try:
-                p = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach())
-                x = torch.zeros(1, self.in_features, dtype=self.weight.dtype)
-                torch.ops.mkldnn._linear_pointwise(x, p, self.bias, "none", [], "")  # probe once
-                self.packed, self.key = p, id(self)
-                PACKED_LINEARS[self.key] = self
-            except RuntimeError:
-                pass
-        if self.packed is not None:
-            self.gemm_packed = gemm_copy(self.weight.detach())
-        self.gemm_max_rows = (
-            2**62 if batch_invariant() else GEMM_MAX_ROWS
-        )  # VLLM_BATCH_INVARIANT=1: one kernel, one order of additions, at every size (lesson 04a)
-        return self.packed is not None
-
-    def unpack(self):
-        "Drop the packed copies (back to `F.linear`)."
-        self.packed = self.gemm_packed = None
-        PACKED_LINEARS.pop(id(self), None)
-
-    def forward(self, x):
-        """`x @ W.T + b`, with the packed weight when there is one (at a bucketed number of rows,
-        see `row_bucket`)."""
-        if self.packed is None or x.dtype != self.weight.dtype or x.device.type != "cpu":
-            return F.linear(x, self.weight, self.bias)
-        if torch.compiler.is_compiling():
-            if Linear.gemm_in_graph:
-                return F.linear(x, self.weight, self.bias)
-            # the packed GEMM as one opaque op of the graph (lesson 05a)
-            return torch.ops.minivllm.packed_linear(x, self.weight, self.bias, self.key)
-        return self._packed(x)
-
-    def _packed(self, x):
-        rows = x.reshape(-1, self.in_features)
-        if self.gemm_packed is not None and len(rows) <= self.gemm_max_rows:
-            return gemm(rows, self.gemm_packed, self.bias).view(*x.shape[:-1], self.out_features)
-        out = (
-            torch.cat([self._packed_mm(c) for c in rows.split(PACKED_CHUNK)])
-            if len(rows) > PACKED_CHUNK
-            else self._packed_mm(rows)
-        )
-        return out.view(*x.shape[:-1], self.out_features)
-
-    def _packed_mm(self, rows):
-        m = len(rows)
-        b = row_bucket(m)
-        if b > m:
-            rows = F.pad(rows, (0, 0, 0, b - m))
-        return torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [], "")[:m]
-
 # %% ../nbs/05_model.ipynb #36e2aa55
-def rope_inv_freq(config) -> tuple[torch.Tensor, float]:
+def _rope_inv_freq(config) -> tuple[torch.Tensor, float]:
     "Inverse frequencies and attention scaling of the rotary embedding described by an HF config."
     rp = dict(
         getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
@@ -195,7 +100,7 @@ def rope_inv_freq(config) -> tuple[torch.Tensor, float]:
         raise NotImplementedError(f"rope_type={kind!r} is not implemented in minivllm.")
     return inv_freq, 1.0
 
-
+# %% ../nbs/05_model.ipynb #9a067823
 class RotaryEmbedding(nn.Module):
     """cos/sin table for all positions up to `max_pos`; applied per token (neox style: rotate the
     two halves)."""
@@ -204,7 +109,7 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, config, max_pos: int):
         super().__init__()
-        inv_freq, scaling = rope_inv_freq(config)
+        inv_freq, scaling = _rope_inv_freq(config)
         freqs = torch.arange(max_pos, dtype=torch.float32)[:, None] * inv_freq[None, :]
         emb = torch.cat([freqs, freqs], -1)
         self.register_buffer("cos", emb.cos() * scaling, persistent=False)
@@ -221,12 +126,6 @@ class RotaryEmbedding(nn.Module):
         return self.ops.rotate(q, cos, sin), self.ops.rotate(k, cos, sin)
 
 # %% ../nbs/05_model.ipynb #c95a6800
-def get_attention_fn(name: str):
-    """The attention backend `name` from lesson 04's registry: `torch`, or lesson 04c's `cpu`,
-    `inductor`, `triton`."""
-    return get_attention_backend(name)
-
-
 class Attention(nn.Module):
     """Fused q/k/v projection, rotary embedding (and Qwen3's q/k norms), paged attention through
     `attn_fn`, output projection."""
@@ -242,8 +141,8 @@ class Attention(nn.Module):
         self.kv_size = self.num_kv_heads * self.head_dim
         qkv_bias = c.model_type == "qwen2" or getattr(c, "attention_bias", False)
         o_bias = c.model_type != "qwen2" and getattr(c, "attention_bias", False)
-        self.qkv_proj = Linear(c.hidden_size, self.q_size + 2 * self.kv_size, bias=qkv_bias)
-        self.o_proj = Linear(self.q_size, c.hidden_size, bias=o_bias)
+        self.qkv_proj = nn.Linear(c.hidden_size, self.q_size + 2 * self.kv_size, bias=qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, c.hidden_size, bias=o_bias)
         self.qk_norm = c.model_type == "qwen3"
         if self.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, c.rms_norm_eps)
@@ -277,13 +176,10 @@ class MLP(nn.Module):
         super().__init__()
         if config.hidden_act != "silu":
             raise NotImplementedError(f"hidden_act={config.hidden_act!r} is not implemented.")
-        self.inter = config.intermediate_size
-        self.gate_up_proj = Linear(
-            config.hidden_size, 2 * self.inter, bias=getattr(config, "mlp_bias", False)
-        )
-        self.down_proj = Linear(
-            self.inter, config.hidden_size, bias=getattr(config, "mlp_bias", False)
-        )
+        self.inter, hidden = config.intermediate_size, config.hidden_size
+        bias = getattr(config, "mlp_bias", False)  # Llama's config has it; Qwen's do not
+        self.gate_up_proj = nn.Linear(hidden, 2 * self.inter, bias=bias)
+        self.down_proj = nn.Linear(self.inter, hidden, bias=bias)
 
     def forward(self, x):
         "The MLP of each token."
@@ -308,6 +204,19 @@ class DecoderLayer(nn.Module):
 # %% ../nbs/05_model.ipynb #ec48cb78
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
+
+def _check_supported(config):
+    "Raise for a model family, or a feature of one, that minivllm does not run."
+    if config.model_type not in SUPPORTED_MODEL_TYPES:
+        raise NotImplementedError(
+            f"model_type={config.model_type!r} is not supported; minivllm runs "
+            f"{SUPPORTED_MODEL_TYPES}."
+        )
+    if getattr(config, "sliding_window", None) and getattr(
+        config, "use_sliding_window", config.model_type == "mistral"
+    ):
+        raise NotImplementedError("sliding-window attention is not implemented in minivllm.")
+
 # %% ../nbs/05_model.ipynb #644d0653
 class LlamaForCausalLM(nn.Module):
     """Llama-family decoder over a paged KV cache. Parameter names follow HF's, with q/k/v and
@@ -317,23 +226,15 @@ class LlamaForCausalLM(nn.Module):
         self, config, attention_backend: str = "torch", max_pos: int | None = None, ops=None
     ):
         super().__init__()
-        if config.model_type not in SUPPORTED_MODEL_TYPES:
-            raise NotImplementedError(
-                f"model_type={config.model_type!r} is not supported; minivllm runs "
-                f"{SUPPORTED_MODEL_TYPES}."
-            )
-        if getattr(config, "sliding_window", None) and getattr(
-            config, "use_sliding_window", config.model_type == "mistral"
-        ):
-            raise NotImplementedError("sliding-window attention is not implemented in minivllm.")
+        _check_supported(config)
         self.config = config
-        attn_fn = get_attention_fn(attention_backend)
+        attn_fn = get_attention_backend(attention_backend)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
             DecoderLayer(config, attn_fn) for _ in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
         self.rotary = RotaryEmbedding(config, max_pos or config.max_position_embeddings)
@@ -358,57 +259,38 @@ class LlamaForCausalLM(nn.Module):
         "Logits (float32) of the given hidden rows only."
         return self.lm_head(hidden).float()
 
-    def pack_weights(self, enable: bool = True) -> int:
-        """Prepack (or with `enable=False` drop the packed copies of) every linear layer's weight;
-        returns how many are packed."""
-        n = 0
-        for m in self.modules():
-            if isinstance(m, Linear):
-                n += m.pack() if enable else (m.unpack() or 0)
-        return n
-
 # %% ../nbs/05_model.ipynb #625f3e18
 @patch
 def load_weights(self: LlamaForCausalLM, weights):
     """Load `(name, tensor)` pairs with HF names (`model.layers.0.self_attn.q_proj.weight`, …) into
-    the fused layout."""
-    params = dict(self.named_parameters())
-    fused = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2)}
-    fused |= {"gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
-    loaded = set()
+    the fused layout: each of HF's q/k/v (gate/up) matrices goes into its rows of ours."""
+    params, loaded = dict(self.named_parameters()), set()
+    shards = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2)}
+    shards |= {"gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
     for name, w in weights:
         name = name.removeprefix("model.")
-        if "rotary_emb" in name:
-            continue
         if name == "lm_head.weight" and self.config.tie_word_embeddings:
             name = "embed_tokens.weight"  # tied: one tensor
         parts = name.split(".")
-        hit = next(((i, fused[p]) for i, p in enumerate(parts) if p in fused), None)
-        if hit:
-            i, (target, shard) = hit
-            pname = ".".join(parts[:i] + [target] + parts[i + 1 :])
-            p = params[pname]
-            sizes = (
-                ([self.layers[0].self_attn.q_size] + [self.layers[0].self_attn.kv_size] * 2)
-                if target == "qkv_proj"
-                else [p.shape[0] // 2] * 2
-            )
-            start = sum(sizes[:shard])
-            p.data[start : start + sizes[shard]].copy_(w)
-            loaded.add((pname, shard))
-        else:
+        i = next((i for i, p in enumerate(parts) if p in shards), None)
+        if "rotary_emb" in name:
+            continue
+        if i is None:
             if name not in params:
                 raise KeyError(f"unexpected weight {name!r} in checkpoint")
             params[name].data.copy_(w)
-            loaded.add((name, 0))
-    done = {n for n, _ in loaded}
-    missing = [n for n in params if n not in done]
-    if missing:
-        raise KeyError(
-            f"checkpoint is missing weights: {missing[:5]}{'…' if len(missing) > 5 else ''}"
-        )
-    if any(isinstance(m, Linear) and m.packed is not None for m in self.modules()):
-        self.pack_weights()  # stale copies
+            loaded.add(name)
+            continue
+        target, shard = shards[parts[i]]
+        name = ".".join(parts[:i] + [target] + parts[i + 1 :])
+        a, p = self.layers[0].self_attn, params[name]
+        sizes = [a.q_size, a.kv_size, a.kv_size] if target == "qkv_proj" else [p.shape[0] // 2] * 2
+        start = sum(sizes[:shard])
+        p.data[start : start + sizes[shard]].copy_(w)
+        loaded.add(name)
+    if missing := [n for n in params if n not in loaded]:
+        more = "…" if len(missing) > 5 else ""
+        raise KeyError(f"checkpoint is missing weights: {missing[:5]}{more}")
 
 # %% ../nbs/05_model.ipynb #cf20b8cd
 def iter_checkpoint_weights(path: str | os.PathLike):
@@ -458,10 +340,6 @@ def make_tiny_checkpoint(path, model_type="llama", seed=0, tokenizer_from=None, 
     return hf
 
 # %% ../nbs/05_model.ipynb #9a2a2fc8
-from dataclasses import dataclass, field
-from .scheduler import ScheduledSeq, StepExtension
-
-
 class StepTimer:
     """Seconds per phase of one step: `lap(name)` adds the time since the previous lap, after the
     device's queued work."""
@@ -479,24 +357,16 @@ class StepTimer:
         self.t = t
 
 
-@dataclass
+@dataclass(repr=False)
 class ModelRunnerOutput:
-    """What the model computed for one step. `logits[i]`: the next-token logits of `req_ids[i]`, a
-    request that samples; `extra_logits[req_id]` `[count, vocab]`: the rows asked for in
-    `execute_model`'s `logits_rows` (the model's prediction after each of those positions);
-    `hidden_states[req_id]` `[n, hidden]`: the final-norm hidden rows of the chunk of each
-    request in `hidden_rows` (those get no logits, sample nothing)."""
+    """What the model computed for one step: `logits[i]`, the next-token logits of `req_ids[i]`;
+    the rows asked for in `execute_model`'s `logits_rows` (`extra_logits[req_id]`, `[count, vocab]`)
+    and `hidden_rows` (`hidden_states[req_id]`, `[n, hidden]`: no logits, no sampling)."""
 
     req_ids: list[str]
     logits: torch.Tensor
     extra_logits: dict[str, torch.Tensor] = field(default_factory=dict)
     hidden_states: dict[str, torch.Tensor] = field(default_factory=dict)
-
-    def __repr__(self):
-        return (
-            f"ModelRunnerOutput(req_ids={self.req_ids}, logits={tuple(self.logits.shape)}, "
-            f"extra_logits={list(self.extra_logits)}, hidden_states={list(self.hidden_states)})"
-        )
 
 
 @patch
@@ -514,11 +384,19 @@ def model_runner_class(config: EngineConfig) -> type:
     `ModelRunner`."""
     return next((c for c in reversed(MODEL_RUNNERS.values()) if c.enabled(config)), ModelRunner)
 
+# %% ../nbs/05_model.ipynb #bf41d8b7
+@patch
+def __repr__(self: ModelRunnerOutput):
+    return (
+        f"ModelRunnerOutput(req_ids={self.req_ids}, logits={tuple(self.logits.shape)}, "
+        f"extra_logits={list(self.extra_logits)}, hidden_states={list(self.hidden_states)})"
+    )
+
 # %% ../nbs/05_model.ipynb #906320f1
 # quantization → loader `(model_config, device) → model` (lesson 05a registers "gguf")
 MODEL_LOADERS: dict[str, Callable] = {}
-# attention backend → warm-up `(runner) → None` that compiles its kernel (lesson 05a: cpu, inductor)
-ATTENTION_WARMUPS: dict[str, Callable] = {}
+# name → `(runner) → None`, run once the model is loaded (lesson 05a: packed weights, kernels)
+RUNNER_PREPARERS: dict[str, Callable] = {}
 
 # %% ../nbs/05_model.ipynb #1af1ae43
 class ModelRunner:
@@ -531,10 +409,9 @@ class ModelRunner:
         self.dtype, self.block_size = mc.dtype, cc.block_size
         torch.manual_seed(mc.seed)
         self.model = self.load_model()
-        if self.device.type == "cpu":
-            self.model.pack_weights()  # prepacked linear weights (see `Linear`)
-        self.attention_backend: str | None = None
-        self.prepare_attention()
+        self.attention_backend = mc.attention_backend  # the model's layers attend with it
+        for prepare_runner in RUNNER_PREPARERS.values():
+            prepare_runner(self)
         self.num_blocks = self.agree_num_blocks(self.determine_num_blocks())  # (below)
         cc.num_gpu_blocks = self.num_blocks
         self.kv_caches = [
@@ -547,20 +424,14 @@ class ModelRunner:
     def load_model(self) -> LlamaForCausalLM:
         "The model of the config, with its weights, on this runner's device."
         mc = self.config.model_config
-        if mc.quantization is None:
-            return load_model(
-                mc.model,
-                mc.hf_config,
-                mc.dtype,
-                self.device,
-                mc.attention_backend,
-                mc.max_model_len,
-            )
-        if mc.quantization not in MODEL_LOADERS:
-            raise ValueError(
-                f"quantization={mc.quantization!r} has no loader (lesson 05a registers 'gguf')"
-            )
-        return MODEL_LOADERS[mc.quantization](mc, self.device)
+        if mc.quantization is not None:
+            if mc.quantization not in MODEL_LOADERS:
+                raise ValueError(
+                    f"quantization={mc.quantization!r} has no loader (lesson 05a: 'gguf')"
+                )
+            return MODEL_LOADERS[mc.quantization](mc, self.device)
+        args = mc.hf_config, mc.dtype, self.device, mc.attention_backend, mc.max_model_len
+        return load_model(mc.model, *args)
 
     def agree_num_blocks(self, n: int) -> int:
         "The number of KV blocks all processes can afford (one process: nobody to agree with)."
@@ -579,33 +450,7 @@ class ModelRunner:
         return kv * self.dtype.itemsize
 
     def shutdown(self):
-        """Release what the runner holds outside this process: nothing (the tensor-parallel runner
-        stops workers)."""
-
-# %% ../nbs/05_model.ipynb #237bc1c3
-@patch
-def prepare_attention(self: ModelRunner) -> str:
-    """Choose the attention backend once, before the first step: run its warm-up (compile its
-    kernel) if it registered one; where that fails, say why and attend with `torch`. Returns it."""
-    if self.attention_backend is not None:
-        return self.attention_backend
-    backend = self.config.model_config.attention_backend
-    if backend in ATTENTION_WARMUPS:
-        try:
-            ATTENTION_WARMUPS[backend](self)
-        except Exception as e:  # typically no C compiler: the torch backend needs none
-            logging.getLogger("minivllm").warning(
-                "attention_backend=%r could not compile its kernel (%s: %s); "
-                "attending with the torch backend instead.",
-                backend,
-                type(e).__name__,
-                str(e)[:300],
-            )
-            backend = "torch"
-    for layer in self.model.layers:
-        layer.self_attn.attn_fn = get_attention_fn(backend)
-    self.attention_backend = backend
-    return backend
+        "Release what the runner holds outside this process (the tensor-parallel runner's workers)."
 
 # %% ../nbs/05_model.ipynb #94e8101f
 @patch
@@ -621,10 +466,25 @@ def determine_num_blocks(self: ModelRunner) -> int:
 
 
 @patch
-@torch.inference_mode()
 def profile_num_blocks(self: ModelRunner) -> int:
     """GPU: run a full-budget forward pass, then give the KV cache what `gpu_memory_utilization`
-    leaves."""
+    leaves after the weights, that pass's peak and what other processes hold."""
+    peak = self._forward_peak()
+    torch.cuda.empty_cache()  # hand freed blocks back: the KV cache comes in a few large pieces
+    free, total = torch.cuda.mem_get_info(self.device)
+    other = total - free - torch.cuda.memory_reserved(self.device)  # other processes, CUDA context
+    budget = total * self.config.cache_config.gpu_memory_utilization - peak - other
+    if budget < self.block_bytes:
+        raise ValueError(
+            "no memory left for the KV cache: raise gpu_memory_utilization or use a smaller model"
+        )
+    return int(budget // self.block_bytes)
+
+# %% ../nbs/05_model.ipynb #a3c557c9
+@patch
+@torch.inference_mode()
+def _forward_peak(self: ModelRunner) -> int:
+    "Peak GPU bytes of a forward pass of `max_num_batched_tokens` tokens, less its scratch cache."
     mc, n = self.config.model_config, self.config.scheduler_config.max_num_batched_tokens
     # the budget as prompts of at most max_model_len tokens (positions exist)
     L, seqs, nb = min(n, mc.max_model_len), [], 0
@@ -641,20 +501,8 @@ def profile_num_blocks(self: ModelRunner) -> int:
     ids, pos, md, _ = self.prepare_inputs(SchedulerOutput(seqs))
     self.model.compute_logits(self.model(ids, pos, caches, md)[-1:])
     torch.cuda.synchronize(self.device)
-    peak = torch.cuda.max_memory_allocated(self.device) - sum(
-        c.numel() * c.element_size() for c in caches
-    )
-    del caches
-    # hand freed blocks back: the KV cache is allocated in a few large pieces right after
-    torch.cuda.empty_cache()
-    free, total = torch.cuda.mem_get_info(self.device)
-    other = total - free - torch.cuda.memory_reserved(self.device)  # other processes, CUDA context
-    budget = total * self.config.cache_config.gpu_memory_utilization - peak - other
-    if budget < self.block_bytes:
-        raise ValueError(
-            "no memory left for the KV cache: raise gpu_memory_utilization or use a smaller model"
-        )
-    return int(budget // self.block_bytes)
+    cache_bytes = sum(c.numel() * c.element_size() for c in caches)
+    return torch.cuda.max_memory_allocated(self.device) - cache_bytes
 
 # %% ../nbs/05_model.ipynb #5548a920
 @patch
@@ -665,13 +513,8 @@ def prepare_inputs(self: ModelRunner, scheduler_output: SchedulerOutput):
         (s for s in scheduler_output.seqs if s.num_tokens == 1), key=lambda s: s.start_pos
     )
     seqs = decodes + [s for s in scheduler_output.seqs if s.num_tokens != 1]
-    ids, pos = [], []
-    for s in seqs:
-        ids += s.token_ids
-        if s.num_tokens == 1:
-            pos.append(s.start_pos)
-        else:
-            pos += range(s.start_pos, s.start_pos + s.num_tokens)
+    ids = [t for s in seqs for t in s.token_ids]
+    pos = [p for s in seqs for p in range(s.start_pos, s.start_pos + s.num_tokens)]
     md = build_metadata(
         [s.start_pos + s.num_tokens for s in seqs],
         [s.num_tokens for s in seqs],
@@ -679,12 +522,8 @@ def prepare_inputs(self: ModelRunner, scheduler_output: SchedulerOutput):
         self.block_size,
         self.device,
     )
-    return (
-        torch.tensor(ids, dtype=torch.int64, device=self.device),
-        torch.tensor(pos, dtype=torch.int64, device=self.device),
-        md,
-        seqs,
-    )
+    t = lambda x: torch.tensor(x, dtype=torch.int64, device=self.device)
+    return t(ids), t(pos), md, seqs
 
 # %% ../nbs/05_model.ipynb #71e18409
 @patch
@@ -706,8 +545,7 @@ def execute_model(
     """Run one step: the ids of the requests that sample and their logits `[n, vocab]` (float32).
     Two generic asks for more: `logits_rows[req_id] = (first, count)` adds the logits of `count`
     rows of that request's chunk from its `first` token on; the requests in `hidden_rows` get
-    their chunk's hidden rows instead of logits. `timer` (a `StepTimer`) gets the seconds of
-    "prepare", "forward" and "logits"."""
+    their chunk's hidden rows instead of logits. `timer` gets the seconds of its phases."""
     timer, logits_rows = timer or StepTimer(), logits_rows or {}
     input_ids, positions, md, seqs = self.prepare_inputs(scheduler_output)
     q = [int(v) for v in md.query_start_loc_cpu]
@@ -716,25 +554,19 @@ def execute_model(
     timer.lap("prepare")
     hidden = self.run_model(input_ids, positions, md)
     timer.lap("forward")
-    hidden_states = {
-        s.req_id: hidden[q[i] : q[i + 1]] for i, s in enumerate(seqs) if s.req_id in hidden_rows
-    }
-    samplers = [
-        (i, s.req_id) for i, s in enumerate(seqs) if s.sample and s.req_id not in hidden_rows
-    ]
-    spans = [
-        (s.req_id, q[i] + logits_rows[s.req_id][0], logits_rows[s.req_id][1])
-        for i, s in enumerate(seqs)
-        if s.req_id in logits_rows
-    ]  # (req id, first row, number of rows)
-    rows = [q[i + 1] - 1 for i, _ in samplers] + [
-        r for _, r0, m in spans for r in range(r0, r0 + m)
-    ]
+    sample = [i for i, s in enumerate(seqs) if s.sample and s.req_id not in hidden_rows]
+    rows = [q[i + 1] - 1 for i in sample]  # the last token of each request that samples
+    extra = {}  # req id → (its first row in `rows`, count)
+    for i, s in enumerate(seqs):
+        if s.req_id in logits_rows:
+            first, n = logits_rows[s.req_id]
+            extra[s.req_id] = (len(rows), n)
+            rows += range(q[i] + first, q[i] + first + n)
     logits = self.model.compute_logits(hidden[rows])  # one LM-head call for every row asked for
-    extra, j = {}, len(samplers)
-    for rid, _, m in spans:
-        extra[rid], j = logits[j : j + m], j + m
     timer.lap("logits")
     return ModelRunnerOutput(
-        [rid for _, rid in samplers], logits[: len(samplers)], extra, hidden_states
+        [seqs[i].req_id for i in sample],
+        logits[: len(sample)],
+        {rid: logits[j : j + n] for rid, (j, n) in extra.items()},
+        {s.req_id: hidden[q[i] : q[i + 1]] for i, s in enumerate(seqs) if s.req_id in hidden_rows},
     )

@@ -7,16 +7,18 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
+import weakref
 import torch
 from torch import nn
+import torch.nn.functional as F
+from .attention import get_attention_backend
 from .attention_kernels import build_decode_kernel, warm_up_decode_in_place
-from .gemm import build_c_library
+from .gemm import GEMM_MAX_ROWS, batch_invariant, build_c_library, gemm, gemm_copy
 from minivllm.model import (
-    ATTENTION_WARMUPS,
     LAYER_OPS,
     MODEL_LOADERS,
-    PACKED_LINEARS,
-    Linear,
+    RUNNER_PREPARERS,
+    ModelRunner,
     LlamaForCausalLM,
     RotaryEmbedding,
     TorchOps,
@@ -33,7 +35,117 @@ from minivllm.quantization import (
 )
 
 # %% auto #0
-__all__ = ['packed_linear', 'rms_norm_c', 'rotate_c', 'silu_and_mul_c', 'CpuOps', 'load_gguf_model']
+__all__ = ['PACKED_CHUNK', 'PACKED_LINEARS', 'ATTENTION_WARMUPS', 'row_bucket', 'Linear', 'pack_weights', 'packed_linear',
+           'rms_norm_c', 'rotate_c', 'silu_and_mul_c', 'CpuOps', 'prepare_attention', 'load_gguf_model']
+
+# %% ../nbs/05a_model_kernels.ipynb #46773998
+def _can_pack(w: torch.Tensor) -> bool:
+    return (
+        w.device.type == "cpu"
+        and torch.backends.mkldnn.is_available()
+        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+        and w.dtype in (torch.float32, torch.bfloat16)
+    )
+
+
+def row_bucket(m: int) -> int:
+    """The number of rows a packed GEMM of `m` rows runs at: `m` up to 16, then rounded up to 8
+    sizes per doubling."""
+    if m <= 16:
+        return m
+    step = 1 << ((m - 1).bit_length() - 4)
+    return -(-m // step) * step
+
+
+PACKED_CHUNK = 2048  # a packed GEMM of more rows runs in chunks of this many
+# key → packed `Linear`: how a compiled graph finds its packed weight (lesson 05a)
+PACKED_LINEARS = weakref.WeakValueDictionary()
+
+# %% ../nbs/05a_model_kernels.ipynb #91428110
+class Linear(nn.Linear):
+    "`nn.Linear` with prepacked copies of its weight (CPU): the C kernel's (few rows), oneDNN's."
+
+    packed: torch.Tensor | None = None  # oneDNN's layout
+    gemm_packed: torch.Tensor | None = None  # the C kernel's layout (lesson 04a)
+    gemm_in_graph = False  # True while lesson 05b traces a graph that leaves the GEMMs to Inductor
+    gemm_max_rows = GEMM_MAX_ROWS  # calls up to this many rows take the C kernel
+
+    def pack(self) -> bool:
+        "Make the packed copies (again after changing the weight); whether they are used."
+        self.packed = self.gemm_packed = None
+        if _can_pack(self.weight):
+            try:
+                p = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach())
+                x = torch.zeros(1, self.in_features, dtype=self.weight.dtype)
+                torch.ops.mkldnn._linear_pointwise(x, p, self.bias, "none", [], "")  # probe once
+                self.packed, self.key = p, id(self)
+                PACKED_LINEARS[self.key] = self
+            except RuntimeError:
+                pass
+        if self.packed is not None:
+            self.gemm_packed = gemm_copy(self.weight.detach())
+        # VLLM_BATCH_INVARIANT=1: one kernel, one order of additions, at every size (lesson 04a)
+        self.gemm_max_rows = 2**62 if batch_invariant() else GEMM_MAX_ROWS
+        return self.packed is not None
+
+    def unpack(self):
+        "Drop the packed copies (back to `F.linear`)."
+        self.packed = self.gemm_packed = None
+        PACKED_LINEARS.pop(id(self), None)
+
+    def forward(self, x):
+        "`x @ W.T + b`, with the packed weight when there is one (rows bucketed: `row_bucket`)."
+        if self.packed is None or x.dtype != self.weight.dtype or x.device.type != "cpu":
+            return F.linear(x, self.weight, self.bias)
+        if torch.compiler.is_compiling():
+            if Linear.gemm_in_graph:
+                return F.linear(x, self.weight, self.bias)
+            # the packed GEMM as one opaque op of the graph (lesson 05a)
+            return torch.ops.minivllm.packed_linear(x, self.weight, self.bias, self.key)
+        return self._packed(x)
+
+    def _packed(self, x):
+        rows = x.reshape(-1, self.in_features)
+        if self.gemm_packed is not None and len(rows) <= self.gemm_max_rows:
+            return gemm(rows, self.gemm_packed, self.bias).view(*x.shape[:-1], self.out_features)
+        out = (
+            torch.cat([self._packed_mm(c) for c in rows.split(PACKED_CHUNK)])
+            if len(rows) > PACKED_CHUNK
+            else self._packed_mm(rows)
+        )
+        return out.view(*x.shape[:-1], self.out_features)
+
+    def _packed_mm(self, rows):
+        m = len(rows)
+        b = row_bucket(m)
+        if b > m:
+            rows = F.pad(rows, (0, 0, 0, b - m))
+        return torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [], "")[:m]
+
+# %% ../nbs/05a_model_kernels.ipynb #5ffcac69
+def pack_weights(model: nn.Module, enable: bool = True) -> int:
+    """Make every `nn.Linear` of `model` a `Linear` with the same parameters and pack it (with
+    `enable=False`: drop the packed copies); returns how many layers are packed."""
+    n = 0
+    for name, m in list(model.named_modules()):
+        if type(m) is nn.Linear:
+            parent, _, attr = name.rpartition(".")
+            lin = Linear(m.in_features, m.out_features, bias=m.bias is not None, device="meta")
+            lin.weight, lin.bias = m.weight, m.bias
+            setattr(model.get_submodule(parent), attr, lin)
+            m = lin
+        if isinstance(m, Linear):
+            n += m.pack() if enable else (m.unpack() or 0)
+    return n
+
+
+def _pack_on_cpu(runner):
+    "A runner's preparation: pack its model's weights on the CPU."
+    if runner.device.type == "cpu":
+        pack_weights(runner.model)
+
+
+RUNNER_PREPARERS["pack_weights"] = _pack_on_cpu
 
 # %% ../nbs/05a_model_kernels.ipynb #b7e2f9c3
 @torch.library.custom_op(
@@ -187,7 +299,30 @@ def _warm_up_inductor(runner):
     )
 
 
-ATTENTION_WARMUPS.update(cpu=_warm_up_cpu, inductor=_warm_up_inductor)
+# attention backend → warm-up `(runner) → None` that compiles its kernel
+ATTENTION_WARMUPS = {"cpu": _warm_up_cpu, "inductor": _warm_up_inductor}
+
+
+def prepare_attention(runner) -> str:
+    """Compile the runner's attention kernel (its backend's warm-up); where that fails, say why and
+    attend with `torch`. Returns the backend in use."""
+    backend = runner.attention_backend
+    if backend in ATTENTION_WARMUPS:
+        try:
+            ATTENTION_WARMUPS[backend](runner)
+        except Exception as e:  # typically no C compiler: the torch backend needs none
+            logging.getLogger("minivllm").warning(
+                "attention_backend=%r could not compile its kernel (%s: %s); "
+                "attending with the torch backend instead.",
+                *(backend, type(e).__name__, str(e)[:300]),
+            )
+            runner.attention_backend = "torch"
+            for layer in runner.model.layers:
+                layer.self_attn.attn_fn = get_attention_backend("torch")
+    return runner.attention_backend
+
+
+RUNNER_PREPARERS["attention"] = prepare_attention
 
 # %% ../nbs/05a_model_kernels.ipynb #37496092
 def _gguf_float(kind: str, t: torch.Tensor) -> torch.Tensor:

@@ -19,7 +19,7 @@ from minivllm.config import (
 )
 from .request import Request
 from .scheduler import SchedulerOutput
-from .sampler import decode_logprobs
+from .sampling_more import decode_logprobs
 from .engine_core import EngineCoreOutput, EngineCoreOutputs
 
 # %% auto #0

@@ -26,7 +26,8 @@ import torch.nn.functional as F
 import torch.distributed as dist
 from fastcore.basics import patch
 from .config import EngineConfig
-from .model import MODEL_RUNNERS, Linear, LlamaForCausalLM, ModelRunner
+from .model import MODEL_RUNNERS, LlamaForCausalLM, ModelRunner
+from .model_kernels import Linear
 from .scheduler import SchedulerOutput
 
 # %% auto #0

@@ -6,7 +6,7 @@ from torch import nn
 from minivllm.quantization import (Int4Linear, Int8Linear, dequantize, int4_affine, int4_reference, read_gguf,
                                    split_blocks, gguf_linear, prompt_logprob_stats, logprob_agreement as agreement)
 from minivllm.config import EngineArgs, embedded_gguf_path
-from minivllm.model import Linear
+from minivllm.model_kernels import Linear
 
 
 def held_weight(m: nn.Module) -> torch.Tensor:

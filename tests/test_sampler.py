@@ -9,8 +9,8 @@ import pytest, torch
 from minivllm import LLM, SamplingParams, TokensPrompt
 from minivllm.request import Request
 from minivllm.config import tokenize_bad_words
-from minivllm.sampler import (Sampler, SamplingMetadata, gather_logprobs, compute_logprobs, apply_top_k_top_p,
-                              apply_min_p)
+from minivllm.sampler import Sampler, SamplingMetadata, gather_logprobs, compute_logprobs, apply_top_k_top_p
+from minivllm.sampling_more import apply_min_p
 from minivllm.sampling_more import BeamSearchParams, beam_search, prompt_logprobs_from_logits, get_beam_search_score
 
 EOS = 2
