@@ -342,7 +342,6 @@ def bench_throughput(
     runs += list((others or {}).items())
     # first calls pay one-off costs (oneDNN primitives, allocator growth): pay them before the clock
     if warmup:
-        _settle(llm)
         w = _warmup_workload(wl)
         for s, run in runs:
             if s != "hf-generate_batch":
@@ -364,16 +363,6 @@ def bench_throughput(
     return results
 
 # %% ../nbs/16_benchmarks.ipynb #73154c01
-def _settle(llm):
-    """Compile what the engine would compile at its first big step (the CPU's in-place attention
-    kernel, lesson 05): the clock times steady state."""
-    runner = getattr(
-        getattr(getattr(llm, "llm_engine", None), "engine_core", None), "model_runner", None
-    )
-    if hasattr(runner, "prepare_attention"):
-        runner.prepare_attention()
-
-
 def _warmup_workload(wl: Workload) -> Workload:
     """Two short requests made of the workload's own tokens (so valid ids for the model), for
     untimed warm-up runs."""
@@ -556,7 +545,6 @@ def bench_latency(
     runners |= others or {}
     systems = list(systems) + list(others or {})
     if warmup:  # untimed: one-off first-call costs (hf-generate_batch warms itself up in every run)
-        _settle(llm)
         w = _warmup_workload(
             make_workload(
                 2,

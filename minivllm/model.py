@@ -424,12 +424,12 @@ class ModelRunner:
     def load_model(self) -> LlamaForCausalLM:
         "The model of the config, with its weights, on this runner's device."
         mc = self.config.model_config
-        if mc.quantization is not None:
-            if mc.quantization not in MODEL_LOADERS:
-                raise ValueError(
-                    f"quantization={mc.quantization!r} has no loader (lesson 05a: 'gguf')"
-                )
-            return MODEL_LOADERS[mc.quantization](mc, self.device)
+        # a quantized checkpoint (05a: "gguf") or a load format (95: "dummy") has its own loader
+        plain = mc.load_format in ("auto", "safetensors")
+        if (key := mc.quantization or (None if plain else mc.load_format)) is not None:
+            if key not in MODEL_LOADERS:
+                raise ValueError(f"{key!r} has no model loader (05a: 'gguf'; 95: 'dummy')")
+            return MODEL_LOADERS[key](mc, self.device)
         args = mc.hf_config, mc.dtype, self.device, mc.attention_backend, mc.max_model_len
         return load_model(mc.model, *args)
 

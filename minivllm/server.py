@@ -2014,9 +2014,6 @@ def cmd_serve(ns) -> int:
         print(f"minivllm: waiting for the engines at {placement.address}", flush=True)
         log = not ea.disable_log_stats
         engine = AsyncLLMEngine(DPLLMEngine(ea, log_stats=log, placement=placement))
-    runner = getattr(engine.engine.engine_core, "model_runner", None)
-    if hasattr(runner, "prepare_attention"):
-        runner.prepare_attention()  # the CPU's attention kernel, compiled now (lesson 05)
     app = build_app(
         engine,
         served_model_name=name,

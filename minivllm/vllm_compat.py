@@ -45,8 +45,8 @@ from minivllm.config import (
     TokensPrompt,
     _json_or_str,
 )
-from .model import MODEL_LOADERS, MODEL_RUNNERS, LlamaForCausalLM, ModelRunner
-from .compilation import CompiledModelRunner
+from .model import MODEL_LOADERS, MODEL_RUNNERS, LlamaForCausalLM
+from . import compilation  # noqa: F401 (its runner registered before this lesson's)
 from . import pipeline  # noqa: F401 (its runners registered before this lesson's)
 from .parallel import TPLlamaForCausalLM, TPModelRunner, TPWorker, shard_weight
 from .llm_engine import LLMEngine
@@ -60,8 +60,8 @@ from .pooling import ScoringOutput, ScoringRequestOutput
 
 # %% auto #0
 __all__ = ['VLLM_MODULES', 'VLLM_CONFIG_NAMES', 'check_vllm_args', 'VllmArgs', 'dummy_weights', 'load_dummy_model',
-           'DummyModelRunner', 'DummyCompiledModelRunner', 'DummyTPWorker', 'DummyTPModelRunner',
-           'cleanup_dist_env_and_memory', 'init_logger', 'random_uuid', 'register_vllm_modules']
+           'DummyTPWorker', 'DummyTPModelRunner', 'cleanup_dist_env_and_memory', 'init_logger', 'random_uuid',
+           'register_vllm_modules']
 
 # %% ../nbs/95_vllm_compat.ipynb #a4270a08
 _ANY, _ANY_BOOL = (
@@ -271,34 +271,6 @@ def load_dummy_model(mc: ModelConfig, device) -> LlamaForCausalLM:
 
 MODEL_LOADERS["dummy"] = load_dummy_model
 
-# %% ../nbs/95_vllm_compat.ipynb #dummy95b
-class _LoadFormatRunner:
-    "A runner's model from `MODEL_LOADERS[load_format]`, not from the checkpoint's weight files."
-
-    def load_model(self):
-        mc = self.config.model_config
-        return MODEL_LOADERS[mc.load_format](mc, self.device)
-
-
-class DummyModelRunner(_LoadFormatRunner, ModelRunner):
-    "Lesson 05's runner, with the model of `MODEL_LOADERS[load_format]`."
-
-    @classmethod
-    def enabled(cls, config: EngineConfig) -> bool:
-        return config.model_config.load_format in MODEL_LOADERS
-
-
-class DummyCompiledModelRunner(_LoadFormatRunner, CompiledModelRunner):
-    "Lesson 05b's compiled runner, with the model of `MODEL_LOADERS[load_format]`."
-
-    @classmethod
-    def enabled(cls, config: EngineConfig) -> bool:
-        return DummyModelRunner.enabled(config) and CompiledModelRunner.enabled(config)
-
-
-for _c in (DummyModelRunner, DummyCompiledModelRunner):
-    MODEL_RUNNERS.setdefault(_c.__name__, _c)
-
 # %% ../nbs/95_vllm_compat.ipynb #dummy95tp
 class _DummyShard:
     "A tensor-parallel rank's model: its slice of `dummy_weights` (each rank draws them all)."
@@ -324,7 +296,7 @@ class DummyTPModelRunner(_DummyShard, TPModelRunner):
 
     @classmethod
     def enabled(cls, config: EngineConfig) -> bool:
-        return DummyModelRunner.enabled(config) and TPModelRunner.enabled(config)
+        return config.model_config.load_format == "dummy" and TPModelRunner.enabled(config)
 
 
 MODEL_RUNNERS.setdefault(DummyTPModelRunner.__name__, DummyTPModelRunner)

@@ -65,7 +65,7 @@ def test_every_feature_is_a_registered_extension():
     # checked last first: the multi-process runners (TP, PP, torchrun's) win over compilation; load_format="dummy"'s
     # runners (lesson 95; refused with TP/PP) over all
     assert list(MODEL_RUNNERS) == ["CompiledModelRunner", "TPModelRunner", "PPModelRunner", "ExternalLauncherRunner",
-                                   "DummyModelRunner", "DummyCompiledModelRunner", "DummyTPModelRunner"]
+                                   "DummyTPModelRunner"]
     old = STEP_EXTENSIONS["pooler"]      # a class defined again (a notebook re-running its lesson) changes nothing
     again = register_extension(type("PoolingExtension", (old,), {}))
     assert STEP_EXTENSIONS["pooler"] is old and again is not old and list(STEP_EXTENSIONS).count("pooler") == 1
