@@ -35,13 +35,13 @@ from minivllm.sampling_params import (  # lesson 00, re-exported: the request si
 )
 
 # %% auto #0
-__all__ = ['POOLING_TYPES', 'VllmConfig', 'EXTRA_ARGS', 'EMBEDDED_GGUF', 'LoRARequest', 'PoolerConfig', 'pooler_settings',
-           'PoolingParams', 'PoolingOutput', 'EmbeddingOutput', 'PoolingRequestOutput', 'EmbeddingRequestOutput',
-           'ModelConfig', 'CompilationConfig', 'SpeculativeConfig', 'ProfilerConfig', 'LoRAConfig', 'CacheConfig',
-           'SchedulerConfig', 'ParallelConfig', 'DeviceConfig', 'EngineConfig', 'register_extra_args',
-           'check_extra_args', 'EngineArgs', 'resolve_logits_processors', 'embedded_gguf_path', 'cache_dir',
-           'convert_gguf', 'hub_snapshot', 'resolve_model', 'tokenize_bad_words', 'cpu_has_bf16', 'apply_hf_overrides',
-           'engine_args_from_kwargs']
+__all__ = ['POOLING_TYPES', 'POOLING_TASKS', 'VllmConfig', 'EXTRA_ARGS', 'EMBEDDED_GGUF', 'LoRARequest', 'PoolerConfig',
+           'resolve_pooler_config', 'pooler_settings', 'PoolingParams', 'PoolingOutput', 'EmbeddingOutput',
+           'PoolingRequestOutput', 'EmbeddingRequestOutput', 'ModelConfig', 'CompilationConfig', 'SpeculativeConfig',
+           'ProfilerConfig', 'LoRAConfig', 'CacheConfig', 'SchedulerConfig', 'ParallelConfig', 'DeviceConfig',
+           'EngineConfig', 'register_extra_args', 'check_extra_args', 'EngineArgs', 'resolve_logits_processors',
+           'embedded_gguf_path', 'cache_dir', 'convert_gguf', 'hub_snapshot', 'resolve_model', 'tokenize_bad_words',
+           'cpu_has_bf16', 'apply_hf_overrides', 'engine_args_from_kwargs']
 
 # %% ../nbs/00b_config.ipynb #a8b80c6b
 @dataclass
@@ -90,41 +90,81 @@ class LoRARequest:
 
 # %% ../nbs/00b_config.ipynb #p00b
 POOLING_TYPES = ("LAST", "MEAN", "CLS")
+POOLING_TASKS = ("embed", "token_embed")  # vLLM's pooling tasks that minivllm runs
 
 
 @dataclass
 class PoolerConfig:
-    """vLLM's `PoolerConfig`: how a model pools (`pooling_type`) and whether it normalises by
-    default."""
+    """vLLM's `PoolerConfig`: the model's pooling `task`, how it pools (`pooling_type`), whether it
+    normalises by default, and chunked processing of inputs longer than the model. vLLM's knobs of
+    heads minivllm lacks are fields too, so that setting one is refused by name."""
 
     pooling_type: str | None = None  # None: LAST, vLLM's default for a decoder model
     normalize: bool | None = None  # None: True (embeddings are unit vectors)
+    task: str | None = None  # None: any task per request; else "embed" or "token_embed"
+    use_activation: bool | None = None  # vLLM's newer name of `normalize` for embeddings
+    enable_chunked_processing: bool = False
+    max_embed_len: int | None = None  # None: max_model_len (unlimited when chunked)
+    # vLLM's, for heads minivllm does not have (must stay None)
+    seq_pooling_type: str | None = None
+    tok_pooling_type: str | None = None
+    dimensions: int | None = None
+    logit_mean: float | None = None
+    logit_sigma: float | None = None
+    step_tag_id: int | None = None
+    returned_token_ids: list | None = None
+
+# %% ../nbs/00b_config.ipynb #p00b2
+_REMOVED_TASKS = {  # vLLM's messages for task names it no longer has
+    "encode": "`encode` task was removed; use `token_embed` or `token_classify` instead.",
+    "score": "`score` task was removed; use `classify` instead.",
+}
+
+
+def resolve_pooler_config(pooler_config=None) -> PoolerConfig:
+    """A checked `PoolerConfig` from a dict, a `PoolerConfig` or None, with its defaults filled in
+    (`pooling_type` upper case, `normalize` a bool)."""
+    cfg = dict(pooler_config or {}) if isinstance(pooler_config, (dict, type(None))) else None
+    cfg = dict(vars(pooler_config)) if cfg is None else cfg
+    known = {f.name for f in dataclasses.fields(PoolerConfig)}
+    if unknown := sorted(k for k in cfg if k not in known):
+        raise NotImplementedError(f"pooler_config keys {unknown} are not implemented in minivllm.")
+    c = PoolerConfig(**cfg)
+    ours = ("pooling_type", "normalize", "task", "use_activation")
+    ours += ("enable_chunked_processing", "max_embed_len")
+    if extra := sorted(k for k in known - set(ours) if getattr(c, k) is not None):
+        raise NotImplementedError(f"pooler_config keys {extra} are not implemented in minivllm.")
+    kind = str(c.pooling_type or "LAST").upper()
+    if kind not in POOLING_TYPES:
+        raise ValueError(f"pooler_config pooling_type={kind!r}: minivllm pools {POOLING_TYPES}.")
+    if c.task in _REMOVED_TASKS:
+        raise ValueError(_REMOVED_TASKS[c.task])
+    if c.task is not None and c.task not in POOLING_TASKS:
+        raise NotImplementedError(
+            f"pooler_config task={c.task!r} is not implemented in minivllm; it pools for "
+            f"{POOLING_TASKS}."
+        )
+    n = c.max_embed_len
+    if n is not None and (not isinstance(n, int) or isinstance(n, bool) or n < 1):
+        raise ValueError(f"max_embed_len must be a positive integer, got {n!r}.")
+    if None not in (c.normalize, c.use_activation) and c.normalize != c.use_activation:
+        raise ValueError("pooler_config: normalize and use_activation disagree.")
+    norm = next((v for v in (c.normalize, c.use_activation) if v is not None), True)
+    return dataclasses.replace(c, pooling_type=kind, normalize=bool(norm), use_activation=None)
 
 
 def pooler_settings(pooler_config=None) -> tuple[str, bool]:
     """The pooling type and the default normalisation of a `pooler_config` (a dict, a `PoolerConfig`
     or None)."""
-    cfg = (
-        dict(pooler_config or {})
-        if isinstance(pooler_config, (dict, type(None)))
-        else dict(vars(pooler_config))
-    )
-    extra = sorted(
-        k for k, v in cfg.items() if k not in ("pooling_type", "normalize") and v is not None
-    )
-    if extra:
-        raise NotImplementedError(f"pooler_config keys {extra} are not implemented in minivllm.")
-    kind = str(cfg.get("pooling_type") or "LAST").upper()
-    if kind not in POOLING_TYPES:
-        raise ValueError(f"pooler_config pooling_type={kind!r}: minivllm pools {POOLING_TYPES}.")
-    return kind, True if cfg.get("normalize") is None else bool(cfg["normalize"])
+    c = resolve_pooler_config(pooler_config)
+    return c.pooling_type, c.normalize
 
 # %% ../nbs/00b_config.ipynb #p00d
 @dataclass
 class PoolingParams:
-    """vLLM's `PoolingParams`: what to do with a prompt's hidden states. `normalize=None` takes the
-    pooler config's default; `dimensions` keeps the first values of the vector (then normalises);
-    `task` is "embed" or "encode"."""
+    """vLLM's `PoolingParams`: what to do with a prompt's hidden states. `normalize=None` (or vLLM's
+    newer `use_activation`) takes the pooler config's default; `dimensions` keeps the first values
+    of the vector (then normalises); `task` is "embed", "token_embed" or "encode"."""
 
     truncate_prompt_tokens: int | None = None
     dimensions: int | None = None
@@ -133,12 +173,18 @@ class PoolingParams:
     task: str | None = None
     extra_kwargs: dict | None = None
     output_kind: RequestOutputKind = RequestOutputKind.FINAL_ONLY
+    use_activation: bool | None = None  # vLLM's newer name of `normalize` for embeddings
 
     def __post_init__(self):
-        if self.task not in (None, "embed", "encode"):
+        if self.task not in (None, "embed", "token_embed", "encode"):
             raise NotImplementedError(
-                f"PoolingParams(task={self.task!r}): minivllm pools for 'embed' and 'encode' only."
+                f"PoolingParams(task={self.task!r}): minivllm pools for 'embed', 'token_embed' "
+                "and 'encode' only."
             )
+        if self.use_activation is not None:
+            if self.normalize not in (None, self.use_activation):
+                raise ValueError("PoolingParams: normalize and use_activation disagree.")
+            self.normalize, self.use_activation = self.use_activation, None
         if self.dimensions is not None and (
             not isinstance(self.dimensions, int)
             or isinstance(self.dimensions, bool)
@@ -253,9 +299,7 @@ class ModelConfig:
     )
     override_generation_config: dict | None = None
     revision: str | None = None
-    pooler_config: Any = (
-        None  # {"pooling_type": "LAST" | "MEAN" | "CLS", "normalize": bool} for LLM.embed
-    )
+    pooler_config: Any = None  # a `PoolerConfig` (or its dict) for LLM.embed
     quantization: str | None = (
         None  # "gguf": run the GGUF file's own quantized weights (lesson 04b)
     )
@@ -1113,7 +1157,7 @@ def _model_config(self: EngineArgs, device: torch.device, backend: str) -> Model
         self.generation_config,
         self.override_generation_config,
         self.revision,
-        self.pooler_config,
+        resolve_pooler_config(self.pooler_config),
         self.quantization,
         gguf_file,
         resolve_logits_processors(self.logits_processors),

@@ -24,6 +24,7 @@ from .llm import LLM, load_chat_template
 from .llm_engine import LLMEngine
 from .model import ModelRunner
 from .metrics import Metric, metrics_snapshot
+from .pooling import combine_chunks, embed_chunks
 
 # %% auto #0
 __all__ = ['resolve_content_format', 'convert_content_parts', 'preempt_running']
@@ -262,6 +263,42 @@ def beam_search(
         bar.close()
     return out
 
+# %% ../nbs/13b_llm_more.ipynb #p13chunk
+@patch
+def _pooling_task(self: LLM, asked: str | None) -> str:
+    """The task of a pooling call: the one `asked`, else the model's (`pooler_config.task`), else
+    "encode"; one that differs from the model's is refused, with vLLM's hint."""
+    model_task = self.llm_engine.model_config.pooler_config.task
+    if asked is not None and model_task is not None and asked != model_task:
+        raise ValueError(
+            f'Try switching the model\'s pooling_task via `PoolerConfig(task="{asked}")` (the '
+            f"model's task is {model_task!r})."
+        )
+    return asked or model_task or "encode"
+
+
+@patch
+def _chunk_inputs(self: LLM, prompts: list, params: list, loras: list) -> tuple[list, list]:
+    """The requests that embed `prompts` (each split by `embed_chunks`) as (prompt, params, lora)
+    triples, and per prompt None (one request, as it is) or what its chunks are combined with."""
+    tok, cfg = self.get_tokenizer(), self.llm_engine.model_config.pooler_config
+    max_len = self.llm_engine.model_config.max_model_len
+    flat, groups = [], []
+    for pr, pp, lr in zip(prompts, params, loras):
+        text, ids = (pr, None) if isinstance(pr, str) else (None, None)
+        if isinstance(pr, dict):
+            text, ids = pr.get("prompt"), pr.get("prompt_token_ids")
+        if ids is None and isinstance(text, str):
+            ids = tok(text).input_ids
+        chunks = [None] if pp.task == "token_embed" or not ids else embed_chunks(ids, max_len, cfg)
+        if len(chunks) == 1:
+            flat.append((pr, pp, lr))
+            groups.append(None)
+            continue
+        groups.append((len(chunks), list(ids), text, pp))
+        flat += [(TokensPrompt(prompt_token_ids=c), pp, lr) for c in chunks]
+    return flat, groups
+
 # %% ../nbs/13b_llm_more.ipynb #p13b
 @patch
 def encode(
@@ -275,26 +312,40 @@ def encode(
     pooling_task: str | None = None,
     tokenization_kwargs: dict | None = None,
 ) -> list[PoolingRequestOutput]:
-    """Pool each prompt's hidden states (the model's `pooler_config`: LAST by default, normalised);
-    outputs in prompt order."""
+    """Pool each prompt's hidden states (the model's `pooler_config`: LAST by default, normalised;
+    inputs longer than the model in chunks, if it says so); outputs in prompt order."""
     if tokenization_kwargs:
         raise NotImplementedError("tokenization_kwargs is not implemented in minivllm.")
-    n = 1 if isinstance(prompts, (str, dict)) else len(prompts)
-    if pooling_params is None:
-        pooling_params = PoolingParams()
-    params = (
-        [pooling_params] * n if isinstance(pooling_params, PoolingParams) else list(pooling_params)
-    )
+    prompts = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
+    n, pp = len(prompts), PoolingParams() if pooling_params is None else pooling_params
+    params = [pp] * n if isinstance(pp, PoolingParams) else list(pp)
     if not all(isinstance(p, PoolingParams) for p in params):
         raise TypeError("pooling_params must be PoolingParams (or a list of them).")
-    task = pooling_task or "encode"
     params = [
-        dataclasses.replace(p, task=p.task or task, truncate_prompt_tokens=truncate_prompt_tokens)
+        dataclasses.replace(
+            p,
+            task=self._pooling_task(p.task or pooling_task),
+            truncate_prompt_tokens=truncate_prompt_tokens,
+        )
         for p in params
     ]
-    ids = self._add_requests(prompts, params, None, lora_request, final_only=False)
+    loras = list(lora_request) if isinstance(lora_request, (list, tuple)) else [lora_request] * n
+    if not n == len(params) == len(loras):
+        raise ValueError(f"got {n} prompts, {len(params)} pooling_params, {len(loras)} loras.")
+    flat, groups = self._chunk_inputs(prompts, params, loras)
+    f_prompts, f_params, f_loras = (list(x) for x in zip(*flat))
+    ids = self._add_requests(f_prompts, f_params, None, f_loras, final_only=False)
     self._run_engine(use_tqdm, wanted=self.llm_engine.get_num_unfinished_requests())
-    return self._collect(ids)
+    outs, res, default = self._collect(ids), [], self.llm_engine.model_config.pooler_config
+    for g in groups:  # a prompt read in chunks: its chunks' vectors combined
+        k = 1 if g is None else g[0]
+        outs_g, outs = outs[:k], outs[k:]
+        if g is None:
+            res += outs_g
+            continue
+        normalize = default.normalize if g[3].normalize is None else g[3].normalize
+        res.append(combine_chunks(outs_g, g[1], normalize, g[2]))
+    return res
 
 
 @patch
@@ -307,19 +358,20 @@ def embed(
     pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
     lora_request=None,
     tokenization_kwargs: dict | None = None,
-) -> list[EmbeddingRequestOutput]:
+) -> list[EmbeddingRequestOutput] | list[PoolingRequestOutput]:
     """One embedding per prompt (`outputs.embedding`, a list of floats): `encode` with the task
-    "embed"."""
+    "embed"; a model whose `pooler_config.task` is "token_embed" gives its per-token matrices."""
+    token = self.llm_engine.model_config.pooler_config.task == "token_embed"
     outs = self.encode(
         prompts,
         pooling_params,
         truncate_prompt_tokens=truncate_prompt_tokens,
         use_tqdm=use_tqdm,
         lora_request=lora_request,
-        pooling_task="embed",
+        pooling_task="token_embed" if token else "embed",
         tokenization_kwargs=tokenization_kwargs,
     )
-    return [EmbeddingRequestOutput.from_base(o) for o in outs]
+    return outs if token else [EmbeddingRequestOutput.from_base(o) for o in outs]
 
 # %% ../nbs/13b_llm_more.ipynb #score13bcd
 from .pooling import score as _score

@@ -6,46 +6,53 @@
 from __future__ import annotations
 import torch
 import torch.nn.functional as F
-from .config import pooler_settings
+from .config import pooler_settings, resolve_pooler_config
 from .request import RequestStatus
 from .scheduler import StepExtension, register_extension
 
 # %% auto #0
-__all__ = ['Pooler', 'PoolingExtension', 'ScoringOutput', 'ScoringRequestOutput', 'check_score_inputs', 'cosine_scores', 'score']
+__all__ = ['Pooler', 'PoolingExtension', 'embed_chunks', 'combine_chunks', 'ScoringOutput', 'ScoringRequestOutput',
+           'check_score_inputs', 'cosine_scores', 'score']
 
 # %% ../nbs/09b_pooling.ipynb #p09b
+def _fold(kind: str, rows: torch.Tensor, prev: torch.Tensor | None) -> torch.Tensor:
+    """One chunk's `rows` folded into what the earlier chunks left (`prev`): a running sum (MEAN),
+    the first row (CLS), the latest row (LAST) or every row so far (ALL, for `token_embed`)."""
+    if kind == "MEAN":
+        return rows.sum(0) + (0 if prev is None else prev)
+    if kind == "CLS":
+        return rows[0] if prev is None else prev
+    if kind == "ALL":
+        return rows if prev is None else torch.cat([prev, rows])
+    return rows[-1]
+
+
 class Pooler:
     """Pools each pooling request's final-norm hidden rows into one vector (`pooler_config`: LAST,
-    MEAN or CLS), then keeps its first `dimensions` values and L2-normalises it (`normalize`,
-    else the config's default)."""
+    MEAN or CLS) or, for the task `token_embed`, one vector per prompt token; then keeps the first
+    `dimensions` values of each vector and L2-normalises it (`normalize`, else the config's
+    default)."""
 
     def __init__(self, pooler_config=None):
         self.pooling_type, self.normalize = pooler_settings(pooler_config)
-        self.partial: dict[
-            str, torch.Tensor
-        ] = {}  # request id -> running sum (MEAN) or first row (CLS)
+        self.partial: dict[str, torch.Tensor] = {}  # request id -> what `_fold` keeps
 
     def pool(
         self, req_id: str, start_pos: int, rows: torch.Tensor, params, last: bool
     ) -> torch.Tensor | None:
         """Fold one chunk (`rows` `[n, hidden]` from prompt position `start_pos`) in; the pooled
-        vector after the `last` one."""
-        prev = (
-            None if start_pos == 0 else self.partial.pop(req_id, None)
-        )  # a chunk from 0: a fresh start (e.g. after preemption)
-        if self.pooling_type == "MEAN":
-            acc = rows.float().sum(0) + (0 if prev is None else prev)
-        elif self.pooling_type == "CLS":
-            acc = rows[0].float() if prev is None else prev
-        else:
-            acc = rows[-1].float()
+        vector (or matrix) after the `last` one."""
+        # a chunk from 0 is a fresh start (e.g. after preemption)
+        prev = None if start_pos == 0 else self.partial.pop(req_id, None)
+        kind = "ALL" if params.task == "token_embed" else self.pooling_type
+        acc = _fold(kind, rows.float(), prev)
         if not last:
-            if self.pooling_type != "LAST":
+            if kind != "LAST":
                 self.partial[req_id] = acc
             return None
-        v = acc / (start_pos + len(rows)) if self.pooling_type == "MEAN" else acc
+        v = acc / (start_pos + len(rows)) if kind == "MEAN" else acc
         if params.dimensions is not None:
-            v = v[: params.dimensions]
+            v = v[..., : params.dimensions]
         normalize = self.normalize if params.normalize is None else params.normalize
         return (F.normalize(v, dim=-1) if normalize else v).cpu()
 
@@ -90,6 +97,33 @@ class PoolingExtension(Pooler, StepExtension):
     def finish(self, request_ids: list[str]):
         for rid in request_ids:
             self.discard(rid)
+
+# %% ../nbs/09b_pooling.ipynb #p09k2
+def embed_chunks(ids: list[int], max_model_len: int, pooler_config) -> list[list[int]]:
+    """The chunks an embedding input `ids` is read in: itself when it fits the model, else pieces of
+    at most `max_model_len` tokens (chunked processing); too long for `max_embed_len`: an error."""
+    cfg = resolve_pooler_config(pooler_config)
+    chunked = cfg.enable_chunked_processing
+    limit = cfg.max_embed_len if chunked else (cfg.max_embed_len or max_model_len)
+    if limit is not None and len(ids) > limit:
+        why = "max_embed_len" if cfg.max_embed_len is not None else "the maximum model length"
+        raise ValueError(f"The embedding input (length {len(ids)}) is longer than {why} {limit}.")
+    if not chunked or len(ids) <= max_model_len:
+        return [list(ids)]
+    return [list(ids[i : i + max_model_len]) for i in range(0, len(ids), max_model_len)]
+
+
+def combine_chunks(outputs: list, prompt_token_ids: list[int], normalize: bool, prompt=None):
+    """One `PoolingRequestOutput` for an input embedded in chunks (`outputs`, in order): the mean of
+    the chunks' vectors weighted by their token counts, normalised again if `normalize`."""
+    from minivllm.config import PoolingOutput, PoolingRequestOutput
+
+    weights = [len(o.prompt_token_ids) for o in outputs]
+    v = sum(w * o.outputs.data.float() for w, o in zip(weights, outputs)) / sum(weights)
+    if normalize and len(outputs) > 1:
+        v = F.normalize(v, dim=-1)
+    rid = outputs[0].request_id
+    return PoolingRequestOutput(rid, PoolingOutput(v), list(prompt_token_ids), 0, True, prompt)
 
 # %% ../nbs/09b_pooling.ipynb #p09s2
 from dataclasses import dataclass
