@@ -307,7 +307,8 @@ class ModelConfig:
         None  # that file (`model` is then the converted directory: config, tokenizer)
     )
     logits_processors: tuple = ()  # custom logits processors (lesson 06d): classes or their names
-    # "auto"/"safetensors": the checkpoint's weight files; "dummy": random weights (lesson 95)
+    # "auto"/"safetensors": the checkpoint's weight files; "dummy": random weights;
+    # "sharded_state": the state saved by `save_sharded_state` (both lesson 95)
     load_format: str = "auto"
 
     def get_vocab_size(self) -> int:
@@ -652,7 +653,7 @@ _CPU_KV_CACHE_BYTES = 1 << 30
 _BACKENDS = ("torch", "cpu", "inductor", "triton")
 _QUANTIZATIONS = (None, "gguf")  # "gguf": the GGUF file's own quantized weights (lesson 04b)
 # "dummy" (vLLM's): random weights of the model's shape, no weight file read (lesson 95)
-_LOAD_FORMATS = ("auto", "safetensors", "dummy")
+_LOAD_FORMATS = ("auto", "safetensors", "dummy", "sharded_state")
 _MAX_NUM_SEQS = 256  # what max_num_seqs=None (vLLM's default spelling) means
 
 
@@ -712,7 +713,7 @@ class _EngineArgsFields:
     max_cpu_loras: int | None = None
     speculative_config: dict | None = None
     quantization: str | None = None
-    load_format: str = "auto"  # vLLM's: "auto", "safetensors" or "dummy" (see `_LOAD_FORMATS`)
+    load_format: str = "auto"  # vLLM's: "auto", "safetensors", "dummy", "sharded_state"
     profiler_config: dict | ProfilerConfig | None = None  # vLLM's: see `ProfilerConfig`
     hf_overrides: dict | None = None  # vLLM's: a dict or a callable applied to the HF config
     logits_processors: list | None = None  # vLLM's: classes or "module:Class" names (lesson 06d)
@@ -846,6 +847,12 @@ def _check(self: EngineArgs, device: torch.device) -> str:
         raise NotImplementedError(
             "load_format='dummy' with quantization or pipeline_parallel_size > 1 is not "
             "implemented in minivllm."
+        )
+    split = self.tensor_parallel_size * self.pipeline_parallel_size > 1
+    if self.load_format == "sharded_state" and (self.quantization or split):
+        raise NotImplementedError(
+            "load_format='sharded_state' with quantization, tensor_parallel_size > 1 or "
+            "pipeline_parallel_size > 1 is not implemented in minivllm."
         )
     backend = self.attention_backend or ("triton" if device.type == "cuda" else "cpu")
     if backend not in _BACKENDS:

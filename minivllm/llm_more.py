@@ -347,7 +347,7 @@ def encode(
         res.append(combine_chunks(outs_g, g[1], normalize, g[2]))
     return res
 
-
+# %% ../nbs/13b_llm_more.ipynb #p13b2
 @patch
 def embed(
     self: LLM,

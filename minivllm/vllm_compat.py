@@ -6,14 +6,18 @@
 from __future__ import annotations
 import argparse
 import gc
+import glob
 import importlib
 import importlib.util
 import logging
+import os
+import string
 import sys
 import types
 import uuid
 
 import torch
+from fastcore.basics import patch
 
 import minivllm
 from . import config
@@ -49,6 +53,7 @@ from .model import MODEL_LOADERS, MODEL_RUNNERS, LlamaForCausalLM
 from . import compilation  # noqa: F401 (its runner registered before this lesson's)
 from . import pipeline  # noqa: F401 (its runners registered before this lesson's)
 from .parallel import TPLlamaForCausalLM, TPModelRunner, TPWorker, shard_weight
+from .engine_core import EngineCore
 from .llm_engine import LLMEngine
 from .llm import LLM
 from .metrics import Counter, Gauge, Histogram, Metric, Vector
@@ -60,8 +65,8 @@ from .pooling import ScoringOutput, ScoringRequestOutput
 
 # %% auto #0
 __all__ = ['VLLM_MODULES', 'VLLM_CONFIG_NAMES', 'check_vllm_args', 'VllmArgs', 'dummy_weights', 'load_dummy_model',
-           'DummyTPWorker', 'DummyTPModelRunner', 'cleanup_dist_env_and_memory', 'init_logger', 'random_uuid',
-           'register_vllm_modules']
+           'DummyTPWorker', 'DummyTPModelRunner', 'ShardedStateLoader', 'load_sharded_state_model',
+           'cleanup_dist_env_and_memory', 'init_logger', 'random_uuid', 'register_vllm_modules']
 
 # %% ../nbs/95_vllm_compat.ipynb #a4270a08
 _ANY, _ANY_BOOL = (
@@ -301,6 +306,131 @@ class DummyTPModelRunner(_DummyShard, TPModelRunner):
 
 MODEL_RUNNERS.setdefault(DummyTPModelRunner.__name__, DummyTPModelRunner)
 
+# %% ../nbs/95_vllm_compat.ipynb #shard95a
+class ShardedStateLoader:
+    """vLLM's loader of `load_format="sharded_state"`: each rank's own state dict in safetensors
+    files named by a pattern (minivllm: one rank, rank 0)."""
+
+    TP_ONLY_PATTERN = "model-rank-{rank}-part-{part}.safetensors"
+    PP_AND_TP_PATTERN = "model-pp-{pp_rank}-tp-{tp_rank}-part-{part}.safetensors"
+
+    @staticmethod
+    def render_pattern(pattern: str | None, part, rank: int = 0) -> str:
+        "The file name of `part` (or `*`) for `rank`; a pattern with fields vLLM lacks is refused."
+        pattern = pattern or ShardedStateLoader.TP_ONLY_PATTERN
+        fields = {f for _, f, _, _ in string.Formatter().parse(pattern) if f is not None}
+        if bad := fields - {"rank", "tp_rank", "part"}:
+            raise ValueError(
+                f"pattern {pattern!r} uses {sorted(bad)}: minivllm renders rank, tp_rank and part "
+                "(pp_rank needs pipeline parallelism)."
+            )
+        return pattern.format(rank=rank, tp_rank=rank, part=part)
+
+    @staticmethod
+    def _filter_subtensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The tensors whose memory no other tensor covers (of equal ones, the smaller name): each
+        stored byte is saved once."""
+
+        def span(t):
+            return t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
+
+        out = {}
+        for k, t in tensors.items():
+            a, b = span(t)
+            covered = any(
+                k2 != k
+                and t2.untyped_storage().data_ptr() == t.untyped_storage().data_ptr()
+                and t2.is_contiguous()
+                and span(t2)[0] <= a
+                and b <= span(t2)[1]
+                and (span(t2) != (a, b) or k2 < k)
+                for k2, t2 in tensors.items()
+                if t.numel()
+            )
+            if not covered:
+                out[k] = t
+        return out
+
+# %% ../nbs/95_vllm_compat.ipynb #shard95b
+@patch(cls_method=True)
+def save_model(
+    cls: ShardedStateLoader, model, path, pattern: str | None = None, max_size: int | None = None
+) -> list[str]:
+    """Write `model`'s state dict to `path` in parts of at most `max_size` bytes (one tensor larger
+    than that is a part of its own); the files written."""
+    from safetensors.torch import save_file
+
+    os.makedirs(path, exist_ok=True)
+    parts, size = [{}], 0
+    for k, t in cls._filter_subtensors(model.state_dict()).items():
+        n = t.numel() * t.element_size()
+        if max_size is not None and parts[-1] and size + n > max_size:
+            parts.append({})
+            size = 0
+        parts[-1][k] = t.detach().contiguous()
+        size += n
+    names = [cls.render_pattern(pattern, i) for i in range(len(parts))]
+    for name, part in zip(names, parts):
+        save_file(part, os.path.join(path, name))
+    return names
+
+
+@patch(cls_method=True)
+def load_weights(cls: ShardedStateLoader, model, path, pattern: str | None = None) -> None:
+    """Copy this rank's files (and no other's) into `model`'s state dict; a missing, unexpected or
+    misshapen tensor is an error."""
+    from safetensors import safe_open
+
+    files = sorted(glob.glob(os.path.join(path, cls.render_pattern(pattern, "*"))))
+    if not files:
+        raise ValueError(
+            f"no sharded-state files {cls.render_pattern(pattern, '*')!r} in {path} (save them "
+            "with save_sharded_state)"
+        )
+    state = cls._filter_subtensors(model.state_dict())
+    for f in files:
+        with safe_open(f, "pt") as sf:
+            for k in sf.keys():
+                if k not in state:
+                    raise KeyError(f"unexpected tensor {k!r} in {f}")
+                t, p = sf.get_tensor(k), state.pop(k)
+                if t.shape != p.shape:
+                    raise ValueError(f"{k}: shape {tuple(t.shape)} in {f}, {tuple(p.shape)} here")
+                p.data.copy_(t)
+    if state:
+        raise ValueError(f"Missing keys {tuple(state)} in loaded state!")
+
+# %% ../nbs/95_vllm_compat.ipynb #shard95c
+def load_sharded_state_model(mc: ModelConfig, device) -> LlamaForCausalLM:
+    "The model of `mc.hf_config`, in `mc.dtype` on `device`, with the state saved in `mc.model`."
+    with torch.device(device):
+        model = LlamaForCausalLM(mc.hf_config, mc.attention_backend, mc.max_model_len)
+    model = model.to(dtype=mc.dtype)
+    ShardedStateLoader.load_weights(model, mc.model)
+    return model.eval()
+
+
+MODEL_LOADERS["sharded_state"] = load_sharded_state_model
+
+
+@patch
+def save_sharded_state(
+    self: EngineCore, path: str, pattern: str | None = None, max_size: int | None = None
+) -> None:
+    """vLLM's `engine_core.save_sharded_state`: the runner's model as `load_format="sharded_state"`
+    reads it (one rank; quantized weights and LoRA refused)."""
+    runner, cfg = self.model_runner, self.config
+    if getattr(runner, "world_size", 1) > 1:
+        raise NotImplementedError(
+            "save_sharded_state with tensor or pipeline parallelism is not implemented in "
+            "minivllm: the other ranks run only the steps rank 0 broadcasts."
+        )
+    if cfg.model_config.quantization or cfg.lora_config is not None:
+        raise NotImplementedError(
+            "save_sharded_state with quantization or enable_lora is not implemented in minivllm."
+        )
+    ShardedStateLoader.save_model(runner.model, path, pattern, max_size)
+
 # %% ../nbs/95_vllm_compat.ipynb #ff14eecd
 def cleanup_dist_env_and_memory(shutdown_ray: bool = False) -> None:
     """Free what an engine left behind: the process group (if one is up), garbage, cached CUDA
@@ -368,6 +498,7 @@ VLLM_MODULES: dict[str, dict] = {
     "utils.argparse_utils": dict(FlexibleArgumentParser=FlexibleArgumentParser),
     "distributed": dict(cleanup_dist_env_and_memory=cleanup_dist_env_and_memory),
     "logger": dict(init_logger=init_logger),
+    "model_executor.model_loader": dict(ShardedStateLoader=ShardedStateLoader),
     "version": dict(__version__=minivllm.__version__),
 }
 

@@ -2,6 +2,7 @@
 import pytest, torch
 import torch.nn.functional as F
 from minivllm import LLM, SamplingParams, PoolingParams, EmbeddingRequestOutput, PoolingRequestOutput
+from minivllm.config import PoolerConfig
 
 # minivllm and HF both run float32 on the CPU, but batch and order their matmuls differently (and minivllm reads the
 # keys/values back from the paged cache in chunks): the vectors agree to float32 rounding, far below this tolerance.
@@ -95,6 +96,79 @@ def test_abort_and_bad_params(llm):
     with pytest.raises(ValueError, match="dimensions"): llm.embed("x", pooling_params=PoolingParams(dimensions=10_000), use_tqdm=False)
     with pytest.raises(NotImplementedError, match="truncate_prompt_tokens"): llm.embed("x", truncate_prompt_tokens=3, use_tqdm=False)
     with pytest.raises(NotImplementedError, match="task"): PoolingParams(task="classify")
+
+
+def test_token_embed_matches_hf_per_token(llm, hf_hidden):
+    """`pooling_task="token_embed"`: one vector per prompt token, HF's final-norm hidden state of that token, L2-normalised
+    (as vLLM's token-embedding head does), cut to `dimensions` first when asked; read in chunks of the 16-token budget."""
+    outs = llm.encode(PROMPTS, pooling_task="token_embed", use_tqdm=False)
+    worst = 0.0
+    for p, o in zip(PROMPTS, outs):
+        want = F.normalize(hf_hidden[p], dim=-1)
+        assert isinstance(o, PoolingRequestOutput) and o.outputs.data.shape == want.shape == (len(o.prompt_token_ids), 576)
+        worst = max(worst, (o.outputs.data - want).abs().max().item())
+    print(f"token_embed, normalised: max |minivllm - HF| = {worst:.2e}")
+    assert worst < ATOL
+    d = llm.encode(PROMPTS[1], PoolingParams(task="token_embed", dimensions=32, normalize=False), use_tqdm=False)[0]
+    assert torch.allclose(d.outputs.data, hf_hidden[PROMPTS[1]][:, :32], atol=ATOL * 10, rtol=1e-4)
+
+
+def test_pooler_config_task_token_embed(hf_hidden):
+    "`PoolerConfig(task=\"token_embed\")`: `LLM.embed` returns the per-token matrices (vLLM's); another task is refused."
+    llm = LLM(dtype="float32", max_model_len=256, num_gpu_blocks_override=64, pooler_config=PoolerConfig(task="token_embed"))
+    outs = llm.embed(PROMPTS, use_tqdm=False)
+    for p, o in zip(PROMPTS, outs):
+        assert type(o) is PoolingRequestOutput
+        assert torch.allclose(o.outputs.data, F.normalize(hf_hidden[p], dim=-1), atol=ATOL)
+    with pytest.raises(ValueError, match=r'PoolerConfig\(task="embed"\)'):
+        llm.encode("x", pooling_task="embed", use_tqdm=False)
+    with pytest.raises(NotImplementedError, match="classify"):
+        LLM(dtype="float32", max_model_len=64, pooler_config={"task": "classify"})
+    with pytest.raises(NotImplementedError, match="step_tag_id"):
+        LLM(dtype="float32", max_model_len=64, pooler_config=PoolerConfig(step_tag_id=3))
+
+
+def _hf_chunk_vectors(hf_model, ids, size, kind):
+    "Each chunk of `size` tokens read by HF on its own, pooled (LAST or MEAN) and normalised, with its token count."
+    out = []
+    with torch.no_grad():
+        for i in range(0, len(ids), size):
+            h = hf_model.model(torch.tensor([ids[i:i + size]])).last_hidden_state[0]
+            out.append((F.normalize(h[-1] if kind == "LAST" else h.mean(0), dim=-1), len(h)))
+    return out
+
+
+def _pool(h, kind):
+    return h[-1] if kind == "LAST" else h.mean(0)
+
+
+@pytest.mark.parametrize("kind", ["MEAN", "LAST"])
+def test_chunked_processing_of_long_inputs(kind, hf_model, tokenizer, hf_hidden):
+    """`enable_chunked_processing`: an input longer than max_model_len (12) is embedded in chunks of 12 tokens and the
+    chunks' vectors combined as vLLM documents (for every pooling type): the mean weighted by token count, normalised
+    again; computed by hand from HF reading each chunk on its own. `max_embed_len` caps the input."""
+    cfg = PoolerConfig(pooling_type=kind, enable_chunked_processing=True, max_embed_len=64)
+    llm = LLM(dtype="float32", max_model_len=12, num_gpu_blocks_override=64, pooler_config=cfg)
+    ids = tokenizer(PROMPTS[1]).input_ids
+    assert len(ids) > 24 and len(ids) % 12                             # three chunks, the last one shorter
+    with torch.no_grad():
+        hs = [hf_model.model(torch.tensor([ids[i:i + 12]])).last_hidden_state[0] for i in range(0, len(ids), 12)]
+    outs = llm.embed([PROMPTS[1], PROMPTS[0]], use_tqdm=False)
+    want = F.normalize(sum(F.normalize(_pool(h, kind), dim=-1) * len(h) for h in hs) / len(ids), dim=-1)
+    got = torch.tensor(outs[0].outputs.embedding)
+    print(f"chunked {kind}: {[len(h) for h in hs]} tokens, max |minivllm - by hand| = {(got - want).abs().max():.2e}")
+    assert torch.allclose(got, want, atol=ATOL) and outs[0].prompt_token_ids == ids
+    whole = F.normalize(_pool(hf_hidden[PROMPTS[1]], kind), dim=-1)   # the chunks really were read on their own
+    assert (got - whole).abs().max() > 1e-3
+    short = hf_hidden[PROMPTS[0]]                                      # fits the model: one request, as without chunking
+    assert torch.allclose(torch.tensor(outs[1].outputs.embedding), F.normalize(_pool(short, kind), dim=-1), atol=ATOL)
+    raw = llm.encode(PROMPTS[1], PoolingParams(normalize=False), pooling_task="embed", use_tqdm=False)[0].outputs.data
+    want_raw = sum(_pool(h, kind) * len(h) for h in hs) / len(ids)     # unnormalised: no normalisation anywhere
+    assert torch.allclose(raw, want_raw, atol=ATOL * 10, rtol=1e-4)
+    with pytest.raises(ValueError, match="max_embed_len 64"):
+        llm.embed("word " * 80, use_tqdm=False)
+    with pytest.raises(ValueError, match="maximum model length"):      # token embeddings are not chunked
+        llm.encode(PROMPTS[1], pooling_task="token_embed", use_tqdm=False)
 
 
 def test_server_embeddings_through_openai_client(model_dir, tokenizer, hf_hidden):
