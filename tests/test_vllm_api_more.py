@@ -1,5 +1,6 @@
 """vLLM's engine methods beyond generation, as a vLLM script calls them: `load_format="dummy"` (from `LLM(...)` and
-the command line; the same model as its weights written to a checkpoint), `collective_rpc` (one process, and refused
+the command line; the same model as its weights written to a checkpoint), `load_format="sharded_state"` with
+`engine_core.save_sharded_state` (the embedded model saved and loaded back: the same greedy tokens), `collective_rpc` (one process, and refused
 by name under tensor parallelism), `reset_prefix_cache(reset_running_requests=True)` and `AsyncLLM`'s
 `pause_generation` / `resume_generation` / `is_paused` in the corners the lessons do not show: a client that leaves
 while its request is held, `keep` without clearing the cache, vLLM's deprecated `wait_for_inflight_requests`, a
@@ -57,11 +58,41 @@ def test_load_format_on_the_command_line(bare):
     p = EngineArgs.add_cli_args(FlexibleArgumentParser())
     assert EngineArgs.from_cli_args(p.parse_args(["--load-format", "dummy"])).load_format == "dummy"
     assert EngineArgs.from_cli_args(p.parse_args([])).load_format == "auto"
-    for fmt in ("pt", "sharded_state", "bitsandbytes", "gguf"):
+    assert EngineArgs.from_cli_args(p.parse_args(["--load-format", "sharded_state"])).load_format == "sharded_state"
+    for fmt in ("pt", "tensorizer", "bitsandbytes", "gguf"):
         with pytest.raises(NotImplementedError, match=f"load_format='{fmt}'"):
             EngineArgs.from_cli_args(p.parse_args(["--load-format", fmt]))
     with pytest.raises(NotImplementedError, match="load_format='dummy'"):
         EngineArgs(model=str(bare), load_format="dummy", quantization="gguf").create_engine_config()
+
+
+def test_sharded_state_saved_and_loaded_gives_the_same_tokens(model_dir, tmp_path):
+    """vLLM's `save_sharded_state_offline.py` / `load_sharded_state_offline.py` flow on the embedded model: the running
+    engine's state saved by `llm.llm_engine.engine_core.save_sharded_state(path=, pattern=, max_size=)` (parts of at
+    most 64 MB), the metadata files copied, loaded with `load_format="sharded_state"`: greedy tokens identical to the
+    original engine's. Loading reads only this rank's files; a pattern vLLM needs pipeline parallelism for is refused."""
+    from minivllm.vllm_compat import ShardedStateLoader
+    args = EngineArgs(model=str(model_dir), dtype="float32", max_model_len=256, num_gpu_blocks_override=64)
+    llm = LLM.from_engine_args(args)
+    prompts = ["The capital of France is", "Write a haiku about the sea:", "def fibonacci(n):"]
+    want = tokens(llm, prompts, SamplingParams(temperature=0, max_tokens=24))
+    out = tmp_path / "sharded"
+    out.mkdir()
+    llm.llm_engine.engine_core.save_sharded_state(path=str(out), pattern=None, max_size=64 << 20)
+    for f in Path(model_dir).iterdir():                               # the example's metadata copy
+        if f.suffix not in (".bin", ".pt", ".safetensors") and f.is_file():
+            shutil.copy(f, out)
+    parts = sorted(p.name for p in out.glob("*.safetensors"))
+    assert len(parts) > 1 and parts[0] == ShardedStateLoader.TP_ONLY_PATTERN.format(rank=0, part=0)
+    (out / "model-rank-1-part-0.safetensors").write_bytes(b"not this rank's")   # never opened
+    del llm
+    loaded = LLM(model=str(out), load_format="sharded_state", dtype="float32", max_model_len=256,
+                 num_gpu_blocks_override=64)
+    assert tokens(loaded, prompts, SamplingParams(temperature=0, max_tokens=24)) == want
+    loaded.llm_engine.engine_core.save_sharded_state(str(tmp_path / "custom"), pattern="w-{tp_rank}-{part}.st")
+    assert [p.name for p in (tmp_path / "custom").iterdir()] == ["w-0-0.st"]
+    with pytest.raises(ValueError, match="pp_rank"):
+        loaded.llm_engine.engine_core.save_sharded_state(str(tmp_path / "pp"), pattern=ShardedStateLoader.PP_AND_TP_PATTERN)
 
 
 def test_collective_rpc_and_dummy_under_tensor_parallelism(bare):
@@ -80,6 +111,8 @@ def test_collective_rpc_and_dummy_under_tensor_parallelism(bare):
         assert tokens(tp) == want
         with pytest.raises(NotImplementedError, match="collective_rpc with tensor or pipeline parallelism"):
             tp.collective_rpc(lambda w: w.rank)
+        with pytest.raises(NotImplementedError, match="save_sharded_state with tensor or pipeline parallelism"):
+            tp.llm_engine.engine_core.save_sharded_state(path=str(bare.parent / "tp_shards"))
     finally:
         tp.llm_engine.shutdown()
 

@@ -27,6 +27,7 @@ HAVE = {
     ("vllm.entrypoints.llm", "LLM"): "minivllm.llm:LLM",
     **{("vllm.inputs", n): f"minivllm.config:{n}" for n in ["PromptType", "TextPrompt", "TokensPrompt"]},
     ("vllm.logger", "init_logger"): "minivllm.vllm_compat:init_logger",
+    ("vllm.model_executor.model_loader", "ShardedStateLoader"): "minivllm.vllm_compat:ShardedStateLoader",
     ("vllm.lora.request", "LoRARequest"): "minivllm.config:LoRARequest",
     **{("vllm.outputs", n): f"minivllm.config:{n}" for n in [
         "CompletionOutput", "EmbeddingOutput", "EmbeddingRequestOutput", "PoolingOutput", "PoolingRequestOutput",
