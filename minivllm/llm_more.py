@@ -283,6 +283,8 @@ def _chunk_inputs(self: LLM, prompts: list, params: list, loras: list) -> tuple[
     triples, and per prompt None (one request, as it is) or what its chunks are combined with."""
     tok, cfg = self.get_tokenizer(), self.llm_engine.model_config.pooler_config
     max_len = self.llm_engine.model_config.max_model_len
+    if not (cfg.enable_chunked_processing or cfg.max_embed_len):  # nothing to cut or cap
+        return list(zip(prompts, params, loras)), [None] * len(prompts)
     flat, groups = [], []
     for pr, pp, lr in zip(prompts, params, loras):
         text, ids = (pr, None) if isinstance(pr, str) else (None, None)
