@@ -174,6 +174,10 @@ class PoolingParams:
     extra_kwargs: dict | None = None
     output_kind: RequestOutputKind = RequestOutputKind.FINAL_ONLY
     use_activation: bool | None = None  # vLLM's newer name of `normalize` for embeddings
+    # vLLM's, for heads and modes minivllm does not have (must stay None)
+    late_chunking_params: Any = None
+    step_tag_id: int | None = None
+    returned_token_ids: list | None = None
 
     def __post_init__(self):
         if self.task not in (None, "embed", "token_embed", "encode"):
@@ -191,14 +195,18 @@ class PoolingParams:
             or self.dimensions < 1
         ):
             raise ValueError(f"dimensions must be a positive integer, got {self.dimensions!r}.")
-        if self.truncate_prompt_tokens is not None:
-            raise NotImplementedError(
-                "PoolingParams(truncate_prompt_tokens=...) is not implemented in minivllm."
-            )
         if self.activation:
             raise NotImplementedError(
                 "PoolingParams(activation=True): minivllm has no classification heads."
             )
+        for k in (
+            "truncate_prompt_tokens",
+            "late_chunking_params",
+            "step_tag_id",
+            "returned_token_ids",
+        ):
+            if getattr(self, k) is not None:
+                raise NotImplementedError(f"PoolingParams({k}=...) is not implemented in minivllm.")
         if self.extra_kwargs:
             raise NotImplementedError(
                 f"PoolingParams(extra_kwargs={self.extra_kwargs!r}) is not implemented in minivllm."
@@ -209,16 +217,20 @@ class PoolingParams:
                 "FINAL_ONLY."
             )
 
-    def clone(self) -> "PoolingParams":
-        return dataclasses.replace(self)
+# %% ../nbs/00b_config.ipynb #p00d2
+@patch
+def clone(self: PoolingParams) -> PoolingParams:
+    return dataclasses.replace(self)
 
-    def verify(self, model_config):
-        "The checks that need the model: `dimensions` at most its hidden size."
-        h = model_config.hf_config.hidden_size
-        if self.dimensions is not None and self.dimensions > h:
-            raise ValueError(
-                f"dimensions={self.dimensions} is larger than the model's hidden size {h}."
-            )
+
+@patch
+def verify(self: PoolingParams, model_config):
+    "The checks that need the model: `dimensions` at most its hidden size."
+    h = model_config.hf_config.hidden_size
+    if self.dimensions is not None and self.dimensions > h:
+        raise ValueError(
+            f"dimensions={self.dimensions} is larger than the model's hidden size {h}."
+        )
 
 # %% ../nbs/00b_config.ipynb #p00g
 @dataclass
