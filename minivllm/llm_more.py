@@ -335,7 +335,7 @@ def encode(
     if not n == len(params) == len(loras):
         raise ValueError(f"got {n} prompts, {len(params)} pooling_params, {len(loras)} loras.")
     flat, groups = self._chunk_inputs(prompts, params, loras)
-    f_prompts, f_params, f_loras = (list(x) for x in zip(*flat))
+    f_prompts, f_params, f_loras = (list(x) for x in zip(*flat)) if flat else ([], [], [])
     ids = self._add_requests(f_prompts, f_params, None, f_loras, final_only=False)
     self._run_engine(use_tqdm, wanted=self.llm_engine.get_num_unfinished_requests())
     outs, res, default = self._collect(ids), [], self.llm_engine.model_config.pooler_config
