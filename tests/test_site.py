@@ -235,6 +235,33 @@ def test_no_link_to_a_repository_that_does_not_exist(site):
     assert not bad, "\n".join(bad[:20])
 
 
+PAGE_COUNTS = """() => {
+    const shown = [...document.querySelectorAll('main pre.sourceCode')].filter(p => p.offsetParent !== null);
+    const lines = shown.map(p => p.innerText.split('\\n').filter(l => l.trim()).length).reduce((a, b) => a + b, 0);
+    const prose = document.querySelector('main').cloneNode(true);
+    prose.querySelectorAll('pre, script, style, .cell-output, .cell-output-display, details, .step-viewer')
+        .forEach(e => e.remove());
+    const words = prose.innerText.split(/\\s+/).filter(w => w).length;
+    return [words, lines, document.querySelectorAll('main .step-viewer, main .widget-static').length]; }"""
+
+
+def test_core_path_reading_time_from_the_built_pages(site, browser):
+    """The core path read off the built pages (prose words, code lines a reader sees unfolded, widgets; the rates of
+    .ci/reading_time) takes at most 3 h 15 min, and each lesson within 2 minutes of the time the sidebar shows."""
+    rt = runpy.run_path(str(ROOT / ".ci" / "reading_time"))
+    pg = browser.new_page(viewport={"width": 1400, "height": 900})
+    total, off = 0.0, []
+    for e in core_lessons():
+        pg.goto(f"{site}/{page_of(e['nb'])}", wait_until="load")
+        words, lines, widgets = pg.evaluate(PAGE_COUNTS)
+        m = words / rt["WORDS_PER_MIN"] + lines / rt["LINES_PER_MIN"] + rt["MIN_PER_WIDGET"] * widgets
+        total += m
+        if abs(m - e["minutes"]) > 2: off.append(f"{e['nb']}: {m:.1f} min on the page, {e['minutes']} in the sidebar")
+    pg.close()
+    assert not off, "\n".join(off)
+    assert total <= rt["CORE_LIMIT_MIN"], f"the core path's pages take {total:.0f} min to read"
+
+
 def test_sidebar_has_the_two_paths(site, browser):
     "The sidebar has a core path and a going-further section, each lesson with its number and reading time."
     pg = browser.new_page()
