@@ -265,6 +265,7 @@ class ModelConfig:
     logits_processors: tuple = ()  # custom logits processors (lesson 06d): classes or their names
     # "auto"/"safetensors": the checkpoint's weight files; "dummy": random weights (lesson 95)
     load_format: str = "auto"
+    enable_prompt_embeds: bool = False  # prompts given as embeddings (lesson 08b)
 
     def get_vocab_size(self) -> int:
         return self.hf_config.vocab_size
@@ -672,6 +673,7 @@ class _EngineArgsFields:
     profiler_config: dict | ProfilerConfig | None = None  # vLLM's: see `ProfilerConfig`
     hf_overrides: dict | None = None  # vLLM's: a dict or a callable applied to the HF config
     logits_processors: list | None = None  # vLLM's: classes or "module:Class" names (lesson 06d)
+    enable_prompt_embeds: bool = False  # vLLM's: accept `{"prompt_embeds": tensor}` (lesson 08b)
 
     def __post_init__(self):
         if self.max_num_seqs is None:
@@ -1118,6 +1120,7 @@ def _model_config(self: EngineArgs, device: torch.device, backend: str) -> Model
         gguf_file,
         resolve_logits_processors(self.logits_processors),
         self.load_format,
+        self.enable_prompt_embeds,
     )
 
 
