@@ -135,7 +135,7 @@ def lora_int_id(self: Request) -> int:
 
 @patch(as_prop=True)
 def block_hash_extra_keys(self: Request) -> tuple:
-    "What besides its tokens decides a block's K/V (vLLM's extra keys): the adapter, the embeddings."
+    "What besides its tokens decides a block's K/V (vLLM's extra keys): adapter, embeddings."
     keys = () if self.lora_request is None else ("adapter", self.lora_int_id)
     return keys if self.prompt_embeds is None else (*keys, "embeds", self.request_id)
 
