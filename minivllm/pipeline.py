@@ -82,7 +82,7 @@ def stage_weights(weights, layers: range, first: bool, last: bool, tied: bool):
         elif "rotary_emb" in name:
             continue
 
-# %% ../nbs/07c_scaling_out.ipynb #afc3b5db
+# %% ../nbs/07c_scaling_out.ipynb #cac59cdd
 def micro_batch_bounds(query_start_loc: list[int], m: int) -> list[tuple[int, int]]:
     """Cut a step's requests into at most `m` contiguous groups `(first, end)` of about equal token
     counts (request `i` has rows `query_start_loc[i]` up to `query_start_loc[i + 1]`); a request
@@ -164,7 +164,7 @@ class PipelineStage:
         x = torch.cat(outs) if len(outs) > 1 else outs[0]
         return self.norm(x) if self.last else x  # (no logits come from a middle stage's x)
 
-# %% ../nbs/07c_scaling_out.ipynb #6d0c86a8
+# %% ../nbs/07c_scaling_out.ipynb #b56bfc23
 @patch
 def _irecv(self: PipelineStage, n: int, dtype):
     "Post the receive of an `[n, hidden]` micro-batch: `(buffer, work)` (no message when `n` = 0)."
@@ -206,7 +206,7 @@ def _write_trace(self: PipelineStage):
         with open(os.path.join(self.trace_dir, f"rank{self.grank}.jsonl"), "a") as f:
             f.write(json.dumps(rec) + "\n")
 
-# %% ../nbs/07c_scaling_out.ipynb #75eaefbe
+# %% ../nbs/07c_scaling_out.ipynb #2f8013c4
 @patch
 def compute_logits(self: PipelineStage, hidden) -> torch.Tensor:
     """Full logits on rank 0 (the last stage's first rank sends them); other ranks return an
