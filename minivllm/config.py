@@ -545,6 +545,7 @@ class ParallelConfig:
     pipeline_parallel_size: int = 1
     data_parallel_size: int = 1
     distributed_executor_backend: str | None = None  # None/"mp": the engine starts its ranks
+    pipeline_micro_batches: int = 1  # micro-batches each step is cut into (07c)
 
 
 @dataclass
@@ -650,6 +651,7 @@ class _EngineArgsFields:
     compilation_config: int | dict | None = None  # vLLM's: a level (0-3) or a dict
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
+    pipeline_micro_batches: int | None = None  # 07c; None: one per pipeline stage
     data_parallel_size: int = 1
     distributed_executor_backend: str | None = None  # None, "mp" or "external_launcher" (07c)
     device: str = "auto"
@@ -740,6 +742,14 @@ def _check_parallel(self: EngineArgs):
             raise NotImplementedError(
                 f"{k} with pipeline_parallel_size > 1 is not implemented in minivllm."
             )
+    m = self.pipeline_micro_batches
+    if m is not None and (not isinstance(m, int) or isinstance(m, bool) or m < 1):
+        raise ValueError(f"pipeline_micro_batches must be a positive integer or None, got {m!r}.")
+    if m is not None and m > 1 and self.pipeline_parallel_size == 1:
+        raise ValueError(
+            f"pipeline_micro_batches={m} needs pipeline_parallel_size > 1 (it cuts each step for "
+            "the stages of a pipeline)."
+        )
     split = self.tensor_parallel_size * self.pipeline_parallel_size > 1
     if self.distributed_executor_backend == "external_launcher" and not split:
         raise ValueError(
@@ -760,6 +770,7 @@ def _parallel_config(self: EngineArgs, mc: ModelConfig) -> ParallelConfig:
         self.pipeline_parallel_size,
         self.data_parallel_size,
         self.distributed_executor_backend,
+        self.pipeline_micro_batches or self.pipeline_parallel_size,
     )
 
 # %% ../nbs/00b_config.ipynb #c722ddd8
