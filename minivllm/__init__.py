@@ -61,4 +61,4 @@ __all__ = [  # what `from minivllm import *` brings (ruff reads it too)
 # the feature lessons register their step extensions and runners when imported
 from . import model_kernels, sampling_more, compilation, lora  # noqa: F401
 from . import structured_outputs, parallel, spec_decode, pooling  # noqa: F401
-from . import logits_processors, pipeline, data_parallel  # noqa: F401
+from . import logits_processors, pipeline, data_parallel, prompt_embeds  # noqa: F401

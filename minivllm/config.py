@@ -322,6 +322,7 @@ class ModelConfig:
     # "auto"/"safetensors": the checkpoint's weight files; "dummy": random weights;
     # "sharded_state": the state saved by `save_sharded_state` (both lesson 95)
     load_format: str = "auto"
+    enable_prompt_embeds: bool = False  # prompts given as embeddings (lesson 08b)
 
     def get_vocab_size(self) -> int:
         return self.hf_config.vocab_size
@@ -601,6 +602,7 @@ class ParallelConfig:
     pipeline_parallel_size: int = 1
     data_parallel_size: int = 1
     distributed_executor_backend: str | None = None  # None/"mp": the engine starts its ranks
+    pipeline_micro_batches: int = 1  # micro-batches each step is cut into (07c)
 
 
 @dataclass
@@ -706,6 +708,7 @@ class _EngineArgsFields:
     compilation_config: int | dict | None = None  # vLLM's: a level (0-3) or a dict
     tensor_parallel_size: int = 1
     pipeline_parallel_size: int = 1
+    pipeline_micro_batches: int | None = None  # 07c; None: one per pipeline stage
     data_parallel_size: int = 1
     distributed_executor_backend: str | None = None  # None, "mp" or "external_launcher" (07c)
     device: str = "auto"
@@ -729,6 +732,7 @@ class _EngineArgsFields:
     profiler_config: dict | ProfilerConfig | None = None  # vLLM's: see `ProfilerConfig`
     hf_overrides: dict | None = None  # vLLM's: a dict or a callable applied to the HF config
     logits_processors: list | None = None  # vLLM's: classes or "module:Class" names (lesson 06d)
+    enable_prompt_embeds: bool = False  # vLLM's: accept `{"prompt_embeds": tensor}` (lesson 08b)
 
     def __post_init__(self):
         if self.max_num_seqs is None:
@@ -795,6 +799,14 @@ def _check_parallel(self: EngineArgs):
             raise NotImplementedError(
                 f"{k} with pipeline_parallel_size > 1 is not implemented in minivllm."
             )
+    m = self.pipeline_micro_batches
+    if m is not None and (not isinstance(m, int) or isinstance(m, bool) or m < 1):
+        raise ValueError(f"pipeline_micro_batches must be a positive integer or None, got {m!r}.")
+    if m is not None and m > 1 and self.pipeline_parallel_size == 1:
+        raise ValueError(
+            f"pipeline_micro_batches={m} needs pipeline_parallel_size > 1 (it cuts each step for "
+            "the stages of a pipeline)."
+        )
     split = self.tensor_parallel_size * self.pipeline_parallel_size > 1
     if self.distributed_executor_backend == "external_launcher" and not split:
         raise ValueError(
@@ -815,6 +827,7 @@ def _parallel_config(self: EngineArgs, mc: ModelConfig) -> ParallelConfig:
         self.pipeline_parallel_size,
         self.data_parallel_size,
         self.distributed_executor_backend,
+        self.pipeline_micro_batches or self.pipeline_parallel_size,
     )
 
 # %% ../nbs/00b_config.ipynb #c722ddd8
@@ -1181,6 +1194,7 @@ def _model_config(self: EngineArgs, device: torch.device, backend: str) -> Model
         gguf_file,
         resolve_logits_processors(self.logits_processors),
         self.load_format,
+        self.enable_prompt_embeds,
     )
 
 

@@ -44,31 +44,58 @@ def _gauges(engine: LLMEngine) -> dict:
     )
 
 
-def _serve(engine: LLMEngine, inp, out, rank: int):
-    "Take requests and aborts from `inp`, step while there is work, send each step's outputs."
+def _take_messages(engine: LLMEngine, inp, out, rank: int) -> bool:
+    "Apply every pending message (add, abort); True when one says stop."
+    import zmq
+
+    while True:
+        try:
+            msg = inp.recv_pyobj(zmq.NOBLOCK)
+        except zmq.Again:
+            return False
+        if msg[0] == "stop":
+            return True
+        if msg[0] == "abort":
+            engine.abort_request(msg[1])
+        elif msg[0] == "add":
+            try:
+                engine.add_request(*msg[1], **msg[2])
+            except Exception as e:  # bad input fails this request alone
+                out.send_pyobj(("failed", rank, msg[1][0], e))
+
+
+def _serve(engine: LLMEngine, inp, out, rank: int, monitor=None) -> str:
+    """Take requests and aborts from `inp`, step while there is work, send each step's outputs.
+    Returns "stop" when the front end says so, "lost" when `monitor` (a remote engine's socket
+    monitor) reports that the connection to the front end dropped."""
     import zmq
 
     poller = zmq.Poller()
     poller.register(inp, zmq.POLLIN)
+    if monitor is not None:
+        poller.register(monitor, zmq.POLLIN)
     while True:
         busy = engine.has_unfinished_requests()
-        if dict(poller.poll(0 if busy else 1000)):
-            while True:
-                try:
-                    msg = inp.recv_pyobj(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                if msg[0] == "stop":
-                    return
-                if msg[0] == "abort":
-                    engine.abort_request(msg[1])
-                elif msg[0] == "add":
-                    try:
-                        engine.add_request(*msg[1], **msg[2])
-                    except Exception as e:  # bad input fails this request alone
-                        out.send_pyobj(("failed", rank, msg[1][0], e))
+        ready = dict(poller.poll(0 if busy else 1000))
+        if inp in ready and _take_messages(engine, inp, out, rank):
+            return "stop"
+        if monitor is not None and monitor in ready and _dropped(monitor):
+            # a front end that shuts down sends `stop` before it closes: read what is left
+            stop = inp.poll(200) and _take_messages(engine, inp, out, rank)
+            return "stop" if stop else "lost"
         if engine.has_unfinished_requests():
             out.send_pyobj(("step", rank, engine.step(), _gauges(engine)))
+
+# %% ../nbs/14b_data_parallel.ipynb #daed7e2c
+def _dropped(monitor) -> bool:
+    "Read a socket monitor's pending events: did the connection drop?"
+    import zmq
+    from zmq.utils.monitor import recv_monitor_message
+
+    events = []
+    while monitor.poll(0):
+        events.append(recv_monitor_message(monitor)["event"])
+    return zmq.EVENT_DISCONNECTED in events
 
 # %% ../nbs/14b_data_parallel.ipynb #82cfe51e
 def engine_main():
@@ -81,16 +108,23 @@ def engine_main():
     rank, src = int(env["MINIVLLM_DP_RANK"]), env.get("MINIVLLM_DP_SRC")
     ctx = zmq.Context()
     inp, out = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
+    remote = env["MINIVLLM_DP_IN"].startswith("tcp://")  # the front end may be on another machine
     for sock, addr in ((inp, env["MINIVLLM_DP_IN"]), (out, env["MINIVLLM_DP_OUT"])):
+        if remote:  # heartbeats: a front end that went silent is a dropped connection too
+            sock.setsockopt(zmq.HEARTBEAT_IVL, 1000)
+            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 5000)
         sock.connect(addr.replace("tcp://", f"tcp://{src}:0;", 1) if src else addr)
+    monitor = inp.get_monitor_socket(zmq.EVENT_DISCONNECTED) if remote else None
     _die_with_parent()
     try:
         engine = LLMEngine.from_engine_args(
             pickle.loads(Path(env["MINIVLLM_DP_ARGS"]).read_bytes())
         )
         out.send_pyobj(("ready", rank, _gauges(engine), os.getpid()))
-        _serve(engine, inp, out, rank)
+        why = _serve(engine, inp, out, rank, monitor)
         engine.shutdown()
+        if why == "lost":
+            _front_end_lost(rank, env["MINIVLLM_DP_IN"])
     except BaseException:
         out.send_pyobj(("error", rank, traceback.format_exc()))
         time.sleep(0.5)  # let ZeroMQ deliver it
@@ -99,6 +133,17 @@ def engine_main():
     os._exit(0)
 
 
+def _front_end_lost(rank: int, addr: str):
+    "Say why on stderr, then exit with status 1: nobody is left to send this engine requests."
+    print(
+        f"minivllm data-parallel engine {rank} (pid {os.getpid()}): lost its connection to the "
+        f"front end at {addr} (its process or machine is gone); exiting with status 1.",
+        file=sys.stderr,
+        flush=True,
+    )
+    os._exit(1)
+
+# %% ../nbs/14b_data_parallel.ipynb #fb8cfddc
 def start_engine(rank: int, inp: str, out: str, args: str, n: int, src: str | None = None):
     """Start engine `rank` as a fresh `python -c` process that connects to `inp` and `out` and
     reads its `EngineArgs` from the file `args`; `n` engines share this machine's cores."""
@@ -586,6 +631,9 @@ def run_headless(
     ]
     try:
         codes = [proc.wait() for proc in procs]
+        for r, c in zip(range(start_rank, start_rank + n), codes):
+            if c:
+                print(f"minivllm: headless node: engine {r} exited with code {c}", file=sys.stderr)
     finally:
         for proc in procs:
             if proc.poll() is None:

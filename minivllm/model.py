@@ -356,7 +356,7 @@ class StepTimer:
         self.seconds[name] = self.seconds.get(name, 0.0) + t - self.t
         self.t = t
 
-
+# %% ../nbs/05_model.ipynb #d9e68ce8
 @dataclass(repr=False)
 class ModelRunnerOutput:
     """What the model computed for one step: `logits[i]`, the next-token logits of `req_ids[i]`;
@@ -464,7 +464,7 @@ def determine_num_blocks(self: ModelRunner) -> int:
         return max(cc.kv_cache_memory_bytes // self.block_bytes, 1)
     return self.profile_num_blocks()
 
-
+# %% ../nbs/05_model.ipynb #bd1c8353
 @patch
 def profile_num_blocks(self: ModelRunner) -> int:
     """GPU: run a full-budget forward pass, then give the KV cache what `gpu_memory_utilization`

@@ -7,10 +7,14 @@ from __future__ import annotations
 import copy
 import dataclasses
 import datetime
+import json
 import os
 import re
+import time
 import torch
 import torch.distributed as dist
+from fastcore.basics import patch
+from .attention import AttentionMetadata
 from .config import EngineConfig
 from .model import MODEL_RUNNERS, LlamaForCausalLM, ModelRunner, iter_checkpoint_weights
 from minivllm.parallel import (
@@ -24,8 +28,9 @@ from minivllm.parallel import (
 )
 
 # %% auto #0
-__all__ = ['stage_layers', 'rank_coords', 'stage_config', 'stage_weights', 'PipelineStage', 'PPLlamaForCausalLM',
-           'PPTPLlamaForCausalLM', 'PPWorker', 'PPModelRunner', 'ExternalLauncherRunner']
+__all__ = ['stage_layers', 'rank_coords', 'stage_config', 'stage_weights', 'micro_batch_bounds', 'slice_metadata',
+           'PipelineStage', 'PPLlamaForCausalLM', 'PPTPLlamaForCausalLM', 'PPWorker', 'PPModelRunner',
+           'ExternalLauncherRunner']
 
 # %% ../nbs/07c_scaling_out.ipynb #f6b768f3
 def stage_layers(num_layers: int, pp: int) -> list[range]:
@@ -77,65 +82,155 @@ def stage_weights(weights, layers: range, first: bool, last: bool, tied: bool):
         elif "rotary_emb" in name:
             continue
 
+# %% ../nbs/07c_scaling_out.ipynb #cac59cdd
+def micro_batch_bounds(query_start_loc: list[int], m: int) -> list[tuple[int, int]]:
+    """Cut a step's requests into at most `m` contiguous groups `(first, end)` of about equal token
+    counts (request `i` has rows `query_start_loc[i]` up to `query_start_loc[i + 1]`); a request
+    is never cut."""
+    n, total = len(query_start_loc) - 1, query_start_loc[-1]
+    if n <= 1 or m <= 1:
+        return [(0, n)]
+    nearest = lambda goal: min(range(1, n), key=lambda i: abs(query_start_loc[i] - goal))
+    cuts = sorted({nearest(total * k / m) for k in range(1, m)})
+    return list(zip([0] + cuts, cuts + [n]))
+
+
+def slice_metadata(md: AttentionMetadata, a: int, b: int) -> AttentionMetadata:
+    "The attention metadata of requests `a … b-1` of a step, their rows numbered from 0."
+    q = md.query_start_loc_cpu or md.query_start_loc.tolist()
+    lens = md.seq_lens_cpu or md.seq_lens.tolist()
+    s, e = q[a], q[b]
+    return AttentionMetadata(
+        md.slot_mapping[s:e],
+        md.query_start_loc[a : b + 1] - s,
+        md.seq_lens[a:b],
+        md.block_tables[a:b],
+        min(max(md.num_decodes - a, 0), b - a),  # the decodes come first
+        [x - s for x in q[a : b + 1]],
+        lens[a:b],
+    )
+
 # %% ../nbs/07c_scaling_out.ipynb #118a79b6
 class PipelineStage:
     """What makes a model one pipeline stage (mixed in before `LlamaForCausalLM` or
-    `TPLlamaForCausalLM`): the hidden states come from the previous stage and go to the next one;
-    the last stage's logits go to rank 0."""
+    `TPLlamaForCausalLM`): the hidden states come from the previous stage and go to the next one,
+    one micro-batch at a time; the last stage's logits go to rank 0."""
 
-    def set_stage(self, rank: int, first: bool, last: bool, tp: int, last_root: int, vocab: int):
-        "Wire the stage: its neighbours are the ranks `tp` before and after it (same TP rank)."
-        self.grank, self.first, self.last, self.last_root, self.vocab = (
-            rank,
-            first,
-            last,
-            last_root,
-            vocab,
-        )
+    def set_stage(
+        self, rank: int, first: bool, last: bool, tp: int, last_root: int, vocab: int, mb: int = 1
+    ):
+        """Wire the stage: its neighbours are the ranks `tp` before and after it (same TP rank);
+        each step is cut into at most `mb` micro-batches."""
+        self.grank, self.stage, self.first, self.last = rank, rank // tp, first, last
+        self.last_root, self.vocab, self.micro_batches = last_root, vocab, mb
         self.prev, self.next = rank - tp, rank + tp
         self.logits_everywhere = False  # True: every rank gets the logits (external launcher)
+        self.trace_dir = os.environ.get("MINIVLLM_PP_TRACE_DIR")  # per-rank timelines (below)
+        self.sent, self.spans, self.t_begin, self.step_tokens = 0, [], 0.0, 0
         if not first:
             self.embed_tokens = None
         if not last:
             self.norm = self.lm_head = None
 
     def forward(self, input_ids, positions, kv_caches, md):
-        "This stage's layers over the flat batch: embed or receive, run, then send or normalize."
-        n = input_ids.shape[0]
-        if self.first:
-            x = self.embed_tokens(input_ids)
-        else:
-            w = self.layers[0].input_layernorm.weight
-            x = torch.empty(n, self.config.hidden_size, dtype=w.dtype, device=w.device)
-            if n:
-                dist.recv(x, src=self.prev)
-        rope = self.rotary.cos_sin(positions, x.dtype)
-        for layer, cache in zip(self.layers, kv_caches):
-            x = layer(x, cache, md, rope)
-        if not self.last:
-            if n:
-                dist.send(x.contiguous(), dst=self.next)
-            return x  # (no logits are taken from it: see compute_logits)
-        return self.norm(x)
+        """This stage's layers over the step, one micro-batch after the other: embed (first stage)
+        or receive each one, run the layers over it, send it on without waiting for the send."""
+        q = md.query_start_loc_cpu or md.query_start_loc.tolist()
+        bounds = micro_batch_bounds(q, self.micro_batches)
+        dtype = self.layers[0].input_layernorm.weight.dtype
+        cos, sin = self.rotary.cos_sin(positions, dtype)
+        self.sent, self.spans, self.t_begin, self.step_tokens = 0, [], self._clock(), q[-1]
+        # every receive is posted at once: micro-batch k + 1 arrives while k is computed
+        inbox = [] if self.first else [self._irecv(q[b] - q[a], dtype) for a, b in bounds]
+        outs, sends = [], []
+        for k, (a, b) in enumerate(bounds):
+            s, e = q[a], q[b]
+            if self.first:
+                x = self.embed_tokens(input_ids[s:e])
+            else:
+                x, work = inbox[k]
+                if work is not None:
+                    work.wait()
+            t0, mmd = self._clock(), slice_metadata(md, a, b)
+            for layer, cache in zip(self.layers, kv_caches):
+                x = layer(x, cache, mmd, (cos[s:e], sin[s:e]))
+            self._note(k, t0)
+            if not self.last:
+                sends.append(self._isend(x))
+            outs.append(x)
+        for work in sends:
+            if work is not None:
+                work.wait()
+        x = torch.cat(outs) if len(outs) > 1 else outs[0]
+        return self.norm(x) if self.last else x  # (no logits come from a middle stage's x)
 
-    def compute_logits(self, hidden) -> torch.Tensor:
-        """Full logits on rank 0 (the last stage's first rank sends them); other ranks return
-        an empty `[n, 0]` (or, with `logits_everywhere`, the same full logits)."""
-        n, f32 = hidden.shape[0], torch.float32
-        if self.last:
-            logits = super().compute_logits(hidden)
-            if n and self.grank == self.last_root and self.last_root != 0:
-                dist.send(logits.contiguous(), dst=0)
-        elif self.grank == 0 and n:
+# %% ../nbs/07c_scaling_out.ipynb #b56bfc23
+@patch
+def _irecv(self: PipelineStage, n: int, dtype):
+    "Post the receive of an `[n, hidden]` micro-batch: `(buffer, work)` (no message when `n` = 0)."
+    x = torch.empty(n, self.config.hidden_size, dtype=dtype, device=self.rotary.cos.device)
+    return x, (dist.irecv(x, src=self.prev) if n else None)
+
+
+@patch
+def _isend(self: PipelineStage, x):
+    "Send a micro-batch to the next stage without waiting; count its bytes."
+    if not x.shape[0]:
+        return None
+    x = x.contiguous()
+    self.sent += x.numel() * x.element_size()
+    return dist.isend(x, dst=self.next)
+
+
+@patch
+def _clock(self: PipelineStage) -> float:
+    "The machine's monotonic clock (the same in every process); on a GPU, after its queued work."
+    if self.trace_dir and self.rotary.cos.is_cuda:
+        torch.cuda.synchronize()
+    return time.perf_counter()
+
+
+@patch
+def _note(self: PipelineStage, what, t0: float):
+    "Keep a span of this step's timeline (micro-batch `k`'s layers, the LM head) when tracing."
+    if self.trace_dir:
+        self.spans.append((what, t0, self._clock()))
+
+
+@patch
+def _write_trace(self: PipelineStage):
+    "Append this step's record to `rank{r}.jsonl` in `MINIVLLM_PP_TRACE_DIR`, when it is set."
+    if self.trace_dir:
+        rec = dict(rank=self.grank, stage=self.stage, tokens=self.step_tokens, sent=self.sent)
+        rec.update(begin=self.t_begin, end=self._clock(), spans=self.spans)
+        with open(os.path.join(self.trace_dir, f"rank{self.grank}.jsonl"), "a") as f:
+            f.write(json.dumps(rec) + "\n")
+
+# %% ../nbs/07c_scaling_out.ipynb #2f8013c4
+@patch
+def compute_logits(self: PipelineStage, hidden) -> torch.Tensor:
+    """Full logits on rank 0 (the last stage's first rank sends them); other ranks return an
+    empty `[n, 0]` (or, with `logits_everywhere`, the same full logits)."""
+    n, f32 = hidden.shape[0], torch.float32
+    if self.last:
+        t0 = self._clock()
+        logits = super(PipelineStage, self).compute_logits(hidden)
+        self._note("lm_head", t0)
+        if n and self.grank == self.last_root and self.last_root != 0:
+            logits = logits.contiguous()
+            self.sent += logits.numel() * logits.element_size()
+            dist.send(logits, dst=0)
+    elif self.grank == 0 and n:
+        logits = torch.empty(n, self.vocab, dtype=f32, device=hidden.device)
+        dist.recv(logits, src=self.last_root)
+    else:
+        logits = hidden.new_zeros(n, 0, dtype=f32)
+    if self.logits_everywhere and n:
+        if self.grank != 0:
             logits = torch.empty(n, self.vocab, dtype=f32, device=hidden.device)
-            dist.recv(logits, src=self.last_root)
-        else:
-            logits = hidden.new_zeros(n, 0, dtype=f32)
-        if self.logits_everywhere and n:
-            if self.grank != 0:
-                logits = torch.empty(n, self.vocab, dtype=f32, device=hidden.device)
-            dist.broadcast(logits, src=0)
-        return logits
+        dist.broadcast(logits, src=0)
+    self._write_trace()
+    return logits
 
 # %% ../nbs/07c_scaling_out.ipynb #5f74bc7d
 class PPLlamaForCausalLM(PipelineStage, LlamaForCausalLM):
@@ -181,7 +276,8 @@ class PPWorker(TPWorker):
                 model = PPTPLlamaForCausalLM(cfg, self.plan, self.tp_rank, *args, self.group)
             else:
                 model = PPLlamaForCausalLM(cfg, *args)
-        model.set_stage(self.rank, first, last, tp, (self.pp - 1) * tp, mc.hf_config.vocab_size)
+        mb = self.config.parallel_config.pipeline_micro_batches
+        model.set_stage(self.rank, first, last, tp, (self.pp - 1) * tp, mc.hf_config.vocab_size, mb)
         weights = (
             iter_shard_weights(mc.model, self.plan, self.tp_rank)
             if tp > 1

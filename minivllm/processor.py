@@ -6,14 +6,14 @@
 from __future__ import annotations
 import time
 from dataclasses import dataclass, field
-from typing import Container
+from typing import Callable, Container
 from fastcore.basics import patch
 from .config import EngineConfig, SamplingParams, PoolingParams, PromptType
 from .request import Request
 from .structured_outputs import validate_structured_outputs
 
 # %% auto #0
-__all__ = ['Processor', 'ParentRequest', 'unused_request_id']
+__all__ = ['PROMPT_READERS', 'Processor', 'ParentRequest', 'unused_request_id']
 
 # %% ../nbs/08_processor.ipynb #f35e536f
 _PROMPT_KEYS = ("prompt", "prompt_token_ids")
@@ -27,11 +27,15 @@ _UNIMPLEMENTED_PROMPT_KEYS = (
 )
 
 
+# dict-prompt keys later lessons read: key → `(processor, prompt) → (text, ids, Request fields)`
+PROMPT_READERS: dict[str, Callable] = {}
+
+
 def _check_prompt_keys(prompt: dict) -> None:
     """A dict prompt holds only what minivllm uses: vLLM's other keys raise by name (unless empty),
     unknown keys too."""
     for k, v in prompt.items():
-        if k in _PROMPT_KEYS:
+        if k in _PROMPT_KEYS or k in PROMPT_READERS:
             continue
         if k in _UNIMPLEMENTED_PROMPT_KEYS:
             if v is None or (isinstance(v, (dict, list, tuple, str)) and not v):
@@ -95,6 +99,18 @@ class Processor:
             )
         return text, ids
 
+# %% ../nbs/08_processor.ipynb #d433707d
+@patch
+def read_prompt(self: Processor, prompt: PromptType) -> tuple[str | None, list[int], dict]:
+    """The prompt's text, its token ids and the `Request` fields a later lesson's reader adds for a
+    key of `PROMPT_READERS` (lesson 08b: `prompt_embeds`, with placeholder ids)."""
+    if isinstance(prompt, dict):
+        for key, read in PROMPT_READERS.items():
+            if prompt.get(key) is not None:
+                _check_prompt_keys(prompt)
+                return read(self, prompt)
+    return *self.tokenize_prompt(prompt), {}
+
 # %% ../nbs/08_processor.ipynb #b60b815d
 @patch
 def prepare_params(
@@ -153,6 +169,7 @@ def _pooling_request(
     params: PoolingParams,
     arrival_time: float | None = None,
     priority: int = 0,
+    **fields,
 ) -> Request:
     """The `Request` of a pooling request: a checked copy of `params` rides on it, and a placeholder
     `SamplingParams`."""
@@ -167,6 +184,7 @@ def _pooling_request(
         priority,
         text,
         pooling_params=params,
+        **fields,
     )
 
 # %% ../nbs/08_processor.ipynb #b1e33ffb
@@ -203,16 +221,16 @@ def process(
     engine's live sequences)."""
     params = SamplingParams() if params is None else params
     self._check_request(request_id, params, priority)
-    text, ids = self.tokenize_prompt(prompt)
+    text, ids, fields = self.read_prompt(prompt)  # fields: what a reader adds (08b: embeddings)
     arrival_time = time.time() if arrival_time is None else arrival_time
     if isinstance(params, PoolingParams):  # read the prompt, pool it: one request, nothing sampled
         rid = unused_request_id(request_id, in_use)
-        return [self._pooling_request(rid, text, ids, params, arrival_time, priority)]
+        return [self._pooling_request(rid, text, ids, params, arrival_time, priority, **fields)]
     params = self.prepare_params(params, len(ids))
 
     def new(rid: str, p: SamplingParams, parent: str | None = None) -> Request:
-        eos = self.eos_token_id
-        return Request(rid, ids, p, eos, arrival_time, priority, text, parent_request_id=parent)
+        eos, a = self.eos_token_id, arrival_time
+        return Request(rid, ids, p, eos, a, priority, text, parent_request_id=parent, **fields)
 
     if params.n == 1:
         return [new(unused_request_id(request_id, in_use), params)]

@@ -65,11 +65,13 @@ class Request:
         parent_request_id: str | None = None,
         pooling_params=None,
         lora_request=None,
+        prompt_embeds=None,
     ):
         self.request_id, self.prompt, self.sampling_params = request_id, prompt, sampling_params
         self.parent_request_id = parent_request_id  # the user request a sample (`n > 1`) is of
         self.pooling_params = pooling_params  # `LLM.embed`'s: read the prompt, sample nothing
         self.lora_request = lora_request  # the LoRA adapter it runs under (None: the base model)
+        self.prompt_embeds = prompt_embeds  # `[n, hidden]` in place of its tokens' (lesson 08b)
         self.prompt_token_ids = list(prompt_token_ids)
         self.eos_token_id, self.priority = eos_token_id, priority
         self.arrival_time = time.time() if arrival_time is None else arrival_time
@@ -133,14 +135,16 @@ def lora_int_id(self: Request) -> int:
 
 @patch(as_prop=True)
 def block_hash_extra_keys(self: Request) -> tuple:
-    "What besides its tokens decides a block's K/V (vLLM's extra keys): the adapter, if any."
-    return () if self.lora_request is None else ("adapter", self.lora_int_id)
+    "What besides its tokens decides a block's K/V (vLLM's extra keys): adapter, embeddings."
+    keys = () if self.lora_request is None else ("adapter", self.lora_int_id)
+    return keys if self.prompt_embeds is None else (*keys, "embeds", self.request_id)
 
 
 @patch(as_prop=True)
 def skip_reading_prefix_cache(self: Request) -> bool:
     "Must every prompt position be computed (prompt logprobs, an embedded prompt)?"
-    return self.sampling_params.prompt_logprobs is not None or self.pooling_params is not None
+    sp, embeds = self.sampling_params, self.prompt_embeds
+    return sp.prompt_logprobs is not None or self.pooling_params is not None or embeds is not None
 
 # %% ../nbs/01_request.ipynb #2e4385ab
 def check_stop(request: Request, max_model_len: int) -> bool:

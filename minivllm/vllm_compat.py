@@ -82,7 +82,6 @@ _VLLM_ARGS: dict = dict(  # what changes nothing, per vLLM argument
     convert=("auto", "none", "embed"),
     task=(None, "auto", "generate", "embed", "embedding"),
     skip_tokenizer_init=(False,),
-    enable_prompt_embeds=(False,),
     tokenizer_mode=("auto", "hf"),
     trust_remote_code=_ANY_BOOL,
     code_revision=_ANY,

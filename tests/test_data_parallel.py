@@ -4,7 +4,9 @@ engines are used (per-engine /metrics); killing one engine mid-load fails only i
 naming it, and the server keeps serving: /health stays 200 and says "degraded" (each engine's state in its JSON
 body, `X-Engines-Alive: 1/2`), /metrics says which engine died; when the last engine dies, /health answers 503 and
 the server exits with status 1. Two "nodes" on loopback addresses: a front end at 127.0.0.2 with one engine and a
-`--headless` node at 127.0.0.3 with the other give the same outputs, and the front end sees the remote engine die.
+`--headless` node at 127.0.0.3 with the other give the same outputs, and the front end sees the remote engine die;
+the other way round, a headless node whose front end is killed exits with status 1 within seconds (its engine says
+why), and one whose front end shuts down (Ctrl-C) stops with status 0.
 Offline `LLM(data_parallel_size=2)` is checked in nbs/14b_data_parallel.ipynb."""
 import contextlib, os, re, signal, socket, subprocess, threading, time
 import httpx, psutil, pytest, openai
@@ -180,6 +182,61 @@ def test_dp_front_end_and_headless_node(tiny, reference, monkeypatch):
             assert run_all(base, WORKLOAD[:2]) == reference[:2]   # served by engine 0
             assert node.wait(timeout=30) == 1, node.stdout.read()   # the node's engine was killed
         assert front.returncode is not None
+    finally:
+        if node.poll() is None: node.kill()
+        node.wait()
+
+
+def test_headless_node_exits_when_its_front_end_dies(tiny, monkeypatch):
+    """A `--headless` node whose front end is killed (`kill -9`: no `stop`) does not wait forever: its engine sees the
+    dropped connection, says so, and exits with status 1; so does the node, within seconds."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    with socket.socket() as s:
+        s.bind(("127.0.0.2", 0)); rpc = s.getsockname()[1]
+    dp = ("--data-parallel-size", "2", "--data-parallel-size-local", "1", "--data-parallel-address", "127.0.0.2",
+          "--data-parallel-rpc-port", str(rpc))
+    node = subprocess.Popen(["minivllm", "serve", tiny, *ARGS, *dp, "--headless", "--host", "127.0.0.3",
+                             "--data-parallel-start-rank", "1"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        with serve_at("127.0.0.2", tiny, *ARGS, *dp) as (base, front):
+            code, alive, body = health(base)
+            assert (code, alive) == (200, "2/2"), body
+            remote = psutil.Process(body["engines"][1]["pid"])
+            assert remote.parent().pid == node.pid
+            front.kill(); front.wait()
+            t0 = time.monotonic()
+            rc = node.wait(timeout=60)
+            elapsed = time.monotonic() - t0
+        log = node.stdout.read()
+        assert rc == 1, log
+        assert elapsed < 15, (elapsed, log)
+        assert f"data-parallel engine 1 (pid {remote.pid}): lost its connection to the front end at tcp://127.0.0.2:" \
+               f"{rpc + 2}" in log, log
+        assert "headless node: engine 1 exited with code 1" in log, log
+        assert not remote.is_running()
+    finally:
+        if node.poll() is None: node.kill()
+        node.wait()
+
+
+def test_headless_engine_stops_cleanly_with_its_front_end(tiny, monkeypatch):
+    """A front end that shuts down (Ctrl-C) sends `stop` before it closes: the headless node's engine stops, not
+    "lost", and the node exits 0."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    with socket.socket() as s:
+        s.bind(("127.0.0.2", 0)); rpc = s.getsockname()[1]
+    dp = ("--data-parallel-size", "2", "--data-parallel-size-local", "1", "--data-parallel-address", "127.0.0.2",
+          "--data-parallel-rpc-port", str(rpc))
+    node = subprocess.Popen(["minivllm", "serve", tiny, *ARGS, *dp, "--headless", "--host", "127.0.0.3",
+                             "--data-parallel-start-rank", "1"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        with serve_at("127.0.0.2", tiny, *ARGS, *dp) as (base, front):
+            assert health(base)[:2] == (200, "2/2")
+            front.send_signal(signal.SIGINT)   # the server's `finally` shuts its engines down
+            front.wait(timeout=60)
+            rc = node.wait(timeout=60)
+        log = node.stdout.read()
+        assert rc == 0 and "lost" not in log, log
     finally:
         if node.poll() is None: node.kill()
         node.wait()

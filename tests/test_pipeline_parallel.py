@@ -1,7 +1,7 @@
-"""Pipeline parallelism on gloo (CPU), through the whole engine: pipeline_parallel_size=2 and tensor_parallel_size=2 ×
-pipeline_parallel_size=2 (4 processes) give the same greedy tokens as one process on a tiny random model; the
-refusals are clear errors; and two `torchrun` "nodes" on their own loopback addresses (external_launcher) give
-the same tokens on every rank."""
+"""Pipeline parallelism on gloo (CPU), through the whole engine: pipeline_parallel_size=2 (with 1, 2 and 3 micro-batches per
+step) and tensor_parallel_size=2 × pipeline_parallel_size=2 (4 processes) give the same greedy tokens as one process on
+a tiny random model; the refusals are clear errors; and two `torchrun` "nodes" on their own loopback addresses
+(external_launcher) give the same tokens on every rank."""
 import json, os, subprocess, sys, textwrap, time
 import psutil, pytest
 from minivllm.config import EngineArgs, SamplingParams, TokensPrompt
@@ -48,14 +48,17 @@ def reference(tiny):
     finally: engine.shutdown()
 
 
-@pytest.mark.parametrize("tp,pp", [(1, 2), (2, 2)])
-def test_pipeline_matches_one_process(tiny, reference, tp, pp):
+@pytest.mark.parametrize("tp,pp,mb", [(1, 2, 1), (1, 2, 2), (2, 2, 2), (1, 2, 3)])
+def test_pipeline_matches_one_process(tiny, reference, tp, pp, mb):
+    "PP=2 with one micro-batch (the stages take turns), two and three (they overlap), and TP=2 x PP=2 with two."
     from minivllm.pipeline import PPModelRunner
-    engine = LLMEngine.from_engine_args(EngineArgs(model=tiny, tensor_parallel_size=tp, pipeline_parallel_size=pp, **ARGS))
+    engine = LLMEngine.from_engine_args(EngineArgs(model=tiny, tensor_parallel_size=tp, pipeline_parallel_size=pp,
+                                                   pipeline_micro_batches=mb, **ARGS))
     try:
         runner = engine.engine_core.model_runner
         assert isinstance(runner, PPModelRunner) and len(runner.worker_pids) == tp * pp - 1
         assert len(runner.kv_caches) == 3   # rank 0 holds stage 0's 3 layers
+        assert runner.model.micro_batches == mb
         out = greedy(engine, PROMPTS)
     finally:
         engine.shutdown()
@@ -71,6 +74,16 @@ def test_refusals(tiny):
         EngineArgs(model=tiny, pipeline_parallel_size=6, **ARGS).create_engine_config()
     with pytest.raises(ValueError, match="pipeline_parallel_size must be a positive integer"):
         EngineArgs(model=tiny, pipeline_parallel_size=0, **ARGS).create_engine_config()
+    with pytest.raises(ValueError, match="pipeline_micro_batches must be a positive integer or None, got 0"):
+        EngineArgs(model=tiny, pipeline_parallel_size=2, pipeline_micro_batches=0, **ARGS).create_engine_config()
+    with pytest.raises(ValueError, match="pipeline_micro_batches must be a positive integer or None, got 1.5"):
+        EngineArgs(model=tiny, pipeline_parallel_size=2, pipeline_micro_batches=1.5, **ARGS).create_engine_config()
+    with pytest.raises(ValueError, match="pipeline_micro_batches=2 needs pipeline_parallel_size > 1"):
+        EngineArgs(model=tiny, pipeline_micro_batches=2, **ARGS).create_engine_config()
+    assert EngineArgs(model=tiny, pipeline_parallel_size=2, **ARGS).create_engine_config() \
+        .parallel_config.pipeline_micro_batches == 2   # default: one per stage
+    assert EngineArgs(model=tiny, pipeline_micro_batches=1, **ARGS).create_engine_config() \
+        .parallel_config.pipeline_micro_batches == 1
     with pytest.raises(NotImplementedError, match="enable_lora with pipeline_parallel_size"):
         EngineArgs(model=tiny, pipeline_parallel_size=2, enable_lora=True, **ARGS).create_engine_config()
     with pytest.raises(NotImplementedError, match="distributed_executor_backend='ray'"):

@@ -149,15 +149,18 @@ def core_lessons() -> list[dict]:
     return runpy.run_path(str(ROOT / ".ci" / "reading_time"))["course"]()["core"]
 
 
-def taught_names(nb_file: str) -> list[str]:
-    "The public functions and classes a lesson exports: what the page must show as code."
+def taught_names(nb_file: str) -> list[tuple[str, bool]]:
+    """The public functions and classes a lesson exports: what the page must show as code, each with
+    whether its author folds it as a helper (`#| fold`: a test fixture, a timer, a GPU-only path)."""
     names = []
     for c in json.loads((ROOT / "nbs" / nb_file).read_text())["cells"]:
         src = "".join(c["source"])
         if c["cell_type"] != "code" or not re.search(r"^#\|\s*export\s*$", src, re.M): continue
         try: tree = ast.parse("\n".join(l for l in src.splitlines() if not l.startswith(("%", "!"))))
         except SyntaxError: continue
-        names += [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and not n.name.startswith("_")]
+        folded = bool(re.search(r"^#\|\s*fold\b", src, re.M))
+        names += [(n.name, folded) for n in tree.body
+                  if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and not n.name.startswith("_")]
     return names
 
 
@@ -167,19 +170,25 @@ def page_of(stem: str) -> str:
 
 VISIBLE_CODE = """() => [...document.querySelectorAll('main pre.sourceCode')]
     .filter(p => p.offsetParent !== null).map(p => p.innerText).join('\\n')"""
+# every code block, folded ones too (a folded block's text is in the page, one click away)
+ALL_CODE = """() => [...document.querySelectorAll('main pre.sourceCode')].map(p => p.textContent).join('\\n')"""
 
 
 def test_core_pages_show_their_code(site, browser):
-    "Every public function and class a core lesson exports shows its source on its page, unfolded."
+    """Every public function and class a core lesson exports shows its source on its page: unfolded,
+    or folded where its author marks it a helper (`#| fold`). Helpers stay few: at most 4 a lesson."""
     pg = browser.new_page(viewport={"width": 1400, "height": 900})
-    missing = []
+    missing, helpers = [], {}
     for e in core_lessons():
         pg.goto(f"{site}/{page_of(e['nb'])}", wait_until="load")
-        code = pg.evaluate(VISIBLE_CODE)
-        missing += [f"{e['nb']}: {n}" for n in taught_names(e["file"])
-                    if not re.search(rf"^\s*(def|class) {re.escape(n)}\b", code, re.M)]
+        shown, every = pg.evaluate(VISIBLE_CODE), pg.evaluate(ALL_CODE)
+        names = taught_names(e["file"])
+        helpers[e["nb"]] = [n for n, folded in names if folded]
+        missing += [f"{e['nb']}: {n}" for n, folded in names
+                    if not re.search(rf"^\s*(def|class) {re.escape(n)}\b", every if folded else shown, re.M)]
     pg.close()
     assert not missing, "exported but not shown as code on the page:\n" + "\n".join(missing)
+    assert all(len(h) <= 4 for h in helpers.values()), f"folded public helpers: {helpers}"
 
 
 SIDEWAYS = """() => [...document.querySelectorAll('main pre, main div.sourceCode, main .cell-output, main table')]
@@ -224,6 +233,33 @@ def test_no_link_to_a_repository_that_does_not_exist(site):
     repo = cfg["DEFAULT"].get("git_url", "").rstrip("/")
     bad = [f"{page}: {h}" for page in pages() for h in parse(page).hrefs if repo and h.startswith(repo)]
     assert not bad, "\n".join(bad[:20])
+
+
+PAGE_COUNTS = """() => {
+    const shown = [...document.querySelectorAll('main pre.sourceCode')].filter(p => p.offsetParent !== null);
+    const lines = shown.map(p => p.innerText.split('\\n').filter(l => l.trim()).length).reduce((a, b) => a + b, 0);
+    const prose = document.querySelector('main').cloneNode(true);
+    prose.querySelectorAll('pre, script, style, .cell-output, .cell-output-display, details, .step-viewer')
+        .forEach(e => e.remove());
+    const words = prose.innerText.split(/\\s+/).filter(w => w).length;
+    return [words, lines, document.querySelectorAll('main .step-viewer, main .widget-static').length]; }"""
+
+
+def test_core_path_reading_time_from_the_built_pages(site, browser):
+    """The core path read off the built pages (prose words, code lines a reader sees unfolded, widgets; the rates of
+    .ci/reading_time) takes at most 3 h 15 min, and each lesson within 2 minutes of the time the sidebar shows."""
+    rt = runpy.run_path(str(ROOT / ".ci" / "reading_time"))
+    pg = browser.new_page(viewport={"width": 1400, "height": 900})
+    total, off = 0.0, []
+    for e in core_lessons():
+        pg.goto(f"{site}/{page_of(e['nb'])}", wait_until="load")
+        words, lines, widgets = pg.evaluate(PAGE_COUNTS)
+        m = words / rt["WORDS_PER_MIN"] + lines / rt["LINES_PER_MIN"] + rt["MIN_PER_WIDGET"] * widgets
+        total += m
+        if abs(m - e["minutes"]) > 2: off.append(f"{e['nb']}: {m:.1f} min on the page, {e['minutes']} in the sidebar")
+    pg.close()
+    assert not off, "\n".join(off)
+    assert total <= rt["CORE_LIMIT_MIN"], f"the core path's pages take {total:.0f} min to read"
 
 
 def test_sidebar_has_the_two_paths(site, browser):

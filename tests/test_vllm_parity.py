@@ -51,7 +51,7 @@ VLLM_DEFAULTS = dict(served_model_name=None, hf_config_path=None, runner="auto",
 # a value of each field that minivllm cannot honour (it must raise NotImplementedError naming the field)
 VLLM_UNSUPPORTED = dict(quantization="awq", decode_context_parallel_size=2, data_parallel_rank=1, fully_sharded_loras=True,
     kv_cache_dtype="fp8", speculative_config={"method": "eagle", "num_speculative_tokens": 2}, cpu_offload_gb=4, tokenizer_mode="mistral",
-    skip_tokenizer_init=True, enable_prompt_embeds=True, enable_sleep_mode=True, async_scheduling=True,
+    skip_tokenizer_init=True, enable_sleep_mode=True, async_scheduling=True,
     rope_scaling={"rope_type": "dynamic", "factor": 2.0}, model_impl="transformers",
     enable_expert_parallel=True, compilation_config={"level": 3, "splitting_ops": []}, load_format="tensorizer")
 
