@@ -10,6 +10,7 @@ import collections
 import contextlib
 import copy
 import dataclasses
+import functools
 import json
 import logging
 import re
@@ -47,16 +48,19 @@ from minivllm.tool_calling import (
 
 # %% auto #0
 __all__ = ['Text', 'Bool', 'INT64', 'TokenId', 'TokenIds', 'OneText', 'OneTokenIds', 'ERROR_RESPONSES', 'DEFAULT_MAX_BODY_BYTES',
-           'logger', 'Texts', 'StreamOptions', 'JsonSchemaFormat', 'ResponseFormat', 'CompletionRequest', 'ChatMessage',
-           'ChatCompletionRequest', 'ErrorInfo', 'ErrorResponse', 'APIError', 'to_sampling_params',
-           'structured_outputs_of', 'Metrics', 'completion_logprobs', 'chat_logprobs', 'max_token_chars', 'init_prep',
-           'thread_tokenizer', 'offload', 'check_prompt_chars', 'check_prompt_len', 'tokens_of', 'compile_grammar',
-           'base_app', 'engine_health', 'add_info_routes', 'check_model', 'apply_sampling_defaults', 'run_request',
-           'usage', 'until_gone', 'respond', 'Accumulator', 'serve_choices', 'add_completions_route',
-           'EmbeddingRequest', 'add_embeddings_route', 'prepare_chat', 'add_chat_route', 'LoadLoRAAdapterRequest',
-           'add_lora_adapter', 'add_lora_routes', 'ResponsesRequest', 'input_messages', 'output_items',
-           'ResponseEvents', 'add_responses_route', 'TokenizeRequest', 'DetokenizeRequest', 'add_tokenize_routes',
-           'ScoreRequest', 'RerankRequest', 'score_texts', 'add_score_routes', 'build_app', 'serve_parser', 'cmd_serve']
+           'logger', 'Texts', 'StreamOptions', 'JsonSchemaFormat', 'ResponseFormat', 'StructuralTagItem',
+           'StructuralTagFormat', 'CompletionRequest', 'ChatMessage', 'ChatCompletionRequest', 'ErrorInfo',
+           'ErrorResponse', 'APIError', 'to_sampling_params', 'structural_tag_of', 'structured_outputs_of', 'Metrics',
+           'completion_logprobs', 'chat_logprobs', 'max_token_chars', 'init_prep', 'thread_tokenizer', 'offload',
+           'check_prompt_chars', 'check_prompt_len', 'tokens_of', 'compile_grammar', 'base_app', 'engine_health',
+           'add_info_routes', 'check_model', 'apply_sampling_defaults', 'check_not_paused', 'run_request', 'usage',
+           'until_gone', 'respond', 'Accumulator', 'serve_choices', 'add_completions_route', 'EmbeddingRequest',
+           'embedding_bytes', 'bytes_response', 'add_embeddings_route', 'prepare_chat', 'add_chat_route',
+           'LoadLoRAAdapterRequest', 'add_lora_adapter', 'add_lora_routes', 'BatchChatCompletionRequest',
+           'add_batch_chat_route', 'ResponseTextFormat', 'ResponseText', 'ReasoningParams', 'ResponsesRequest',
+           'text_format_of', 'input_messages', 'output_items', 'ResponseEvents', 'add_responses_route',
+           'TokenizeRequest', 'DetokenizeRequest', 'add_tokenize_routes', 'ScoreRequest', 'RerankRequest',
+           'score_texts', 'add_score_routes', 'add_pause_routes', 'dev_mode', 'build_app', 'serve_parser', 'cmd_serve']
 
 # %% ../nbs/15_server.ipynb #738e7691
 class StreamOptions(BaseModel):
@@ -83,6 +87,26 @@ class ResponseFormat(BaseModel):
     model_config = ConfigDict(extra="forbid")
     type: Literal["text", "json_object", "json_schema"]
     json_schema: Optional[JsonSchemaFormat] = None
+
+
+class StructuralTagItem(BaseModel):
+    "One structure of the older structural-tag form: `begin`, text that follows `schema`, `end`."
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    begin: str
+    schema_: dict[str, Any] = Field(alias="schema")
+    end: str
+
+
+class StructuralTagFormat(BaseModel):
+    """vLLM's `response_format` of type `structural_tag`: xgrammar's `format` object, or the older
+    `structures` with the `triggers` that open them."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["structural_tag"]
+    format: Optional[dict[str, Any]] = None
+    structures: Optional[list[StructuralTagItem]] = None
+    triggers: Optional[list[str]] = None
 
 # %% ../nbs/15_server.ipynb #5eb52105
 # what the schema promises is what the server takes: no empty prompts, token ids that are integers
@@ -139,7 +163,9 @@ class _SamplingFields(BaseModel):
     include_stop_str_in_output: Bool = False
     # structured outputs: OpenAI's `response_format`, vLLM's `structured_outputs` (and its older
     # `guided_*` fields)
-    response_format: Optional[ResponseFormat] = None
+    response_format: Optional[
+        Annotated[Union[ResponseFormat, StructuralTagFormat], Field(discriminator="type")]
+    ] = None
     structured_outputs: Optional[dict[str, Any]] = None
     guided_json: Optional[Union[str, dict[str, Any]]] = None
     guided_regex: Optional[str] = None
@@ -280,10 +306,26 @@ def to_sampling_params(
         raise APIError(str(e), param=field) from e
 
 # %% ../nbs/15_server.ipynb #9bb2a6ba
+def structural_tag_of(rf: StructuralTagFormat) -> str:
+    """A `structural_tag` response format as the JSON text that `StructuredOutputsParams` takes:
+    one of its two forms, whole."""
+    old = rf.structures is not None or rf.triggers is not None
+    if old == (rf.format is not None) or (old and (rf.structures is None or rf.triggers is None)):
+        raise APIError(
+            "A structural_tag response_format needs either `format` (xgrammar's structural tag) "
+            "or `structures` with `triggers`.",
+            param="response_format",
+        )
+    return json.dumps(rf.model_dump(by_alias=True, exclude_none=True))
+
+
+#| export
 def structured_outputs_of(req: _SamplingFields) -> StructuredOutputsParams | None:
     """The request's structured-outputs constraint (from `response_format`, `structured_outputs` or
     `guided_*`), checked; an `APIError` if invalid."""
     rf, ways = req.response_format, {}
+    if rf is not None and rf.type == "structural_tag":
+        ways["response_format"] = dict(structural_tag=structural_tag_of(rf))
     if rf is not None and rf.type == "json_object":
         ways["response_format"] = dict(json_object=True)
     if rf is not None and rf.type == "json_schema":
@@ -821,12 +863,22 @@ def apply_sampling_defaults(app, req) -> None:
         if getattr(req, k, 0) is None:
             setattr(req, k, v)
 
+# %% ../nbs/15_server.ipynb #sdbb8813e
+def check_not_paused(app) -> None:
+    """A 503 for a new request while generation is paused in `abort` or `wait` mode (in `keep` mode
+    new requests wait for `/resume`)."""
+    mode = getattr(app.state, "pause_mode", None)
+    if mode in ("abort", "wait"):
+        msg = f"Generation is paused (mode={mode!r}); retry after /resume."
+        raise APIError(msg, 503, type_="ServiceUnavailableError")
+
 # %% ../nbs/15_server.ipynb #0e10d7fb
 async def run_request(
     app, prompt, sp: SamplingParams, request_id: str, on_output, lora_request=None, param=None
 ):
     """Drive one request (under `lora_request`, if given) through the app's engine, yielding what
     `on_output(RequestOutput)` yields; record its metrics."""
+    check_not_paused(app)
     engine, metrics = app.state.engine, app.state.metrics
     t0, first, n_gen, last = time.monotonic(), None, 0, None
     try:
@@ -1052,7 +1104,8 @@ def add_completions_route(app):
 
 # %% ../nbs/15_server.ipynb #p15b
 class EmbeddingRequest(BaseModel):
-    "The JSON body of `POST /v1/embeddings` (OpenAI's fields, and vLLM's `normalize`)."
+    """The JSON body of `POST /v1/embeddings`: OpenAI's fields, and vLLM's `normalize`,
+    `embed_dtype` and `endianness`."""
 
     model_config = ConfigDict(extra="forbid")
     input: Union[
@@ -1062,10 +1115,12 @@ class EmbeddingRequest(BaseModel):
         Annotated[list[TokenIds], Field(min_length=1)],
     ]
     model: Optional[str] = None
-    encoding_format: Literal["float", "base64"] = "float"
+    encoding_format: Literal["float", "base64", "bytes", "bytes_only"] = "float"
     dimensions: Optional[int] = Field(None, ge=1)
     user: Optional[str] = None
     normalize: Optional[Bool] = None
+    embed_dtype: Literal["float32", "float16", "bfloat16", "fp8_e4m3", "fp8_e5m2"] = "float32"
+    endianness: Literal["native", "little", "big"] = "native"
 
 
 def _embedding_inputs(inp) -> list:
@@ -1078,13 +1133,65 @@ def _embedding_inputs(inp) -> list:
         return [TokensPrompt(prompt_token_ids=inp)]
     return [x if isinstance(x, str) else TokensPrompt(prompt_token_ids=x) for x in inp]
 
+# %% ../nbs/15_server.ipynb #s4c9e4574
+_TORCH_DTYPE = dict(
+    float32="float32",
+    float16="float16",
+    bfloat16="bfloat16",
+    fp8_e4m3="float8_e4m3fn",
+    fp8_e5m2="float8_e5m2",
+)  # vLLM's `embed_dtype` names and torch's
 
-def _encode_vector(v, fmt: str):
-    """An embedding as OpenAI sends it: a list of floats, or the base64 of its little-endian float32
-    bytes."""
-    if fmt == "float":
+
+def embedding_bytes(v, embed_dtype: str = "float32", endianness: str = "native") -> bytes:
+    """The bytes of embedding `v` cast to `embed_dtype`, each number's bytes in the order
+    `endianness` asks for ("native": this machine's)."""
+    import sys
+    import torch
+
+    t = v.detach().cpu().flatten().to(getattr(torch, _TORCH_DTYPE[embed_dtype])).contiguous()
+    words = {4: torch.int32, 2: torch.int16, 1: torch.int8}[t.element_size()]
+    a = t.view(words).numpy()  # the bit patterns as integers, which numpy can byte-swap
+    return (a.byteswap() if endianness not in ("native", sys.byteorder) else a).tobytes()
+
+
+def _check_encoding(req: EmbeddingRequest) -> None:
+    "Refuse `embed_dtype`/`endianness` where there are no bytes for them to shape."
+    if req.encoding_format == "float":
+        for name, default in (("embed_dtype", "float32"), ("endianness", "native")):
+            if getattr(req, name) != default:
+                raise APIError(
+                    f"{name} applies to the base64 and bytes encodings, not to "
+                    "encoding_format='float'.",
+                    param=name,
+                )
+
+
+def _encode_vector(v, req: EmbeddingRequest):
+    "An embedding as JSON carries it: a list of floats, or the base64 of its bytes."
+    if req.encoding_format == "float":
         return v.tolist()
-    return base64.b64encode(v.float().numpy().astype("<f4").tobytes()).decode()
+    return base64.b64encode(embedding_bytes(v, req.embed_dtype, req.endianness)).decode()
+
+
+def bytes_response(outs, req: EmbeddingRequest, head: dict):
+    """vLLM's `bytes` answer: the vectors' bytes one after another, described (unless `bytes_only`)
+    in a `metadata` header."""
+    from fastapi.responses import Response
+
+    body, items = [], []
+    for i, o in enumerate(outs):
+        b, at = (
+            embedding_bytes(o.outputs.data, req.embed_dtype, req.endianness),
+            sum(map(len, body)),
+        )
+        shape = list(o.outputs.data.shape)
+        kw = dict(embed_dtype=req.embed_dtype, endianness=req.endianness, shape=shape)
+        items.append(dict(index=i, start=at, end=at + len(b), **kw))
+        body.append(b)
+    meta = {"metadata": json.dumps(dict(head, data=items))}
+    headers = None if req.encoding_format == "bytes_only" else meta
+    return Response(b"".join(body), media_type="application/octet-stream", headers=headers)
 
 # %% ../nbs/15_server.ipynb #p15c
 async def _embed_all(app, prompts, pp, rid) -> list:
@@ -1096,6 +1203,7 @@ async def _embed_all(app, prompts, pp, rid) -> list:
             last = out
         return last
 
+    check_not_paused(app)  # (below, with `/pause`)
     tasks = [asyncio.ensure_future(one(i, p)) for i, p in enumerate(prompts)]
     try:
         return await asyncio.gather(*tasks)
@@ -1106,6 +1214,14 @@ async def _embed_all(app, prompts, pp, rid) -> list:
         for t in tasks:
             t.cancel()  # (no-ops for the finished ones)
 
+# %% ../nbs/15_server.ipynb #s27f4d6f0
+_EMBEDDED = {
+    200: {
+        "content": {"application/json": {}, "application/octet-stream": {}},
+        "description": "The embeddings (JSON), or their bytes for encoding_format bytes/bytes_only",
+    }
+}
+
 
 def add_embeddings_route(app):
     """`POST /v1/embeddings`: one pooled (by default normalised) vector per input, in OpenAI's
@@ -1114,9 +1230,10 @@ def add_embeddings_route(app):
 
     s = app.state
 
-    @app.post("/v1/embeddings")
+    @app.post("/v1/embeddings", responses=_EMBEDDED)
     async def embeddings(req: EmbeddingRequest, request: Request):
         check_model(app, req.model)
+        _check_encoding(req)
         prompts = _embedding_inputs(req.input)
         for p in prompts:
             if isinstance(p, str):
@@ -1132,13 +1249,15 @@ def add_embeddings_route(app):
             return Response(status_code=499)  # the client left: nobody reads this
         n = sum(len(o.prompt_token_ids) for o in outs)
         s.metrics.prompt_tokens.inc(n)
-        fmt = req.encoding_format
+        head = dict(id=rid, object="list", created=_now(), model=s.served_model_name)
+        head["usage"] = dict(prompt_tokens=n, total_tokens=n)
+        if req.encoding_format in ("bytes", "bytes_only"):
+            return bytes_response(outs, req, head)
         data = [
-            dict(object="embedding", index=i, embedding=_encode_vector(o.outputs.data, fmt))
+            dict(object="embedding", index=i, embedding=_encode_vector(o.outputs.data, req))
             for i, o in enumerate(outs)
         ]  # fmt: skip
-        head = dict(id=rid, object="list", created=_now(), model=s.served_model_name)
-        return dict(head, data=data, usage=dict(prompt_tokens=n, total_tokens=n))
+        return dict(head, data=data)
 
     return app
 
@@ -1328,7 +1447,99 @@ def add_lora_routes(app):
 
     return app
 
+# %% ../nbs/15_server.ipynb #s2a63d954
+class BatchChatCompletionRequest(ChatCompletionRequest):
+    """vLLM's body of `POST /v1/chat/completions/batch`: the chat fields, `messages` a list of
+    conversations."""
+
+    messages: Annotated[
+        list[Annotated[list[ChatMessage], Field(min_length=1)]], Field(min_length=1)
+    ]
+
+
+async def _record(acc: Accumulator, out):
+    "An `on_output` that only records the output in `acc` (a batch streams nothing)."
+    acc.add(out)
+    return
+    yield
+
+
+async def _all_or_none(aws) -> list:
+    "Await all of `aws` at once; the first failure cancels the others."
+    tasks = [asyncio.ensure_future(a) for a in aws]
+    try:
+        return await asyncio.gather(*tasks)
+    finally:
+        for t in tasks:
+            t.cancel()  # (no-ops for the finished ones)
+
+# %% ../nbs/15_server.ipynb #se97aadf2
+def add_batch_chat_route(app):
+    """`POST /v1/chat/completions/batch`: one choice per conversation, each run as a chat request,
+    all at once."""
+    from fastapi.responses import Response
+
+    @app.post("/v1/chat/completions/batch")
+    async def batch_chat(req: BatchChatCompletionRequest, request: Request):
+        for name, bad in [("stream", req.stream), ("n", req.n != 1), ("tools", req.tools)]:
+            if bad:
+                raise APIError(f"Batch chat completions do not support {name}.", param=name)
+        kw, bid = (
+            req.model_dump(exclude={"messages"}, exclude_unset=True),
+            f"chatcmpl-{uuid.uuid4().hex}",
+        )
+
+        async def one(i, messages):
+            chat = ChatCompletionRequest(**kw, messages=messages)
+            lora, prompt, sp, plan = await prepare_chat(app, chat)
+            acc = Accumulator(1)
+            on_output = functools.partial(_record, acc)
+            await _drain(run_request(app, prompt, sp, f"{bid}_{i}", on_output, lora, "messages"))
+            choice = _chat_views(app, chat, chat.top_logprobs or 0, plan)[1](0, acc)
+            return dict(choice, index=i), acc
+
+        runs = [one(i, m) for i, m in enumerate(req.messages)]
+        done, res = await until_gone(request, _all_or_none(runs))
+        if not done:
+            return Response(status_code=499)  # the client left: nobody reads this
+        use = usage(sum(a.prompt_tokens for _, a in res), sum(len(a.toks[0]) for _, a in res))
+        head = dict(
+            id=bid, object="chat.completion", created=_now(), model=app.state.served_model_name
+        )
+        return dict(head, choices=[ch for ch, _ in res], usage=use)
+
+    return app
+
 # %% ../nbs/15_server.ipynb #r15b
+class ResponseTextFormat(BaseModel):
+    """The Responses API's `text.format`: `text`, `json_object`, or `json_schema` written flat
+    (`name`, `schema`, `strict`)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    type: Literal["text", "json_object", "json_schema"]
+    name: Optional[str] = None
+    description: Optional[str] = None
+    schema_: Optional[dict[str, Any]] = Field(None, alias="schema")
+    strict: Optional[StrictBool] = None
+
+
+class ResponseText(BaseModel):
+    "The Responses API's `text`: the reply's `format`, and `verbosity`."
+
+    model_config = ConfigDict(extra="forbid")
+    format: Optional[ResponseTextFormat] = None
+    verbosity: Optional[Literal["low", "medium", "high"]] = None
+
+
+class ReasoningParams(BaseModel):
+    "The Responses API's `reasoning`: `effort` and `summary` (`generate_summary`: its older name)."
+
+    model_config = ConfigDict(extra="forbid")
+    effort: Optional[Literal["none", "minimal", "low", "medium", "high", "xhigh"]] = None
+    summary: Optional[Literal["auto", "concise", "detailed"]] = None
+    generate_summary: Optional[Literal["auto", "concise", "detailed"]] = None
+
+
 class ResponsesRequest(BaseModel):
     """The JSON body of `POST /v1/responses`: `input` (a text or a list of items), `instructions`,
     sampling fields, function `tools`, and `previous_response_id` to continue a stored reply."""
@@ -1349,6 +1560,39 @@ class ResponsesRequest(BaseModel):
     store: Bool = True  # keep the reply for `previous_response_id` (and `GET /v1/responses/{id}`)
     metadata: Optional[dict[str, str]] = None
     user: Optional[str] = None
+    text: Optional[ResponseText] = None
+    reasoning: Optional[ReasoningParams] = None
+
+# %% ../nbs/15_server.ipynb #s1c80dd0d
+_THINKING = ("reasoning_effort", "enable_thinking", "<think>")  # what a reasoning template shows
+
+
+def text_format_of(app, req: ResponsesRequest) -> dict | None:
+    """`text.format` as the chat API's `response_format` (None: plain text), with `text.verbosity`
+    and `reasoning` checked: accepted where they change nothing, else a 400 naming them."""
+    t, r = req.text or ResponseText(), req.reasoning
+    if t.verbosity not in (None, "medium"):
+        msg = f"text.verbosity={t.verbosity!r} is not supported by minivllm (only 'medium')."
+        raise APIError(msg, param="text.verbosity")
+    if r is not None and r.model_dump(exclude_none=True):
+        tmpl = str(app.state.chat_template or app.state.tokenizer.chat_template or "")
+        if any(w in tmpl for w in _THINKING):
+            raise APIError(
+                "reasoning is not supported by minivllm for a model that reasons (its chat "
+                "template reads a reasoning variable or writes <think>).",
+                param="reasoning",
+            )
+    f = t.format
+    if f is None or f.type == "text":
+        return None
+    if f.type == "json_object":
+        return {"type": "json_object"}
+    if f.name is None or f.schema_ is None:
+        raise APIError(
+            "text.format of type json_schema needs a name and a schema.", param="text.format"
+        )
+    js = dict(name=f.name, description=f.description, schema=f.schema_, strict=f.strict)
+    return {"type": "json_schema", "json_schema": {k: v for k, v in js.items() if v is not None}}
 
 # %% ../nbs/15_server.ipynb #r15c
 def _item_text(content) -> str:
@@ -1407,7 +1651,7 @@ def _chat_tools(tools, choice):
     return tools, choice
 
 # %% ../nbs/15_server.ipynb #r15d
-def _as_chat(req: ResponsesRequest, history: list[dict]):
+def _as_chat(req: ResponsesRequest, history: list[dict], response_format: dict | None = None):
     """The Responses request as a `ChatCompletionRequest` (instructions first, then the stored
     conversation, then the input), and the conversation without the instructions."""
     from pydantic import ValidationError
@@ -1426,6 +1670,7 @@ def _as_chat(req: ResponsesRequest, history: list[dict]):
         tools=tools,
         tool_choice=choice,
         parallel_tool_calls=req.parallel_tool_calls,
+        response_format=response_format,  # `text.format`
     )
     try:
         return ChatCompletionRequest(**kw), msgs
@@ -1550,6 +1795,12 @@ def _stored(app, rid: str, param: str) -> tuple:
     return app.state.responses[rid]
 
 
+def _format_json(req) -> dict:
+    "The `text.format` a Response echoes: the request's, or plain text."
+    f = req.text.format if req.text else None
+    return f.model_dump(by_alias=True, exclude_none=True) if f else dict(type="text")
+
+
 def _response_json(req, chat, rid: str, created: int, model: str, status: str, items, acc) -> dict:
     "OpenAI's `Response` object (usage from the `Accumulator`, once the reply is done)."
     n_in, n_out = acc.prompt_tokens, len(acc.toks[0])
@@ -1580,7 +1831,8 @@ def _response_json(req, chat, rid: str, created: int, model: str, status: str, i
         previous_response_id=req.previous_response_id,
         store=req.store,
         metadata=req.metadata or {},
-        text=dict(format=dict(type="text")),
+        text=dict(format=_format_json(req), verbosity=req.text.verbosity if req.text else None),
+        reasoning=req.reasoning.model_dump(exclude_none=True) if req.reasoning else None,
         truncation="disabled",
         user=req.user,
         usage=None if status == "in_progress" else use,
@@ -1595,8 +1847,9 @@ def add_responses_route(app, max_stored: int = 1000):
 
     @app.post("/v1/responses", responses=_STREAMED)
     async def create(req: ResponsesRequest, request: Request):
-        prev = req.previous_response_id
-        chat, msgs = _as_chat(req, _stored(app, prev, "previous_response_id")[1] if prev else [])
+        prev, rf = req.previous_response_id, text_format_of(app, req)
+        history = _stored(app, prev, "previous_response_id")[1] if prev else []
+        chat, msgs = _as_chat(req, history, rf)
         lora, prompt, sp, plan = await prepare_chat(app, chat)
         rid, created, acc = f"resp_{uuid.uuid4().hex}", _now(), Accumulator(1)
         calls, ev = ToolCallStream(plan, s.tokenizer), ResponseEvents()
@@ -1810,6 +2063,42 @@ def add_score_routes(app):
 
     return app
 
+# %% ../nbs/15_server.ipynb #s4e428382
+def add_pause_routes(app):
+    """vLLM's development routes `POST /pause` (query `mode`: abort, wait or keep; `clear_cache`),
+    `POST /resume` and `GET /is_paused`, over the engine's pause (lesson 14)."""
+    s = app.state
+    s.pause_mode = None
+
+    @app.post("/pause")
+    async def pause(mode: Literal["abort", "wait", "keep"] = "abort", clear_cache: bool = True):
+        s.pause_mode = mode  # from now on, `check_not_paused` refuses new requests (abort, wait)
+        try:
+            await s.engine.pause_generation(mode=mode, clear_cache=clear_cache)
+        except NotImplementedError as e:  # (data-parallel engines, lesson 14b)
+            s.pause_mode = None
+            raise APIError(str(e)) from e
+        return {"status": "paused"}
+
+    @app.post("/resume")
+    async def resume():
+        await s.engine.resume_generation()
+        s.pause_mode = None
+        return {"status": "resumed"}
+
+    @app.get("/is_paused")
+    async def is_paused():
+        return {"is_paused": await s.engine.is_paused()}
+
+    return app
+
+
+def dev_mode() -> bool:
+    "Whether `VLLM_SERVER_DEV_MODE` asks for the development routes (vLLM's switch)."
+    import os
+
+    return bool(int(os.environ.get("VLLM_SERVER_DEV_MODE", "0") or 0))
+
 # %% ../nbs/15_server.ipynb #fs15n
 def build_app(
     engine,
@@ -1822,6 +2111,7 @@ def build_app(
     prep_timeout: float = 30.0,
     enable_auto_tool_choice: bool = False,
     tool_call_parser: str | None = None,
+    dev_mode: bool = False,
 ):
     """A FastAPI app serving `engine` (an `AsyncLLMEngine`) with OpenAI's API: the base app and its
     routes."""
@@ -1840,6 +2130,7 @@ def build_app(
         add_info_routes,
         add_completions_route,
         add_chat_route,
+        add_batch_chat_route,
         add_embeddings_route,
         add_lora_routes,
         add_responses_route,
@@ -1847,6 +2138,8 @@ def build_app(
         add_score_routes,
     ):
         add(app)
+    if dev_mode:  # vLLM's VLLM_SERVER_DEV_MODE routes
+        add_pause_routes(app)
     return app
 
 # %% ../nbs/15_server.ipynb #f16a9eed
@@ -2024,6 +2317,7 @@ def cmd_serve(ns) -> int:
         max_body_bytes=ns.max_request_body_bytes,
         enable_auto_tool_choice=ns.enable_auto_tool_choice,
         tool_call_parser=ns.tool_call_parser,
+        dev_mode=dev_mode(),
     )
     for c in getattr(engine.engine, "metrics_collectors", ()):  # per engine (lesson 14b)
         app.state.metrics.registry.register(c)
