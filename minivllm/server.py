@@ -1484,10 +1484,8 @@ def add_batch_chat_route(app):
         for name, bad in [("stream", req.stream), ("n", req.n != 1), ("tools", req.tools)]:
             if bad:
                 raise APIError(f"Batch chat completions do not support {name}.", param=name)
-        kw, bid = (
-            req.model_dump(exclude={"messages"}, exclude_unset=True),
-            f"chatcmpl-{uuid.uuid4().hex}",
-        )
+        kw = req.model_dump(exclude={"messages"}, exclude_unset=True)  # each conversation's request
+        bid = f"chatcmpl-{uuid.uuid4().hex}"
 
         async def one(i, messages):
             chat = ChatCompletionRequest(**kw, messages=messages)
@@ -1503,9 +1501,8 @@ def add_batch_chat_route(app):
         if not done:
             return Response(status_code=499)  # the client left: nobody reads this
         use = usage(sum(a.prompt_tokens for _, a in res), sum(len(a.toks[0]) for _, a in res))
-        head = dict(
-            id=bid, object="chat.completion", created=_now(), model=app.state.served_model_name
-        )
+        model = app.state.served_model_name
+        head = dict(id=bid, object="chat.completion", created=_now(), model=model)
         return dict(head, choices=[ch for ch, _ in res], usage=use)
 
     return app
