@@ -227,6 +227,8 @@ def test_pause_abort_ends_streams_and_refuses_new_requests(server, client):
     assert e.value.status_code == 503 and e.value.body["type"] == "ServiceUnavailableError"
     r = httpx.post(server + "/v1/embeddings", json={"model": NAME, "input": "x"})
     assert r.status_code == 503
+    r = httpx.post(server + "/v1/responses", json={"model": NAME, "input": "Hi", "stream": True})
+    assert r.status_code == 503 and r.json()["error"]["type"] == "ServiceUnavailableError"   # before any event
     assert httpx.post(server + "/pause", params={"mode": "sometimes"}).status_code == 400
     httpx.post(server + "/resume")
     assert client.completions.create(model=NAME, prompt="Hi", max_tokens=2).usage.completion_tokens == 2
