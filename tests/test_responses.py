@@ -1,7 +1,8 @@
 """The Responses API, `/tokenize` and `/detokenize` on a real `minivllm serve --enable-auto-tool-choice --tool-call-parser
 hermes`, driven by the official `openai` client: `client.responses.create` plain (equal to `LLM.chat` on the same
 messages), streamed (the typed events add up to the same reply), with function tools (calls that validate against the
-tool's parameters, streamed and not), `previous_response_id` (the stored conversation continued, as `LLM.chat` on the
+tool's parameters, streamed and not), `text.format` (a JSON schema the reply follows; `responses.parse`), `reasoning`
+(accepted: it changes nothing for SmolLM2), `previous_response_id` (the stored conversation continued, as `LLM.chat` on the
 whole of it), a tool result fed back, an unknown id (404); the store's bound, in process."""
 import json
 
@@ -134,9 +135,50 @@ def test_round_trip_with_a_tool_result(client):
         client.responses.retrieve(r3.id)
 
 
+def test_text_format_json_schema_and_parse(client):
+    "`text.format` constrains the reply to the schema, greedy and sampled; `responses.parse` reads it into a model."
+    from pydantic import BaseModel
+    city = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
+                                             "country": {"type": "string", "maxLength": 12}},
+            "required": ["city", "country"], "additionalProperties": False}
+    fmt = {"type": "json_schema", "name": "place", "schema": city, "strict": True}
+    for temperature, seed in ((0, None), (1.0, 1)):
+        r = client.responses.create(model=NAME, input="Name a famous city.", text={"format": fmt}, max_output_tokens=48,
+                                    temperature=temperature, extra_body={"seed": seed})
+        jsonschema.validate(json.loads(r.output_text), city)
+        assert r.status == "completed" and r.text.format.type == "json_schema" and r.text.format.name == "place"
+    r = client.responses.create(model=NAME, input="Reply with a JSON object.", text={"format": {"type": "json_object"}},
+                                max_output_tokens=32, temperature=0)
+    assert r.status == "incomplete" or isinstance(json.loads(r.output_text), dict)
+
+    class Place(BaseModel):
+        city: str
+        country: str
+
+    p = client.responses.parse(model=NAME, input="Name a famous city and its country.", text_format=Place,
+                               max_output_tokens=64, temperature=0)
+    assert isinstance(p.output_parsed, Place) and p.output_parsed.city
+
+
+def test_reasoning_changes_nothing_for_a_model_without_it(client):
+    "SmolLM2's chat template knows no reasoning: `reasoning` is accepted and the greedy reply is the one without it."
+    kw = dict(model=NAME, input="Name three colors.", max_output_tokens=12, temperature=0)
+    plain = client.responses.create(**kw)
+    for reasoning in ({"effort": "low"}, {"effort": "high", "summary": "auto"}):
+        r = client.responses.create(**kw, reasoning=reasoning)
+        assert r.output_text == plain.output_text and r.reasoning.effort == reasoning["effort"]
+    assert client.responses.create(**kw, text={"verbosity": "medium"}).output_text == plain.output_text
+
+
 def test_bad_requests_are_clear_400s(client):
-    with pytest.raises(openai.BadRequestError, match="Unrecognized request argument supplied: reasoning"):
-        client.responses.create(model=NAME, input="Hi", reasoning={"effort": "low"})
+    with pytest.raises(openai.BadRequestError, match="text.verbosity") as e:
+        client.responses.create(model=NAME, input="Hi", text={"verbosity": "low"})
+    assert e.value.body["param"] == "text.verbosity"
+    with pytest.raises(openai.BadRequestError, match="Unrecognized request argument supplied: reasoning.tokens"):
+        client.responses.create(model=NAME, input="Hi", reasoning={"effort": "low", "tokens": 100})
+    with pytest.raises(openai.BadRequestError, match="needs a name and a schema") as e:
+        client.responses.create(model=NAME, input="Hi", text={"format": {"type": "json_schema", "name": "x"}})
+    assert e.value.body["param"] == "text.format"
     with pytest.raises(openai.BadRequestError, match="Only function tools"):
         client.responses.create(model=NAME, input="Hi", tools=[{"type": "web_search"}])
     with pytest.raises(openai.BadRequestError, match="not supported"):
