@@ -54,13 +54,14 @@ __all__ = ['Text', 'Bool', 'INT64', 'TokenId', 'TokenIds', 'OneText', 'OneTokenI
            'completion_logprobs', 'chat_logprobs', 'max_token_chars', 'init_prep', 'thread_tokenizer', 'offload',
            'check_prompt_chars', 'check_prompt_len', 'tokens_of', 'compile_grammar', 'base_app', 'engine_health',
            'add_info_routes', 'check_model', 'apply_sampling_defaults', 'check_not_paused', 'run_request', 'usage',
-           'until_gone', 'respond', 'Accumulator', 'serve_choices', 'add_completions_route', 'EmbeddingRequest',
-           'embedding_bytes', 'bytes_response', 'add_embeddings_route', 'prepare_chat', 'add_chat_route',
-           'LoadLoRAAdapterRequest', 'add_lora_adapter', 'add_lora_routes', 'BatchChatCompletionRequest',
-           'add_batch_chat_route', 'ResponseTextFormat', 'ResponseText', 'ReasoningParams', 'ResponsesRequest',
-           'text_format_of', 'input_messages', 'output_items', 'ResponseEvents', 'add_responses_route',
-           'TokenizeRequest', 'DetokenizeRequest', 'add_tokenize_routes', 'ScoreRequest', 'RerankRequest',
-           'score_texts', 'add_score_routes', 'add_pause_routes', 'dev_mode', 'build_app', 'serve_parser', 'cmd_serve']
+           'until_gone', 'respond', 'Accumulator', 'serve_choices', 'decode_prompt_embeds', 'add_completions_route',
+           'EmbeddingRequest', 'embedding_bytes', 'bytes_response', 'add_embeddings_route', 'prepare_chat',
+           'add_chat_route', 'LoadLoRAAdapterRequest', 'add_lora_adapter', 'add_lora_routes',
+           'BatchChatCompletionRequest', 'add_batch_chat_route', 'ResponseTextFormat', 'ResponseText',
+           'ReasoningParams', 'ResponsesRequest', 'text_format_of', 'input_messages', 'output_items', 'ResponseEvents',
+           'add_responses_route', 'TokenizeRequest', 'DetokenizeRequest', 'add_tokenize_routes', 'ScoreRequest',
+           'RerankRequest', 'score_texts', 'add_score_routes', 'add_pause_routes', 'dev_mode', 'build_app',
+           'serve_parser', 'cmd_serve']
 
 # %% ../nbs/15_server.ipynb #738e7691
 class StreamOptions(BaseModel):
@@ -174,9 +175,12 @@ class _SamplingFields(BaseModel):
 
 # %% ../nbs/15_server.ipynb #fs15a
 class CompletionRequest(_SamplingFields):
-    "The JSON body of `POST /v1/completions`: a prompt (text or token ids) and the sampling fields."
+    """The JSON body of `POST /v1/completions`: a prompt (text or token ids, or vLLM's base64
+    `prompt_embeds`) and the sampling fields."""
 
-    prompt: Union[Text, OneText, TokenIds, OneTokenIds]
+    prompt: Union[Text, OneText, TokenIds, OneTokenIds, Literal[""], None] = None
+    # vLLM's: base64 of a `torch.save`d `[n, hidden]` tensor (`--enable-prompt-embeds`, lesson 08b)
+    prompt_embeds: Union[str, Annotated[list[str], Field(min_length=1, max_length=1)], None] = None
     max_tokens: Optional[int] = Field(16, ge=1)
     logprobs: Optional[int] = Field(None, ge=0, le=20)
     echo: Bool = False
@@ -730,12 +734,15 @@ DEFAULT_MAX_BODY_BYTES = 16 << 20  # 16 MiB: a max-length prompt as token ids is
 
 @contextlib.asynccontextmanager
 async def _lifespan(app):
-    "While the app serves: the watchdog that notices a dead engine."
+    """While the app serves: the watchdog that notices a dead engine. When it stops (Ctrl-C,
+    SIGTERM), `app.state.on_shutdown` (set by `cmd_serve`: shut the engines down) runs."""
     task = asyncio.create_task(_watchdog(app))
     try:
         yield
     finally:
         task.cancel()
+        if getattr(app.state, "on_shutdown", None) is not None:
+            app.state.on_shutdown()
 
 
 def base_app(
@@ -1024,12 +1031,34 @@ async def serve_choices(app, request, req, prompt, sp, rid, lora, views, objects
     return await respond(req.stream, gen, finish, request)
 
 # %% ../nbs/15_server.ipynb #fs15j
+def decode_prompt_embeds(data: str | list[str]):
+    "vLLM's wire form of prompt embeddings: base64 of a `torch.save`d tensor (one prompt)."
+    import io
+    import torch
+
+    try:
+        raw = base64.b64decode(data[0] if isinstance(data, list) else data, validate=True)
+        t = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
+    except Exception as e:  # not base64, not a torch file: the client's mistake
+        raise APIError(f"prompt_embeds is not a base64 torch tensor: {e}", param="prompt_embeds")
+    if not isinstance(t, torch.Tensor):
+        raise APIError("prompt_embeds must hold one tensor.", param="prompt_embeds")
+    return {"prompt_embeds": t}
+
+
 def _completion_prompt(req: CompletionRequest):
-    "The one prompt of a completion request: text, or token ids as a `TokensPrompt`."
+    """The one prompt of a completion request: text, token ids as a `TokensPrompt`, or
+    `{"prompt_embeds": tensor}`."""
     if req.echo:
         raise APIError("echo is not supported by minivllm.", param="echo")
     if req.suffix:
         raise APIError("suffix is not supported by minivllm.", param="suffix")
+    if req.prompt_embeds is not None:
+        if req.prompt not in (None, "", [""]):  # vLLM's clients send prompt="" beside embeddings
+            raise APIError("Give prompt or prompt_embeds, not both.", param="prompt_embeds")
+        return decode_prompt_embeds(req.prompt_embeds)
+    if req.prompt in (None, ""):
+        raise APIError("A completion request needs a prompt (or prompt_embeds).", param="prompt")
     p = req.prompt
     if isinstance(p, list) and isinstance(p[0], (list, str)):
         p = p[0]  # a list of one prompt (the schema allows no more)
@@ -1085,6 +1114,8 @@ def add_completions_route(app):
         prompt = _completion_prompt(req)
         if isinstance(prompt, str):
             check_prompt_chars(app, len(prompt), "prompt")
+        elif "prompt_embeds" in prompt:
+            check_prompt_len(app, len(prompt["prompt_embeds"]), "prompt_embeds")
         else:
             check_prompt_len(app, len(prompt["prompt_token_ids"]), "prompt")
 
@@ -2328,10 +2359,13 @@ def cmd_serve(ns) -> int:
     config = uvicorn.Config(app, host=host, port=ns.port, log_level=ns.log_level)
     server = uvicorn.Server(config)
     app.state.on_engine_dead = lambda: setattr(server, "should_exit", True)
+    app.state.on_shutdown = stop = functools.cache(engine.shutdown)  # once, also on SIGTERM
     try:
         server.run()
+    except KeyboardInterrupt:  # uvicorn raises Ctrl-C again after its clean shutdown
+        pass
     finally:
-        engine.shutdown()
+        stop()
     if app.state.engine_dead:
         print("minivllm: the engine died; exiting with status 1.", flush=True)
         return 1

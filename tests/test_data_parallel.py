@@ -219,9 +219,10 @@ def test_headless_node_exits_when_its_front_end_dies(tiny, monkeypatch):
         node.wait()
 
 
-def test_headless_engine_stops_cleanly_with_its_front_end(tiny, monkeypatch):
-    """A front end that shuts down (Ctrl-C) sends `stop` before it closes: the headless node's engine stops, not
-    "lost", and the node exits 0."""
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_headless_engine_stops_cleanly_with_its_front_end(tiny, monkeypatch, sig):
+    """A front end that shuts down (Ctrl-C, or SIGTERM as a service manager sends it) sends `stop` before it closes:
+    the headless node's engine stops, not "lost", and the node exits 0."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     with socket.socket() as s:
         s.bind(("127.0.0.2", 0)); rpc = s.getsockname()[1]
@@ -232,8 +233,9 @@ def test_headless_engine_stops_cleanly_with_its_front_end(tiny, monkeypatch):
     try:
         with serve_at("127.0.0.2", tiny, *ARGS, *dp) as (base, front):
             assert health(base)[:2] == (200, "2/2")
-            front.send_signal(signal.SIGINT)   # the server's `finally` shuts its engines down
+            front.send_signal(sig)   # the app's shutdown stops its engines (SIGTERM too)
             front.wait(timeout=60)
+            assert "Traceback" not in front.stdout.read(), "the front end's Ctrl-C left a traceback"
             rc = node.wait(timeout=60)
         log = node.stdout.read()
         assert rc == 0 and "lost" not in log, log
