@@ -168,7 +168,8 @@ EXAMPLES = [
             expect="xfail: the server's chat message has no `reasoning` field (vLLM always sends one, null without a "
                    "reasoning parser), so the script's `message.reasoning` raises AttributeError in the openai client",
             match=r"has no attribute 'reasoning'"),
-    Example("tool_calling/openai_chat_completion_client_with_tools_required.py", client=True),
+    Example("tool_calling/openai_chat_completion_client_with_tools_required.py", client=True,
+            check=r"\[ChatCompletionMessage\w*ToolCall\(id="),
     Example("tool_calling/openai_responses_client_with_tools.py", client=True),
     Example("reasoning/openai_responses_client.py", client=True, models=("Qwen/Qwen3-8B",)),
     Example("features/structured_outputs/structured_outputs_client.py", client=True,
@@ -248,9 +249,9 @@ def server(model_path):
     "One `minivllm serve` for every client script, with the flags vLLM's client examples ask for."
     from conftest import running_server
     # vLLM's docs for the tool examples: --enable-auto-tool-choice --tool-call-parser hermes. Smaller work: a
-    # request that sets no max_tokens stops after 64 (vLLM's generation-config override), not at the context end.
+    # request that sets no max_tokens stops after 512 (vLLM's generation-config override), not at the context end.
     args = ["--model", model_path, "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
-            "--max-model-len", "2048", "--override-generation-config", '{"max_new_tokens": 64}']
+            "--max-model-len", "2048", "--override-generation-config", '{"max_new_tokens": 512}']
     with running_server(*args) as base:
         yield base
 
