@@ -114,9 +114,10 @@ EXAMPLES = [
             match=r"No module named 'minivllm\.benchmarks\.datasets'"),
     Example("features/lora/multilora_offline.py", models=("meta-llama/Llama-3.2-3B-Instruct",),
             smaller=(("max_tokens=128", "max_tokens=16"),), check=r"lora_request"),
-    Example("features/logits_processor/custom.py", models=(OPT,), check=r"Output:"),
-    Example("features/logits_processor/custom_req.py", models=(OPT,), check=r"Output:"),
-    Example("features/logits_processor/custom_req_init.py", models=(OPT,), check=r"Output:"),
+    # the request with extra_args={"target_token": 67} must come out as that one token ("S"), repeated
+    Example("features/logits_processor/custom.py", models=(OPT,), check=r"Output:\s+'(\w)\1{7,}'"),
+    Example("features/logits_processor/custom_req.py", models=(OPT,), check=r"Output:\s+'(\w)\1{7,}'"),
+    Example("features/logits_processor/custom_req_init.py", models=(OPT,), check=r"Output:\s+'(\w)\1{7,}'"),
     Example("features/logits_processor/dry.py", models=(OPT,), smaller=(("max_tokens=64", "max_tokens=24"),),
             check=r"with DRY"),
     Example("observability/metrics/offline.py", models=(OPT,), check=r"\(histogram\)"),
