@@ -80,7 +80,6 @@ class Example:
 M = "{MODEL}"          # in argv: the embedded model's path
 
 OPT, LLAMA1B = "facebook/opt-125m", "meta-llama/Llama-3.2-1B-Instruct"
-FEWER_TOKENS = (("max_tokens=128", "max_tokens=16"),)
 
 EXAMPLES = [
     # --- offline inference: basic ---
