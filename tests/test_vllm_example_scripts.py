@@ -116,9 +116,14 @@ EXAMPLES = [
     # the request with extra_args={"target_token": 67} must come out as that one token ("S"), repeated
     Example("features/logits_processor/custom.py", models=(OPT,), check=r"Output:\s+'(\w)\1{7,}'"),
     Example("features/logits_processor/custom_req.py", models=(OPT,), check=r"Output:\s+'(\w)\1{7,}'"),
-    Example("features/logits_processor/custom_req_init.py", models=(OPT,), check=r"Output:\s+'(\w)\1{7,}'"),
+    # (this one's processor applies itself only on a CUDA device: on the CPU no output is forced)
+    Example("features/logits_processor/custom_req_init.py", models=(OPT,), check=r"Output:\s+' Paris"),
     Example("features/logits_processor/dry.py", models=(OPT,), smaller=(("max_tokens=64", "max_tokens=24"),),
-            check=r"with DRY"),
+            check=r"with DRY",
+            expect="xfail: imports vLLM's GPU-worker internals minivllm lacks: minivllm.utils.gpu_sync_debug "
+                   "(gpu_sync_allowed), minivllm.utils.torch_utils.async_tensor_h2d, "
+                   "minivllm.v1.worker.gpu.sample.logits_processor (ModuleNotFoundError at import)",
+            match=r"No module named 'minivllm\.utils\.gpu_sync_debug'"),
     Example("observability/metrics/offline.py", models=(OPT,), check=r"\(histogram\)"),
     Example("features/profiling/simple_profiling_offline.py", models=(OPT,),
             smaller=(("time.sleep(10)", "time.sleep(0)"),), check=r"Generated text:"),
