@@ -122,7 +122,7 @@ EXAMPLES = [
             check=r"with DRY",
             expect="xfail: imports vLLM's GPU-worker internals minivllm lacks: minivllm.utils.gpu_sync_debug "
                    "(gpu_sync_allowed), minivllm.utils.torch_utils.async_tensor_h2d, "
-                   "minivllm.v1.worker.gpu.sample.logits_processor (ModuleNotFoundError at import)",
+                   "minivllm.v1.worker.gpu.sample.logits_processor, minivllm.tokenizers (ModuleNotFoundError at import)",
             match=r"No module named 'minivllm\.utils\.gpu_sync_debug'"),
     Example("observability/metrics/offline.py", models=(OPT,), check=r"\(histogram\)"),
     Example("features/profiling/simple_profiling_offline.py", models=(OPT,),
