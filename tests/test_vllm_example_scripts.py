@@ -41,7 +41,12 @@ Left out (they need a model that SmolLM2 cannot stand in for, hardware or servic
 - not an example of the engine: applications/* (Gradio, Streamlit, LangChain, LlamaIndex front ends),
   basic/online_serving/watermark_detection_server.py (a separate watermark-detector server),
   observability/opentelemetry/* (needs an OTLP collector), tool_calling/openai_responses_client_with_mcp_tools.py
-  (needs an MCP server), pooling/score/cohere_rerank_client.py (the `cohere` SDK, not installed).
+  (needs an MCP server), pooling/score/cohere_rerank_client.py (the `cohere` SDK, not installed),
+  pooling/embed/embedding_requests_base64_online.py (imports `pybase64`, not installed here; it also needs
+  `minivllm.utils.serial_utils`, which does not exist), pooling/embed/openai_embedding_long_text/client.py (its
+  server recipe embeds texts of up to millions of tokens with chunked processing, and has no smaller-work flag);
+- reasoning/* other than openai_responses_client.py (a reasoning model with `--reasoning-parser`, a model-specific parser: `minivllm serve
+  --reasoning-parser deepseek_r1` is refused by name) and tool_calling/*xlam* (the xLAM model's own parser).
 """
 from __future__ import annotations
 
@@ -186,13 +191,23 @@ EXAMPLES = [
             smaller=(("max_tokens=1024", "max_tokens=96"),), argv=("--stream",), variant="stream"),
     Example("generate/batched_chat_completions_online.py", client=True),
     Example("features/prompt_embed/prompt_embed_inference_with_openai_client.py", client=True, models=(LLAMA1B,)),
-    Example("pooling/embed/openai_embedding_client.py", client=True),
-    Example("pooling/embed/embedding_requests_base64_online.py", client=True, argv=("--host", "127.0.0.1", "--port", "{PORT}")),
-    Example("pooling/embed/embedding_requests_bytes_online.py", client=True, argv=("--host", "127.0.0.1", "--port", "{PORT}")),
-    Example("pooling/score/score_api_online.py", client=True, argv=("--host", "127.0.0.1", "--port", "{PORT}", "--model", M)),
-    Example("pooling/score/rerank_api_online.py", client=True, models=("BAAI/bge-reranker-base",)),
+    Example("pooling/embed/openai_embedding_client.py", client=True, check=r"\[-?0\.\d+, -?0\.\d+"),
+    Example("pooling/embed/embedding_requests_bytes_online.py", client=True,
+            argv=("--host", "127.0.0.1", "--port", "{PORT}"),
+            expect="xfail: no `minivllm.entrypoints.pooling.utils` (vLLM's binary embedding helpers) nor "
+                   "`minivllm.utils.serial_utils` (EMBED_DTYPES, ENDIANNESS): ModuleNotFoundError at import",
+            match=r"No module named 'minivllm\.entrypoints"),
+    Example("pooling/score/score_api_online.py", client=True, argv=("--host", "127.0.0.1", "--port", "{PORT}", "--model", M),
+            check=r"'score': ",
+            expect="xfail: /score takes only the older text_1/text_2 fields; vLLM 0.33's `queries`/`documents` "
+                   "get 400 'text_1: Field required' (the script prints the error and exits 0)",
+            match=r"text_1: Field required"),
+    Example("pooling/score/rerank_api_online.py", client=True, models=("BAAI/bge-reranker-base",),
+            check=r'"relevance_score": '),
     Example("pooling/token_embed/multi_vector_retrieval_online.py", client=True,
-            argv=("--host", "127.0.0.1", "--port", "{PORT}", "--model", M)),
+            argv=("--host", "127.0.0.1", "--port", "{PORT}", "--model", M),
+            expect="xfail: no /pooling endpoint (vLLM's token_embed pooling over HTTP): 404, then KeyError 'data'",
+            match=r"KeyError: 'data'"),
 ]
 
 
