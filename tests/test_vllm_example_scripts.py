@@ -51,7 +51,7 @@ Left out (they need a model that SmolLM2 cannot stand in for, hardware or servic
 from __future__ import annotations
 
 import contextlib, json, os, re, subprocess, sys, time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
