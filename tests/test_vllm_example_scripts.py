@@ -186,8 +186,11 @@ EXAMPLES = [
             match=r"has no attribute 'reasoning'"),
     Example("tool_calling/openai_chat_completion_client_with_tools_required.py", client=True,
             check=r"\[ChatCompletionMessage\w*ToolCall\(id="),
-    Example("tool_calling/openai_responses_client_with_tools.py", client=True),
-    Example("reasoning/openai_responses_client.py", client=True, models=("Qwen/Qwen3-8B",)),
+    Example("tool_calling/openai_responses_client_with_tools.py", client=True, check=r"Function call: get_weather",
+            expect="xfail: /v1/responses with tools and tool_choice='required' returns no function_call output "
+                   "item, so the script's `tool_call` is never set (UnboundLocalError)",
+            match=r"cannot access local variable 'tool_call'"),
+    Example("reasoning/openai_responses_client.py", client=True, models=("Qwen/Qwen3-8B",), check=r"\w"),
     Example("features/structured_outputs/structured_outputs_client.py", client=True,
             smaller=(("max_tokens=1024", "max_tokens=96"),),
             expect="xfail: the server's response_format refuses {'type': 'structural_tag'} with a 400 (\"not one of "
