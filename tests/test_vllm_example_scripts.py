@@ -182,7 +182,9 @@ EXAMPLES = [
     Example("basic/online_serving/openai_chat_completion_client.py", client=True),
     Example("tool_calling/openai_chat_completion_client_with_tools.py", client=True,
             expect="xfail: the server's chat message has no `reasoning` field (vLLM always sends one, null without a "
-                   "reasoning parser), so the script's `message.reasoning` raises AttributeError in the openai client",
+                   "reasoning parser), so the script's `message.reasoning` raises AttributeError in the openai client "
+                   "(next in line: SmolLM2-135M answers this `auto` request in text, and the script then iterates over "
+                   "tool_calls=None)",
             match=r"has no attribute 'reasoning'"),
     Example("tool_calling/openai_chat_completion_client_with_tools_required.py", client=True,
             check=r"\[ChatCompletionMessage\w*ToolCall\(id="),
