@@ -1,0 +1,416 @@
+"""vLLM's own example scripts, run against minivllm after a port of import lines and model ids only (issue 31).
+
+The scripts come from vLLM's source distribution, unpacked outside the repository (no vLLM code is committed here):
+point `VLLM_EXAMPLES_DIR` at its `examples/` folder, e.g.
+
+    pip download vllm==0.33.0 --no-deps --no-binary :all: && tar xzf vllm-0.33.0.tar.gz
+    VLLM_EXAMPLES_DIR=$PWD/vllm-0.33.0/examples python -m pytest -q tests/test_vllm_example_scripts.py -n 0 -rs
+
+Without it the whole module is skipped (CI has no vLLM sdist). `VLLM_EXAMPLES_REPORT=path` also writes the summary
+(N passing of M, and why each other one does not) to that file.
+
+`EXAMPLES` below lists each script run and how it is ported. A port changes only:
+- import lines: `vllm` becomes `minivllm` on every `from vllm…`/`import vllm…` line (nothing else in the script);
+- model ids (`model=`) the script names: each becomes the embedded model's local path (SmolLM2-135M-Instruct);
+- `smaller`: literal edits that ask for smaller work (fewer prompts, fewer tokens) and nothing else;
+- `argv`: command-line flags the script itself offers, again only for smaller work or the embedded model;
+- client scripts: the server address (vLLM's `http://localhost:8000`) becomes the test server's.
+Each edit's old text must occur in the script, so a changed upstream script shows up as a failure, not a silent skip.
+
+Offline scripts run as subprocesses with a timeout; client scripts run (also as subprocesses) against one
+`minivllm serve` started for the module with the flags vLLM's docs give for those examples (hermes tool parser).
+Expected outcomes: "pass" (exit 0, and a light check of what the script printed where it prints something
+checkable); "refused" (minivllm declines by name something it does not have: the run must fail with that error);
+"xfail" (a gap minivllm should close: strict, so a fix turns it into a visible XPASS failure to update here).
+
+Left out (they need a model that SmolLM2 cannot stand in for, hardware or services this engine does not have):
+- multimodal: generate/multimodal/*, pooling/*/vision_*, pooling/score/col*_rerank_online.py,
+  pooling/token_embed/colqwen3_token_embed_online.py, pooling/token_embed/jina_embeddings_v4_offline.py,
+  pooling/plugin/* (Prithvi geospatial), speech_to_text/* (audio), features/structured_diffusion/*;
+- a model-specific head or model: basic/offline_inference/classify.py and pooling/classify/* (a trained
+  classification head), pooling/reward/* (reward models), pooling/token_classify/* (NER, forced alignment),
+  pooling/embed/embed_jina_embeddings_v3_offline.py and *matryoshka* (Jina's task LoRAs, Matryoshka training),
+  pooling/score/qwen3_reranker_*, using_template_*, convert_model_to_seq_cls.py, jina_reranker_v3_* (reranker
+  heads and their templates), generate/qwen_1m_offline.py (Qwen's 1M-token dual-chunk attention),
+  features/speculative_decoding/mlpspeculator_offline.py (IBM's trained MLP speculator for Llama-2-13B);
+- MoE-only or multi-node: rl/* other than the reproducibility and pause/resume examples (FSDP/EP weight sync,
+  NCCL, routed experts), ray_serving/*, disaggregated/*, features/kv_events/*, features/torchrun/*,
+  features/data_parallel/* (multi-process data parallelism: tests/test_data_parallel.py covers it),
+  scale_out/*, features/tensorize_vllm_model.py (CoreWeave's tensorizer), features/lora/lora_with_quantization_offline.py
+  (bitsandbytes/AWQ/GPTQ checkpoints of other models);
+- not an example of the engine: applications/* (Gradio, Streamlit, LangChain, LlamaIndex front ends),
+  basic/online_serving/watermark_detection_server.py (a separate watermark-detector server),
+  observability/opentelemetry/* (needs an OTLP collector), tool_calling/openai_responses_client_with_mcp_tools.py
+  (needs an MCP server), pooling/score/cohere_rerank_client.py (the `cohere` SDK, not installed),
+  pooling/embed/embedding_requests_base64_online.py (imports `pybase64`, not installed here; it also needs
+  `minivllm.utils.serial_utils`, which does not exist), pooling/embed/openai_embedding_long_text/client.py (its
+  server recipe embeds texts of up to millions of tokens with chunked processing, and has no smaller-work flag);
+- reasoning/* other than openai_responses_client.py (a reasoning model with `--reasoning-parser`, a model-specific parser: `minivllm serve
+  --reasoning-parser deepseek_r1` is refused by name) and tool_calling/*xlam* (the xLAM model's own parser).
+"""
+from __future__ import annotations
+
+import contextlib, json, os, re, subprocess, sys, time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+EXAMPLES_DIR = os.environ.get("VLLM_EXAMPLES_DIR")
+if not EXAMPLES_DIR:
+    pytest.skip("VLLM_EXAMPLES_DIR is not set: vLLM's examples/ folder (from its sdist) is needed to run them",
+                allow_module_level=True)
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.xdist_group("vllm_example_scripts")
+
+
+@dataclass(frozen=True)
+class Example:
+    path: str                                    # relative to VLLM_EXAMPLES_DIR
+    expect: str = "pass"                         # "pass", "refused: <why>" or "xfail: <why>"
+    match: str = ""                              # refused/xfail: a regex the failing run's output must contain
+    models: tuple = ()                           # model ids in the script, each replaced by the embedded model's path
+    smaller: tuple = ()                          # (old, new) literal edits asking for smaller work
+    argv: tuple = ()                             # the script's own flags (smaller work, the embedded model)
+    check: str = ""                              # pass: a regex its stdout must contain
+    client: bool = False                         # an HTTP client of `minivllm serve`
+    variant: str = ""                            # tells two runs of one script apart
+    timeout: int = 900                           # seconds (2 busy CPU cores make a 20 s script take minutes)
+
+    @property
+    def id(self): return self.path.removesuffix(".py") + (f"[{self.variant}]" if self.variant else "")
+
+
+M = "{MODEL}"          # in argv: the embedded model's path
+
+OPT, LLAMA1B = "facebook/opt-125m", "meta-llama/Llama-3.2-1B-Instruct"
+
+EXAMPLES = [
+    # --- offline inference: basic ---
+    Example("basic/offline_inference/basic.py", models=(OPT,), check=r"Output:\s+'"),
+    Example("basic/offline_inference/generate.py", models=(LLAMA1B,), argv=("--max-tokens", "16"),
+            check=r"Generated text:"),
+    Example("basic/offline_inference/chat.py", models=(LLAMA1B,), argv=("--max-tokens", "16"),
+            check=r"Generated text:"),
+    Example("basic/offline_inference/embed.py", models=("intfloat/e5-small",), check=r"Embeddings: \["),
+    Example("basic/offline_inference/score.py", models=("BAAI/bge-reranker-v2-m3",), check=r"Score: [0-9.-]"),
+    # --- the engine classes ---
+    Example("deployment/llm_engine_example.py", argv=("--model", M), check=r"RequestOutput\("),
+    Example("deployment/async_llm_streaming.py", models=(LLAMA1B,),
+            smaller=(("max_tokens=100", "max_tokens=16"),), check=r"completed"),
+    Example("rl/pause_resume/pause_resume_offline.py", models=(OPT,), check=r"Test passed"),
+    # --- features ---
+    Example("features/automatic_prefix_caching/automatic_prefix_caching_offline.py",
+            models=("lmsys/longchat-13b-16k",), smaller=(("max_tokens=100", "max_tokens=16"),),
+            check=r"Generation time"),
+    Example("features/automatic_prefix_caching/prefix_caching_offline.py", models=(OPT,),
+            check=r"Generated answers are the same: True"),
+    Example("rl/batch_invariance/reproducibility_offline.py", models=(OPT,), check=r"Generated text:"),
+    Example("features/structured_outputs/structured_outputs_offline.py", models=("Qwen/Qwen2.5-3B-Instruct",)),
+    Example("features/speculative_decoding/spec_decode_offline.py",
+            argv=("--method", "ngram", "--model-dir", M, "--num-prompts", "2", "--output-len", "16",
+                  "--max-model-len", "1024", "--dataset-name", "random", "--random-input-len", "32",
+                  "--print-output"),
+            check=r"mean acceptance length",
+            expect="xfail: `minivllm.benchmarks.datasets` (vLLM's add_dataset_parser, get_samples) does not exist: "
+                   "minivllm.benchmarks is a module, not a package (ModuleNotFoundError at import)",
+            match=r"No module named 'minivllm\.benchmarks\.datasets'"),
+    Example("features/lora/multilora_offline.py", models=("meta-llama/Llama-3.2-3B-Instruct",),
+            smaller=(("max_tokens=128", "max_tokens=16"),), check=r"lora_request"),
+    # the request with extra_args={"target_token": 67} must come out as that one token ("S"), repeated
+    Example("features/logits_processor/custom.py", models=(OPT,), check=r"Output:\s+'(\w)\1{7,}'"),
+    Example("features/logits_processor/custom_req.py", models=(OPT,), check=r"Output:\s+'(\w)\1{7,}'"),
+    # (this one's processor applies itself only on a CUDA device: on the CPU no output is forced)
+    Example("features/logits_processor/custom_req_init.py", models=(OPT,), check=r"Output:\s+' Paris"),
+    Example("features/logits_processor/dry.py", models=(OPT,), smaller=(("max_tokens=64", "max_tokens=24"),),
+            check=r"with DRY",
+            expect="xfail: imports vLLM's GPU-worker internals minivllm lacks: minivllm.utils.gpu_sync_debug "
+                   "(gpu_sync_allowed), minivllm.utils.torch_utils.async_tensor_h2d, "
+                   "minivllm.v1.worker.gpu.sample.logits_processor, minivllm.tokenizers (ModuleNotFoundError at import)",
+            match=r"No module named 'minivllm\.utils\.gpu_sync_debug'"),
+    Example("observability/metrics/offline.py", models=(OPT,), check=r"\(histogram\)"),
+    Example("features/profiling/simple_profiling_offline.py", models=(OPT,),
+            smaller=(("time.sleep(10)", "time.sleep(0)"),), check=r"Generated text:"),
+    Example("features/profiling/run_one_batch_offline.py", models=(LLAMA1B,),
+            argv=("--prompt-size", "16", "--profile", "prefill", "--profile-dir", "{TMP}/prof"),
+            expect="refused: ProfilerConfig's step-bounded profiles (max_iterations, delay_iterations) are not "
+                   "implemented: a profile spans start_profile() to stop_profile()",
+            match=r"NotImplementedError: profiler_config max_iterations=\d+ is not implemented"),
+    Example("features/context_extension/context_extension_offline.py", models=("Qwen/Qwen3-0.6B",),
+            smaller=(("max_tokens=128", "max_tokens=16"),), check=r"Generated text:",
+            expect="refused: YaRN rope scaling (hf_overrides rope_parameters rope_type='yarn') is not implemented",
+            match=r"NotImplementedError: rope_type='yarn' is not implemented"),
+    Example("features/prompt_embed/prompt_embed_offline.py", models=(LLAMA1B,), check=r"Output:|Generated",
+            expect="refused: prompt embeddings (enable_prompt_embeds=True) are not implemented",
+            match=r"NotImplementedError: .*enable_prompt_embeds=True"),
+    Example("features/reset_kv/reset_kv_offline.py", argv=("--model", M),
+            smaller=(("max_tokens=128", "max_tokens=24"),), check=r"Resetting prefix cache",
+            expect="xfail: LLMEngine.reset_prefix_cache() takes no `reset_running_requests` (TypeError)",
+            match=r"reset_prefix_cache\(\) got an unexpected keyword argument 'reset_running_requests'"),
+    Example("features/sharded_state/save_sharded_state_offline.py", argv=("--model", M, "--output", "{SHARED}/sharded"),
+            expect="xfail: no `minivllm.model_executor.model_loader` (ShardedStateLoader) and no "
+                   "LLM.save_sharded_state (ModuleNotFoundError at import)",
+            match=r"No module named 'minivllm\.model_executor'"),
+    # the checkpoint the script above would have saved; the engine refuses the load format before reading it
+    Example("features/sharded_state/load_sharded_state_offline.py",
+            argv=("--model", "{SHARED}/sharded", "--max-tokens", "16"),
+            expect="refused: load_format='sharded_state' is not implemented",
+            match=r"NotImplementedError: load_format='sharded_state' is not implemented"),
+    Example("generate/trace_replay_offline.py", argv=("--model", M),
+            expect="xfail: vLLM's `enable_trace_replay` engine argument (replaying recorded token ids) is unknown: "
+                   "a TypeError from EngineArgs, not a refusal by name",
+            match=r"unexpected keyword argument 'enable_trace_replay'"),
+    # one worker, not four (the script's four GPUs; SmolLM2's 3 KV heads cannot be split four ways)
+    Example("rl/skip_loading_weights_in_engine_init.py", models=("Qwen/Qwen3-0.6B",),
+            smaller=(("tensor_parallel_size=4", "tensor_parallel_size=1"),), check=r"make sense after loading",
+            expect="xfail: load_format='dummy' runs, but the worker has no `update_config` for "
+                   "collective_rpc (then `reload_weights`): AttributeError",
+            match=r"collective_rpc: the worker has no method 'update_config'"),
+    Example("pooling/token_embed/multi_vector_retrieval_offline.py", models=("BAAI/bge-m3",),
+            expect="xfail: PoolerConfig takes no `task` (vLLM's PoolerConfig(task='token_embed')): TypeError",
+            match=r"PoolerConfig.__init__\(\) got an unexpected keyword argument 'task'"),
+    Example("pooling/token_embed/late_chunking_offline.py", models=("intfloat/multilingual-e5-small",),
+            expect="refused: LateChunkingParams (late chunking) is not implemented",
+            match=r"minivllm does not implement vLLM's LateChunkingParams"),
+    Example("tool_calling/chat_with_tools_offline.py", models=("mistralai/Mistral-7B-Instruct-v0.3",),
+            smaller=(("max_tokens=8192", "max_tokens=64"),),
+            expect="refused: Mistral's own tokenizer format (tokenizer_mode='mistral') is not implemented",
+            match=r"NotImplementedError: .*tokenizer_mode='mistral'"),
+    # --- online serving clients (against one `minivllm serve`) ---
+    Example("basic/online_serving/openai_completion_client.py", client=True),
+    Example("basic/online_serving/openai_chat_completion_client.py", client=True),
+    Example("tool_calling/openai_chat_completion_client_with_tools.py", client=True,
+            expect="xfail: the server's chat message has no `reasoning` field (vLLM always sends one, null without a "
+                   "reasoning parser), so the script's `message.reasoning` raises AttributeError in the openai client "
+                   "(next in line: SmolLM2-135M answers this `auto` request in text, and the script then iterates over "
+                   "tool_calls=None)",
+            match=r"has no attribute 'reasoning'"),
+    Example("tool_calling/openai_chat_completion_client_with_tools_required.py", client=True,
+            check=r"\[ChatCompletionMessage\w*ToolCall\(id="),
+    Example("tool_calling/openai_responses_client_with_tools.py", client=True, check=r"Function call: get_weather",
+            expect="xfail: /v1/responses with tools and tool_choice='required' returns no function_call output "
+                   "item, so the script's `tool_call` is never set (UnboundLocalError)",
+            match=r"cannot access local variable 'tool_call'"),
+    Example("reasoning/openai_responses_client.py", client=True, models=("Qwen/Qwen3-8B",), check=r"\w"),
+    Example("features/structured_outputs/structured_outputs_client.py", client=True,
+            smaller=(("max_tokens=1024", "max_tokens=96"),),
+            expect="xfail: the server's response_format refuses {'type': 'structural_tag'} with a 400 (\"not one of "
+                   "the accepted forms\"), though the engine has structural tags (xgrammar)",
+            match=r"response_format: not one of the accepted forms"),
+    # the script's own --constraint flag: the other four kinds, streamed
+    Example("features/structured_outputs/structured_outputs_client.py", client=True,
+            smaller=(("max_tokens=1024", "max_tokens=96"),),
+            argv=("--stream", "--constraint", "choice", "regex", "json", "grammar"), variant="stream",
+            check=r"grammar \(Streaming\)"),
+    Example("generate/batched_chat_completions_online.py", client=True, check=r"Example 2",
+            expect="xfail: no /v1/chat/completions/batch endpoint (404 after the plain chat call passes)",
+            match=r"404 Not Found' for url '.*/v1/chat/completions/batch'"),
+    Example("features/prompt_embed/prompt_embed_inference_with_openai_client.py", client=True, models=(LLAMA1B,),
+            expect="xfail: no `minivllm.utils.serial_utils` (tensor2base64), and the server has no prompt "
+                   "embeddings (--enable-prompt-embeds is refused by name): ModuleNotFoundError at import",
+            match=r"No module named 'minivllm\.utils\.serial_utils'"),
+    Example("pooling/embed/openai_embedding_client.py", client=True, check=r"\[-?0\.\d+, -?0\.\d+"),
+    Example("pooling/embed/embedding_requests_bytes_online.py", client=True,
+            argv=("--host", "127.0.0.1", "--port", "{PORT}"),
+            expect="xfail: no `minivllm.entrypoints.pooling.utils` (vLLM's binary embedding helpers) nor "
+                   "`minivllm.utils.serial_utils` (EMBED_DTYPES, ENDIANNESS): ModuleNotFoundError at import",
+            match=r"No module named 'minivllm\.entrypoints"),
+    Example("pooling/score/score_api_online.py", client=True, argv=("--host", "127.0.0.1", "--port", "{PORT}", "--model", M),
+            check=r"'score': ",
+            expect="xfail: /score takes only the older text_1/text_2 fields; vLLM 0.33's `queries`/`documents` "
+                   "get 400 'text_1: Field required' (the script prints the error and exits 0)",
+            match=r"text_1: Field required"),
+    Example("pooling/score/rerank_api_online.py", client=True, models=("BAAI/bge-reranker-base",),
+            check=r'"relevance_score": '),
+    Example("pooling/token_embed/multi_vector_retrieval_online.py", client=True,
+            argv=("--host", "127.0.0.1", "--port", "{PORT}", "--model", M),
+            expect="xfail: no /pooling endpoint (vLLM's token_embed pooling over HTTP): 404, then KeyError 'data'",
+            match=r"KeyError: 'data'"),
+]
+
+
+# ---------------------------------------------------------------------------------------------- porting
+
+IMPORT_LINE = re.compile(r"^(\s*)(from|import)(\s+)vllm\b", re.M)
+
+
+def port(src: str, ex: Example, model: str, base_url: str | None) -> str:
+    "The script with only the edits `ex` declares (each must apply)."
+    out = IMPORT_LINE.sub(r"\1\2\3minivllm", src)
+    for old in ex.models:
+        assert old in out, f"{ex.path}: model id {old!r} not in the script"
+        out = out.replace(f'"{old}"', repr(model)).replace(f"'{old}'", repr(model))
+    for old, new in ex.smaller:
+        assert old in out, f"{ex.path}: {old!r} not in the script"
+        out = out.replace(old, new)
+    if ex.client:
+        for host in ("http://localhost:8000", "http://0.0.0.0:8000", "http://127.0.0.1:8000"):  # vLLM's address
+            out = out.replace(host, base_url)
+    return out
+
+
+def test_port_changes_only_declared_lines():
+    """Every line the port changes is an import line (`vllm` -> `minivllm` only), a model id, a declared
+    smaller-work edit or the server address: checked on every script in the table."""
+    base = "http://127.0.0.1:1"
+    for ex in EXAMPLES:
+        src = (Path(EXAMPLES_DIR) / ex.path).read_text()
+        ported = port(src, ex, "<MODEL>", base)
+        a_lines, b_lines = src.splitlines(), ported.splitlines()
+        assert len(a_lines) == len(b_lines), ex.path
+        allowed = ["'<MODEL>'", base] + [new for _, new in ex.smaller]
+        for a, b in zip(a_lines, b_lines):
+            if a == b: continue
+            if IMPORT_LINE.match(a):
+                assert IMPORT_LINE.sub(r"\1\2\3minivllm", a) == b, (ex.path, a, b)
+            else:
+                assert any(t in b for t in allowed), (ex.path, a, b)
+
+
+# ---------------------------------------------------------------------------------------------- running
+
+RESULTS: dict[str, tuple[str, str]] = {}       # id -> (outcome, why)
+
+
+@pytest.fixture(scope="module")
+def model_path():
+    return _model_path()
+
+
+def _env(base_url: str | None = None) -> dict:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONPATH=str(REPO), TOKENIZERS_PARALLELISM="false",
+               OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "2"), PYTHONUNBUFFERED="1")
+    if base_url:
+        # the scripts' own settings for the server's address (and, for one, the model id)
+        env.update(OPENAI_BASE_URL=base_url + "/v1", OPENAI_API_KEY="EMPTY", VLLM_BASE_URL=base_url,
+                   VLLM_MODEL=_model_path())
+    return env
+
+
+@pytest.fixture(scope="module")
+def server(model_path):
+    "One `minivllm serve` for every client script, with the flags vLLM's client examples ask for."
+    from conftest import running_server
+    # vLLM's docs for the tool examples: --enable-auto-tool-choice --tool-call-parser hermes. Smaller work: a
+    # request that sets no max_tokens stops after 512 (vLLM's generation-config override), not at the context end.
+    args = ["--model", model_path, "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+            "--max-model-len", "2048", "--override-generation-config", '{"max_new_tokens": 512}']
+    with running_server(*args) as base:
+        yield base
+
+
+@pytest.fixture(scope="module")
+def shared_dir(tmp_path_factory):
+    "A folder the scripts of one run share (the sharded checkpoint one script saves and the next loads)."
+    return tmp_path_factory.mktemp("shared")
+
+
+LORA_REPO = "jeeejeee/llama32-3b-text2sql-spider"
+
+
+@pytest.fixture(scope="module")
+def lora_hub(tmp_path_factory):
+    """A Hugging Face cache holding, under the id multilora_offline.py downloads, a rank-8 LoRA adapter for the
+    embedded model (q_proj/v_proj, random weights): `snapshot_download(repo_id=...)` finds it offline, so that
+    script runs unedited. Its path goes to the script as HF_HUB_CACHE."""
+    import torch
+    from safetensors.torch import save_file
+    hub = tmp_path_factory.mktemp("hub")
+    repo = hub / ("models--" + LORA_REPO.replace("/", "--"))
+    snap = repo / "snapshots" / ("0" * 40)
+    snap.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0" * 40)
+    cfg = json.load(open(Path(_model_path()) / "config.json"))
+    h, kv = cfg["hidden_size"], cfg["num_key_value_heads"] * (cfg["hidden_size"] // cfg["num_attention_heads"])
+    g = torch.Generator().manual_seed(0)
+    w = {}
+    for i in range(cfg["num_hidden_layers"]):
+        for proj, out in (("q_proj", h), ("v_proj", kv)):
+            k = f"base_model.model.model.layers.{i}.self_attn.{proj}"
+            w[f"{k}.lora_A.weight"] = torch.randn(8, h, generator=g) * 0.02
+            w[f"{k}.lora_B.weight"] = torch.randn(out, 8, generator=g) * 0.02
+    save_file(w, str(snap / "adapter_model.safetensors"))
+    (snap / "adapter_config.json").write_text(json.dumps(dict(
+        peft_type="LORA", r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"], lora_dropout=0.0,
+        bias="none", task_type="CAUSAL_LM", base_model_name_or_path=LORA_REPO)))
+    return hub
+
+
+def _model_path():
+    from minivllm.config import resolve_model
+    return str(resolve_model(None))
+
+
+def run_example(ex: Example, model_path: str, base_url: str | None, tmp_path: Path, shared: Path, extra_env: dict):
+    src = (Path(EXAMPLES_DIR) / ex.path).read_text()
+    script = tmp_path / Path(ex.path).name
+    script.write_text(port(src, ex, model_path, base_url))
+    subst = {M: model_path, "{TMP}": str(tmp_path), "{SHARED}": str(shared),
+             "{PORT}": base_url.rsplit(":", 1)[1] if base_url else ""}
+    argv = list(ex.argv)
+    for k, v in subst.items(): argv = [a.replace(k, v) for a in argv]
+    t0 = time.time()
+    try:
+        p = subprocess.run([sys.executable, str(script), *argv], cwd=tmp_path, env=_env(base_url) | extra_env,
+                           capture_output=True, text=True, timeout=ex.timeout)
+        rc, out, err = p.returncode, p.stdout, p.stderr
+    except subprocess.TimeoutExpired as e:
+        text = lambda b: b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
+        rc, out, err = "timeout", text(e.stdout), text(e.stderr) + f"\nTimeout: no exit after {ex.timeout} s"
+    (tmp_path / "stdout.txt").write_text(out); (tmp_path / "stderr.txt").write_text(err)   # kept for a look
+    return rc, out, err, time.time() - t0
+
+
+def _last_error(err: str) -> str:
+    lines = [l for l in err.strip().splitlines() if l.strip()]
+    errs = [l for l in lines if re.match(r"^[\w.]*(Error|Exception|Exit)\b", l) or re.match(r"^\w[\w.]*: ", l)]
+    return (errs or lines or ["(no output)"])[-1][:300]
+
+
+@pytest.mark.parametrize("ex", EXAMPLES, ids=lambda e: e.id)
+def test_example(ex, request, model_path, tmp_path, shared_dir):
+    base = request.getfixturevalue("server") if ex.client else None
+    extra = {"HF_HUB_CACHE": str(request.getfixturevalue("lora_hub"))} if "multilora" in ex.path else {}
+    rc, out, err, dt = run_example(ex, model_path, base, tmp_path, shared_dir, extra)
+    both = out + "\n" + err
+    kind, _, why = ex.expect.partition(": ")
+    ok_run = rc == 0 and (not ex.check or re.search(ex.check, out))
+    if kind == "pass":
+        RESULTS[ex.id] = ("pass", "") if ok_run else ("FAIL", _last_error(err) if rc != 0 else
+                                                       f"output lacks {ex.check!r}")
+        assert rc == 0, f"{ex.path} exited {rc} after {dt:.0f} s:\n{err[-4000:]}\n--- stdout:\n{out[-2000:]}"
+        assert not ex.check or re.search(ex.check, out), f"{ex.path}: stdout lacks {ex.check!r}:\n{out[-3000:]}"
+    elif kind == "refused":
+        RESULTS[ex.id] = ("refused", why) if rc != 0 and re.search(ex.match, both) else \
+            ("FAIL", f"expected refusal {ex.match!r}; got rc={rc}: {_last_error(err)}")
+        assert rc != 0, f"{ex.path} was expected to be refused ({why}) but exited 0"
+        assert re.search(ex.match, both), f"{ex.path}: refusal {ex.match!r} not in output:\n{err[-4000:]}"
+    elif kind == "xfail":
+        if rc == 0 and ok_run:
+            RESULTS[ex.id] = ("XPASS", f"passes now; was xfail: {why}")
+            pytest.fail(f"{ex.path} passes now (strict xfail: {why}): mark it 'pass' in EXAMPLES")
+        RESULTS[ex.id] = ("xfail", why)
+        assert re.search(ex.match, both), f"{ex.path}: fails differently than recorded ({ex.match!r}):\n{err[-4000:]}"
+        pytest.xfail(why)
+    else:
+        raise AssertionError(f"bad expect {ex.expect!r}")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def summary(request):
+    yield
+    if not RESULTS: return
+    n_pass = sum(o == "pass" for o, _ in RESULTS.values())
+    lines = [f"vLLM example scripts: {n_pass} passing of {len(RESULTS)} run "
+             f"({len(EXAMPLES)} in the table)"]
+    for k, (o, why) in sorted(RESULTS.items()):
+        if o != "pass": lines.append(f"  {o:8} {k}: {why}")
+    text = "\n".join(lines)
+    tr = request.config.pluginmanager.get_plugin("terminalreporter")
+    cm = request.config.pluginmanager.get_plugin("capturemanager")
+    with cm.global_and_fixture_disabled() if cm else contextlib.nullcontext():
+        (tr.write_line if tr else print)("\n" + text)
+    if os.environ.get("VLLM_EXAMPLES_REPORT"):
+        Path(os.environ["VLLM_EXAMPLES_REPORT"]).write_text(text + "\n")
