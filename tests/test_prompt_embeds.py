@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from minivllm import LLM, SamplingParams
 from minivllm.config import resolve_model
 
-pytestmark = pytest.mark.xdist_group("server")
+pytestmark = pytest.mark.xdist_group("prompt_embeds")   # its own servers: any worker
 ARGS = ("--dtype", "float32", "--max-model-len", "256", "--served-model-name", "smol")
 
 

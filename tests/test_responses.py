@@ -9,7 +9,7 @@ import json
 import httpx, jsonschema, openai, pytest
 from conftest import running_server
 
-pytestmark = pytest.mark.xdist_group("server")
+pytestmark = pytest.mark.xdist_group("responses")   # its own server: any worker
 
 NAME = "smol"
 WEATHER = {"type": "function", "name": "get_weather", "description": "Current weather in a city",

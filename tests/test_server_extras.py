@@ -13,7 +13,7 @@ import base64, json, os, re, threading, time
 import httpx, jsonschema, numpy as np, openai, pytest, torch
 from conftest import running_server
 
-pytestmark = pytest.mark.xdist_group("server")
+pytestmark = pytest.mark.xdist_group("server_extras")   # its own server: any worker
 
 NAME = "smol"
 TEXTS = ["The cat sat on the mat.", "Stocks fell sharply today.", "Bonjour"]

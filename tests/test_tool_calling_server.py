@@ -8,7 +8,7 @@ import openai
 from conftest import running_server
 
 
-pytestmark = pytest.mark.xdist_group("server")
+pytestmark = pytest.mark.xdist_group("tool_calling_server")   # its own servers: any worker
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather in a city",
