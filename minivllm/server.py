@@ -1540,16 +1540,12 @@ def add_batch_chat_route(app):
     return app
 
 # %% ../nbs/15_server.ipynb #r15b
-class ResponseTextFormat(BaseModel):
+class ResponseTextFormat(JsonSchemaFormat):
     """The Responses API's `text.format`: `text`, `json_object`, or `json_schema` written flat
-    (`name`, `schema`, `strict`)."""
+    (a `JsonSchemaFormat`'s fields beside the `type`; `name` only for `json_schema`)."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
     type: Literal["text", "json_object", "json_schema"]
     name: Optional[str] = None
-    description: Optional[str] = None
-    schema_: Optional[dict[str, Any]] = Field(None, alias="schema")
-    strict: Optional[StrictBool] = None
 
 
 class ResponseText(BaseModel):

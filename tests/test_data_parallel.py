@@ -187,16 +187,23 @@ def test_dp_front_end_and_headless_node(tiny, reference, monkeypatch):
         node.wait()
 
 
-def test_headless_node_exits_when_its_front_end_dies(tiny, monkeypatch):
-    """A `--headless` node whose front end is killed (`kill -9`: no `stop`) does not wait forever: its engine sees the
-    dropped connection, says so, and exits with status 1; so does the node, within seconds."""
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+def headless_node(tiny):
+    """A `--headless` node on 127.0.0.3 with engine 1 of 2, for a front end on 127.0.0.2: (its RPC port, the
+    data-parallel flags the front end needs, the node's process)."""
     with socket.socket() as s:
         s.bind(("127.0.0.2", 0)); rpc = s.getsockname()[1]
     dp = ("--data-parallel-size", "2", "--data-parallel-size-local", "1", "--data-parallel-address", "127.0.0.2",
           "--data-parallel-rpc-port", str(rpc))
     node = subprocess.Popen(["minivllm", "serve", tiny, *ARGS, *dp, "--headless", "--host", "127.0.0.3",
                              "--data-parallel-start-rank", "1"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return rpc, dp, node
+
+
+def test_headless_node_exits_when_its_front_end_dies(tiny, monkeypatch):
+    """A `--headless` node whose front end is killed (`kill -9`: no `stop`) does not wait forever: its engine sees the
+    dropped connection, says so, and exits with status 1; so does the node, within seconds."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    rpc, dp, node = headless_node(tiny)
     try:
         with serve_at("127.0.0.2", tiny, *ARGS, *dp) as (base, front):
             code, alive, body = health(base)
@@ -224,12 +231,7 @@ def test_headless_engine_stops_cleanly_with_its_front_end(tiny, monkeypatch, sig
     """A front end that shuts down (Ctrl-C, or SIGTERM as a service manager sends it) sends `stop` before it closes:
     the headless node's engine stops, not "lost", and the node exits 0."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    with socket.socket() as s:
-        s.bind(("127.0.0.2", 0)); rpc = s.getsockname()[1]
-    dp = ("--data-parallel-size", "2", "--data-parallel-size-local", "1", "--data-parallel-address", "127.0.0.2",
-          "--data-parallel-rpc-port", str(rpc))
-    node = subprocess.Popen(["minivllm", "serve", tiny, *ARGS, *dp, "--headless", "--host", "127.0.0.3",
-                             "--data-parallel-start-rank", "1"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    rpc, dp, node = headless_node(tiny)
     try:
         with serve_at("127.0.0.2", tiny, *ARGS, *dp) as (base, front):
             assert health(base)[:2] == (200, "2/2")
