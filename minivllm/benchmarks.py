@@ -23,11 +23,11 @@ __all__ = ['SYSTEMS', 'LOGIT_PROMPTS', 'PHASES', 'OVERHEAD_PHASES', 'SO_SCHEMA',
            'make_workload', 'BenchResult', 'run_minivllm', 'load_hf', 'run_hf_generate', 'hf_cb_config',
            'run_hf_continuous', 'bench_throughput', 'summarize', 'print_summary', 'LatencyResult', 'latency_minivllm',
            'latency_hf_generate', 'latency_hf_continuous', 'bench_latency', 'ServeRequestResult', 'poisson_arrivals',
-           'bench_serve', 'summarize_serve', 'print_serve_summary', 'run_coroutine', 'gguf_file_type',
-           'llama_server_args', 'LlamaServer', 'run_llamacpp', 'latency_llamacpp', 'compare_top_logprobs',
-           'llamacpp_top_logprobs', 'minivllm_top_logprobs', 'compare_logprobs_llamacpp', 'step_breakdown',
-           'structured_outputs_cost', 'bench_spec_decode', 'print_spec_summary', 'random_peft_adapter',
-           'lora_step_cost', 'lora_swap_cost']
+           'bench_serve', 'summarize_serve', 'print_serve_summary', 'run_coroutine', 'bench_serve_servers',
+           'compare_servers', 'print_server_comparison', 'gguf_file_type', 'llama_server_args', 'LlamaServer',
+           'run_llamacpp', 'latency_llamacpp', 'compare_top_logprobs', 'llamacpp_top_logprobs', 'minivllm_top_logprobs',
+           'compare_logprobs_llamacpp', 'step_breakdown', 'structured_outputs_cost', 'bench_spec_decode',
+           'print_spec_summary', 'random_peft_adapter', 'lora_step_cost', 'lora_swap_cost']
 
 # %% ../nbs/16_benchmarks.ipynb #1f0ebe7a
 def machine_info() -> dict:
@@ -682,9 +682,10 @@ async def bench_serve(
     api_key: str | None = None,
     max_concurrency: int | None = None,
     timeout: float = 600.0,
+    extra_body: dict | None = None,
 ) -> dict:
     """Send `wl` to the OpenAI-compatible server at `base_url` at `request_rate` requests/s
-    (Poisson); per-request results + summary."""
+    (Poisson); per-request results + summary. `extra_body`: more fields for every request."""
     import asyncio
     import httpx
 
@@ -708,7 +709,7 @@ async def bench_serve(
                 ignore_eos=True,
                 stream=True,
                 stream_options={"include_usage": True},
-            )
+            ) | (extra_body or {})
             if sem is None:
                 return await _serve_one(
                     client, base_url + "/v1/completions", body, t_start, results[i], headers
@@ -820,6 +821,60 @@ def run_coroutine(coro):
         return asyncio.run(coro)
     with concurrent.futures.ThreadPoolExecutor(1) as ex:
         return ex.submit(asyncio.run, coro).result()
+
+# %% ../nbs/16_benchmarks.ipynb #2c36d87a
+async def bench_serve_servers(
+    servers: dict, workload_of_round, rounds: int = 2, extra_bodies: dict | None = None, **kw
+) -> dict:
+    """`bench_serve` of the same workload against each of `servers` (name → base URL) for `rounds`
+    rounds: `workload_of_round(r)` a fresh workload each round, the order rotated each round; per
+    server, the summary of each of its rounds."""
+    names, runs = list(servers), {name: [] for name in servers}
+    for r in range(rounds):
+        wl, k = workload_of_round(r), r % len(names)
+        for name in names[k:] + names[:k]:
+            extra = (extra_bodies or {}).get(name)
+            out = await bench_serve(servers[name], wl, extra_body=extra, **kw)
+            runs[name].append(out["summary"])
+    return runs
+
+
+def compare_servers(runs: dict, base: str | None = None) -> dict:
+    """Per server: mean output tokens/s, TTFT and TPOT (ms) over its rounds, failed requests, and
+    its throughput and decode speed against `base` (default: the first server)."""
+    mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")
+    rows = {
+        name: dict(
+            output_throughput=mean([s["output_throughput"] for s in ss]),
+            ttft_ms=mean([s["ttft_ms"]["mean"] for s in ss if s["ttft_ms"]]),
+            tpot_ms=mean([s["tpot_ms"]["mean"] for s in ss if s["tpot_ms"]]),
+            failed=sum(s["failed"] for s in ss),
+            rounds=len(ss),
+        )
+        for name, ss in runs.items()
+    }
+    b = rows[base or next(iter(rows))]
+    for row in rows.values():
+        row["throughput_vs_base"] = row["output_throughput"] / b["output_throughput"]
+        row["decode_speed_vs_base"] = b["tpot_ms"] / row["tpot_ms"]
+    return rows
+
+
+def print_server_comparison(rows: dict, base: str | None = None, file=None):
+    "A `compare_servers` table, one line per server."
+    base = base or next(iter(rows))
+    print(
+        f"{'server':<34}{'tok/s':>9}{'TTFT ms':>9}{'TPOT ms':>9}{'tok/s ×':>9}{'speed ×':>9}",
+        f"  (× = against {base})",
+        file=file,
+    )
+    for name, r in rows.items():
+        print(
+            f"{name:<34}{r['output_throughput']:>9.1f}{r['ttft_ms']:>9.1f}{r['tpot_ms']:>9.2f}"
+            f"{r['throughput_vs_base']:>9.2f}{r['decode_speed_vs_base']:>9.2f}"
+            + (f"  {r['failed']} failed" if r["failed"] else ""),
+            file=file,
+        )
 
 # %% ../nbs/16_benchmarks.ipynb #82deed14
 def gguf_file_type(path) -> str:

@@ -178,7 +178,10 @@ def _serve_bench_parser(bsub):
         "serve", help="requests at a given rate against a running server (TTFT/TPOT percentiles)"
     )
     v.add_argument(
-        "--base-url", default="http://127.0.0.1:8000", help="the server (e.g. `minivllm serve`)"
+        "--base-url",
+        nargs="+",
+        default=["http://127.0.0.1:8000"],
+        help="the server (e.g. `minivllm serve`); several: the same workload against each",
     )
     v.add_argument(
         "--model", default=None, help="model name to send (default: the server's first model)"
@@ -200,6 +203,22 @@ def _serve_bench_parser(bsub):
     v.add_argument("--seed", type=int, default=0, help="seeds the workload and the arrivals")
     v.add_argument(
         "--json", default=None, help="save the results (with machine, date, commit) to this file"
+    )
+    v.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="with several servers: rounds, a fresh workload each, the order rotated",
+    )
+    v.add_argument(
+        "--llama-server", default=None, metavar="PATH", help="also start and run llama-server"
+    )
+    v.add_argument("--llama-gguf", default=None, metavar="PATH", help="the GGUF llama.cpp serves")
+    v.add_argument(
+        "--llama-parallel",
+        type=int,
+        default=None,
+        help="llama.cpp's slots (default: --max-concurrency, else --num-prompts)",
     )
     return v
 
@@ -367,17 +386,58 @@ def _bench_spec(ns) -> int:
     return 0
 
 # %% ../nbs/17_cli.ipynb #b2c158ab
+def _compare_serve(ns, make_wl) -> int:
+    """`bench serve` against several servers (`--base-url`s, and llama.cpp's when
+    `--llama-server` is given): the same client and workloads, `--rounds` rounds."""
+    import contextlib
+    from minivllm.benchmarks import bench_serve_servers, compare_servers, print_server_comparison
+    from minivllm.benchmarks import run_coroutine
+
+    parallel = ns.llama_parallel or ns.max_concurrency or ns.num_prompts
+    srv = _llama_server(ns, parallel, ns.prompt_len[1] + ns.output_len[1])
+    servers, extra = {u: u for u in ns.base_url}, {}
+    with srv or contextlib.nullcontext():
+        if srv is not None:  # the same work: no reuse of an earlier prefill
+            servers[srv.name], extra[srv.name] = srv.url, dict(cache_prompt=False)
+        runs = run_coroutine(
+            bench_serve_servers(
+                servers,
+                lambda r: make_wl(ns.seed + r),
+                ns.rounds,
+                extra,
+                request_rate=ns.request_rate,
+                seed=ns.seed,
+                model=ns.model,
+                api_key=ns.api_key,
+                max_concurrency=ns.max_concurrency,
+            )
+        )
+        info = _llama_info(srv)
+    base = srv.name if srv is not None else None
+    rows = compare_servers(runs, base)
+    print_server_comparison(rows, base)
+    _save(ns, "serve", dict(servers=servers, comparison=rows, summaries=runs, **info))
+    return 0 if all(r["failed"] == 0 for r in rows.values()) else 1
+
+# %% ../nbs/17_cli.ipynb #75d6cd0f
 def cmd_bench_serve(ns) -> int:
-    "Run `minivllm bench serve` against the server at `--base-url`."
+    """Run `minivllm bench serve` against the server at `--base-url` (against several:
+    `_compare_serve`)."""
     from minivllm.benchmarks import make_workload, bench_serve, print_serve_summary, run_coroutine
 
-    wl = make_workload(
-        ns.num_prompts, ns.seed, tuple(ns.prompt_len), tuple(ns.output_len), ns.vocab_size
-    )
-    print(wl, file=sys.stderr)
+    def make_wl(seed):
+        wl = make_workload(
+            ns.num_prompts, seed, tuple(ns.prompt_len), tuple(ns.output_len), ns.vocab_size
+        )
+        print(wl, file=sys.stderr)
+        return wl
+
+    if len(ns.base_url) > 1 or ns.llama_server or ns.llama_gguf or ns.rounds > 1:
+        return _compare_serve(ns, make_wl)
+    wl = make_wl(ns.seed)
     out = run_coroutine(
         bench_serve(
-            ns.base_url, wl, ns.request_rate, ns.seed, ns.model, ns.api_key, ns.max_concurrency
+            ns.base_url[0], wl, ns.request_rate, ns.seed, ns.model, ns.api_key, ns.max_concurrency
         )
     )
     print_serve_summary(out["summary"])

@@ -11,9 +11,16 @@ import weakref
 import torch
 from torch import nn
 import torch.nn.functional as F
+from fastcore.basics import patch
 from .attention import get_attention_backend
 from .attention_kernels import build_decode_kernel, warm_up_decode_in_place
-from .gemm import GEMM_MAX_ROWS, batch_invariant, build_c_library, gemm, gemm_copy
+from minivllm.gemm import (
+    GEMM_MAX_ROWS,
+    batch_invariant,
+    build_c_library,
+    build_gemm_kernel,
+    gemm_copy,
+)
 from minivllm.model import (
     LAYER_OPS,
     MODEL_LOADERS,
@@ -78,12 +85,14 @@ class Linear(nn.Linear):
                 p = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach())
                 x = torch.zeros(1, self.in_features, dtype=self.weight.dtype)
                 torch.ops.mkldnn._linear_pointwise(x, p, self.bias, "none", [], "")  # probe once
-                self.packed, self.key = p, id(self)
+                self.packed, self.key, self.packed_dtype = p, id(self), self.weight.dtype
                 PACKED_LINEARS[self.key] = self
             except RuntimeError:
                 pass
         if self.packed is not None:
             self.gemm_packed = gemm_copy(self.weight.detach())
+        if self.gemm_packed is not None:  # found once: `_gemm_rows` calls the kernel directly
+            self.gemm_fn = build_gemm_kernel(self.weight.dtype)
         # VLLM_BATCH_INVARIANT=1: one kernel, one order of additions, at every size (lesson 04a)
         self.gemm_max_rows = 2**62 if batch_invariant() else GEMM_MAX_ROWS
         return self.packed is not None
@@ -95,32 +104,55 @@ class Linear(nn.Linear):
 
     def forward(self, x):
         "`x @ W.T + b`, with the packed weight when there is one (rows bucketed: `row_bucket`)."
-        if self.packed is None or x.dtype != self.weight.dtype or x.device.type != "cpu":
+        if self.packed is None or x.dtype != self.packed_dtype or x.device.type != "cpu":
             return F.linear(x, self.weight, self.bias)
         if torch.compiler.is_compiling():
             if Linear.gemm_in_graph:
                 return F.linear(x, self.weight, self.bias)
             # the packed GEMM as one opaque op of the graph (lesson 05a)
             return torch.ops.minivllm.packed_linear(x, self.weight, self.bias, self.key)
+        if self.gemm_packed is not None and x.dim() == 2 and 0 < len(x) <= self.gemm_max_rows:
+            return self._gemm_rows(x)  # a decode step's rows, as they come
         return self._packed(x)
 
-    def _packed(self, x):
-        rows = x.reshape(-1, self.in_features)
-        if self.gemm_packed is not None and len(rows) <= self.gemm_max_rows:
-            return gemm(rows, self.gemm_packed, self.bias).view(*x.shape[:-1], self.out_features)
-        out = (
-            torch.cat([self._packed_mm(c) for c in rows.split(PACKED_CHUNK)])
-            if len(rows) > PACKED_CHUNK
-            else self._packed_mm(rows)
-        )
-        return out.view(*x.shape[:-1], self.out_features)
+# %% ../nbs/05a_model_kernels.ipynb #63098c46
+@patch
+def _packed(self: Linear, x):
+    "Any number of rows: the C kernel up to `gemm_max_rows`, oneDNN's packed GEMM beyond."
+    rows = x.reshape(-1, self.in_features)
+    if self.gemm_packed is not None and 0 < len(rows) <= self.gemm_max_rows:
+        return self._gemm_rows(rows).view(*x.shape[:-1], self.out_features)
+    out = (
+        torch.cat([self._packed_mm(c) for c in rows.split(PACKED_CHUNK)])
+        if len(rows) > PACKED_CHUNK
+        else self._packed_mm(rows)
+    )
+    return out.view(*x.shape[:-1], self.out_features)
 
-    def _packed_mm(self, rows):
-        m = len(rows)
-        b = row_bucket(m)
-        if b > m:
-            rows = F.pad(rows, (0, 0, 0, b - m))
-        return torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [], "")[:m]
+
+@patch
+def _gemm_rows(self: Linear, rows):
+    """`gemm(rows, self.gemm_packed, self.bias)` without the checks that `pack` and `forward`
+    made (layout, dtypes, device): a decode step makes ~120 such calls."""
+    if not rows.is_contiguous():
+        rows = rows.contiguous()
+    y = torch.empty(len(rows), self.out_features, dtype=rows.dtype)
+    b = self.bias
+    self.gemm_fn(
+        rows.data_ptr(), len(rows), self.in_features, self.gemm_packed.data_ptr(),
+        self.out_features, None if b is None else b.data_ptr(), y.data_ptr(),
+    )  # fmt: skip
+    return y
+
+
+@patch
+def _packed_mm(self: Linear, rows):
+    "oneDNN's packed GEMM, the rows padded up to their bucket (`row_bucket`)."
+    m = len(rows)
+    b = row_bucket(m)
+    if b > m:
+        rows = F.pad(rows, (0, 0, 0, b - m))
+    return torch.ops.mkldnn._linear_pointwise(rows, self.packed, self.bias, "none", [], "")[:m]
 
 # %% ../nbs/05a_model_kernels.ipynb #5ffcac69
 def pack_weights(model: nn.Module, enable: bool = True) -> int:

@@ -41,6 +41,26 @@ def test_bench_serve(server, tmp_path, capsys):
     assert all(r["send_time"] >= a - 1e-3 for r, a in zip(doc["results"], poisson_arrivals(6, 20.0, 1)))
 
 
+def test_bench_serve_against_several_servers(server, tmp_path, capsys):
+    "Several --base-url: the same client and a fresh workload each round against each, side by side, saved."
+    from minivllm.cli import main
+    from minivllm.benchmarks import make_workload
+    before, out = generated_tokens(server), tmp_path / "cmp.json"
+    urls = [server, server + "/v1"]  # the same server under two names
+    assert main(["bench", "serve", "--base-url", *urls, "--api-key", KEY, "--num-prompts", "3", "--max-concurrency", "1",
+                 "--prompt-len", "8", "24", "--output-len", "3", "6", "--vocab-size", "49152", "--seed", "5",
+                 "--rounds", "2", "--json", str(out)]) == 0
+    assert "speed" in capsys.readouterr().out
+    doc = json.loads(out.read_text())
+    rounds = [make_workload(3, 5 + r, (8, 24), (3, 6), 49152) for r in range(2)]   # seed + round: no prompt repeats
+    assert rounds[0].prompts != rounds[1].prompts
+    for u in urls:
+        assert [s["total_output_tokens"] for s in doc["summaries"][u]] == [wl.num_output_tokens for wl in rounds]
+        assert doc["comparison"][u]["failed"] == 0 and doc["comparison"][u]["rounds"] == 2
+    assert doc["comparison"][server]["throughput_vs_base"] == 1.0
+    assert generated_tokens(server) - before == 2 * sum(wl.num_output_tokens for wl in rounds)
+
+
 def test_bench_serve_reports_failures_and_too_long_prompts(server, capsys):
     from minivllm.cli import main
     # a wrong key: /v1/models answers 401 before anything is sent

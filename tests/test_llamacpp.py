@@ -202,3 +202,21 @@ def test_real_llama_server_f32_equals_minivllm_float32(f32_gguf):
     s = cmp["summary"]
     assert s["steps"] == 30 and s["top1_agreement"] == 1.0, cmp    # no greedy choice differs in 3 x 10 steps
     assert s["max_abs_logprob_diff"] < 0.05, cmp                   # 0.012 measured (summation order, fp32)
+
+
+@needs_real
+def test_real_llama_server_against_minivllm_serve(tmp_path, capsys):
+    "`bench serve` with --llama-server: one client, the same workloads, both servers complete every request exactly."
+    from conftest import running_server
+    from minivllm.cli import main
+    out = tmp_path / "cmp.json"
+    with running_server("--max-model-len", "512") as base:
+        assert main(["bench", "serve", "--base-url", base, "--llama-server", REAL, "--num-prompts", "4", "--max-concurrency", "2",
+                     "--prompt-len", "8", "40", "--output-len", "4", "12", "--vocab-size", "49152", "--rounds", "2",
+                     "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert list(doc["comparison"]) == [base, "llama.cpp Q4_1"] and doc["llama_cpp"]["file_type"] == "Q4_1"
+    a, b = (doc["summaries"][k] for k in doc["comparison"])
+    assert [s["total_output_tokens"] for s in a] == [s["total_output_tokens"] for s in b]   # ignore_eos on both
+    assert all(s["failed"] == 0 and s["completed"] == 4 for s in a + b)
+    assert doc["comparison"]["llama.cpp Q4_1"]["decode_speed_vs_base"] == 1.0   # llama.cpp is the base
