@@ -12,8 +12,14 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 from fastcore.basics import patch
-from .attention import get_attention_backend
-from .attention_kernels import build_decode_kernel, warm_up_decode_in_place
+from .attention import AttentionMetadata, get_attention_backend
+from minivllm.attention_kernels import (
+    _check_decode_tables,
+    _inplace_plan,
+    build_decode_kernel,
+    cpu_paged_attention,
+    warm_up_decode_in_place,
+)
 from minivllm.gemm import (
     GEMM_MAX_ROWS,
     batch_invariant,
@@ -24,6 +30,7 @@ from minivllm.gemm import (
 from minivllm.model import (
     LAYER_OPS,
     MODEL_LOADERS,
+    MODEL_RUNNERS,
     RUNNER_PREPARERS,
     ModelRunner,
     LlamaForCausalLM,
@@ -43,7 +50,8 @@ from minivllm.quantization import (
 
 # %% auto #0
 __all__ = ['PACKED_CHUNK', 'PACKED_LINEARS', 'ATTENTION_WARMUPS', 'row_bucket', 'Linear', 'pack_weights', 'packed_linear',
-           'rms_norm_c', 'rotate_c', 'silu_and_mul_c', 'CpuOps', 'prepare_attention', 'load_gguf_model']
+           'rms_norm_c', 'rotate_c', 'silu_and_mul_c', 'CpuOps', 'prepare_attention', 'load_gguf_model',
+           'build_step_kernel', 'decode_step_layers', 'decode_layers_c', 'CpuDecodeRunner']
 
 # %% ../nbs/05a_model_kernels.ipynb #46773998
 def _can_pack(w: torch.Tensor) -> bool:
@@ -451,3 +459,105 @@ def _load_gguf(mc, device) -> LlamaForCausalLM:
 
 
 MODEL_LOADERS["gguf"] = _load_gguf
+
+# %% ../nbs/05a_model_kernels.ipynb #2f8e921c
+class _Kernels(ctypes.Structure):
+    "`kernels_t`: the addresses of the kernels `step.c` calls."
+
+    _fields_ = [(n, ctypes.c_void_p) for n in ("gemm", "rms_norm", "rotate", "silu", "decode")]
+
+
+@functools.cache
+def build_step_kernel(dtype):
+    "`decode_layers` of `step.c` for `dtype` (a ctypes function); raises if it cannot be built."
+    fn = build_c_library("step", (f"-DBF16={_GLUE_DTYPES[dtype]}",)).decode_layers
+    P, I = ctypes.c_void_p, ctypes.c_int64
+    fn.argtypes = [P, P, I, P, *[I] * 6, P, P, P, P, I, P, I, I, ctypes.c_float, ctypes.c_float, P]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+@functools.cache
+def _step_kernels(dtype, block_size: int, group: int, head_dim: int) -> _Kernels:
+    "The kernels of one model shape, in `kernels_t`'s order."
+    glue, decode = _glue(dtype), build_decode_kernel(block_size, group, head_dim, dtype)
+    fns = (build_gemm_kernel(dtype), glue.rms_norm, glue.rotate, glue.silu_and_mul, decode)
+    return _Kernels(*(ctypes.cast(f, ctypes.c_void_p).value for f in fns))
+
+# %% ../nbs/05a_model_kernels.ipynb #c08d58c1
+def decode_step_layers(model, kv_caches, md, num_tokens: int):
+    """Every layer's `layer_t` (a ctypes array) when `step.c` can run this step's layers, else
+    None."""
+    a = model.layers[0].self_attn
+    if not (
+        0 < num_tokens == md.num_decodes == md.num_seqs
+        and model.ops is CpuOps
+        and a.attn_fn is cpu_paged_attention
+        and not a.qk_norm
+        and not torch.is_grad_enabled()
+        and kv_caches[0].is_contiguous()
+        and kv_caches[0].dtype == model.embed_tokens.weight.dtype
+    ):
+        return None
+    ptr, out = lambda t: None if t is None else t.data_ptr(), []
+    for layer, cache in zip(model.layers, kv_caches):
+        a, m = layer.self_attn, layer.mlp
+        lins = (a.qkv_proj, a.o_proj, m.gate_up_proj, m.down_proj)
+        if not all(type(l) is Linear and l.gemm_packed is not None for l in lins):
+            return None
+        if num_tokens > a.qkv_proj.gemm_max_rows:
+            return None
+        qkv, o, gu, down = ((l.gemm_packed.data_ptr(), ptr(l.bias)) for l in lins)
+        norm, post = layer.input_layernorm.weight, layer.post_attention_layernorm.weight
+        out += [norm.data_ptr(), *qkv, *o, post.data_ptr(), *gu, *down, cache.data_ptr()]
+    return (ctypes.c_void_p * len(out))(*out)
+
+# %% ../nbs/05a_model_kernels.ipynb #9fe5fc89
+def decode_layers_c(model, kv_caches, layers, x, positions, md: AttentionMetadata):
+    """The decoder layers of a decode step by `step.c`, on `x` (the embedded tokens, contiguous:
+    updated in place); `layers` from `decode_step_layers`."""
+    n, hidden, dtype = *x.shape, x.dtype
+    a, inter = model.layers[0].self_attn, model.layers[0].mlp.inter
+    _, num_blocks, bs, hkv, D = kv_caches[0].shape
+    plan = _inplace_plan(md, kv_caches[0])  # lesson 04c's int64 tables, once per step
+    if not plan.checked:
+        _check_decode_tables(plan.block_tables, plan.seq_lens, num_blocks, bs)
+        plan.checked = True
+    cos, sin = model.rotary.cos_sin(positions, dtype)
+    H, bt, slots = a.num_heads, plan.block_tables, md.slot_mapping.to(torch.int64)
+    scratch = torch.empty(n * (2 * hidden + (3 * H + 3 * hkv) * D + 3 * inter), dtype=dtype)
+    kernels = _step_kernels(dtype, bs, H // hkv, D)
+    eps = model.layers[0].input_layernorm.eps
+    if build_step_kernel(dtype)(
+        ctypes.byref(kernels), layers, len(model.layers), x.data_ptr(), n, hidden, H, hkv, D,
+        inter, cos.data_ptr(), sin.data_ptr(), slots.data_ptr(), bt.data_ptr(), bt.stride(0),
+        plan.seq_lens.data_ptr(), num_blocks, bs, eps, a.scale, scratch.data_ptr(),
+    ):  # fmt: skip
+        raise MemoryError("the C GEMM could not allocate its scratch buffer")
+    return x
+
+# %% ../nbs/05a_model_kernels.ipynb #600168e2
+class CpuDecodeRunner(ModelRunner):
+    """`ModelRunner` that runs the decoder layers of a decode step in one C call (`step.c`);
+    every other step as `ModelRunner` does."""
+
+    @classmethod
+    def enabled(cls, config) -> bool:
+        "An eager engine on the CPU, without LoRA or speculative decoding."
+        return (
+            torch.device(config.device_config.device).type == "cpu"
+            and not config.compilation_config.level
+            and config.lora_config is None
+            and config.speculative_config is None
+        )
+
+    def run_model(self, input_ids, positions, md):
+        layers = decode_step_layers(self.model, self.kv_caches, md, len(input_ids))
+        if layers is None:
+            return super().run_model(input_ids, positions, md)
+        x = self.model.embed_tokens(input_ids).contiguous()
+        decode_layers_c(self.model, self.kv_caches, layers, x, positions, md)
+        return self.model.norm(x)
+
+
+MODEL_RUNNERS[CpuDecodeRunner.__name__] = CpuDecodeRunner

@@ -8,6 +8,7 @@ import torch
 from .processor import PROMPT_READERS, Processor
 from .request import Request
 from .model import ModelRunner
+from .model_kernels import CpuDecodeRunner
 from .scheduler import ScheduledSeq, StepExtension, register_extension
 
 # %% auto #0
@@ -55,9 +56,9 @@ class PromptEmbeds(StepExtension):
     @classmethod
     def from_core(cls, core) -> PromptEmbeds:
         runner = core.model_runner
-        if type(runner) is not ModelRunner:
+        if type(runner) not in (ModelRunner, CpuDecodeRunner):  # both embed through embed_tokens
             raise NotImplementedError(
-                f"enable_prompt_embeds runs on the eager single-process runner (ModelRunner), not "
+                f"enable_prompt_embeds runs on the eager single-process runners, not "
                 f"{type(runner).__name__}: use enforce_eager=True and tensor_parallel_size=1."
             )
         return cls(core, runner.model.embed_tokens)
