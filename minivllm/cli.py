@@ -181,7 +181,8 @@ def _serve_bench_parser(bsub):
         "--base-url",
         nargs="+",
         default=["http://127.0.0.1:8000"],
-        help="the server (e.g. `minivllm serve`); several: the same workload against each",
+        help="the server (e.g. `minivllm serve`); several (URL or NAME=URL each): the same "
+        "workload against each",
     )
     v.add_argument(
         "--model", default=None, help="model name to send (default: the server's first model)"
@@ -395,7 +396,8 @@ def _compare_serve(ns, make_wl) -> int:
 
     parallel = ns.llama_parallel or ns.max_concurrency or ns.num_prompts
     srv = _llama_server(ns, parallel, ns.prompt_len[1] + ns.output_len[1])
-    servers, extra = {u: u for u in ns.base_url}, {}
+    servers = dict(u.split("=", 1) if "=" in u.split("://")[0] else (u, u) for u in ns.base_url)
+    extra = {}
     with srv or contextlib.nullcontext():
         if srv is not None:  # the same work: no reuse of an earlier prefill
             servers[srv.name], extra[srv.name] = srv.url, dict(cache_prompt=False)

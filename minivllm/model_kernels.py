@@ -464,15 +464,35 @@ MODEL_LOADERS["gguf"] = _load_gguf
 class _Kernels(ctypes.Structure):
     "`kernels_t`: the addresses of the kernels `step.c` calls."
 
-    _fields_ = [(n, ctypes.c_void_p) for n in ("gemm", "rms_norm", "rotate", "silu", "decode")]
+    _fields_ = [
+        (n, ctypes.c_void_p) for n in ("gemm", "rms_norm", "rotate", "silu", "add", "decode")
+    ]
 
 
 @functools.cache
-def build_step_kernel(dtype):
-    "`decode_layers` of `step.c` for `dtype` (a ctypes function); raises if it cannot be built."
-    fn = build_c_library("step", (f"-DBF16={_GLUE_DTYPES[dtype]}",)).decode_layers
+def build_step_kernel():
+    "`decode_layers` of `step.c` (a ctypes function); raises if it cannot be built."
+    fn = build_c_library("step").decode_layers
     P, I = ctypes.c_void_p, ctypes.c_int64
-    fn.argtypes = [P, P, I, P, *[I] * 6, P, P, P, P, I, P, I, I, ctypes.c_float, ctypes.c_float, P]
+    fn.argtypes = [
+        P,
+        P,
+        I,
+        I,
+        P,
+        *[I] * 6,
+        P,
+        P,
+        P,
+        P,
+        I,
+        P,
+        I,
+        I,
+        ctypes.c_float,
+        ctypes.c_float,
+        P,
+    ]
     fn.restype = ctypes.c_int
     return fn
 
@@ -481,7 +501,8 @@ def build_step_kernel(dtype):
 def _step_kernels(dtype, block_size: int, group: int, head_dim: int) -> _Kernels:
     "The kernels of one model shape, in `kernels_t`'s order."
     glue, decode = _glue(dtype), build_decode_kernel(block_size, group, head_dim, dtype)
-    fns = (build_gemm_kernel(dtype), glue.rms_norm, glue.rotate, glue.silu_and_mul, decode)
+    gemm = build_gemm_kernel(dtype)
+    fns = (gemm, glue.rms_norm, glue.rotate, glue.silu_and_mul, glue.add_into, decode)
     return _Kernels(*(ctypes.cast(f, ctypes.c_void_p).value for f in fns))
 
 # %% ../nbs/05a_model_kernels.ipynb #c08d58c1
@@ -528,8 +549,9 @@ def decode_layers_c(model, kv_caches, layers, x, positions, md: AttentionMetadat
     scratch = torch.empty(n * (2 * hidden + (3 * H + 3 * hkv) * D + 3 * inter), dtype=dtype)
     kernels = _step_kernels(dtype, bs, H // hkv, D)
     eps = model.layers[0].input_layernorm.eps
-    if build_step_kernel(dtype)(
-        ctypes.byref(kernels), layers, len(model.layers), x.data_ptr(), n, hidden, H, hkv, D,
+    if build_step_kernel()(
+        ctypes.byref(kernels), layers, len(model.layers), x.element_size(), x.data_ptr(), n,
+        hidden, H, hkv, D,
         inter, cos.data_ptr(), sin.data_ptr(), slots.data_ptr(), bt.data_ptr(), bt.stride(0),
         plan.seq_lens.data_ptr(), num_blocks, bs, eps, a.scale, scratch.data_ptr(),
     ):  # fmt: skip
@@ -560,4 +582,4 @@ class CpuDecodeRunner(ModelRunner):
         return self.model.norm(x)
 
 
-MODEL_RUNNERS[CpuDecodeRunner.__name__] = CpuDecodeRunner
+MODEL_RUNNERS.setdefault(CpuDecodeRunner.__name__, CpuDecodeRunner)  # (the package's)

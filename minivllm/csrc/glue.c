@@ -76,3 +76,8 @@ void silu_and_mul(const scalar_t *x, int64_t inter, scalar_t *out, int64_t rows)
         }
     }
 }
+
+/* x[i] += y[i]: the residual add, rounded as torch's add */
+void add_into(scalar_t *x, const scalar_t *y, int64_t n) {
+    for (int64_t i = 0; i < n; i++) store(x + i, load(x + i) + load(y + i));
+}
