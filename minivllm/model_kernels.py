@@ -473,28 +473,22 @@ class _Kernels(ctypes.Structure):
 def build_step_kernel():
     "`decode_layers` of `step.c` (a ctypes function); raises if it cannot be built."
     fn = build_c_library("step").decode_layers
-    P, I = ctypes.c_void_p, ctypes.c_int64
-    fn.argtypes = [
-        P,
-        P,
-        I,
-        I,
-        P,
-        *[I] * 6,
-        P,
-        P,
-        P,
-        P,
-        I,
-        P,
-        I,
-        I,
-        ctypes.c_float,
-        ctypes.c_float,
-        P,
-    ]
+    P, I, F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+    # kernels, layers, num_layers, es, x, n, hidden, heads, kv_heads, head_dim, inter, cos, sin,
+    # slots, block_tables, bt_stride, seq_lens, num_blocks, block_size, eps, scale, scratch
+    fn.argtypes = [P, P, I, I, P, I, I, I, I, I, I, P, P, P, P, I, P, I, I, F, F, P]  # fmt: skip
     fn.restype = ctypes.c_int
     return fn
+
+
+@functools.cache
+def _step_built() -> bool:
+    "Whether `step.c` builds here (the first failure is logged: the steps then run as usual)."
+    try:
+        return build_step_kernel() is not None
+    except Exception as e:
+        logging.getLogger("minivllm").warning("step.c could not be built (%s)", str(e)[:300])
+        return False
 
 
 @functools.cache
@@ -518,6 +512,7 @@ def decode_step_layers(model, kv_caches, md, num_tokens: int):
         and not torch.is_grad_enabled()
         and kv_caches[0].is_contiguous()
         and kv_caches[0].dtype == model.embed_tokens.weight.dtype
+        and _step_built()
     ):
         return None
     ptr, out = lambda t: None if t is None else t.data_ptr(), []
@@ -550,10 +545,10 @@ def decode_layers_c(model, kv_caches, layers, x, positions, md: AttentionMetadat
     kernels = _step_kernels(dtype, bs, H // hkv, D)
     eps = model.layers[0].input_layernorm.eps
     if build_step_kernel()(
-        ctypes.byref(kernels), layers, len(model.layers), x.element_size(), x.data_ptr(), n,
-        hidden, H, hkv, D,
-        inter, cos.data_ptr(), sin.data_ptr(), slots.data_ptr(), bt.data_ptr(), bt.stride(0),
-        plan.seq_lens.data_ptr(), num_blocks, bs, eps, a.scale, scratch.data_ptr(),
+        ctypes.byref(kernels), layers, len(model.layers), x.element_size(),
+        x.data_ptr(), n, hidden, H, hkv, D, inter, cos.data_ptr(), sin.data_ptr(),
+        slots.data_ptr(), bt.data_ptr(), bt.stride(0), plan.seq_lens.data_ptr(), num_blocks, bs,
+        eps, a.scale, scratch.data_ptr(),
     ):  # fmt: skip
         raise MemoryError("the C GEMM could not allocate its scratch buffer")
     return x
