@@ -10,6 +10,7 @@ import glob
 import importlib
 import importlib.util
 import logging
+import math
 import os
 import string
 import sys
@@ -49,7 +50,7 @@ from minivllm.config import (
     TokensPrompt,
     _json_or_str,
 )
-from .model import MODEL_LOADERS, MODEL_RUNNERS, LlamaForCausalLM
+from .model import MODEL_LOADERS, MODEL_RUNNERS, ROPE_TYPES, LlamaForCausalLM
 from . import compilation  # noqa: F401 (its runner registered before this lesson's)
 from . import pipeline  # noqa: F401 (its runners registered before this lesson's)
 from .parallel import TPLlamaForCausalLM, TPModelRunner, TPWorker, shard_weight
@@ -429,6 +430,34 @@ def save_sharded_state(
             "save_sharded_state with quantization or enable_lora is not implemented in minivllm."
         )
     ShardedStateLoader.save_model(runner.model, path, pattern, max_size)
+
+# %% ../nbs/95_vllm_compat.ipynb #yarn95a
+def _rope_yarn(inv_freq, rp: dict, config) -> tuple[torch.Tensor, float]:
+    "YaRN's frequencies (interpolated, kept, or a blend) and its cos/sin scale."
+    dim, base, old = 2 * len(inv_freq), rp["rope_theta"], rp["original_max_position_embeddings"]
+    factor = rp.get("factor") or config.max_position_embeddings / old
+
+    def mscale(m=1.0):
+        return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
+
+    scale = rp.get("attention_factor")
+    if scale is None:  # DeepSeek's checkpoints give mscale and mscale_all_dim
+        m, m_all = rp.get("mscale"), rp.get("mscale_all_dim")
+        scale = mscale(m) / mscale(m_all) if m and m_all else mscale()
+
+    def dim_turning(times):  # the dimension whose pair turns `times` times over `old` positions
+        return dim * math.log(old / (times * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = dim_turning(rp.get("beta_fast") or 32), dim_turning(rp.get("beta_slow") or 1)
+    if rp.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    ramp = (torch.arange(dim // 2, dtype=torch.float32) - low) / ((high - low) or 1e-3)
+    ramp = ramp.clamp(0, 1)  # 0: keep the frequency, 1: slow it down by `factor`
+    return inv_freq / factor * ramp + inv_freq * (1 - ramp), float(scale)
+
+
+ROPE_TYPES.update(yarn=_rope_yarn, linear=lambda f, rp, c: (f / rp["factor"], 1.0))
 
 # %% ../nbs/95_vllm_compat.ipynb #ff14eecd
 def cleanup_dist_env_and_memory(shutdown_ray: bool = False) -> None:
