@@ -4,6 +4,11 @@
 
 # %% ../nbs/09b_pooling.ipynb #b9b00003
 from __future__ import annotations
+import base64
+import io
+import math
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from .config import pooler_settings, resolve_pooler_config
@@ -11,8 +16,9 @@ from .request import RequestStatus
 from .scheduler import StepExtension, register_extension
 
 # %% auto #0
-__all__ = ['Pooler', 'PoolingExtension', 'embed_chunks', 'combine_chunks', 'ScoringOutput', 'ScoringRequestOutput',
-           'check_score_inputs', 'cosine_scores', 'score']
+__all__ = ['EMBED_DTYPES', 'ENDIANNESS', 'Pooler', 'PoolingExtension', 'embed_chunks', 'combine_chunks', 'ScoringOutput',
+           'ScoringRequestOutput', 'check_score_inputs', 'cosine_scores', 'score', 'tensor2binary', 'binary2tensor',
+           'MetadataItem', 'build_metadata_items', 'decode_pooling_output', 'tensor2base64']
 
 # %% ../nbs/09b_pooling.ipynb #p09b
 def _fold(kind: str, rows: torch.Tensor, prev: torch.Tensor | None) -> torch.Tensor:
@@ -126,7 +132,6 @@ def combine_chunks(outputs: list, prompt_token_ids: list[int], normalize: bool, 
     return PoolingRequestOutput(rid, PoolingOutput(v), list(prompt_token_ids), 0, True, prompt)
 
 # %% ../nbs/09b_pooling.ipynb #p09s2
-from dataclasses import dataclass
 from .config import PoolingOutput, PoolingRequestOutput
 
 
@@ -221,3 +226,75 @@ def score(
     )
     pad = getattr(self.get_tokenizer(), "pad_token_id", None)
     return cosine_scores(embs[: len(d1)], embs[len(d1) :], pad)
+
+# %% ../nbs/09b_pooling.ipynb #p09w2
+EMBED_DTYPES = dict(
+    float32="float32",
+    float16="float16",
+    bfloat16="bfloat16",
+    fp8_e4m3="float8_e4m3fn",
+    fp8_e5m2="float8_e5m2",
+)  # vLLM's `embed_dtype` names and torch's
+ENDIANNESS = ("native", "big", "little")
+
+
+def _swapped(endianness: str) -> bool:
+    "Does `endianness` ask for the other byte order than this machine's?"
+    import sys
+
+    return endianness not in ("native", sys.byteorder)
+
+
+def tensor2binary(tensor, embed_dtype: str = "float32", endianness: str = "native") -> bytes:
+    """The bytes of `tensor` cast to `embed_dtype`, each number's bytes in the order `endianness`
+    asks for ("native": this machine's)."""
+    t = tensor.detach().cpu().flatten().to(getattr(torch, EMBED_DTYPES[embed_dtype])).contiguous()
+    words = {4: torch.int32, 2: torch.int16, 1: torch.int8}[t.element_size()]
+    a = t.view(words).numpy()  # the bit patterns as integers, which numpy can byte-swap
+    return (a.byteswap() if _swapped(endianness) else a).tobytes()
+
+
+def binary2tensor(binary: bytes, shape, embed_dtype: str, endianness: str) -> torch.Tensor:
+    "The tensor (of `shape`, in `embed_dtype`) whose `tensor2binary` bytes are `binary`."
+    import numpy as np
+
+    dtype = getattr(torch, EMBED_DTYPES[embed_dtype])
+    words = np.frombuffer(binary, {4: "i4", 2: "i2", 1: "i1"}[dtype.itemsize]).reshape(shape)
+    words = words.byteswap() if _swapped(endianness) else words.copy()
+    return torch.from_numpy(words).view(dtype)
+
+# %% ../nbs/09b_pooling.ipynb #p09w6
+@dataclass
+class MetadataItem:
+    "Where one vector lies in a `bytes` answer's body (an item of its `metadata` header)."
+
+    index: int
+    embed_dtype: str
+    endianness: str
+    start: int
+    end: int
+    shape: tuple
+
+
+def build_metadata_items(embed_dtype, endianness, shape, n_request: int) -> list[MetadataItem]:
+    "The items of `n_request` vectors of `shape` laid one after another (`bytes_only`)."
+    size = math.prod(shape) * getattr(torch, EMBED_DTYPES[embed_dtype]).itemsize
+    return [
+        MetadataItem(i, embed_dtype, endianness, i * size, (i + 1) * size, tuple(shape))
+        for i in range(n_request)
+    ]
+
+
+def decode_pooling_output(items: list[MetadataItem], body: bytes) -> list[torch.Tensor]:
+    "The vectors of a `bytes` answer, in `index` order."
+    items = sorted(items, key=lambda m: m.index)
+    return [
+        binary2tensor(body[m.start : m.end], m.shape, m.embed_dtype, m.endianness) for m in items
+    ]
+
+
+def tensor2base64(x: torch.Tensor) -> str:
+    "The base64 of `x`'s `torch.save` bytes (vLLM's wire form of prompt embeddings)."
+    buf = io.BytesIO()
+    torch.save(x, buf)
+    return base64.b64encode(buf.getvalue()).decode()

@@ -36,7 +36,7 @@ from .structured_outputs import validate_structured_outputs
 from .llm import EngineDeadError
 from .async_engine import EngineGenerateError
 from .data_parallel import DPLLMEngine, DPPlacement, run_headless
-from .pooling import check_score_inputs, cosine_scores
+from .pooling import check_score_inputs, cosine_scores, tensor2binary
 from minivllm.tool_calling import (
     ToolCallStream,
     ToolPlan,
@@ -55,13 +55,12 @@ __all__ = ['Text', 'Bool', 'INT64', 'TokenId', 'TokenIds', 'OneText', 'OneTokenI
            'check_prompt_chars', 'check_prompt_len', 'tokens_of', 'compile_grammar', 'base_app', 'engine_health',
            'add_info_routes', 'check_model', 'apply_sampling_defaults', 'check_not_paused', 'run_request', 'usage',
            'until_gone', 'respond', 'Accumulator', 'serve_choices', 'decode_prompt_embeds', 'add_completions_route',
-           'EmbeddingRequest', 'embedding_bytes', 'bytes_response', 'add_embeddings_route', 'prepare_chat',
-           'add_chat_route', 'LoadLoRAAdapterRequest', 'add_lora_adapter', 'add_lora_routes',
-           'BatchChatCompletionRequest', 'add_batch_chat_route', 'ResponseTextFormat', 'ResponseText',
-           'ReasoningParams', 'ResponsesRequest', 'text_format_of', 'input_messages', 'output_items', 'ResponseEvents',
-           'add_responses_route', 'TokenizeRequest', 'DetokenizeRequest', 'add_tokenize_routes', 'ScoreRequest',
-           'RerankRequest', 'score_texts', 'add_score_routes', 'add_pause_routes', 'dev_mode', 'build_app',
-           'serve_parser', 'cmd_serve']
+           'EmbeddingRequest', 'bytes_response', 'add_embeddings_route', 'prepare_chat', 'add_chat_route',
+           'LoadLoRAAdapterRequest', 'add_lora_adapter', 'add_lora_routes', 'BatchChatCompletionRequest',
+           'add_batch_chat_route', 'ResponseTextFormat', 'ResponseText', 'ReasoningParams', 'ResponsesRequest',
+           'text_format_of', 'input_messages', 'output_items', 'ResponseEvents', 'add_responses_route',
+           'TokenizeRequest', 'DetokenizeRequest', 'add_tokenize_routes', 'ScoreRequest', 'RerankRequest',
+           'score_texts', 'add_score_routes', 'add_pause_routes', 'dev_mode', 'build_app', 'serve_parser', 'cmd_serve']
 
 # %% ../nbs/15_server.ipynb #738e7691
 class StreamOptions(BaseModel):
@@ -1165,27 +1164,6 @@ def _embedding_inputs(inp) -> list:
     return [x if isinstance(x, str) else TokensPrompt(prompt_token_ids=x) for x in inp]
 
 # %% ../nbs/15_server.ipynb #s4c9e4574
-_TORCH_DTYPE = dict(
-    float32="float32",
-    float16="float16",
-    bfloat16="bfloat16",
-    fp8_e4m3="float8_e4m3fn",
-    fp8_e5m2="float8_e5m2",
-)  # vLLM's `embed_dtype` names and torch's
-
-
-def embedding_bytes(v, embed_dtype: str = "float32", endianness: str = "native") -> bytes:
-    """The bytes of embedding `v` cast to `embed_dtype`, each number's bytes in the order
-    `endianness` asks for ("native": this machine's)."""
-    import sys
-    import torch
-
-    t = v.detach().cpu().flatten().to(getattr(torch, _TORCH_DTYPE[embed_dtype])).contiguous()
-    words = {4: torch.int32, 2: torch.int16, 1: torch.int8}[t.element_size()]
-    a = t.view(words).numpy()  # the bit patterns as integers, which numpy can byte-swap
-    return (a.byteswap() if endianness not in ("native", sys.byteorder) else a).tobytes()
-
-
 def _check_encoding(req: EmbeddingRequest) -> None:
     "Refuse `embed_dtype`/`endianness` where there are no bytes for them to shape."
     if req.encoding_format == "float":
@@ -1202,7 +1180,7 @@ def _encode_vector(v, req: EmbeddingRequest):
     "An embedding as JSON carries it: a list of floats, or the base64 of its bytes."
     if req.encoding_format == "float":
         return v.tolist()
-    return base64.b64encode(embedding_bytes(v, req.embed_dtype, req.endianness)).decode()
+    return base64.b64encode(tensor2binary(v, req.embed_dtype, req.endianness)).decode()
 
 
 def bytes_response(outs, req: EmbeddingRequest, head: dict):
@@ -1213,7 +1191,7 @@ def bytes_response(outs, req: EmbeddingRequest, head: dict):
     body, items = [], []
     for i, o in enumerate(outs):
         b, at = (
-            embedding_bytes(o.outputs.data, req.embed_dtype, req.endianness),
+            tensor2binary(o.outputs.data, req.embed_dtype, req.endianness),
             sum(map(len, body)),
         )
         shape = list(o.outputs.data.shape)

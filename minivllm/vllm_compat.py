@@ -530,6 +530,17 @@ VLLM_MODULES: dict[str, dict] = {
     "version": dict(__version__=minivllm.__version__),
 }
 
+# %% ../nbs/95_vllm_compat.ipynb #wire95
+from . import pooling
+
+_WIRE = "EMBED_DTYPES ENDIANNESS tensor2binary binary2tensor tensor2base64"  # lesson 09b's
+VLLM_MODULES["utils.serial_utils"] = {n: getattr(pooling, n) for n in _WIRE.split()}
+VLLM_MODULES["entrypoints.pooling.utils"] = dict(
+    MetadataItem=pooling.MetadataItem,
+    build_metadata_items=pooling.build_metadata_items,
+    decode_pooling_output=pooling.decode_pooling_output,
+)
+
 # %% ../nbs/95_vllm_compat.ipynb #vllmcfgnames
 # minivllm.config is a lesson's own module; these are vLLM's names in vllm.config
 VLLM_CONFIG_NAMES = dict(

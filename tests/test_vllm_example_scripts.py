@@ -42,8 +42,8 @@ Left out (they need a model that SmolLM2 cannot stand in for, hardware or servic
   basic/online_serving/watermark_detection_server.py (a separate watermark-detector server),
   observability/opentelemetry/* (needs an OTLP collector), tool_calling/openai_responses_client_with_mcp_tools.py
   (needs an MCP server), pooling/score/cohere_rerank_client.py (the `cohere` SDK, not installed),
-  pooling/embed/embedding_requests_base64_online.py (imports `pybase64`, not installed here; it also needs
-  `minivllm.utils.serial_utils`, which does not exist), pooling/embed/openai_embedding_long_text/client.py (its
+  pooling/embed/embedding_requests_base64_online.py (imports `pybase64`, not installed here; its
+  sibling embedding_requests_bytes_online.py runs), pooling/embed/openai_embedding_long_text/client.py (its
   server recipe embeds texts of up to millions of tokens with chunked processing, and has no smaller-work flag);
 - reasoning/* other than openai_responses_client.py (a reasoning model with `--reasoning-parser`, a model-specific parser: `minivllm serve
   --reasoning-parser deepseek_r1` is refused by name) and tool_calling/*xlam* (the xLAM model's own parser).
@@ -195,11 +195,10 @@ EXAMPLES = [
                    "embeddings (--enable-prompt-embeds is refused by name): ModuleNotFoundError at import",
             match=r"No module named 'minivllm\.utils\.serial_utils'"),
     Example("pooling/embed/openai_embedding_client.py", client=True, check=r"\[-?0\.\d+, -?0\.\d+"),
+    # every embed_dtype and byte order, as `bytes` (with metadata) and `bytes_only`
     Example("pooling/embed/embedding_requests_bytes_online.py", client=True,
             argv=("--host", "127.0.0.1", "--port", "{PORT}"),
-            expect="xfail: no `minivllm.entrypoints.pooling.utils` (vLLM's binary embedding helpers) nor "
-                   "`minivllm.utils.serial_utils` (EMBED_DTYPES, ENDIANNESS): ModuleNotFoundError at import",
-            match=r"No module named 'minivllm\.entrypoints"),
+            check=r"(?s)fp8_e5m2 little torch\.Size\(\[2, \d+\]\).*fp8_e5m2 little torch\.Size\(\[2, \d+\]\)"),
     Example("pooling/score/score_api_online.py", client=True, argv=("--host", "127.0.0.1", "--port", "{PORT}", "--model", M),
             check=r"'score': ",
             expect="xfail: /score takes only the older text_1/text_2 fields; vLLM 0.33's `queries`/`documents` "
