@@ -79,6 +79,17 @@ def test_score_route_is_the_cosine_of_llm_embed(client, embeds):
         [cos(embeds[DOCS[0]], embeds[DOCS[2]]), cos(embeds[DOCS[1]], embeds[DOCS[3]])], abs=1e-5)
 
 
+@pytest.mark.parametrize("left,right", [("queries", "documents"), ("queries", "items"), ("data_1", "data_2")])
+def test_score_takes_vllms_other_forms(client, embeds, left, right):
+    "vLLM 0.33's request forms (`queries`/`documents` first) score as `text_1`/`text_2` do."
+    r = client.post("/score", json={left: QUERY, right: DOCS})
+    assert r.status_code == 200, r.text
+    assert [d["score"] for d in r.json()["data"]] == pytest.approx([cos(embeds[QUERY], embeds[d]) for d in DOCS], abs=1e-5)
+    r = client.post("/score", json={left: DOCS[:2], right: DOCS[2:]})
+    assert [d["score"] for d in r.json()["data"]] == pytest.approx(
+        [cos(embeds[DOCS[0]], embeds[DOCS[2]]), cos(embeds[DOCS[1]], embeds[DOCS[3]])], abs=1e-5)
+
+
 def test_rerank_orders_by_the_cosine_of_llm_embed(client, embeds):
     want = sorted(((cos(embeds[QUERY], embeds[d]), i) for i, d in enumerate(DOCS)), reverse=True)
     for path, top_n in (("/rerank", 0), ("/v1/rerank", 2), ("/v2/rerank", 3)):
@@ -89,6 +100,9 @@ def test_rerank_orders_by_the_cosine_of_llm_embed(client, embeds):
         assert len(res) == (top_n or len(DOCS))
         assert [(x["index"], x["document"]["text"]) for x in res] == [(i, DOCS[i]) for _, i in want[: len(res)]]
         assert [x["relevance_score"] for x in res] == pytest.approx([s for s, _ in want[: len(res)]], abs=1e-5)
+    r = client.post("/rerank", json={"query": QUERY, "documents": DOCS[1]})    # one document, as a string
+    assert r.json()["results"][0]["relevance_score"] == pytest.approx(cos(embeds[QUERY], embeds[DOCS[1]]), abs=1e-5)
+    assert r.json()["usage"]["prompt_tokens"] == r.json()["usage"]["total_tokens"] > 0
 
 
 @pytest.mark.parametrize("path,body,param", [
@@ -98,6 +112,10 @@ def test_rerank_orders_by_the_cosine_of_llm_embed(client, embeds):
     ("/rerank", {"query": QUERY, "documents": DOCS, "top_n": -1}, "top_n"),
     ("/rerank", {"query": QUERY, "documents": DOCS, "return_documents": False}, "return_documents"),
     ("/score", {"text_1": QUERY, "text_2": DOCS, "model": "nope"}, "model"),
+    ("/score", {"queries": DOCS[:2], "documents": DOCS[:3]}, "queries"),     # 2:3
+    ("/score", {"queries": QUERY}, "documents"),                              # half a pair
+    ("/score", {"queries": QUERY, "documents": DOCS, "items": DOCS}, "items"),  # two forms at once
+    ("/score", {}, "queries"),
 ])
 def test_bad_scoring_requests_are_clear_4xx(client, path, body, param):
     r = client.post(path, json=body)
