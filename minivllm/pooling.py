@@ -17,8 +17,8 @@ from .scheduler import StepExtension, register_extension
 
 # %% auto #0
 __all__ = ['EMBED_DTYPES', 'ENDIANNESS', 'Pooler', 'PoolingExtension', 'embed_chunks', 'combine_chunks', 'ScoringOutput',
-           'ScoringRequestOutput', 'check_score_inputs', 'cosine_scores', 'score', 'tensor2binary', 'binary2tensor',
-           'MetadataItem', 'build_metadata_items', 'decode_pooling_output', 'tensor2base64']
+           'ScoringRequestOutput', 'check_score_inputs', 'maxsim_score', 'cosine_scores', 'score', 'tensor2binary',
+           'binary2tensor', 'MetadataItem', 'build_metadata_items', 'decode_pooling_output', 'tensor2base64']
 
 # %% ../nbs/09b_pooling.ipynb #p09b
 def _fold(kind: str, rows: torch.Tensor, prev: torch.Tensor | None) -> torch.Tensor:
@@ -174,17 +174,27 @@ def check_score_inputs(n_1: int, n_2: int) -> None:
     if n_2 == 0:
         raise ValueError("At least one text_pair element must be given")
 
+
+def maxsim_score(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """ColBERT's late-interaction score of two token-embedding matrices: each query token's best
+    match among the document's tokens, summed."""
+    return (q.float() @ d.float().T).amax(-1).sum()
+
 # %% ../nbs/09b_pooling.ipynb #p09s3
-def cosine_scores(embeds_1: list, embeds_2: list, pad_token_id: int | None = None) -> list:
-    """Each pair's cosine similarity as a `ScoringRequestOutput`, from two lists of pooling outputs
-    (one on the left is paired with every one on the right)."""
+def cosine_scores(
+    embeds_1: list, embeds_2: list, pad_token_id=None, late_interaction=False
+) -> list:
+    """Each pair's cosine similarity (`maxsim_score` of token embeddings, if `late_interaction`)
+    as a `ScoringRequestOutput`, from two lists of pooling outputs (one on the left: paired with
+    each on the right)."""
     check_score_inputs(len(embeds_1), len(embeds_2))
     if len(embeds_1) == 1:
         embeds_1 = embeds_1 * len(embeds_2)
     pad = [] if pad_token_id is None else [pad_token_id]
     out = []
     for e1, e2 in zip(embeds_1, embeds_2):
-        s = F.cosine_similarity(e1.outputs.data.float(), e2.outputs.data.float(), dim=0)
+        a, b = e1.outputs.data.float(), e2.outputs.data.float()
+        s = maxsim_score(a, b) if late_interaction else F.cosine_similarity(a, b, dim=0)
         ids = list(e1.prompt_token_ids) + pad + list(e2.prompt_token_ids)
         rid = f"{e1.request_id}_{e2.request_id}"
         out.append(ScoringRequestOutput(rid, ScoringOutput(s.item()), ids))
@@ -210,10 +220,11 @@ def score(
     chat_template: str | None = None,
 ) -> list:
     """vLLM's `LLM.score` for an embedding model (`self` an `LLM`, lesson 13): every text embedded
-    once (`LLM.encode`, task "embed"), each pair scored by cosine similarity."""
+    once (`LLM.encode`), each pair scored by cosine similarity (MaxSim for a token_embed model)."""
     if chat_template is not None:
         raise NotImplementedError("chat_template in LLM.score applies to cross-encoders only.")
     d1, d2 = _prompts(data_1), _prompts(data_2)
+    late = self.llm_engine.model_config.pooler_config.task == "token_embed"
     check_score_inputs(len(d1), len(d2))
     embs = self.encode(
         d1 + d2,
@@ -221,11 +232,11 @@ def score(
         truncate_prompt_tokens=truncate_prompt_tokens,
         use_tqdm=use_tqdm,
         lora_request=lora_request,
-        pooling_task="embed",
+        pooling_task="token_embed" if late else "embed",
         tokenization_kwargs=tokenization_kwargs,
     )
     pad = getattr(self.get_tokenizer(), "pad_token_id", None)
-    return cosine_scores(embs[: len(d1)], embs[len(d1) :], pad)
+    return cosine_scores(embs[: len(d1)], embs[len(d1) :], pad, late)
 
 # %% ../nbs/09b_pooling.ipynb #p09w2
 EMBED_DTYPES = dict(

@@ -1366,6 +1366,7 @@ def _chat_views(app, req: ChatCompletionRequest, top: int, plan: ToolPlan):
 
     def final(i, acc):
         msg, why = tool_message(plan, acc.texts[i], acc.finish[i], tok)
+        msg = dict(msg, reasoning=None)  # vLLM's field, set by a reasoning parser (none here)
         lp = lps(acc.toks[i], acc.lps[i])
         return dict(index=i, message=msg, finish_reason=why, logprobs=lp)
 
@@ -2048,8 +2049,8 @@ class RerankRequest(BaseModel):
 
 
 async def score_texts(app, request, left: list, right: list, rid: str, param: str = "query"):
-    """Embed each text once and score each pair by cosine similarity (lesson 09b): the
-    `ScoringRequestOutput`s, or None if the client left."""
+    """Embed each text once and score each pair by cosine similarity (MaxSim for a token_embed
+    model; lesson 09b): the `ScoringRequestOutput`s, or None if the client left."""
     try:
         check_score_inputs(len(left), len(right))
     except ValueError as e:
@@ -2062,14 +2063,14 @@ async def score_texts(app, request, left: list, right: list, rid: str, param: st
         "Tokenizing the input",
         "input",
     )
-    done, outs = await until_gone(
-        request, _embed_all(app, prompts, PoolingParams(task="embed"), rid)
-    )
+    late = app.state.engine.engine.get_model_config().pooler_config.task == "token_embed"
+    pp = PoolingParams(task="token_embed" if late else "embed")
+    done, outs = await until_gone(request, _embed_all(app, prompts, pp, rid))
     if not done:
         return None
     app.state.metrics.prompt_tokens.inc(sum(len(o.prompt_token_ids) for o in outs))
     pad = getattr(app.state.tokenizer, "pad_token_id", None)
-    return cosine_scores(outs[: len(left)], outs[len(left) :], pad)
+    return cosine_scores(outs[: len(left)], outs[len(left) :], pad, late)
 
 # %% ../nbs/15_server.ipynb #s15c
 def add_score_routes(app):

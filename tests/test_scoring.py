@@ -120,3 +120,30 @@ def test_rerank_orders_by_the_cosine_of_llm_embed(client, embeds):
 def test_bad_scoring_requests_are_clear_4xx(client, path, body, param):
     r = client.post(path, json=body)
     assert 400 <= r.status_code < 500 and r.json()["error"]["param"] == param, r.text
+
+
+def maxsim(q, d) -> float:
+    "ColBERT's MaxSim, written out: each query token's best dot product with a document token, summed."
+    return sum(max(float(qi @ dj) for dj in d) for qi in q)
+
+
+def test_token_embed_model_scores_by_late_interaction(tiny):
+    """A model that pools for `token_embed` scores as vLLM's late-interaction models do: `LLM.score` and the server's
+    `/score` are the MaxSim of the per-token matrices `LLM.encode` returns (not a cosine)."""
+    from minivllm import LLM
+    from minivllm.async_engine import AsyncLLMEngine
+    from minivllm.config import EngineArgs
+    from minivllm.server import build_app
+    llm = LLM(model=tiny, max_model_len=128, pooler_config={"task": "token_embed"})
+    mats = {t: o.outputs.data for t, o in zip([QUERY] + DOCS, llm.encode([QUERY] + DOCS, pooling_task="token_embed",
+                                                                         use_tqdm=False))}
+    assert all(m.ndim == 2 and m.shape[0] > 1 for m in mats.values())
+    want = [maxsim(mats[QUERY], mats[d]) for d in DOCS]
+    assert [o.outputs.score for o in llm.score(QUERY, DOCS, use_tqdm=False)] == pytest.approx(want, abs=1e-4)
+    engine = AsyncLLMEngine.from_engine_args(EngineArgs(model=tiny, max_model_len=128,
+                                                        pooler_config={"task": "token_embed"}))
+    try:
+        r = TestClient(build_app(engine)).post("/score", json={"queries": QUERY, "documents": DOCS})
+        assert [d["score"] for d in r.json()["data"]] == pytest.approx(want, abs=1e-4)
+    finally:
+        engine.shutdown()
