@@ -67,7 +67,7 @@ from .pooling import ScoringOutput, ScoringRequestOutput
 # %% auto #0
 __all__ = ['VLLM_MODULES', 'VLLM_CONFIG_NAMES', 'check_vllm_args', 'VllmArgs', 'dummy_weights', 'load_dummy_model',
            'DummyTPWorker', 'DummyTPModelRunner', 'ShardedStateLoader', 'load_sharded_state_model',
-           'cleanup_dist_env_and_memory', 'init_logger', 'random_uuid', 'register_vllm_modules']
+           'cleanup_dist_env_and_memory', 'init_logger', 'random_uuid', 'print_embeddings', 'register_vllm_modules']
 
 # %% ../nbs/95_vllm_compat.ipynb #a4270a08
 _ANY, _ANY_BOOL = (
@@ -161,6 +161,7 @@ _VLLM_ARGS.update(
     async_scheduling=(False,),
     scheduler_cls=(None, "vllm.v1.core.sched.scheduler.Scheduler"),
     external_parameters=(None,),
+    enable_trace_replay=(False,),  # decoding forced to recorded tokens (trace_decode_token_ids)
 )
 
 # %% ../nbs/95_vllm_compat.ipynb #1f7f10fe
@@ -305,6 +306,29 @@ class DummyTPModelRunner(_DummyShard, TPModelRunner):
 
 
 MODEL_RUNNERS.setdefault(DummyTPModelRunner.__name__, DummyTPModelRunner)
+
+# %% ../nbs/95_vllm_compat.ipynb #reload95a
+from .model import RUNNER_PREPARERS, ModelRunner
+
+
+@patch
+def update_config(self: ModelRunner, overrides: dict) -> None:
+    "vLLM's worker `update_config`: `{'load_config': {'load_format': ...}}` (the one it takes)."
+    for name, kv in overrides.items():
+        if name not in ("load_config", "model_config") or set(kv) - {"load_format"}:
+            raise NotImplementedError(
+                f"update_config {name}={kv!r}: minivllm updates only load_format while running."
+            )
+        self.config.model_config.load_format = kv["load_format"]
+
+
+@patch
+def reload_weights(self: ModelRunner) -> None:
+    "Load the weights of the (updated) load format into the running model, in place."
+    with torch.no_grad():
+        self.model.load_state_dict(self.load_model().state_dict())
+    for prepare in RUNNER_PREPARERS.values():  # again, for the new weights (05a packs them)
+        prepare(self)
 
 # %% ../nbs/95_vllm_compat.ipynb #shard95a
 class ShardedStateLoader:
@@ -480,6 +504,12 @@ def random_uuid() -> str:
     "vLLM's request-id helper: a random UUID as 32 hex digits."
     return uuid.uuid4().hex
 
+
+def print_embeddings(embeds: list[float], prefix: str = "Embeddings") -> None:
+    "vLLM's examples' printout of an embedding: its first four values and its size."
+    shown = (str(embeds[:4])[:-1] + ", ...]") if len(embeds) > 4 else embeds
+    print(f"{prefix}: {shown} (size={len(embeds)})")
+
 # %% ../nbs/95_vllm_compat.ipynb #9e694dcc
 VLLM_MODULES: dict[str, dict] = {
     "outputs": dict(
@@ -540,6 +570,7 @@ VLLM_MODULES["entrypoints.pooling.utils"] = dict(
     build_metadata_items=pooling.build_metadata_items,
     decode_pooling_output=pooling.decode_pooling_output,
 )
+VLLM_MODULES["utils.print_utils"] = dict(print_embeddings=print_embeddings)
 
 # %% ../nbs/95_vllm_compat.ipynb #vllmcfgnames
 # minivllm.config is a lesson's own module; these are vLLM's names in vllm.config

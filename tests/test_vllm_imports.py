@@ -40,6 +40,7 @@ HAVE = {
     ("vllm.utils", "random_uuid"): "minivllm.vllm_compat:random_uuid",
     **{("vllm.utils.serial_utils", n): f"minivllm.pooling:{n}" for n in [
         "EMBED_DTYPES", "ENDIANNESS", "binary2tensor", "tensor2base64"]},
+    ("vllm.utils.print_utils", "print_embeddings"): "minivllm.vllm_compat:print_embeddings",
     **{("vllm.entrypoints.pooling.utils", n): f"minivllm.pooling:{n}" for n in [
         "MetadataItem", "build_metadata_items", "decode_pooling_output"]},
     ("vllm.utils.argparse_utils", "FlexibleArgumentParser"): "minivllm.cli:FlexibleArgumentParser",
