@@ -98,6 +98,11 @@ def convert_content_parts(messages: list[dict], fmt: str) -> list[dict]:
                     texts.append(p)
                     continue
                 kind = p.get("type") if isinstance(p, dict) else type(p).__name__
+                if kind == "prompt_embeds":  # vLLM renders the template around them
+                    raise NotImplementedError(
+                        "content part of type 'prompt_embeds' in a chat is not implemented in "
+                        "minivllm: give the whole prompt's embeddings (completions, LLM.generate)"
+                    )
                 if kind not in ("text", "input_text") or not isinstance(p.get("text"), str):
                     raise NotImplementedError(
                         f"content part of type {kind!r}: minivllm serves text-only models"
@@ -414,6 +419,19 @@ def preempt_running(engine: LLMEngine) -> list[str]:
         sched._preempt(r)
         ids.append(r.request_id)
     return ids[::-1]
+
+
+@patch
+def reset_prefix_cache(
+    self: LLMEngine,
+    reset_running_requests: bool = False,
+    reset_connector: bool = False,
+    device=None,
+) -> bool:
+    "Lesson 12's `LLMEngine.reset_prefix_cache`, with vLLM's arguments (as `LLM`'s, below)."
+    if reset_running_requests and self.has_unfinished_requests():
+        preempt_running(self)
+    return self._orig_reset_prefix_cache(device)  # (fastcore's `patch` keeps lesson 12's)
 
 
 @patch
