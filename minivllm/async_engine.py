@@ -24,7 +24,8 @@ from .config import PoolingParams, PoolingRequestOutput
 from fastcore.basics import patch
 from .llm_engine import LLMEngine
 from .llm import EngineDeadError, engine_failure
-from .llm_more import preempt_running  # (and `LLMEngine.collective_rpc`)
+from .llm_engine import preempt_running
+import minivllm.llm_more  # noqa: F401  (`LLMEngine.collective_rpc`)
 from .metrics import Stats
 from .gemm import release_openmp_threads
 

@@ -6,30 +6,63 @@
 from __future__ import annotations
 import argparse
 import dataclasses
+import json
 import sys
 import time
 from .config import EngineArgs, SamplingParams
 
 # %% auto #0
-__all__ = ['DEMO_PROMPTS', 'BENCH_COMMANDS', 'FlexibleArgumentParser', 'generate_parser', 'cmd_generate', 'bench_parser',
-           'cmd_bench_throughput', 'cmd_bench_latency', 'cmd_bench_serve', 'cmd_bench', 'main']
+__all__ = ['DEMO_PROMPTS', 'BENCH_COMMANDS', 'dotted_args', 'FlexibleArgumentParser', 'generate_parser', 'cmd_generate',
+           'bench_parser', 'cmd_bench_throughput', 'cmd_bench_latency', 'cmd_bench_serve', 'cmd_bench', 'main']
+
+# %% ../nbs/17_cli.ipynb #dot17a
+def dotted_args(args: list[str]) -> list[str]:
+    """`args` with vLLM's dotted flags (`--json-arg.key value`, `--json-arg.a.b=value`,
+    `--json-arg.key+ v1,v2`) gathered into one JSON value per flag, after the other arguments."""
+    out, dicts, i = [], {}, 0
+    while i < len(args):
+        a = args[i]
+        name, eq, value = a.partition("=")
+        if not (a.startswith("--") and "." in name):
+            out.append(a)
+            i += 1
+            continue
+        if not eq:  # the value is the next argument
+            if i + 1 >= len(args):
+                raise SystemExit(f"error: argument {name}: expected one argument")
+            value, i = args[i + 1], i + 1
+        i += 1
+        if name.endswith("+"):  # a list, extended by each such flag
+            name, value = name[:-1], json.dumps(value.split(","))
+        flag, *keys = name.split(".")
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            pass  # a plain string
+        d = dicts.setdefault(flag, {})
+        for k in keys[:-1]:
+            d = d.setdefault(k, {})
+        old = d.get(keys[-1])
+        d[keys[-1]] = old + value if isinstance(old, list) and isinstance(value, list) else value
+    return out + [x for flag, d in dicts.items() for x in (flag, json.dumps(d))]
 
 # %% ../nbs/17_cli.ipynb #dafe34de
 class FlexibleArgumentParser(argparse.ArgumentParser):
     """vLLM's parser: also takes `--max_model_len` for `--max-model-len` (scripts written for vLLM
-    use both)."""
+    use both), and dotted JSON flags (`dotted_args`)."""
 
     def parse_known_args(self, args=None, namespace=None):
         "Parse like `argparse`, after turning `--a_b` (and `--a_b=v`) into `--a-b`."
         args = sys.argv[1:] if args is None else list(args)
 
-        def dashes(a):
+        def dashes(a):  # in the flag's name, not in a dotted key after it
             if not a.startswith("--") or a == "--":
                 return a
             k, eq, v = a.partition("=")
-            return k.replace("_", "-") + eq + v
+            flag, dot, keys = k.partition(".")
+            return flag.replace("_", "-") + dot + keys + eq + v
 
-        return super().parse_known_args([dashes(a) for a in args], namespace)
+        return super().parse_known_args(dotted_args([dashes(a) for a in args]), namespace)
 
 # %% ../nbs/17_cli.ipynb #06cb4a92
 DEMO_PROMPTS = [

@@ -24,7 +24,7 @@ from .output_processor import OutputProcessor
 from .metrics import IterationStats, Stats, StatLogger
 
 # %% auto #0
-__all__ = ['ENGINE_FRONT_ENDS', 'LLMEngine']
+__all__ = ['ENGINE_FRONT_ENDS', 'preempt_running', 'LLMEngine']
 
 # %% ../nbs/12_llm_engine.ipynb #29504cec
 def _refuse(executor_class, log_stats, stat_loggers, multiprocess_mode):
@@ -101,6 +101,23 @@ class _EngineConfigs:
         self.engine_core.shutdown()
 
 # %% ../nbs/12_llm_engine.ipynb #c60da1b7
+def preempt_running(engine) -> list[str]:
+    """Preempt every running request of `engine` (the scheduler's `_preempt`): its blocks freed, it
+    waits at the head of the queue, in its order, to be recomputed from its tokens. Returns their
+    ids."""
+    if engine.vllm_config.parallel_config.data_parallel_size > 1:
+        raise NotImplementedError(
+            "preempting the running requests (reset_running_requests=True, or a pause that "
+            "clears the cache) with data_parallel_size > 1 is not implemented in minivllm."
+        )
+    sched, ids = engine.scheduler, []
+    while sched.running:
+        r = sched.running.pop()  # the last first: each goes to the head, so the order is kept
+        sched._preempt(r)
+        ids.append(r.request_id)
+    return ids[::-1]
+
+# %% ../nbs/12_llm_engine.ipynb #3db19812
 class _EngineDelegations:
     "`LLMEngine`'s delegations to the core: LoRA adapters, the prefix cache."
 
@@ -134,12 +151,19 @@ class _EngineDelegations:
     def pin_lora(self, lora_id: int) -> bool:
         raise NotImplementedError("pin_lora is not implemented in minivllm.")
 
-    def reset_prefix_cache(self, device=None) -> bool:
-        """Forget the cached blocks (False if some are still in use). `device` (vLLM's: GPU or CPU
-        cache) may be None or a device name: minivllm has one KV cache, on the engine's device."""
+    def reset_prefix_cache(
+        self, reset_running_requests: bool = False, reset_connector: bool = False, device=None
+    ) -> bool:
+        """Forget the cached blocks (False if some are still in use). vLLM's arguments:
+        `reset_running_requests=True` first preempts the running requests (`preempt_running`: they
+        are recomputed at the next step, so every block is free to forget); `reset_connector`
+        resets a KV connector (there is none here); `device` (vLLM's: GPU or CPU cache) may be None
+        or a device name: minivllm has one KV cache, on the engine's device."""
         name = str(getattr(device, "name", device)).lower()
         if device is not None and name.split(":")[0] not in ("gpu", "cuda", "cpu"):
             raise ValueError(f"reset_prefix_cache: unknown device {device!r}")
+        if reset_running_requests and self.has_unfinished_requests():
+            preempt_running(self)
         return self.engine_core.reset_prefix_cache()
 
 # %% ../nbs/12_llm_engine.ipynb #front12cd

@@ -27,7 +27,7 @@ from .metrics import Metric, metrics_snapshot
 from .pooling import combine_chunks, embed_chunks
 
 # %% auto #0
-__all__ = ['resolve_content_format', 'convert_content_parts', 'preempt_running']
+__all__ = ['resolve_content_format', 'convert_content_parts']
 
 # %% ../nbs/13b_llm_more.ipynb #ea6c6409
 @patch
@@ -98,6 +98,11 @@ def convert_content_parts(messages: list[dict], fmt: str) -> list[dict]:
                     texts.append(p)
                     continue
                 kind = p.get("type") if isinstance(p, dict) else type(p).__name__
+                if kind == "prompt_embeds":  # vLLM renders the template around them
+                    raise NotImplementedError(
+                        "content part of type 'prompt_embeds' in a chat is not implemented in "
+                        "minivllm: give the whole prompt's embeddings (completions, LLM.generate)"
+                    )
                 if kind not in ("text", "input_text") or not isinstance(p.get("text"), str):
                     raise NotImplementedError(
                         f"content part of type {kind!r}: minivllm serves text-only models"
@@ -399,23 +404,6 @@ def list_loras(self: LLM) -> set[int]:
     return self.llm_engine.list_loras()
 
 # %% ../nbs/13b_llm_more.ipynb #73679e9d
-def preempt_running(engine: LLMEngine) -> list[str]:
-    """Preempt every running request of `engine` (the scheduler's `_preempt`): its blocks freed, it
-    waits at the head of the queue, in its order, to be recomputed from its tokens. Returns their
-    ids."""
-    if engine.vllm_config.parallel_config.data_parallel_size > 1:
-        raise NotImplementedError(
-            "preempting the running requests (reset_running_requests=True, or a pause that "
-            "clears the cache) with data_parallel_size > 1 is not implemented in minivllm."
-        )
-    sched, ids = engine.scheduler, []
-    while sched.running:
-        r = sched.running.pop()  # the last first: each goes to the head, so the order is kept
-        sched._preempt(r)
-        ids.append(r.request_id)
-    return ids[::-1]
-
-
 @patch
 def reset_prefix_cache(
     self: LLM, reset_running_requests: bool = False, reset_connector: bool = False, device=None
@@ -424,9 +412,7 @@ def reset_prefix_cache(
     vLLM's arguments: `reset_running_requests=True` first preempts the running requests (they are
     recomputed at the next step, so every block is free to forget); `reset_connector` resets a KV
     connector (there is none here); `device`: as `LLMEngine`'s."""
-    if reset_running_requests and self.llm_engine.has_unfinished_requests():
-        preempt_running(self.llm_engine)
-    return self.llm_engine.reset_prefix_cache(device)
+    return self.llm_engine.reset_prefix_cache(reset_running_requests, reset_connector, device)
 
 # %% ../nbs/13b_llm_more.ipynb #55f1e543
 @patch

@@ -21,8 +21,8 @@ import minivllm.attention_kernels  # noqa: F401 (registers lesson 04c's backends
 from .scheduler import ScheduledSeq, SchedulerOutput, StepExtension
 
 # %% auto #0
-__all__ = ['LAYER_OPS', 'SUPPORTED_MODEL_TYPES', 'MODEL_RUNNERS', 'MODEL_LOADERS', 'RUNNER_PREPARERS', 'TorchOps', 'layer_ops',
-           'RMSNorm', 'RotaryEmbedding', 'Attention', 'MLP', 'DecoderLayer', 'LlamaForCausalLM',
+__all__ = ['LAYER_OPS', 'ROPE_TYPES', 'SUPPORTED_MODEL_TYPES', 'MODEL_RUNNERS', 'MODEL_LOADERS', 'RUNNER_PREPARERS', 'TorchOps',
+           'layer_ops', 'RMSNorm', 'RotaryEmbedding', 'Attention', 'MLP', 'DecoderLayer', 'LlamaForCausalLM',
            'iter_checkpoint_weights', 'load_model', 'tiny_config', 'make_tiny_checkpoint', 'StepTimer',
            'ModelRunnerOutput', 'model_runner_class', 'ModelRunner']
 
@@ -77,28 +77,37 @@ class RMSNorm(nn.Module):
         return self.ops.rms_norm(x, self.weight, self.eps)
 
 # %% ../nbs/05_model.ipynb #36e2aa55
+def _rope_llama3(inv_freq, rp: dict, config) -> tuple[torch.Tensor, float]:
+    "Llama 3's rescaling: long wavelengths slowed by `factor`, a smooth blend in between."
+    factor, old = rp["factor"], rp["original_max_position_embeddings"]
+    lo, hi = rp["low_freq_factor"], rp["high_freq_factor"]
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > old / lo, inv_freq / factor, inv_freq)
+    smooth = (old / wavelen - lo) / (hi - lo)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < old / hi) & ~(wavelen > old / lo)
+    return torch.where(medium, smoothed, scaled), 1.0
+
+
+# rope_type -> f(default inv_freq, rope parameters, HF config) -> (inv_freq, cos/sin scale)
+ROPE_TYPES: dict[str, Callable] = {"default": lambda f, rp, c: (f, 1.0), "llama3": _rope_llama3}
+
+
 def _rope_inv_freq(config) -> tuple[torch.Tensor, float]:
     "Inverse frequencies and attention scaling of the rotary embedding described by an HF config."
     rp = dict(
         getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
     )
-    theta = rp.get("rope_theta", getattr(config, "rope_theta", 10000.0))
+    theta = rp.setdefault("rope_theta", getattr(config, "rope_theta", 10000.0))
     dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     dim = int(dim * rp.get("partial_rotary_factor", 1.0))
     inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
     kind = rp.get("rope_type", rp.get("type", "default"))
-    if kind == "llama3":
-        factor, old = rp["factor"], rp["original_max_position_embeddings"]
-        lo, hi = rp["low_freq_factor"], rp["high_freq_factor"]
-        wavelen = 2 * math.pi / inv_freq
-        scaled = torch.where(wavelen > old / lo, inv_freq / factor, inv_freq)
-        smooth = (old / wavelen - lo) / (hi - lo)
-        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-        medium = ~(wavelen < old / hi) & ~(wavelen > old / lo)
-        inv_freq = torch.where(medium, smoothed, scaled)
-    elif kind != "default":
-        raise NotImplementedError(f"rope_type={kind!r} is not implemented in minivllm.")
-    return inv_freq, 1.0
+    if kind not in ROPE_TYPES:
+        raise NotImplementedError(
+            f"rope_type={kind!r} is not implemented in minivllm (it has {sorted(ROPE_TYPES)})."
+        )
+    return ROPE_TYPES[kind](inv_freq, rp, config)
 
 # %% ../nbs/05_model.ipynb #9a067823
 class RotaryEmbedding(nn.Module):

@@ -4,6 +4,11 @@
 
 # %% ../nbs/09b_pooling.ipynb #b9b00003
 from __future__ import annotations
+import base64
+import io
+import math
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from .config import pooler_settings, resolve_pooler_config
@@ -11,8 +16,9 @@ from .request import RequestStatus
 from .scheduler import StepExtension, register_extension
 
 # %% auto #0
-__all__ = ['Pooler', 'PoolingExtension', 'embed_chunks', 'combine_chunks', 'ScoringOutput', 'ScoringRequestOutput',
-           'check_score_inputs', 'cosine_scores', 'score']
+__all__ = ['EMBED_DTYPES', 'ENDIANNESS', 'Pooler', 'PoolingExtension', 'embed_chunks', 'combine_chunks', 'ScoringOutput',
+           'ScoringRequestOutput', 'check_score_inputs', 'maxsim_score', 'cosine_scores', 'score', 'tensor2binary',
+           'binary2tensor', 'MetadataItem', 'build_metadata_items', 'decode_pooling_output', 'tensor2base64']
 
 # %% ../nbs/09b_pooling.ipynb #p09b
 def _fold(kind: str, rows: torch.Tensor, prev: torch.Tensor | None) -> torch.Tensor:
@@ -126,7 +132,6 @@ def combine_chunks(outputs: list, prompt_token_ids: list[int], normalize: bool, 
     return PoolingRequestOutput(rid, PoolingOutput(v), list(prompt_token_ids), 0, True, prompt)
 
 # %% ../nbs/09b_pooling.ipynb #p09s2
-from dataclasses import dataclass
 from .config import PoolingOutput, PoolingRequestOutput
 
 
@@ -169,17 +174,27 @@ def check_score_inputs(n_1: int, n_2: int) -> None:
     if n_2 == 0:
         raise ValueError("At least one text_pair element must be given")
 
+
+def maxsim_score(q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """ColBERT's late-interaction score of two token-embedding matrices: each query token's best
+    match among the document's tokens, summed."""
+    return (q.float() @ d.float().T).amax(-1).sum()
+
 # %% ../nbs/09b_pooling.ipynb #p09s3
-def cosine_scores(embeds_1: list, embeds_2: list, pad_token_id: int | None = None) -> list:
-    """Each pair's cosine similarity as a `ScoringRequestOutput`, from two lists of pooling outputs
-    (one on the left is paired with every one on the right)."""
+def cosine_scores(
+    embeds_1: list, embeds_2: list, pad_token_id=None, late_interaction=False
+) -> list:
+    """Each pair's cosine similarity (`maxsim_score` of token embeddings, if `late_interaction`)
+    as a `ScoringRequestOutput`, from two lists of pooling outputs (one on the left: paired with
+    each on the right)."""
     check_score_inputs(len(embeds_1), len(embeds_2))
     if len(embeds_1) == 1:
         embeds_1 = embeds_1 * len(embeds_2)
     pad = [] if pad_token_id is None else [pad_token_id]
     out = []
     for e1, e2 in zip(embeds_1, embeds_2):
-        s = F.cosine_similarity(e1.outputs.data.float(), e2.outputs.data.float(), dim=0)
+        a, b = e1.outputs.data.float(), e2.outputs.data.float()
+        s = maxsim_score(a, b) if late_interaction else F.cosine_similarity(a, b, dim=0)
         ids = list(e1.prompt_token_ids) + pad + list(e2.prompt_token_ids)
         rid = f"{e1.request_id}_{e2.request_id}"
         out.append(ScoringRequestOutput(rid, ScoringOutput(s.item()), ids))
@@ -205,10 +220,11 @@ def score(
     chat_template: str | None = None,
 ) -> list:
     """vLLM's `LLM.score` for an embedding model (`self` an `LLM`, lesson 13): every text embedded
-    once (`LLM.encode`, task "embed"), each pair scored by cosine similarity."""
+    once (`LLM.encode`), each pair scored by cosine similarity (MaxSim for a token_embed model)."""
     if chat_template is not None:
         raise NotImplementedError("chat_template in LLM.score applies to cross-encoders only.")
     d1, d2 = _prompts(data_1), _prompts(data_2)
+    late = self.llm_engine.model_config.pooler_config.task == "token_embed"
     check_score_inputs(len(d1), len(d2))
     embs = self.encode(
         d1 + d2,
@@ -216,8 +232,80 @@ def score(
         truncate_prompt_tokens=truncate_prompt_tokens,
         use_tqdm=use_tqdm,
         lora_request=lora_request,
-        pooling_task="embed",
+        pooling_task="token_embed" if late else "embed",
         tokenization_kwargs=tokenization_kwargs,
     )
     pad = getattr(self.get_tokenizer(), "pad_token_id", None)
-    return cosine_scores(embs[: len(d1)], embs[len(d1) :], pad)
+    return cosine_scores(embs[: len(d1)], embs[len(d1) :], pad, late)
+
+# %% ../nbs/09b_pooling.ipynb #p09w2
+EMBED_DTYPES = dict(
+    float32="float32",
+    float16="float16",
+    bfloat16="bfloat16",
+    fp8_e4m3="float8_e4m3fn",
+    fp8_e5m2="float8_e5m2",
+)  # vLLM's `embed_dtype` names and torch's
+ENDIANNESS = ("native", "big", "little")
+
+
+def _swapped(endianness: str) -> bool:
+    "Does `endianness` ask for the other byte order than this machine's?"
+    import sys
+
+    return endianness not in ("native", sys.byteorder)
+
+
+def tensor2binary(tensor, embed_dtype: str = "float32", endianness: str = "native") -> bytes:
+    """The bytes of `tensor` cast to `embed_dtype`, each number's bytes in the order `endianness`
+    asks for ("native": this machine's)."""
+    t = tensor.detach().cpu().flatten().to(getattr(torch, EMBED_DTYPES[embed_dtype])).contiguous()
+    words = {4: torch.int32, 2: torch.int16, 1: torch.int8}[t.element_size()]
+    a = t.view(words).numpy()  # the bit patterns as integers, which numpy can byte-swap
+    return (a.byteswap() if _swapped(endianness) else a).tobytes()
+
+
+def binary2tensor(binary: bytes, shape, embed_dtype: str, endianness: str) -> torch.Tensor:
+    "The tensor (of `shape`, in `embed_dtype`) whose `tensor2binary` bytes are `binary`."
+    import numpy as np
+
+    dtype = getattr(torch, EMBED_DTYPES[embed_dtype])
+    words = np.frombuffer(binary, {4: "i4", 2: "i2", 1: "i1"}[dtype.itemsize]).reshape(shape)
+    words = words.byteswap() if _swapped(endianness) else words.copy()
+    return torch.from_numpy(words).view(dtype)
+
+# %% ../nbs/09b_pooling.ipynb #p09w6
+@dataclass
+class MetadataItem:
+    "Where one vector lies in a `bytes` answer's body (an item of its `metadata` header)."
+
+    index: int
+    embed_dtype: str
+    endianness: str
+    start: int
+    end: int
+    shape: tuple
+
+
+def build_metadata_items(embed_dtype, endianness, shape, n_request: int) -> list[MetadataItem]:
+    "The items of `n_request` vectors of `shape` laid one after another (`bytes_only`)."
+    size = math.prod(shape) * getattr(torch, EMBED_DTYPES[embed_dtype]).itemsize
+    return [
+        MetadataItem(i, embed_dtype, endianness, i * size, (i + 1) * size, tuple(shape))
+        for i in range(n_request)
+    ]
+
+
+def decode_pooling_output(items: list[MetadataItem], body: bytes) -> list[torch.Tensor]:
+    "The vectors of a `bytes` answer, in `index` order."
+    items = sorted(items, key=lambda m: m.index)
+    return [
+        binary2tensor(body[m.start : m.end], m.shape, m.embed_dtype, m.endianness) for m in items
+    ]
+
+
+def tensor2base64(x: torch.Tensor) -> str:
+    "The base64 of `x`'s `torch.save` bytes (vLLM's wire form of prompt embeddings)."
+    buf = io.BytesIO()
+    torch.save(x, buf)
+    return base64.b64encode(buf.getvalue()).decode()

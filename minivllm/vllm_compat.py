@@ -10,6 +10,7 @@ import glob
 import importlib
 import importlib.util
 import logging
+import math
 import os
 import string
 import sys
@@ -49,7 +50,7 @@ from minivllm.config import (
     TokensPrompt,
     _json_or_str,
 )
-from .model import MODEL_LOADERS, MODEL_RUNNERS, LlamaForCausalLM
+from .model import MODEL_LOADERS, MODEL_RUNNERS, ROPE_TYPES, LlamaForCausalLM
 from . import compilation  # noqa: F401 (its runner registered before this lesson's)
 from . import pipeline  # noqa: F401 (its runners registered before this lesson's)
 from .parallel import TPLlamaForCausalLM, TPModelRunner, TPWorker, shard_weight
@@ -66,7 +67,7 @@ from .pooling import ScoringOutput, ScoringRequestOutput
 # %% auto #0
 __all__ = ['VLLM_MODULES', 'VLLM_CONFIG_NAMES', 'check_vllm_args', 'VllmArgs', 'dummy_weights', 'load_dummy_model',
            'DummyTPWorker', 'DummyTPModelRunner', 'ShardedStateLoader', 'load_sharded_state_model',
-           'cleanup_dist_env_and_memory', 'init_logger', 'random_uuid', 'register_vllm_modules']
+           'cleanup_dist_env_and_memory', 'init_logger', 'random_uuid', 'print_embeddings', 'register_vllm_modules']
 
 # %% ../nbs/95_vllm_compat.ipynb #a4270a08
 _ANY, _ANY_BOOL = (
@@ -160,6 +161,7 @@ _VLLM_ARGS.update(
     async_scheduling=(False,),
     scheduler_cls=(None, "vllm.v1.core.sched.scheduler.Scheduler"),
     external_parameters=(None,),
+    enable_trace_replay=(False,),  # decoding forced to recorded tokens (trace_decode_token_ids)
 )
 
 # %% ../nbs/95_vllm_compat.ipynb #1f7f10fe
@@ -305,6 +307,29 @@ class DummyTPModelRunner(_DummyShard, TPModelRunner):
 
 MODEL_RUNNERS.setdefault(DummyTPModelRunner.__name__, DummyTPModelRunner)
 
+# %% ../nbs/95_vllm_compat.ipynb #reload95a
+from .model import RUNNER_PREPARERS, ModelRunner
+
+
+@patch
+def update_config(self: ModelRunner, overrides: dict) -> None:
+    "vLLM's worker `update_config`: `{'load_config': {'load_format': ...}}` (the one it takes)."
+    for name, kv in overrides.items():
+        if name not in ("load_config", "model_config") or set(kv) - {"load_format"}:
+            raise NotImplementedError(
+                f"update_config {name}={kv!r}: minivllm updates only load_format while running."
+            )
+        self.config.model_config.load_format = kv["load_format"]
+
+
+@patch
+def reload_weights(self: ModelRunner) -> None:
+    "Load the weights of the (updated) load format into the running model, in place."
+    with torch.no_grad():
+        self.model.load_state_dict(self.load_model().state_dict())
+    for prepare in RUNNER_PREPARERS.values():  # again, for the new weights (05a packs them)
+        prepare(self)
+
 # %% ../nbs/95_vllm_compat.ipynb #shard95a
 class ShardedStateLoader:
     """vLLM's loader of `load_format="sharded_state"`: each rank's own state dict in safetensors
@@ -430,6 +455,34 @@ def save_sharded_state(
         )
     ShardedStateLoader.save_model(runner.model, path, pattern, max_size)
 
+# %% ../nbs/95_vllm_compat.ipynb #yarn95a
+def _rope_yarn(inv_freq, rp: dict, config) -> tuple[torch.Tensor, float]:
+    "YaRN's frequencies (interpolated, kept, or a blend) and its cos/sin scale."
+    dim, base, old = 2 * len(inv_freq), rp["rope_theta"], rp["original_max_position_embeddings"]
+    factor = rp.get("factor") or config.max_position_embeddings / old
+
+    def mscale(m=1.0):
+        return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
+
+    scale = rp.get("attention_factor")
+    if scale is None:  # DeepSeek's checkpoints give mscale and mscale_all_dim
+        m, m_all = rp.get("mscale"), rp.get("mscale_all_dim")
+        scale = mscale(m) / mscale(m_all) if m and m_all else mscale()
+
+    def dim_turning(times):  # the dimension whose pair turns `times` times over `old` positions
+        return dim * math.log(old / (times * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = dim_turning(rp.get("beta_fast") or 32), dim_turning(rp.get("beta_slow") or 1)
+    if rp.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    ramp = (torch.arange(dim // 2, dtype=torch.float32) - low) / ((high - low) or 1e-3)
+    ramp = ramp.clamp(0, 1)  # 0: keep the frequency, 1: slow it down by `factor`
+    return inv_freq / factor * ramp + inv_freq * (1 - ramp), float(scale)
+
+
+ROPE_TYPES.update(yarn=_rope_yarn, linear=lambda f, rp, c: (f / rp["factor"], 1.0))
+
 # %% ../nbs/95_vllm_compat.ipynb #ff14eecd
 def cleanup_dist_env_and_memory(shutdown_ray: bool = False) -> None:
     """Free what an engine left behind: the process group (if one is up), garbage, cached CUDA
@@ -450,6 +503,12 @@ def init_logger(name: str) -> logging.Logger:
 def random_uuid() -> str:
     "vLLM's request-id helper: a random UUID as 32 hex digits."
     return uuid.uuid4().hex
+
+
+def print_embeddings(embeds: list[float], prefix: str = "Embeddings") -> None:
+    "vLLM's examples' printout of an embedding: its first four values and its size."
+    shown = (str(embeds[:4])[:-1] + ", ...]") if len(embeds) > 4 else embeds
+    print(f"{prefix}: {shown} (size={len(embeds)})")
 
 # %% ../nbs/95_vllm_compat.ipynb #9e694dcc
 VLLM_MODULES: dict[str, dict] = {
@@ -500,6 +559,18 @@ VLLM_MODULES: dict[str, dict] = {
     "model_executor.model_loader": dict(ShardedStateLoader=ShardedStateLoader),
     "version": dict(__version__=minivllm.__version__),
 }
+
+# %% ../nbs/95_vllm_compat.ipynb #wire95
+from . import pooling
+
+_WIRE = "EMBED_DTYPES ENDIANNESS tensor2binary binary2tensor tensor2base64"  # lesson 09b's
+VLLM_MODULES["utils.serial_utils"] = {n: getattr(pooling, n) for n in _WIRE.split()}
+VLLM_MODULES["entrypoints.pooling.utils"] = dict(
+    MetadataItem=pooling.MetadataItem,
+    build_metadata_items=pooling.build_metadata_items,
+    decode_pooling_output=pooling.decode_pooling_output,
+)
+VLLM_MODULES["utils.print_utils"] = dict(print_embeddings=print_embeddings)
 
 # %% ../nbs/95_vllm_compat.ipynb #vllmcfgnames
 # minivllm.config is a lesson's own module; these are vLLM's names in vllm.config

@@ -186,3 +186,16 @@ def test_server_embeddings_through_openai_client(model_dir, tokenizer, hf_hidden
         assert len(f.data[0].embedding) == 16
         with pytest.raises(openai.BadRequestError) as e: client.embeddings.create(model="smol", input=[])
         assert e.value.body["param"] == "input"
+        # vLLM's /pooling: per-token rows for `token_embed`, HF's final-norm hidden states normalised; its `bytes`
+        # answer decoded by vLLM's client helpers (minivllm.entrypoints.pooling.utils)
+        import json, requests
+        from minivllm.entrypoints.pooling.utils import MetadataItem, decode_pooling_output
+        r = requests.post(base + "/pooling", json={"input": PROMPTS, "task": "token_embed"}).json()
+        for p, d in zip(PROMPTS, r["data"]):
+            assert d["object"] == "pooling"
+            assert torch.allclose(torch.tensor(d["data"]), F.normalize(hf_hidden[p], dim=-1), atol=ATOL)
+        r = requests.post(base + "/pooling", json={"input": PROMPTS, "encoding_format": "bytes", "embed_dtype": "float16",
+                                                   "endianness": "big"})
+        items = [MetadataItem(**x) for x in json.loads(r.headers["metadata"])["data"]]
+        for p, v in zip(PROMPTS, decode_pooling_output(items, r.content)):
+            assert v.dtype == torch.float16 and torch.allclose(v.float(), F.normalize(hf_hidden[p][-1], dim=-1), atol=1e-3)

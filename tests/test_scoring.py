@@ -79,6 +79,17 @@ def test_score_route_is_the_cosine_of_llm_embed(client, embeds):
         [cos(embeds[DOCS[0]], embeds[DOCS[2]]), cos(embeds[DOCS[1]], embeds[DOCS[3]])], abs=1e-5)
 
 
+@pytest.mark.parametrize("left,right", [("queries", "documents"), ("queries", "items"), ("data_1", "data_2")])
+def test_score_takes_vllms_other_forms(client, embeds, left, right):
+    "vLLM 0.33's request forms (`queries`/`documents` first) score as `text_1`/`text_2` do."
+    r = client.post("/score", json={left: QUERY, right: DOCS})
+    assert r.status_code == 200, r.text
+    assert [d["score"] for d in r.json()["data"]] == pytest.approx([cos(embeds[QUERY], embeds[d]) for d in DOCS], abs=1e-5)
+    r = client.post("/score", json={left: DOCS[:2], right: DOCS[2:]})
+    assert [d["score"] for d in r.json()["data"]] == pytest.approx(
+        [cos(embeds[DOCS[0]], embeds[DOCS[2]]), cos(embeds[DOCS[1]], embeds[DOCS[3]])], abs=1e-5)
+
+
 def test_rerank_orders_by_the_cosine_of_llm_embed(client, embeds):
     want = sorted(((cos(embeds[QUERY], embeds[d]), i) for i, d in enumerate(DOCS)), reverse=True)
     for path, top_n in (("/rerank", 0), ("/v1/rerank", 2), ("/v2/rerank", 3)):
@@ -89,6 +100,9 @@ def test_rerank_orders_by_the_cosine_of_llm_embed(client, embeds):
         assert len(res) == (top_n or len(DOCS))
         assert [(x["index"], x["document"]["text"]) for x in res] == [(i, DOCS[i]) for _, i in want[: len(res)]]
         assert [x["relevance_score"] for x in res] == pytest.approx([s for s, _ in want[: len(res)]], abs=1e-5)
+    r = client.post("/rerank", json={"query": QUERY, "documents": DOCS[1]})    # one document, as a string
+    assert r.json()["results"][0]["relevance_score"] == pytest.approx(cos(embeds[QUERY], embeds[DOCS[1]]), abs=1e-5)
+    assert r.json()["usage"]["prompt_tokens"] == r.json()["usage"]["total_tokens"] > 0
 
 
 @pytest.mark.parametrize("path,body,param", [
@@ -98,7 +112,38 @@ def test_rerank_orders_by_the_cosine_of_llm_embed(client, embeds):
     ("/rerank", {"query": QUERY, "documents": DOCS, "top_n": -1}, "top_n"),
     ("/rerank", {"query": QUERY, "documents": DOCS, "return_documents": False}, "return_documents"),
     ("/score", {"text_1": QUERY, "text_2": DOCS, "model": "nope"}, "model"),
+    ("/score", {"queries": DOCS[:2], "documents": DOCS[:3]}, "queries"),     # 2:3
+    ("/score", {"queries": QUERY}, "documents"),                              # half a pair
+    ("/score", {"queries": QUERY, "documents": DOCS, "items": DOCS}, "items"),  # two forms at once
+    ("/score", {}, "queries"),
 ])
 def test_bad_scoring_requests_are_clear_4xx(client, path, body, param):
     r = client.post(path, json=body)
     assert 400 <= r.status_code < 500 and r.json()["error"]["param"] == param, r.text
+
+
+def maxsim(q, d) -> float:
+    "ColBERT's MaxSim, written out: each query token's best dot product with a document token, summed."
+    return sum(max(float(qi @ dj) for dj in d) for qi in q)
+
+
+def test_token_embed_model_scores_by_late_interaction(tiny):
+    """A model that pools for `token_embed` scores as vLLM's late-interaction models do: `LLM.score` and the server's
+    `/score` are the MaxSim of the per-token matrices `LLM.encode` returns (not a cosine)."""
+    from minivllm import LLM
+    from minivllm.async_engine import AsyncLLMEngine
+    from minivllm.config import EngineArgs
+    from minivllm.server import build_app
+    llm = LLM(model=tiny, max_model_len=128, pooler_config={"task": "token_embed"})
+    mats = {t: o.outputs.data for t, o in zip([QUERY] + DOCS, llm.encode([QUERY] + DOCS, pooling_task="token_embed",
+                                                                         use_tqdm=False))}
+    assert all(m.ndim == 2 and m.shape[0] > 1 for m in mats.values())
+    want = [maxsim(mats[QUERY], mats[d]) for d in DOCS]
+    assert [o.outputs.score for o in llm.score(QUERY, DOCS, use_tqdm=False)] == pytest.approx(want, abs=1e-4)
+    engine = AsyncLLMEngine.from_engine_args(EngineArgs(model=tiny, max_model_len=128,
+                                                        pooler_config={"task": "token_embed"}))
+    try:
+        r = TestClient(build_app(engine)).post("/score", json={"queries": QUERY, "documents": DOCS})
+        assert [d["score"] for d in r.json()["data"]] == pytest.approx(want, abs=1e-4)
+    finally:
+        engine.shutdown()

@@ -247,7 +247,7 @@ def test_pause_and_preemption_refused_with_data_parallelism(bare):
     try:
         with pytest.raises(NotImplementedError, match="pause_generation with data_parallel_size > 1"):
             arun(e.pause_generation())
-        from minivllm.llm_more import preempt_running
+        from minivllm.llm_engine import preempt_running
         with pytest.raises(NotImplementedError, match="data_parallel_size > 1"):
             preempt_running(e.engine)
     finally:

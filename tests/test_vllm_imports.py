@@ -38,6 +38,11 @@ HAVE = {
     **{("vllm.sampling_params", n): f"minivllm.config:{n}" for n in [
         "RequestOutputKind", "SamplingParams", "StructuredOutputsParams"]},
     ("vllm.utils", "random_uuid"): "minivllm.vllm_compat:random_uuid",
+    **{("vllm.utils.serial_utils", n): f"minivllm.pooling:{n}" for n in [
+        "EMBED_DTYPES", "ENDIANNESS", "binary2tensor", "tensor2base64"]},
+    ("vllm.utils.print_utils", "print_embeddings"): "minivllm.vllm_compat:print_embeddings",
+    **{("vllm.entrypoints.pooling.utils", n): f"minivllm.pooling:{n}" for n in [
+        "MetadataItem", "build_metadata_items", "decode_pooling_output"]},
     ("vllm.utils.argparse_utils", "FlexibleArgumentParser"): "minivllm.cli:FlexibleArgumentParser",
     ("vllm.v1.engine.async_llm", "AsyncLLM"): "minivllm.async_engine:AsyncLLM",
     ("vllm.version", "__version__"): "minivllm:__version__",

@@ -66,6 +66,7 @@ def test_hf_overrides_take_effect(model_dir, tokenizer):
 
 
 def test_hf_overrides_refused_where_minivllm_lacks_it():
-    yarn = dict(rope_type="yarn", rope_theta=100000.0, factor=4.0, original_max_position_embeddings=8192)
-    with pytest.raises(NotImplementedError, match="yarn"):
-        LLM(max_model_len=256, num_gpu_blocks_override=64, hf_overrides={"rope_parameters": yarn})
+    # (YaRN is implemented: lesson 95 registers it; dynamic NTK scaling, which depends on the sequence length, is not)
+    dynamic = dict(rope_type="dynamic", rope_theta=100000.0, factor=2.0)
+    with pytest.raises(NotImplementedError, match="dynamic"):
+        LLM(max_model_len=256, num_gpu_blocks_override=64, hf_overrides={"rope_parameters": dynamic})
