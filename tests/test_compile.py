@@ -6,7 +6,8 @@ the `eager` backend (Dynamo traces the whole forward into one graph; Inductor's 
 import os
 import pytest, torch
 from minivllm import LLM, SamplingParams, TokensPrompt
-from minivllm.model import ModelRunner, make_tiny_checkpoint
+from minivllm.model import make_tiny_checkpoint
+from minivllm.model_kernels import CpuDecodeRunner
 from minivllm.compilation import CompiledModelRunner
 
 SLOW = bool(os.environ.get("MINIVLLM_SLOW"))
@@ -25,12 +26,12 @@ def generate(llm, prompts, n=12):
 
 
 def test_default_runner_choice(tiny):
-    "CPU: eager unless compiling is asked for (enforce_eager=False or a compilation_config level)."
+    "CPU: eager (lesson 05a's CpuDecodeRunner) unless compiling is asked for (enforce_eager=False or a compilation level)."
     kw = dict(model=tiny, num_gpu_blocks_override=32, max_model_len=128)
-    assert type(LLM(**kw).llm_engine.engine_core.model_runner) is ModelRunner
+    assert type(LLM(**kw).llm_engine.engine_core.model_runner) is CpuDecodeRunner
     r = LLM(enforce_eager=False, compilation_config={"backend": "eager"}, **kw).llm_engine.engine_core.model_runner
     assert isinstance(r, CompiledModelRunner) and not r.use_graphs and r.cc.compile_time > 0
-    assert type(LLM(enforce_eager=True, compilation_config=3, **kw).llm_engine.engine_core.model_runner) is ModelRunner
+    assert type(LLM(enforce_eager=True, compilation_config=3, **kw).llm_engine.engine_core.model_runner) is CpuDecodeRunner
     with pytest.raises(NotImplementedError, match="splitting_ops"): LLM(compilation_config={"splitting_ops": []}, **kw)
 
 

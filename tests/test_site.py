@@ -72,6 +72,12 @@ def pages() -> list[str]:
     return sorted(p.name for p in SITE.glob("*.html"))
 
 
+def test_every_code_block_renders_as_code(site):
+    "A fold summary Quarto cannot parse (a backtick in it) turns its code block into paragraphs of text: none does."
+    bad = [page for page in pages() if "code-fold=\u201ctrue\u201d" in (SITE / page).read_text()]
+    assert not bad, bad
+
+
 def test_links_anchors_images(site):
     "Every internal link reaches a page that exists and, with a #fragment, an element with that id."
     bad = []
