@@ -25,8 +25,9 @@ __all__ = ['C_FLAGS', 'GEMM_UNITS', 'GEMM_MAX_ROWS', 'cpu_flags', 'c_source', 'b
 C_FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-shared", "-fPIC")
 
 
+@functools.cache
 def cpu_flags() -> str:
-    "This CPU's feature flags (what `-march=native` compiles for)."
+    "This CPU's feature flags (what `-march=native` compiles for), read once."
     try:
         return next(l for l in open("/proc/cpuinfo") if l.startswith("flags"))
     except (OSError, StopIteration):

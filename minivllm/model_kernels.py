@@ -41,6 +41,9 @@ from minivllm.quantization import (
     GGUF_BLOCK_BYTES,
     INT4_MAX_ROWS,
     INT8_MAX_ROWS,
+    BlockLinear,
+    blocks_supported,
+    build_block_kernel,
     dequantize,
     gguf_linear,
     read_gguf,
@@ -491,18 +494,38 @@ def _step_built() -> bool:
         return False
 
 
+def _address(fn) -> int:
+    "The address of a C function loaded by ctypes."
+    return ctypes.cast(fn, ctypes.c_void_p).value
+
+
 @functools.cache
-def _step_kernels(dtype, block_size: int, group: int, head_dim: int) -> _Kernels:
-    "The kernels of one model shape, in `kernels_t`'s order."
+def _step_kernels(gemm: int, dtype, block_size: int, group: int, head_dim: int) -> _Kernels:
+    """The kernels of one model shape, in `kernels_t`'s order, with the GEMM at address `gemm` for
+    the projections."""
     glue, decode = _glue(dtype), build_decode_kernel(block_size, group, head_dim, dtype)
-    gemm = build_gemm_kernel(dtype)
-    fns = (gemm, glue.rms_norm, glue.rotate, glue.silu_and_mul, glue.add_into, decode)
-    return _Kernels(*(ctypes.cast(f, ctypes.c_void_p).value for f in fns))
+    fns = (glue.rms_norm, glue.rotate, glue.silu_and_mul, glue.add_into, decode)
+    return _Kernels(gemm, *map(_address, fns))
 
 # %% ../nbs/05a_model_kernels.ipynb #c08d58c1
+def _c_projection(lin, rows: int, dtype):
+    """`(kernel, weight)` that `step.c` can call for the projection `lin` at `rows` rows of
+    `dtype`, else None: a packed `Linear` (04a's GEMM) or a `BlockLinear` (04b's `qgemm.c`)."""
+    if type(lin) is Linear and lin.gemm_packed is not None and rows <= lin.gemm_max_rows:
+        return (lin.gemm_fn, lin.gemm_packed) if lin.gemm_packed.dtype == dtype else None
+    if (
+        type(lin) is BlockLinear
+        and lin.dtype == dtype
+        and blocks_supported(lin.blocks.device, dtype)
+    ):
+        if lin.max_rows is None or rows <= lin.max_rows:
+            return build_block_kernel(lin.kind, dtype), lin.blocks
+    return None
+
+
 def decode_step_layers(model, kv_caches, md, num_tokens: int):
-    """Every layer's `layer_t` (a ctypes array) when `step.c` can run this step's layers, else
-    None."""
+    """`(gemm, layers)` when `step.c` can run this step's layers, else None: the address of the
+    kernel of every projection, and every layer's `layer_t` (a ctypes array)."""
     a = model.layers[0].self_attn
     if not (
         0 < num_tokens == md.num_decodes == md.num_seqs
@@ -515,23 +538,27 @@ def decode_step_layers(model, kv_caches, md, num_tokens: int):
         and _step_built()
     ):
         return None
-    ptr, out = lambda t: None if t is None else t.data_ptr(), []
+    ptr, out, gemms = lambda t: None if t is None else t.data_ptr(), [], set()
+    dtype = kv_caches[0].dtype
     for layer, cache in zip(model.layers, kv_caches):
         a, m = layer.self_attn, layer.mlp
         lins = (a.qkv_proj, a.o_proj, m.gate_up_proj, m.down_proj)
-        if not all(type(l) is Linear and l.gemm_packed is not None for l in lins):
+        found = [_c_projection(l, num_tokens, dtype) for l in lins]
+        if any(f is None for f in found):
             return None
-        if num_tokens > a.qkv_proj.gemm_max_rows:
-            return None
-        qkv, o, gu, down = ((l.gemm_packed.data_ptr(), ptr(l.bias)) for l in lins)
+        gemms.update(_address(fn) for fn, _ in found)
+        qkv, o, gu, down = ((w.data_ptr(), ptr(l.bias)) for (_, w), l in zip(found, lins))
         norm, post = layer.input_layernorm.weight, layer.post_attention_layernorm.weight
         out += [norm.data_ptr(), *qkv, *o, post.data_ptr(), *gu, *down, cache.data_ptr()]
-    return (ctypes.c_void_p * len(out))(*out)
+    if len(gemms) != 1:  # step.c calls one GEMM for every projection
+        return None
+    return gemms.pop(), (ctypes.c_void_p * len(out))(*out)
 
 # %% ../nbs/05a_model_kernels.ipynb #9fe5fc89
-def decode_layers_c(model, kv_caches, layers, x, positions, md: AttentionMetadata):
+def decode_layers_c(model, kv_caches, step, x, positions, md: AttentionMetadata):
     """The decoder layers of a decode step by `step.c`, on `x` (the embedded tokens, contiguous:
-    updated in place); `layers` from `decode_step_layers`."""
+    updated in place); `step = (gemm, layers)` from `decode_step_layers`."""
+    gemm, layers = step
     n, hidden, dtype = *x.shape, x.dtype
     a, inter = model.layers[0].self_attn, model.layers[0].mlp.inter
     _, num_blocks, bs, hkv, D = kv_caches[0].shape
@@ -542,7 +569,7 @@ def decode_layers_c(model, kv_caches, layers, x, positions, md: AttentionMetadat
     cos, sin = model.rotary.cos_sin(positions, dtype)
     H, bt, slots = a.num_heads, plan.block_tables, md.slot_mapping.to(torch.int64)
     scratch = torch.empty(n * (2 * hidden + (3 * H + 3 * hkv) * D + 3 * inter), dtype=dtype)
-    kernels = _step_kernels(dtype, bs, H // hkv, D)
+    kernels = _step_kernels(gemm, dtype, bs, H // hkv, D)
     eps = model.layers[0].input_layernorm.eps
     if build_step_kernel()(
         ctypes.byref(kernels), layers, len(model.layers), x.element_size(),
@@ -569,11 +596,11 @@ class CpuDecodeRunner(ModelRunner):
         )
 
     def run_model(self, input_ids, positions, md):
-        layers = decode_step_layers(self.model, self.kv_caches, md, len(input_ids))
-        if layers is None:
+        step = decode_step_layers(self.model, self.kv_caches, md, len(input_ids))
+        if step is None:
             return super().run_model(input_ids, positions, md)
         x = self.model.embed_tokens(input_ids).contiguous()
-        decode_layers_c(self.model, self.kv_caches, layers, x, positions, md)
+        decode_layers_c(self.model, self.kv_caches, step, x, positions, md)
         return self.model.norm(x)
 
 

@@ -1,10 +1,12 @@
-"""Quantized GGUF weights (lesson 04b): the repacked int4/int8 kernels hold exactly the reference de-quantization, and the
-engine with `quantization="gguf"` generates what a dense model with the same (de-quantized) weights generates."""
+"""Quantized GGUF weights (lesson 04b): the repacked int4/int8 kernels hold exactly the reference de-quantization, the C
+kernel on GGUF's blocks (`qgemm.c`) multiplies by exactly those weights, and the engine with `quantization="gguf"`
+generates what a dense model with the same (de-quantized) weights generates."""
 import numpy as np, pytest, torch
 import gguf
 from torch import nn
-from minivllm.quantization import (Int4Linear, Int8Linear, dequantize, int4_affine, int4_reference, read_gguf,
-                                   split_blocks, gguf_linear, prompt_logprob_stats, logprob_agreement as agreement)
+from minivllm.quantization import (BlockLinear, Int4Linear, Int8Linear, block_gemm, blocks_supported, dequantize,
+                                   int4_affine, int4_reference, read_gguf, split_blocks, gguf_linear, widen_blocks,
+                                   prompt_logprob_stats, logprob_agreement as agreement)
 from minivllm.config import EngineArgs, embedded_gguf_path
 from minivllm.model_kernels import Linear
 
@@ -21,8 +23,7 @@ def test_int4_repack_is_exact(kind):
     q, d, m = split_blocks(raw, kind)
     llama = torch.from_numpy(gguf.quants.dequantize(raw.numpy(), gguf.GGMLQuantizationType[kind]))
     assert torch.equal(dequantize(q, d, m, kind), llama)                       # our reference == llama.cpp's
-    lin = gguf_linear(raw, kind)
-    assert isinstance(lin, Int4Linear)
+    lin = Int4Linear(*int4_affine(q, d, m, kind))
     assert torch.equal(held_weight(lin), int4_reference(*int4_affine(q, d, m, kind)))   # the kernel == the reference, bit for bit
     assert (held_weight(lin).float() - llama).abs().max() <= 2 ** -7 * llama.abs().max()   # bf16 scales only
 
@@ -34,7 +35,7 @@ def test_hybrid_int4_both_paths_match_reference(kind):
     raw = torch.from_numpy(gguf.quants.quantize(w, gguf.GGMLQuantizationType[kind]))
     q, d, m = split_blocks(raw, kind)
     ref = int4_reference(*int4_affine(q, d, m, kind)).float()
-    lin = gguf_linear(raw, kind, max_int4_rows=4)
+    lin = Int4Linear(*int4_affine(q, d, m, kind), max_int4_rows=4)
     assert lin.dense is not None and lin.dense.numel() == 96 * 128
     g = torch.Generator().manual_seed(0)
     outs = {}
@@ -46,25 +47,82 @@ def test_hybrid_int4_both_paths_match_reference(kind):
     x = torch.randn(4, 128, generator=g).bfloat16()
     by_int4 = lin(x); lin.max_int4_rows = 0; by_dense = lin(x)           # the same rows through both paths
     assert (by_int4.float() - by_dense.float()).abs().max() <= 2 ** -7 * by_dense.float().abs().max()
-    assert gguf_linear(raw, kind).dense is None                          # without max_int4_rows: int4 only
+    assert Int4Linear(*int4_affine(q, d, m, kind)).dense is None        # without max_int4_rows: int4 only
 
 
 def test_q8_0_int8_rows():
     w = np.random.default_rng(2).standard_normal((64, 96)).astype(np.float32)
     raw = torch.from_numpy(gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q8_0))
-    lin = gguf_linear(raw, "Q8_0")
-    assert isinstance(lin, Int8Linear)
     ref = dequantize(*split_blocks(raw, "Q8_0"), "Q8_0")
+    lin = Int8Linear(ref)
     held = held_weight(lin).float()
     assert torch.equal(held, (lin.weight.float() * lin.scales.float()[:, None]).bfloat16().float())
     step = ref.abs().amax(1, keepdim=True) / 127
     assert ((held - ref).abs() <= 1.5 * step).all()
-    hyb = gguf_linear(raw, "Q8_0", max_int8_rows=4)                     # hybrid: the dense copy above 4 rows
-    assert hyb.dense is not None and gguf_linear(raw, "Q8_0").dense is None
+    hyb = Int8Linear(ref, max_int8_rows=4)                              # hybrid: the dense copy above 4 rows
+    assert hyb.dense is not None and lin.dense is None
     x = torch.randn(40, 96, generator=torch.Generator().manual_seed(0)).bfloat16()
     exp = x.float() @ held.T                                             # the reference matmul of the held weights
     for rows in (1, 4, 5, 40):
         assert (hyb(x[:rows]).float() - exp[:rows]).abs().max() <= 2 ** -7 * exp.abs().max(), rows
+
+
+needs_blocks = pytest.mark.skipif(not blocks_supported("cpu", torch.float32),
+                                  reason="qgemm.c needs a CPU with AVX-512 (this one has none)")
+
+
+def test_gguf_linear_picks_the_block_kernel_where_it_runs():
+    w = np.random.default_rng(4).standard_normal((32, 64)).astype(np.float32)
+    raw = torch.from_numpy(gguf.quants.quantize(w, gguf.GGMLQuantizationType.Q4_1))
+    for dtype in (torch.float32, torch.bfloat16):
+        lin = gguf_linear(raw, "Q4_1", dtype)
+        assert isinstance(lin, BlockLinear if blocks_supported("cpu", dtype) else Int4Linear), dtype
+
+
+@needs_blocks
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q8_0"])
+def test_block_kernel_is_the_reference_product(kind):
+    """qgemm.c multiplies by exactly the de-quantized weights (float32 sums: within float32 rounding of the float64
+    product), at every row count, with a row's result independent of the others (bit for bit), in both dtypes, with a
+    bias; the hybrid layer's dense copy gives the same product."""
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((72, 160)).astype(np.float32) * np.linspace(0.05, 3, 72)[:, None]
+    raw = torch.from_numpy(gguf.quants.quantize(w, gguf.GGMLQuantizationType[kind]))
+    q, d, m = split_blocks(raw, kind)
+    ref = dequantize(q, d, m, kind).double()
+    bk, blocks = widen_blocks(q, d, m, kind)
+    x = torch.randn(21, 160, generator=torch.Generator().manual_seed(1))
+    y = block_gemm(x, blocks, bk)
+    exp = x.double() @ ref.T
+    assert (y.double() - exp).abs().max() <= 1e-5 * exp.abs().max()
+    for rows in (1, 3, 4, 5, 9, 17):
+        assert torch.equal(block_gemm(x[:rows], blocks, bk), y[:rows]), rows
+        assert torch.equal(block_gemm(x[rows:rows + 1], blocks, bk), y[rows:rows + 1]), rows
+    bias = torch.randn(72)
+    assert torch.allclose(block_gemm(x, blocks, bk, bias), y + bias, atol=1e-5 * exp.abs().max().item())
+    xb = x.bfloat16()
+    yb = block_gemm(xb, blocks, bk)
+    assert yb.dtype == torch.bfloat16
+    expb = xb.double() @ ref.T
+    assert (yb.double() - expb).abs().max() <= 2 ** -7 * expb.abs().max()
+    lin = BlockLinear(q, d, m, kind, max_rows=4)                          # hybrid: the dense copy above 4 rows
+    for rows in (1, 4, 5, 21):
+        assert (lin(x[:rows]).double() - exp[:rows]).abs().max() <= 1e-5 * exp.abs().max(), rows
+
+
+@needs_blocks
+def test_block_gemm_refuses_bad_arguments():
+    q, d, m = torch.randint(0, 16, (16, 64)), torch.rand(16, 2), torch.rand(16, 2)
+    kind, blocks = widen_blocks(q, d, m, "Q4_1")
+    with pytest.raises(ValueError, match=r"x must be \[rows, 64\]"):
+        block_gemm(torch.randn(2, 32), blocks, kind)
+    with pytest.raises(ValueError, match="bias must be"):
+        block_gemm(torch.randn(2, 64), blocks, kind, torch.randn(8))
+    with pytest.raises(ValueError, match="Q4_1 or Q8_0 blocks, not Q4_0"):
+        block_gemm(torch.randn(2, 64), blocks, "Q4_0")
+    with pytest.raises(ValueError, match="does not run torch.float16"):
+        block_gemm(torch.randn(2, 64).half(), blocks, kind)
+    assert block_gemm(torch.randn(0, 64), blocks, kind).shape == (0, 16)
 
 
 def test_read_gguf_matches_gguf_package():
@@ -88,10 +146,21 @@ def quant_llm():
     return LLM(quantization="gguf", dtype="bfloat16", max_model_len=512, enable_prefix_caching=False)
 
 
+QUANTIZED = (Int4Linear, Int8Linear, BlockLinear)
+
+
+def _set_limit(m, rows):
+    "Make a hybrid quantized layer take its quantized kernel up to `rows` rows."
+    if isinstance(m, BlockLinear):
+        m.max_rows = rows
+    else:
+        m.max_int4_rows = m.max_int8_rows = rows
+
+
 def _densify(model):
     "Replace every weight-only quantized module by a dense bf16 `Linear` holding exactly the kernel's weights."
     for name, m in list(model.named_modules()):
-        if isinstance(m, (Int4Linear, Int8Linear)):
+        if isinstance(m, QUANTIZED):
             lin = Linear(m.in_features, m.out_features, bias=False, dtype=torch.bfloat16)
             lin.weight.data.copy_(held_weight(m))
             parent, _, attr = name.rpartition(".")
@@ -118,11 +187,13 @@ def test_engine_matches_dense_reference_and_fp32(quant_llm):
     repacking (a wrong zero point, scale or row order) breaks agreement completely, which is what these bounds catch."""
     from minivllm import LLM
     runner = quant_llm.llm_engine.engine_core.model_runner
-    assert sum(isinstance(m, Int4Linear) for m in runner.model.modules()) == 120
-    quantized = [m for m in runner.model.modules() if isinstance(m, (Int4Linear, Int8Linear))]
+    quantized = [m for m in runner.model.modules() if isinstance(m, QUANTIZED)]
+    assert len(quantized) == 121                                         # 4 × 30 projections and the LM head
+    assert {type(m) for m in quantized} == ({BlockLinear} if blocks_supported("cpu", torch.bfloat16)
+                                            else {Int4Linear, Int8Linear})
     assert all(m.dense is not None for m in quantized)                   # the engine's layers are hybrid
     hybrid = prompt_stats(quant_llm)                                     # prefills: the dense copies
-    for m in quantized: m.max_int4_rows = m.max_int8_rows = 10 ** 9     # the int4/int8 kernels at every row count
+    for m in quantized: _set_limit(m, 10 ** 9)                           # the quantized kernels at every row count
     sq = prompt_stats(quant_llm)
     both = agreement(sq, hybrid)
     assert both["top1_agreement"] >= 0.9 and both["mean_abs_logprob_diff"] < 0.1 and both["max_abs_logprob_diff"] < 1.0, both
@@ -132,3 +203,18 @@ def test_engine_matches_dense_reference_and_fp32(quant_llm):
     assert ref["max_abs_logprob_diff"] < 1.0, ref
     fp32 = agreement(sq, prompt_stats(LLM(dtype="float32", max_model_len=512, enable_prefix_caching=False)))
     assert fp32["top1_agreement"] >= 0.9 and fp32["mean_abs_logprob_diff"] < 0.1 and fp32["max_abs_logprob_diff"] < 1.0, fp32
+
+
+@needs_blocks
+def test_float32_block_kernel_is_the_float32_expansion():
+    """In float32 the block kernel multiplies by the expansion's own weights: at every row count (every prefill run by
+    qgemm.c, not the dense copy) the teacher-forced logprobs are the float32 expansion's up to the order of additions."""
+    from minivllm import LLM
+    llm = LLM(quantization="gguf", dtype="float32", max_model_len=512, enable_prefix_caching=False)
+    layers = [m for m in llm.llm_engine.engine_core.model_runner.model.modules() if isinstance(m, BlockLinear)]
+    assert len(layers) == 121
+    for m in layers: m.max_rows = 10 ** 9
+    blocks = prompt_stats(llm)
+    del llm, layers
+    fp32 = agreement(blocks, prompt_stats(LLM(dtype="float32", max_model_len=512, enable_prefix_caching=False)))
+    assert fp32["positions"] > 100 and fp32["top1_agreement"] == 1.0 and fp32["max_abs_logprob_diff"] < 1e-3, fp32

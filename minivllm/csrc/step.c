@@ -1,8 +1,9 @@
 /* One decode step of a Llama stack in one call: for each layer, the C kernels the eager model
-   calls one by one from Python (04a's GEMM, 05a's glue, 04c's decode attention), called here in
-   the same order on buffers laid out as its tensors are, so the hidden states come out bit for
-   bit the same. The kernels come in as function pointers, each built (and shape-specialised) on
-   its own for the model's dtype; this file only moves bytes (`es`: bytes of one element). */
+   calls one by one from Python (04a's GEMM or 04b's GEMM on GGUF blocks, 05a's glue, 04c's
+   decode attention), called here in the same order on buffers laid out as its tensors are, so
+   the hidden states come out bit for bit the same. The kernels come in as function pointers,
+   each built (and shape-specialised) on its own for the model's dtype; this file only moves
+   bytes (`es`: bytes of one element). */
 #include <stdint.h>
 #include <string.h>
 
@@ -25,7 +26,7 @@ typedef struct {   /* the kernels, for the model's dtype */
     decode_fn decode;
 } kernels_t;
 
-typedef struct {   /* one layer's weights (packed for the GEMM; biases may be null), its cache */
+typedef struct {   /* one layer's weights (as the GEMM takes them; biases may be null), its cache */
     const v *input_norm, *qkv, *qkv_bias, *o, *o_bias, *post_norm, *gate_up, *gu_bias, *down,
         *down_bias;
     char *cache;   /* [2, num_blocks, block_size, kv_heads, head_dim] */
