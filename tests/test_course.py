@@ -91,17 +91,18 @@ def computed_headline() -> str:
     finally: os.chdir(cwd)
 
 
-def computed_gpu_line() -> str:
-    "The index's GPU sentence, computed from nbs/bench_results/real_size_h200.json by the index's own cell."
+def computed_line(fn: str) -> tuple[str, str]:
+    """The index's sentence made by its cell `def fn` (the GPU run, the CPU servers), computed from nbs/bench_results
+    by that cell, and the output the cell saved."""
     nb = json.loads((NBS / "index.ipynb").read_text())
-    cell = next(c for c in nb["cells"] if c["cell_type"] == "code" and "def on_gpu" in _src(c))
+    cell = next(c for c in nb["cells"] if c["cell_type"] == "code" and f"def {fn}" in _src(c))
     ns = {}
     cwd = os.getcwd(); os.chdir(NBS)
     try:
-        exec(re.sub(r"^on_gpu\(\)\s*$", "", _src(headline_cell()) + "\n" + _src(cell), flags=re.M)
+        exec(re.sub(rf"^{fn}\(\)\s*$", "", _src(headline_cell()) + "\n" + _src(cell), flags=re.M)
              .replace("\nMarkdown(headline())", ""), ns)
         saved = "".join("".join(o["data"]["text/markdown"]) for o in cell["outputs"] if "text/markdown" in o.get("data", {}))
-        return ns["on_gpu"]().data, saved
+        return ns[fn]().data, saved
     finally: os.chdir(cwd)
 
 
@@ -119,10 +120,13 @@ def test_index_numbers_come_from_saved_results():
     assert table.strip() in readme, "README.md does not hold the results table: run python3 .ci/readme"
     nb = json.loads((NBS / "index.ipynb").read_text())
     prose = "\n".join(_src(c) for c in nb["cells"] if c["cell_type"] == "markdown")
-    gpu, gpu_saved = computed_gpu_line()
-    assert gpu_saved.strip() == gpu.strip(), "the index's GPU sentence is stale: re-execute nbs/index.ipynb"
-    assert gpu.strip() in readme, "README.md does not hold the GPU sentence: run python3 .ci/readme"
-    bad = stray_numbers(prose, table + gpu) + stray_numbers(readme, table + gpu)
+    lines = ""
+    for fn in ("on_gpu", "server_vs_server"):
+        line, saved = computed_line(fn)
+        assert saved.strip() == line.strip(), f"the index's {fn} sentence is stale: re-execute nbs/index.ipynb"
+        assert line.strip() in readme, f"README.md does not hold the {fn} sentence: run python3 .ci/readme"
+        lines += line
+    bad = stray_numbers(prose, table + lines) + stray_numbers(readme, table + lines)
     assert not bad, f"numbers quoted in index/README that nbs/bench_results does not give: {bad}"
 
 
