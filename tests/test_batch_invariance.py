@@ -1,5 +1,6 @@
 """Batch-invariant greedy output (VLLM_BATCH_INVARIANT=1): the same tokens and the same log-probabilities, to the bit,
-with and without prefix-cache hits, alone and inside a batch with chunked prefill. The embedded model, default dtype."""
+with and without prefix-cache hits, alone and inside a batch with chunked prefill. The embedded model, default dtype
+(and its GGUF's 4-bit blocks)."""
 import pytest, torch
 
 from minivllm import LLM, SamplingParams
@@ -49,8 +50,11 @@ def test_prefix_cache_hits_do_not_change_greedy_output(invariant):
     assert hits == expected
 
 
-def test_request_alone_and_in_a_batch_of_30_with_chunked_prefill(invariant):
-    llm = LLM(enable_prefix_caching=False, enable_chunked_prefill=True, max_num_batched_tokens=96, seed=0)
+@pytest.mark.parametrize("weights", ["float", "gguf"])
+def test_request_alone_and_in_a_batch_of_30_with_chunked_prefill(invariant, weights):
+    "Float weights (the C GEMM), and the GGUF's own 4-bit blocks (lesson 04b's qgemm.c at every size)."
+    quant = dict(quantization="gguf") if weights == "gguf" else {}
+    llm = LLM(enable_prefix_caching=False, enable_chunked_prefill=True, max_num_batched_tokens=96, seed=0, **quant)
     target = PREFIX + "Write one question about teamwork."
     alone = _result(llm.generate([target], GREEDY, use_tqdm=False))[0]
     others = [f"Question {i}: name {i % 7 + 2} animals of the {'rivers' if i % 2 else 'deserts'}."
