@@ -294,14 +294,16 @@ class LoRALinear(nn.Module):
     ):
         super().__init__()
         self.base, self.slices, self.max_rank, self.state = base, list(slices), max_rank, state
-        p = next(base.parameters())
+        p = next(base.parameters(), None)  # a quantized layer (lesson 04b) has only buffers
+        dt, dev = (
+            (p.dtype, p.device) if p is not None else (base.dtype, next(base.buffers()).device)
+        )
         n, out = len(slices), sum(slices)
         self.register_buffer(
-            "lora_a",
-            torch.zeros(max_loras + 1, n * max_rank, in_features, dtype=p.dtype, device=p.device),
+            "lora_a", torch.zeros(max_loras + 1, n * max_rank, in_features, dtype=dt, device=dev)
         )
         self.register_buffer(
-            "lora_b", torch.zeros(max_loras + 1, out, n * max_rank, dtype=p.dtype, device=p.device)
+            "lora_b", torch.zeros(max_loras + 1, out, n * max_rank, dtype=dt, device=dev)
         )
 
     def forward(self, x):

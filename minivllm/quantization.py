@@ -145,6 +145,7 @@ class Int4Linear(nn.Module):
     ):
         super().__init__()
         self.out_features, self.in_features = q.shape
+        self.dtype = dtype  # of the activations it multiplies
         self.group_size = self.in_features // scale.shape[1]
         self.register_buffer("packed", _int4_pack(q))
         self.register_buffer(
@@ -201,6 +202,7 @@ class Int8Linear(nn.Module):
     ):
         super().__init__()
         self.out_features, self.in_features = w.shape
+        self.dtype = dtype  # of the activations it multiplies
         scale = w.float().abs().amax(1).clamp(min=1e-12) / 127
         self.register_buffer(
             "weight", torch.round(w.float() / scale[:, None]).clamp(-127, 127).to(torch.int8)

@@ -129,6 +129,20 @@ def test_smollm2_adapters_match_hf_peft(hf_model, model_dir, tmp_path, tokenizer
     assert outs[1].outputs[0].token_ids != outs[2].outputs[0].token_ids    # the adapter changes SmolLM2's answer
 
 
+def test_gguf_blocks_with_adapters_match_hf_peft(hf_model, tmp_path, tokenizer):
+    """Adapters on the GGUF's own 4-bit blocks (quantization="gguf", lesson 04b): in float32 those are the weights of the
+    float32 expansion that HF loads, so PEFT on HF gives the same greedy tokens."""
+    a = LoRARequest("all", 1, make_adapter(hf_model, tmp_path / "all", seed=3, r=4, lora_alpha=8, target_modules=TARGETS,
+                                           lora_dropout=0.0))
+    llm = LLM(quantization="gguf", dtype="float32", enable_lora=True, max_loras=1, max_lora_rank=4, max_model_len=256,
+              num_gpu_blocks_override=64)
+    ids = tokenizer("The capital of France is").input_ids
+    outs = llm.generate([TokensPrompt(prompt_token_ids=ids)] * 2, greedy(6), use_tqdm=False, lora_request=[a, None])
+    for o, lr in zip(outs, [a, None]):
+        assert o.outputs[0].token_ids == hf_peft_greedy(hf_model, lr.lora_path if lr else None, ids, 6), lr
+    assert outs[0].outputs[0].token_ids != outs[1].outputs[0].token_ids    # the adapter changes the answer
+
+
 def test_server_openai_client_selects_adapter_by_model_name(tiny):
     import httpx, openai
     from conftest import running_server
