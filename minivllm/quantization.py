@@ -291,9 +291,10 @@ def block_gemm(x: torch.Tensor, blocks: torch.Tensor, kind: str, bias=None) -> t
     if bias is not None and (bias.shape != (N,) or bias.dtype != x.dtype):
         raise ValueError(f"bias must be [{N}] {x.dtype}")
     x, y = x.contiguous(), torch.empty(len(x), N, dtype=x.dtype)
-    b = None if bias is None else bias.contiguous().data_ptr()
+    b = None if bias is None else bias.contiguous()  # (held while the kernel reads it)
     fn = build_block_kernel(kind, x.dtype)
-    if len(x) and fn(x.data_ptr(), len(x), K, blocks.data_ptr(), N, b, y.data_ptr()):
+    b_ptr = None if b is None else b.data_ptr()
+    if len(x) and fn(x.data_ptr(), len(x), K, blocks.data_ptr(), N, b_ptr, y.data_ptr()):
         raise MemoryError("qgemm.c could not allocate its scratch buffer")
     return y
 
