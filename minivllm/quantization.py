@@ -260,10 +260,15 @@ def widen_blocks(
     return "Q4_1", torch.cat([f32(d), f32(m), pairs], -1).reshape(N, -1)
 
 # %% ../nbs/04b_quantization.ipynb #fe86607d
+@functools.cache
+def _avx512() -> bool:
+    "Whether this CPU has AVX-512 (read once: a decode step asks 120 times)."
+    return "avx512f" in cpu_flags().split()
+
+
 def blocks_supported(device, dtype) -> bool:
     "Whether `qgemm.c` multiplies `dtype` activations on `device` here: a CPU with AVX-512."
-    flags = cpu_flags().split()
-    return torch.device(device).type == "cpu" and dtype in GEMM_UNITS and "avx512f" in flags
+    return dtype in GEMM_UNITS and _avx512() and torch.device(device).type == "cpu"
 
 
 @functools.cache
