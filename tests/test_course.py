@@ -1,15 +1,17 @@
 """The course as a teacher uses it:
 
 - every exercise (a `#| exercise` cell at the end of a lesson) in both directions: its reference solution passes the
-  test cells that follow it, and the student's blank (`minivllm course --student`) fails them;
+  test cells that follow it, the student's blank (`minivllm course --student`) fails them, and so does each of
+  its plausible wrong answers (tests/exercise_mistakes.py, at least three an exercise); every core lesson has two;
 - every measured number the home page (nbs/index.ipynb) and README.md quote comes from the benchmarks' saved results
   (nbs/bench_results/*.json), through the index's own cell;
 - the two paths of nbs/course.yml name notebooks that exist, and every core lesson ends with a recap.
 """
-import json, os, re, runpy
+import ast, json, os, re, runpy
 from pathlib import Path
 import pytest
 from minivllm.course import blank, exercise_hint, exercises
+from exercise_mistakes import MISTAKES
 
 ROOT = Path(__file__).resolve().parent.parent
 NBS = ROOT / "nbs"
@@ -27,17 +29,56 @@ def all_exercises():
     return out
 
 
-def run_exercise(nb_name: str, i: int, tests: list[int], blanked: bool):
-    "Run the exercise cell (or its blank) and its test cells in a fresh namespace, from nbs/ as nbdev_test does."
+def run_exercise(nb_name: str, i: int, tests: list[int], blanked: bool, replace: tuple[str, str] | None = None):
+    """Run the exercise cell (or its blank, or with `replace=(name, source)`: function `name` swapped for `source`)
+    and its test cells in a fresh namespace, from nbs/ as nbdev_test does."""
     cells = json.loads((NBS / nb_name).read_text())["cells"]
     src = _src(cells[i])
     if blanked: src = blank(src, exercise_hint(cells[i]))
+    if replace: src = swap_function(src, *replace)
     ns = {"__name__": "__exercise__"}
     cwd = os.getcwd(); os.chdir(NBS)
     try:
         exec(compile(src, f"{nb_name}:cell{i}", "exec"), ns)
         for j in tests: exec(compile(_src(cells[j]), f"{nb_name}:cell{j}", "exec"), ns)
     finally: os.chdir(cwd)
+
+
+def defined_functions(src: str) -> list[str]:
+    return [n.name for n in ast.parse(src).body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+
+
+def swap_function(src: str, name: str, new: str) -> str:
+    "`src` with its top-level function `name` replaced by the source `new`."
+    f = next(n for n in ast.parse(src).body if isinstance(n, ast.FunctionDef) and n.name == name)
+    lines = src.splitlines()
+    lines[f.lineno - 1 : f.end_lineno] = new.strip("\n").splitlines()
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("nb_name,i,tests", all_exercises())
+def test_exercise_wrong_answers_fail(nb_name, i, tests):
+    """The exercise's tests check what its prose asks: each of at least three plausible wrong answers
+    (tests/exercise_mistakes.py) fails them."""
+    cells = json.loads((NBS / nb_name).read_text())["cells"]
+    for name in defined_functions(_src(cells[i])):
+        wrong = MISTAKES.get((nb_name.removesuffix(".ipynb"), name), [])
+        assert len(wrong) >= 3, f"{nb_name}: {name} has {len(wrong)} wrong answers in tests/exercise_mistakes.py"
+        passed = []
+        for why, source in wrong:
+            try:
+                run_exercise(nb_name, i, tests, blanked=False, replace=(name, source))
+            except NotImplementedError:
+                raise
+            except Exception:
+                continue
+            passed.append(why)
+        assert not passed, f"{nb_name}: wrong answers to {name} pass its tests: {passed}"
+
+
+def test_swap_function_replaces_only_the_function():
+    src = "import x\n\n\ndef f(a):\n    \"doc\"\n    return a\n\n\ny = 1\n"
+    assert swap_function(src, "f", "\ndef f(a):\n    return 2\n") == "import x\n\n\ndef f(a):\n    return 2\n\n\ny = 1\n"
 
 
 @pytest.mark.parametrize("nb_name,i,tests", all_exercises())
@@ -59,9 +100,8 @@ def test_core_lessons_have_exercises_and_recaps():
             missing_recap.append(e["nb"])
         counts[e["nb"]] = len(exercises(nb))
     assert not missing_recap, f"core lessons without a recap: {missing_recap}"
-    for stem in ("02_block_manager", "03_scheduler", "04_paged_attention", "06_sampler", "09_engine_core",
-                 "12_llm_engine", "13_llm"):
-        assert counts.get(stem, 0) >= 1, f"{stem} has no exercise: {counts}"
+    few = {stem: n for stem, n in counts.items() if n < 2}
+    assert not few, f"core lessons with fewer than two exercises: {few}"
 
 
 def test_exercises_do_not_export():
@@ -128,6 +168,65 @@ def test_index_numbers_come_from_saved_results():
         lines += line
     bad = stray_numbers(prose, table + lines) + stray_numbers(readme, table + lines)
     assert not bad, f"numbers quoted in index/README that nbs/bench_results does not give: {bad}"
+
+
+def table_pairs(table: str) -> list[tuple[str, str, str]]:
+    """(row, minivllm figure, llama.cpp figure) for each comparison a results table makes: a llama.cpp column compares
+    with each minivllm column between it and the previous llama.cpp column of its group (a group starts at each
+    non-empty cell of the first row)."""
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in table.splitlines()
+            if line.startswith("|") and not line.startswith("|---")]
+    groups, names, g = [], [c.strip("*") for c in rows[1]], -1
+    for c in rows[0]:
+        g += bool(c)
+        groups.append(g)
+    pairs = []
+    for row in rows[2:]:
+        for j, name in enumerate(names):
+            if not name.startswith("llama.cpp"): continue
+            k = j - 1
+            while k >= 0 and groups[k] == groups[j] and not names[k].startswith("llama.cpp"):
+                if names[k].startswith("minivllm") or names[k] == "compiled":
+                    pairs.append((row[0], row[k].split()[0], row[j].split()[0]))
+                k -= 1
+    return pairs
+
+
+def run_figures() -> set[tuple[str, str]]:
+    "(minivllm, llama.cpp) as the home page rounds them, for every saved llama.cpp run."
+    ns = {}
+    cwd = os.getcwd(); os.chdir(NBS)
+    try:
+        exec(re.sub(r"^Markdown\(headline\(\)\)\s*$", "", _src(headline_cell()), flags=re.M), ns)
+        out = set()
+        for f in sorted(Path("bench_results").glob("llamacpp_*.json")):
+            run = json.loads(f.read_text())
+            if run.get("kind") == "latency":
+                ll = next(r["system"] for r in run["results"] if r["system"].startswith("llama.cpp"))
+                out.add((f"{ns['tpot_ms'](run, 'minivllm'):.1f}", f"{ns['tpot_ms'](run, ll):.1f}"))
+            elif "results" in run:
+                mv, lc = ns["tok_s"](run, "minivllm"), ns["tok_s"](run, "llama.cpp")
+                if mv and lc: out.add((f"{ns['mean'](mv):.0f}", f"{ns['mean'](lc):.0f}"))
+        return out
+    finally: os.chdir(cwd)
+
+
+def test_compared_figures_come_from_one_run():
+    "Every minivllm figure the home page compares with llama.cpp's sits beside llama.cpp's figure of the same run."
+    pairs, runs = table_pairs(computed_headline()), run_figures()
+    assert len(pairs) == 9, pairs
+    bad = [p for p in pairs if p[1:] not in runs]
+    assert not bad, f"figures from two different runs compared side by side: {bad}"
+
+
+def test_pairing_catches_figures_from_two_runs():
+    "The layout the home page had: one llama.cpp column for the eager and the compiled runs."
+    old = ("| | batch 1, ms a token | | | 32 mixed requests, tokens/s | | |\n|---|---|---|---|---|---|---|\n"
+           "| **precision** | **minivllm eager** | **compiled** | **llama.cpp** | **minivllm** | **llama.cpp** "
+           "| **HF static batches** |\n| float32 | 23.5 | 20.4 | 18.2 | 156 (1.62× llama.cpp) | 97 | 46 |")
+    pairs = table_pairs(old)
+    assert pairs == [("float32", "20.4", "18.2"), ("float32", "23.5", "18.2"), ("float32", "156", "97")]
+    assert [p for p in pairs if p[1:] not in run_figures()] == [("float32", "20.4", "18.2")]
 
 
 def test_stray_numbers_catches_a_made_up_number():

@@ -1,0 +1,543 @@
+"""Plausible wrong answers to every exercise of the course, for tests/test_course.py: each must fail the exercise's
+tests (the cells after it) while the reference solution passes them. A teacher can read them as the mistakes the
+tests are built to catch.
+
+MISTAKES maps (notebook stem, function name) to [(what is wrong, the wrong function's source)]; the source replaces
+the reference function in the exercise cell, everything else in the cell (imports, set-up) stays.
+"""
+
+MISTAKES = {
+    ("01_request", "my_finish"): [
+        ("EOS counts before min_tokens", '''
+def my_finish(output_ids, num_prompt_tokens, eos_token_id, sp, max_model_len):
+    last, n = output_ids[-1], len(output_ids)
+    if (not sp.ignore_eos and last == eos_token_id) or last in sp.stop_token_ids:
+        return "stop"
+    if num_prompt_tokens + n >= max_model_len or (sp.max_tokens is not None and n >= sp.max_tokens):
+        return "length"
+    return None
+'''),
+        ("ignore_eos is ignored", '''
+def my_finish(output_ids, num_prompt_tokens, eos_token_id, sp, max_model_len):
+    last, n = output_ids[-1], len(output_ids)
+    if n >= sp.min_tokens and (last == eos_token_id or last in sp.stop_token_ids):
+        return "stop"
+    if num_prompt_tokens + n >= max_model_len or (sp.max_tokens is not None and n >= sp.max_tokens):
+        return "length"
+    return None
+'''),
+        ("the lengths are looked at before the last token", '''
+def my_finish(output_ids, num_prompt_tokens, eos_token_id, sp, max_model_len):
+    last, n = output_ids[-1], len(output_ids)
+    if num_prompt_tokens + n >= max_model_len or (sp.max_tokens is not None and n >= sp.max_tokens):
+        return "length"
+    if n >= sp.min_tokens:
+        if (not sp.ignore_eos and last == eos_token_id) or last in sp.stop_token_ids:
+            return "stop"
+    return None
+'''),
+        ("max_model_len compared with the output alone", '''
+def my_finish(output_ids, num_prompt_tokens, eos_token_id, sp, max_model_len):
+    last, n = output_ids[-1], len(output_ids)
+    if n >= sp.min_tokens:
+        if (not sp.ignore_eos and last == eos_token_id) or last in sp.stop_token_ids:
+            return "stop"
+    if n >= max_model_len or (sp.max_tokens is not None and n >= sp.max_tokens):
+        return "length"
+    return None
+'''),
+        ("stop_token_ids do not wait for min_tokens", '''
+def my_finish(output_ids, num_prompt_tokens, eos_token_id, sp, max_model_len):
+    last, n = output_ids[-1], len(output_ids)
+    if last in sp.stop_token_ids or (n >= sp.min_tokens and not sp.ignore_eos and last == eos_token_id):
+        return "stop"
+    if num_prompt_tokens + n >= max_model_len or (sp.max_tokens is not None and n >= sp.max_tokens):
+        return "length"
+    return None
+'''),
+    ],
+    ("01_request", "my_legal"): [
+        ("a preempted request may go back to WAITING", '''
+def my_legal(history):
+    if not history or history[0] != RequestStatus.WAITING:
+        return False
+    ok = {a: set(b) for a, b in ALLOWED_TRANSITIONS.items()}
+    ok[RequestStatus.PREEMPTED].add(RequestStatus.WAITING)
+    return all(b in ok.get(a, ()) for a, b in zip(history, history[1:]))
+'''),
+        ("the first status is not checked", '''
+def my_legal(history):
+    return all(b in ALLOWED_TRANSITIONS.get(a, ()) for a, b in zip(history, history[1:]))
+'''),
+        ("only the last move is checked", '''
+def my_legal(history):
+    if not history or history[0] != RequestStatus.WAITING:
+        return False
+    return len(history) < 2 or history[-1] in ALLOWED_TRANSITIONS.get(history[-2], ())
+'''),
+        ("staying in a status counts as a move", '''
+def my_legal(history):
+    if not history or history[0] != RequestStatus.WAITING:
+        return False
+    return all(a == b or b in ALLOWED_TRANSITIONS.get(a, ()) for a, b in zip(history, history[1:]))
+'''),
+    ],
+    ("02_block_manager", "my_num_new_blocks"): [
+        ("rounds down", '''
+def my_num_new_blocks(num_computed_tokens, num_new_tokens, num_blocks_held, block_size):
+    return max((num_computed_tokens + num_new_tokens) // block_size - num_blocks_held, 0)
+'''),
+        ("forgets the blocks already held", '''
+def my_num_new_blocks(num_computed_tokens, num_new_tokens, num_blocks_held, block_size):
+    return -(-(num_computed_tokens + num_new_tokens) // block_size)
+'''),
+        ("counts the new tokens only", '''
+def my_num_new_blocks(num_computed_tokens, num_new_tokens, num_blocks_held, block_size):
+    return -(-num_new_tokens // block_size)
+'''),
+    ],
+    ("02_block_manager", "my_slots"): [
+        ("positions are block ids", '''
+def my_slots(block_table, start, num_tokens, block_size):
+    return [t // block_size * block_size + t % block_size for t in range(start, start + num_tokens)]
+'''),
+        ("starts at position 0", '''
+def my_slots(block_table, start, num_tokens, block_size):
+    return [block_table[t // block_size] * block_size + t % block_size for t in range(num_tokens)]
+'''),
+        ("offset from the table index, not the block id", '''
+def my_slots(block_table, start, num_tokens, block_size):
+    return [block_table[t // block_size] + t % block_size for t in range(start, start + num_tokens)]
+'''),
+    ],
+    ("03_scheduler", "my_token_split"): [
+        ("running requests get all they want, whatever the budget", '''
+def my_token_split(running, waiting, token_budget, max_num_seqs):
+    out, left = {}, token_budget
+    for rid, want in running:
+        out[rid] = want
+        left = max(left - want, 0)
+    for rid, n in waiting:
+        if left == 0 or len(out) >= max_num_seqs:
+            break
+        out[rid] = min(n, left)
+        left -= out[rid]
+    return out
+'''),
+        ("running requests do not count toward max_num_seqs", '''
+def my_token_split(running, waiting, token_budget, max_num_seqs):
+    out, left = {}, token_budget
+    for rid, want in running:
+        if left == 0:
+            break
+        out[rid] = min(want, left)
+        left -= out[rid]
+    admitted = 0
+    for rid, n in waiting:
+        if left == 0 or admitted >= max_num_seqs:
+            break
+        out[rid] = min(n, left)
+        left -= out[rid]
+        admitted += 1
+    return out
+'''),
+        ("waiting requests first", '''
+def my_token_split(running, waiting, token_budget, max_num_seqs):
+    out, left = {}, token_budget
+    for rid, n in waiting:
+        if left == 0 or len(out) >= max_num_seqs:
+            break
+        out[rid] = min(n, left)
+        left -= out[rid]
+    for rid, want in running:
+        if left == 0:
+            break
+        out[rid] = min(want, left)
+        left -= out[rid]
+    return out
+'''),
+        ("a prompt longer than the budget left waits instead of taking a chunk", '''
+def my_token_split(running, waiting, token_budget, max_num_seqs):
+    out, left = {}, token_budget
+    for rid, want in running:
+        if left == 0:
+            break
+        out[rid] = min(want, left)
+        left -= out[rid]
+    for rid, n in waiting:
+        if n > left or len(out) >= max_num_seqs:
+            break
+        out[rid] = n
+        left -= n
+    return out
+'''),
+    ],
+    ("03_scheduler", "my_victim"): [
+        ("priority ignores the arrival time", '''
+def my_victim(running, policy):
+    if policy == "fcfs":
+        return running[-1][0]
+    return max(running, key=lambda r: r[1])[0]
+'''),
+        ("fcfs takes the first admitted", '''
+def my_victim(running, policy):
+    if policy == "fcfs":
+        return running[0][0]
+    return max(running, key=lambda r: (r[1], r[2]))[0]
+'''),
+        ("the most urgent is preempted", '''
+def my_victim(running, policy):
+    if policy == "fcfs":
+        return running[-1][0]
+    return min(running, key=lambda r: (r[1], r[2]))[0]
+'''),
+        ("ties go to the earlier arrival", '''
+def my_victim(running, policy):
+    if policy == "fcfs":
+        return running[-1][0]
+    return max(running, key=lambda r: (r[1], -r[2]))[0]
+'''),
+    ],
+    ("04_paged_attention", "my_write_kv"): [
+        ("keys and values swapped", '''
+def my_write_kv(key, value, kv_cache, slot_mapping):
+    bs = kv_cache.shape[2]
+    for i, s in enumerate(slot_mapping.tolist()):
+        kv_cache[0, s // bs, s % bs] = value[i]
+        kv_cache[1, s // bs, s % bs] = key[i]
+'''),
+        ("the block size read from the wrong dimension", '''
+def my_write_kv(key, value, kv_cache, slot_mapping):
+    bs = kv_cache.shape[1]
+    for i, s in enumerate(slot_mapping.tolist()):
+        kv_cache[0, s // bs, s % bs] = key[i]
+        kv_cache[1, s // bs, s % bs] = value[i]
+'''),
+        ("token i written at slot i", '''
+def my_write_kv(key, value, kv_cache, slot_mapping):
+    bs = kv_cache.shape[2]
+    for i, s in enumerate(slot_mapping.tolist()):
+        kv_cache[0, i // bs, i % bs] = key[i]
+        kv_cache[1, i // bs, i % bs] = value[i]
+'''),
+    ],
+    ("04_paged_attention", "my_decode_attention"): [
+        ("no scale", '''
+def my_decode_attention(q, kv_cache, block_table, seq_len, scale):
+    bs, hkv = kv_cache.shape[2], kv_cache.shape[3]
+    slots = [block_table[t // bs] * bs + t % bs for t in range(seq_len)]
+    flat = kv_cache.flatten(1, 2)
+    k, v = flat[0, slots], flat[1, slots]
+    group = q.shape[0] // hkv
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    return torch.einsum("ht,thd->hd", torch.einsum("hd,thd->ht", q, k).softmax(-1), v)
+'''),
+        ("K/V heads tiled instead of repeated (head h reads h % kv_heads)", '''
+def my_decode_attention(q, kv_cache, block_table, seq_len, scale):
+    bs, hkv = kv_cache.shape[2], kv_cache.shape[3]
+    slots = [block_table[t // bs] * bs + t % bs for t in range(seq_len)]
+    flat = kv_cache.flatten(1, 2)
+    k, v = flat[0, slots], flat[1, slots]
+    group = q.shape[0] // hkv
+    k, v = k.repeat(1, group, 1), v.repeat(1, group, 1)
+    att = (torch.einsum("hd,thd->ht", q, k) * scale).softmax(-1)
+    return torch.einsum("ht,thd->hd", att, v)
+'''),
+        ("the blocks read in order 0, 1, 2, … instead of through the table", '''
+def my_decode_attention(q, kv_cache, block_table, seq_len, scale):
+    bs, hkv = kv_cache.shape[2], kv_cache.shape[3]
+    flat = kv_cache.flatten(1, 2)
+    k, v = flat[0, :seq_len], flat[1, :seq_len]
+    group = q.shape[0] // hkv
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    att = (torch.einsum("hd,thd->ht", q, k) * scale).softmax(-1)
+    return torch.einsum("ht,thd->hd", att, v)
+'''),
+        ("softmax over the heads", '''
+def my_decode_attention(q, kv_cache, block_table, seq_len, scale):
+    bs, hkv = kv_cache.shape[2], kv_cache.shape[3]
+    slots = [block_table[t // bs] * bs + t % bs for t in range(seq_len)]
+    flat = kv_cache.flatten(1, 2)
+    k, v = flat[0, slots], flat[1, slots]
+    group = q.shape[0] // hkv
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    att = (torch.einsum("hd,thd->ht", q, k) * scale).softmax(0)
+    return torch.einsum("ht,thd->hd", att, v)
+'''),
+    ],
+    ("05_model", "my_rms_norm"): [
+        ("the mean of |x| instead of the root mean square", '''
+def my_rms_norm(x, weight, eps):
+    xf = x.float()
+    return weight * (xf / (xf.abs().mean(-1, keepdim=True) + eps)).to(x.dtype)
+'''),
+        ("eps added outside the square root", '''
+def my_rms_norm(x, weight, eps):
+    xf = x.float()
+    return weight * (xf / (xf.pow(2).mean(-1, keepdim=True).sqrt() + eps)).to(x.dtype)
+'''),
+        ("the whole tensor's mean, not each row's", '''
+def my_rms_norm(x, weight, eps):
+    xf = x.float()
+    return weight * (xf * torch.rsqrt(xf.pow(2).mean() + eps)).to(x.dtype)
+'''),
+        ("no weight", '''
+def my_rms_norm(x, weight, eps):
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+'''),
+    ],
+    ("05_model", "my_rope"): [
+        ("pairs neighbouring dimensions (GPT-J's interleaved rotation)", '''
+def my_rope(x, positions, theta):
+    D = x.shape[-1]
+    inv_freq = theta ** (-torch.arange(0, D, 2, dtype=torch.float32) / D)
+    angles = (positions[:, None].float() * inv_freq)[:, None]
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    out = torch.stack([x1 * angles.cos() - x2 * angles.sin(), x1 * angles.sin() + x2 * angles.cos()], -1)
+    return out.flatten(-2)
+'''),
+        ("rotate_half with the sign on the wrong half", '''
+def my_rope(x, positions, theta):
+    D = x.shape[-1]
+    inv_freq = theta ** (-torch.arange(0, D, 2, dtype=torch.float32) / D)
+    emb = torch.cat([positions[:, None].float() * inv_freq] * 2, -1)[:, None]
+    x1, x2 = x.chunk(2, -1)
+    return x * emb.cos() + torch.cat([x2, -x1], -1) * emb.sin()
+'''),
+        ("the exponent's sign flipped: frequencies that grow", '''
+def my_rope(x, positions, theta):
+    D = x.shape[-1]
+    inv_freq = theta ** (torch.arange(0, D, 2, dtype=torch.float32) / D)
+    emb = torch.cat([positions[:, None].float() * inv_freq] * 2, -1)[:, None]
+    x1, x2 = x.chunk(2, -1)
+    return x * emb.cos() + torch.cat([-x2, x1], -1) * emb.sin()
+'''),
+        ("angles interleaved (repeat_interleave) instead of one per half", '''
+def my_rope(x, positions, theta):
+    D = x.shape[-1]
+    inv_freq = theta ** (-torch.arange(0, D, 2, dtype=torch.float32) / D)
+    emb = (positions[:, None].float() * inv_freq).repeat_interleave(2, -1)[:, None]
+    x1, x2 = x.chunk(2, -1)
+    return x * emb.cos() + torch.cat([-x2, x1], -1) * emb.sin()
+'''),
+    ],
+    ("06_sampler", "my_top_p_mask"): [
+        ("keeps a token while the mass up to and including it is below p", '''
+def my_top_p_mask(logits, p):
+    probs, idx = logits.softmax(-1).sort(descending=True)
+    keep = torch.zeros_like(logits, dtype=torch.bool)
+    keep[idx] = probs.cumsum(-1) < p
+    return keep
+'''),
+        ("sorted ascending", '''
+def my_top_p_mask(logits, p):
+    probs, idx = logits.softmax(-1).sort()
+    keep = torch.zeros_like(logits, dtype=torch.bool)
+    keep[idx] = probs.cumsum(-1) - probs < p
+    return keep
+'''),
+        ("the mask left in sorted order", '''
+def my_top_p_mask(logits, p):
+    probs, idx = logits.softmax(-1).sort(descending=True)
+    return probs.cumsum(-1) - probs < p
+'''),
+        ("a probability threshold instead of a mass", '''
+def my_top_p_mask(logits, p):
+    probs = logits.softmax(-1)
+    return probs >= (1 - p) * probs.max()
+'''),
+    ],
+    ("06_sampler", "my_sample"): [
+        ("multiplies by the temperature", '''
+def my_sample(logits, temperature, generator):
+    if temperature == 0:
+        return int(logits.argmax())
+    return int(torch.multinomial((logits * temperature).softmax(-1), 1, generator=generator))
+'''),
+        ("always greedy", '''
+def my_sample(logits, temperature, generator):
+    return int(logits.argmax())
+'''),
+        ("draws from the logits, not their softmax", '''
+def my_sample(logits, temperature, generator):
+    if temperature == 0:
+        return int(logits.argmax())
+    return int(torch.multinomial((logits / temperature).clamp(min=0), 1, generator=generator))
+'''),
+        ("draws uniformly", '''
+def my_sample(logits, temperature, generator):
+    if temperature == 0:
+        return int(logits.argmax())
+    return int(torch.randint(len(logits), (1,), generator=generator))
+'''),
+    ],
+    ("09_engine_core", "my_num_steps"): [
+        ("one step per token, the prompt in one step whatever the budget", '''
+def my_num_steps(num_prompt_tokens, max_tokens, token_budget):
+    return 1 + max_tokens - 1
+'''),
+        ("the prompt's last step samples nothing", '''
+def my_num_steps(num_prompt_tokens, max_tokens, token_budget):
+    return -(-num_prompt_tokens // token_budget) + max_tokens
+'''),
+        ("rounds the prompt's steps down", '''
+def my_num_steps(num_prompt_tokens, max_tokens, token_budget):
+    return max(num_prompt_tokens // token_budget, 1) + max_tokens - 1
+'''),
+    ],
+    ("09_engine_core", "my_run"): [
+        ("one step only", '''
+def my_run(core):
+    tokens, reasons = {}, {}
+    for o in core.step().outputs:
+        tokens.setdefault(o.request_id, []).extend(o.new_token_ids)
+        if o.finished:
+            reasons[o.request_id] = o.finish_reason
+    return tokens, reasons
+'''),
+        ("each step's tokens replace the last", '''
+def my_run(core):
+    tokens, reasons = {}, {}
+    while core.has_unfinished_requests():
+        for o in core.step().outputs:
+            tokens[o.request_id] = list(o.new_token_ids)
+            if o.finished:
+                reasons[o.request_id] = o.finish_reason
+    return tokens, reasons
+'''),
+        ("stops when the first request finishes", '''
+def my_run(core):
+    tokens, reasons = {}, {}
+    while not reasons:
+        for o in core.step().outputs:
+            tokens.setdefault(o.request_id, []).extend(o.new_token_ids)
+            if o.finished:
+                reasons[o.request_id] = o.finish_reason
+    return tokens, reasons
+'''),
+    ],
+    ("12_llm_engine", "my_abort_big"): [
+        ("counts the first sequence of each request only", '''
+def my_abort_big(engine, max_blocks):
+    kv = engine.kv_cache_manager
+    big = [r for r, seqs in engine.children.items() if len(kv.get_block_ids(seqs[0])) > max_blocks]
+    engine.abort_request(big)
+    return big
+'''),
+        ("the blocks of the request id, not of its sequences", '''
+def my_abort_big(engine, max_blocks):
+    kv = engine.kv_cache_manager
+    held = {r: len(kv.get_block_ids(r)) for r in engine.children}
+    big = [r for r, n in held.items() if n > max_blocks]
+    engine.abort_request(big)
+    return big
+'''),
+        ("aborts the sequences, not the requests", '''
+def my_abort_big(engine, max_blocks):
+    kv = engine.kv_cache_manager
+    held = {r: sum(len(kv.get_block_ids(s)) for s in seqs) for r, seqs in engine.children.items()}
+    big = [r for r, n in held.items() if n > max_blocks]
+    engine.abort_request([s for r in big for s in engine.children[r]])
+    return big
+'''),
+    ],
+    ("12_llm_engine", "my_stream"): [
+        ("cumulative outputs joined (the default output_kind)", '''
+def my_stream(engine, request_id, prompt, sp):
+    engine.add_request(request_id, prompt, sp)
+    pieces, finished = [], False
+    while not finished:
+        for o in engine.step():
+            if o.request_id == request_id:
+                pieces += [o.outputs[0].text] if o.outputs[0].text else []
+                finished = o.finished
+    return pieces
+'''),
+        ("the caller's params changed in place", '''
+def my_stream(engine, request_id, prompt, sp):
+    sp.output_kind = RequestOutputKind.DELTA
+    engine.add_request(request_id, prompt, sp)
+    pieces, finished = [], False
+    while not finished:
+        for o in engine.step():
+            if o.request_id == request_id:
+                pieces += [o.outputs[0].text] if o.outputs[0].text else []
+                finished = o.finished
+    return pieces
+'''),
+        ("the finishing step's piece left out", '''
+def my_stream(engine, request_id, prompt, sp):
+    engine.add_request(request_id, prompt, dataclasses.replace(sp, output_kind=RequestOutputKind.DELTA))
+    pieces, finished = [], False
+    while not finished:
+        for o in engine.step():
+            if o.request_id == request_id:
+                finished = o.finished
+                pieces += [o.outputs[0].text] if o.outputs[0].text and not finished else []
+    return pieces
+'''),
+    ],
+    ("13_llm", "my_generate"): [
+        ("outputs in the order they finished", '''
+def my_generate(engine, prompts, params):
+    for i, (p, sp) in enumerate(zip(prompts, params)):
+        engine.add_request(f"ex{i}", p, sp)
+    done = []
+    while engine.has_unfinished_requests():
+        done += [o for o in engine.step() if o.finished]
+    return done
+'''),
+        ("the first SamplingParams for every prompt", '''
+def my_generate(engine, prompts, params):
+    for i, p in enumerate(prompts):
+        engine.add_request(f"ex{i}", p, params[0])
+    done = {}
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            if o.finished:
+                done[o.request_id] = o
+    return [done[f"ex{i}"] for i in range(len(prompts))]
+'''),
+        ("every output kept, not only the finished ones", '''
+def my_generate(engine, prompts, params):
+    for i, (p, sp) in enumerate(zip(prompts, params)):
+        engine.add_request(f"ex{i}", p, sp)
+    done = {}
+    while engine.has_unfinished_requests():
+        for o in engine.step():
+            done.setdefault(o.request_id, o)
+    return [done[f"ex{i}"] for i in range(len(prompts))]
+'''),
+    ],
+    ("13_llm", "my_params_list"): [
+        ("a short list is padded with the default", '''
+def my_params_list(n, sampling_params, default):
+    if sampling_params is None:
+        sampling_params = default
+    if isinstance(sampling_params, SamplingParams):
+        return [sampling_params] * n
+    return list(sampling_params) + [default] * (n - len(sampling_params))
+'''),
+        ("None gives an empty list", '''
+def my_params_list(n, sampling_params, default):
+    if sampling_params is None:
+        return []
+    if isinstance(sampling_params, SamplingParams):
+        return [sampling_params] * n
+    if len(sampling_params) != n:
+        raise ValueError(f"got {n} prompts but {len(sampling_params)} sampling_params")
+    return list(sampling_params)
+'''),
+        ("one SamplingParams is returned once", '''
+def my_params_list(n, sampling_params, default):
+    if sampling_params is None:
+        sampling_params = default
+    if isinstance(sampling_params, SamplingParams):
+        return [sampling_params]
+    if len(sampling_params) != n:
+        raise ValueError(f"got {n} prompts but {len(sampling_params)} sampling_params")
+    return list(sampling_params)
+'''),
+    ],
+}
