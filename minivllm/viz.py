@@ -710,11 +710,11 @@ class StepViewer:
 
     def figure(self, i: int):
         "The matplotlib figure of record `i`."
-        colors = self.colors or colors_for(record_ids(self.records))
-        if self.draw is not None:
+        if self.draw is not None:  # any records with a `.step`, drawn by the lesson's own function
             fig = plt.figure(figsize=(7.6, 5))
             self.draw(self.records[i], self.records, fig)
             return fig
+        colors = self.colors or colors_for(record_ids(self.records))
         return plot_step(self.records, i, colors=colors)
 
     def png(self, i: int) -> bytes:
