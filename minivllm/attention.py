@@ -398,9 +398,8 @@ ATTENTION_BACKENDS: dict = {}  # name → attention function
 
 
 def register_attention_backend(name: str, fn):
-    "Make `fn(q, k, v, kv_cache, md, scale)` the attention backend called `name`; returns `fn`."
+    "Make `fn(q, k, v, kv_cache, md, scale)` the attention backend called `name`."
     ATTENTION_BACKENDS[name] = fn
-    return fn
 
 
 def get_attention_backend(name: str):

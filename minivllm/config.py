@@ -220,6 +220,7 @@ class PoolingParams:
 # %% ../nbs/00b_config.ipynb #p00d2
 @patch
 def clone(self: PoolingParams) -> PoolingParams:
+    "A copy (vLLM's name)."
     return dataclasses.replace(self)
 
 

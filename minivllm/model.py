@@ -396,6 +396,7 @@ def model_runner_class(config: EngineConfig) -> type:
 # %% ../nbs/05_model.ipynb #bf41d8b7
 @patch
 def __repr__(self: ModelRunnerOutput):
+    "Its request ids and the shapes of its tensors."
     return (
         f"ModelRunnerOutput(req_ids={self.req_ids}, logits={tuple(self.logits.shape)}, "
         f"extra_logits={list(self.extra_logits)}, hidden_states={list(self.hidden_states)})"

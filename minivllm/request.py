@@ -122,6 +122,7 @@ def set_status(self: Request, status: RequestStatus):
 # %% ../nbs/01_request.ipynb #a49b1da1
 @patch
 def __repr__(self: Request):
+    "Its id, status and token counts, for debugging."
     return (
         f"Request({self.request_id!r}, {self.status.name}, prompt={self.num_prompt_tokens}, "
         f"output={self.num_output_tokens}, computed={self.num_computed_tokens})"
@@ -130,7 +131,8 @@ def __repr__(self: Request):
 # %% ../nbs/01_request.ipynb #7360e2bc
 @patch(as_prop=True)
 def lora_int_id(self: Request) -> int:
-    return 0 if self.lora_request is None else self.lora_request.lora_int_id  # 0: no adapter
+    "The id of its LoRA adapter; 0: none (the base model)."
+    return 0 if self.lora_request is None else self.lora_request.lora_int_id
 
 
 @patch(as_prop=True)

@@ -78,6 +78,17 @@ def test_every_code_block_renders_as_code(site):
     assert not bad, bad
 
 
+PLACEHOLDERS = re.compile(r"Call self as a function|Return repr\(self\)|Initialize self\.  See help|"
+                          r"&lt;function __main__\.|&lt;[\w.]+ object at 0x[0-9a-f]+&gt;")
+
+
+def test_no_placeholder_docstrings_or_bare_reprs(site):
+    """No page shows Python's placeholder docstrings (a method without a docstring of its own) or a cell's bare
+    object repr (`<function __main__.f …>`, `<… object at 0x…>`)."""
+    bad = [f"{page}: {m}" for page in pages() for m in sorted(set(PLACEHOLDERS.findall((SITE / page).read_text())))]
+    assert not bad, bad
+
+
 def test_links_anchors_images(site):
     "Every internal link reaches a page that exists and, with a #fragment, an element with that id."
     bad = []
