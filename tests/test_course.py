@@ -176,18 +176,20 @@ def table_pairs(table: str) -> list[tuple[str, str, str]]:
     non-empty cell of the first row)."""
     rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in table.splitlines()
             if line.startswith("|") and not line.startswith("|---")]
-    groups, names, g = [], [c.strip("*") for c in rows[1]], -1
-    for c in rows[0]:
-        g += bool(c)
+    grouped = rows[1][0].startswith("**")   # a first row of groups above the column names
+    head = rows[1] if grouped else rows[0]
+    groups, names, g = [], [c.strip("*") for c in head], -1
+    for j, c in enumerate(rows[0]):   # without a group row, an empty column name separates groups
+        g += bool(c) if grouped else (j == 0 or not c)
         groups.append(g)
     pairs = []
-    for row in rows[2:]:
+    for row in rows[2 if grouped else 1:]:
         for j, name in enumerate(names):
             if not name.startswith("llama.cpp"): continue
             k = j - 1
             while k >= 0 and groups[k] == groups[j] and not names[k].startswith("llama.cpp"):
-                if names[k].startswith("minivllm") or names[k] == "compiled":
-                    pairs.append((row[0], row[k].split()[0], row[j].split()[0]))
+                if names[k].startswith(("minivllm", "compiled", "eager")):
+                    pairs.append((row[0], row[k].split()[0].strip("*"), row[j].split()[0].strip("*")))
                 k -= 1
     return pairs
 
@@ -227,6 +229,24 @@ def test_pairing_catches_figures_from_two_runs():
     pairs = table_pairs(old)
     assert pairs == [("float32", "20.4", "18.2"), ("float32", "23.5", "18.2"), ("float32", "156", "97")]
     assert [p for p in pairs if p[1:] not in run_figures()] == [("float32", "20.4", "18.2")]
+
+
+def saved_markdown(nb_name: str, marker: str) -> str:
+    nb = json.loads((NBS / nb_name).read_text())
+    cell = next(c for c in nb["cells"] if c["cell_type"] == "code" and marker in _src(c))
+    return "".join("".join(o["data"]["text/markdown"]) for o in cell["outputs"] if "text/markdown" in o.get("data", {}))
+
+
+def test_05b_compares_figures_of_one_run():
+    "Lesson 05b's batch-1 table sets minivllm's compiled figure beside llama.cpp's of the same run."
+    pairs = table_pairs(saved_markdown("05b_compile.ipynb", "def b1_table"))
+    assert len(pairs) == 3, pairs
+    bad = [p for p in pairs if p[1:] not in run_figures()]
+    assert not bad, f"figures from two different runs compared side by side: {bad}"
+    old = ("| ms a token, one sequence | eager | compiled, `compile_sizes=[1]` | llama.cpp |\n|---|---|---|---|\n"
+           "| bfloat16 / BF16 | 28.9 | **11.2** (2.6× faster) | 11.4 |")   # the table 05b had: two runs in a row
+    assert [p for p in table_pairs(old) if p[1:] not in run_figures()] == [
+        ("bfloat16 / BF16", "11.2", "11.4"), ("bfloat16 / BF16", "28.9", "11.4")]
 
 
 def test_stray_numbers_catches_a_made_up_number():
