@@ -8,7 +8,7 @@ __all__ = ['route', 'group_by_expert', 'grouped_experts', 'Experts', 'MoESpec', 
            'Qwen3MoeForCausalLM', 'ProjectionNorm', 'OlmoeAttention', 'OlmoeForCausalLM', 'align_by_expert',
            'fused_moe']
 
-# %% ../nbs/07d_moe.ipynb #ff14a8a1
+# %% ../nbs/07d_moe.ipynb #baea35eb
 import re
 from collections import Counter
 from dataclasses import dataclass
@@ -21,7 +21,7 @@ from .model import MLP, MODEL_CLASSES, Attention, LlamaForCausalLM, RMSNorm, Tor
 from fastcore.basics import patch
 from .parallel import TP_COLUMN, TP_MODULES, TP_ROW, TP_SPLIT_SIZES
 
-# %% ../nbs/07d_moe.ipynb #c96acaa3
+# %% ../nbs/07d_moe.ipynb #139008c1
 def route(router_logits, top_k: int, renormalize: bool):
     """Each token's `top_k` experts `[T, k]` and their weights (float32): a softmax over all the
     experts, the k largest, renormalised to sum to 1 when `renormalize`."""
@@ -31,12 +31,13 @@ def route(router_logits, top_k: int, renormalize: bool):
         weights = weights / weights.sum(-1, keepdim=True)
     return weights, ids
 
-# %% ../nbs/07d_moe.ipynb #fe50ac91
+# %% ../nbs/07d_moe.ipynb #fd84c1c4
 def group_by_expert(ids, num_experts: int):
     """The token-expert pairs of `ids` `[T, k]` sorted by expert: `order` (flat pair indices, so
     token `order // k`) and each expert's number of pairs."""
-    order = torch.argsort(ids.flatten(), stable=True)
-    return order, torch.bincount(ids.flatten(), minlength=num_experts)
+    flat = ids.flatten()
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=ids.device)
+    return torch.argsort(flat, stable=True), counts.scatter_add_(0, flat, torch.ones_like(flat))
 
 
 def grouped_experts(x, gate_up, down, weights, ids, ops=TorchOps):
@@ -53,7 +54,7 @@ def grouped_experts(x, gate_up, down, weights, ids, ops=TorchOps):
             start += n
     return out
 
-# %% ../nbs/07d_moe.ipynb #d142f821
+# %% ../nbs/07d_moe.ipynb #307f3c0d
 class Experts(nn.Module):
     """A layer's routed experts, stacked as HF stores them: `gate_up_proj` `[E, 2I, H]`,
     `down_proj` `[E, H, I]`; run grouped. Under tensor parallelism (`tp_group` set) each rank
@@ -74,7 +75,7 @@ class Experts(nn.Module):
             dist.all_reduce(out, group=self.tp_group)
         return out
 
-# %% ../nbs/07d_moe.ipynb #ee82d0d3
+# %% ../nbs/07d_moe.ipynb #503290b8
 @dataclass
 class MoESpec:
     "What differs between the families' MoE blocks."
@@ -108,7 +109,7 @@ class SparseMoeBlock(nn.Module):
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return out
 
-# %% ../nbs/07d_moe.ipynb #9e7e933c
+# %% ../nbs/07d_moe.ipynb #a660fc6a
 class MoEDecoderLayer(nn.Module):
     "A pre-norm block whose attention and MLP (an MoE block, or a dense layer's MLP) are given."
 
@@ -123,7 +124,7 @@ class MoEDecoderLayer(nn.Module):
         x = x + self.self_attn(self.input_layernorm(x), kv_cache, md, rope)
         return x + self.mlp(self.post_attention_layernorm(x))
 
-# %% ../nbs/07d_moe.ipynb #1a99b4e5
+# %% ../nbs/07d_moe.ipynb #5497c3a6
 class MoEForCausalLM(LlamaForCausalLM):
     """A Llama-family decoder whose MLPs are MoE blocks; a family says its `spec`, which layers are
     sparse and its attention class."""
@@ -151,7 +152,7 @@ class MoEForCausalLM(LlamaForCausalLM):
         )
         return MoEDecoderLayer(config, self.attention_class(config, attn_fn), mlp)
 
-# %% ../nbs/07d_moe.ipynb #6019a1b2
+# %% ../nbs/07d_moe.ipynb #cc9c3cd4
 _EXPERT = re.compile(
     r"^(.*\.)?layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(\w+)\.weight$"
 )
@@ -187,7 +188,7 @@ def load_weights(self: MoEForCausalLM, weights):
 
     LlamaForCausalLM.load_weights(self, others())
 
-# %% ../nbs/07d_moe.ipynb #7baaaf0b
+# %% ../nbs/07d_moe.ipynb #13949968
 class MixtralForCausalLM(MoEForCausalLM):
     "Mixtral: every layer sparse, the top-k weights renormalised, no shared expert."
 
@@ -240,7 +241,7 @@ class Qwen3MoeForCausalLM(MoEForCausalLM):
             c.num_experts, c.num_experts_per_tok, c.moe_intermediate_size, c.norm_topk_prob
         )
 
-# %% ../nbs/07d_moe.ipynb #bad5f9cc
+# %% ../nbs/07d_moe.ipynb #f621650e
 class ProjectionNorm(RMSNorm):
     """RMSNorm over a whole projection (all heads at once). Under tensor parallelism each rank
     holds some heads: the sum of squares is all-reduced and divided by the full width."""
@@ -297,13 +298,13 @@ class OlmoeForCausalLM(MoEForCausalLM):
 
         super().load_weights((n, mine(n, w)) for n, w in weights)
 
-# %% ../nbs/07d_moe.ipynb #fcfd3f68
+# %% ../nbs/07d_moe.ipynb #63f09b1d
 MODEL_CLASSES["MixtralForCausalLM"] = MixtralForCausalLM
 MODEL_CLASSES["Qwen2MoeForCausalLM"] = Qwen2MoeForCausalLM
 MODEL_CLASSES["Qwen3MoeForCausalLM"] = Qwen3MoeForCausalLM
 MODEL_CLASSES["OlmoeForCausalLM"] = OlmoeForCausalLM
 
-# %% ../nbs/07d_moe.ipynb #e0097302
+# %% ../nbs/07d_moe.ipynb #d2a23490
 TP_COLUMN.update(
     w1="inter", w3="inter"
 )  # Mixtral's expert gate and up (Qwen's: gate_proj, up_proj)
@@ -334,22 +335,25 @@ def _tp_projection_norm(norm: ProjectionNorm, model) -> ProjectionNorm:
 TP_MODULES[Experts] = _tp_experts
 TP_MODULES[ProjectionNorm] = _tp_projection_norm
 
-# %% ../nbs/07d_moe.ipynb #9966d92b
+# %% ../nbs/07d_moe.ipynb #aca9704d
 def align_by_expert(ids, num_experts: int, block_m: int):
     """The token-expert pairs sorted by expert, each expert's group padded to a multiple of
     `block_m`: `pairs` (flat pair index; `ids.numel()` for padding) and `block_expert` (the expert
-    of each block of `block_m` pairs)."""
+    of each block of `block_m` pairs). Sizes come from the shapes only (the most padding there can
+    be), so nothing waits for the GPU and a CUDA graph can hold it."""
     order, counts = group_by_expert(ids, num_experts)
     padded = (counts + block_m - 1) // block_m * block_m
-    first = torch.cumsum(padded, 0) - padded  # where each expert's group starts
+    ends = torch.cumsum(padded, 0)  # where each expert's padded group ends
     e = ids.flatten()[order]
     rank = torch.arange(len(order), device=ids.device) - (torch.cumsum(counts, 0) - counts)[e]
-    pairs = torch.full((int(padded.sum()),), ids.numel(), dtype=torch.int64, device=ids.device)
-    pairs[first[e] + rank] = order
-    experts = torch.arange(num_experts, device=ids.device)
-    return pairs, torch.repeat_interleave(experts, padded // block_m)
+    num_blocks = (ids.numel() + num_experts * (block_m - 1)) // block_m
+    pairs = torch.full((num_blocks * block_m,), ids.numel(), dtype=torch.int64, device=ids.device)
+    pairs[(ends - padded)[e] + rank] = order
+    starts = torch.arange(num_blocks, device=ids.device) * block_m
+    block_expert = torch.searchsorted(ends, starts, right=True).clamp_(max=num_experts - 1)
+    return pairs, block_expert  # (the blocks past the last group: padding only)
 
-# %% ../nbs/07d_moe.ipynb #6f85e20d
+# %% ../nbs/07d_moe.ipynb #f2524f94
 @triton.jit
 def _moe_gemm_kernel(
     a_ptr,
@@ -390,7 +394,7 @@ def _moe_gemm_kernel(
     c_mask = valid[:, None] & (offs_n[None, :] < N)
     tl.store(c_ptr + pair[:, None] * N + offs_n[None, :], acc.to(c_ptr.dtype.element_ty), c_mask)
 
-# %% ../nbs/07d_moe.ipynb #c7345d8c
+# %% ../nbs/07d_moe.ipynb #7ff54f27
 def _moe_gemm(a, b, pairs, block_expert, top_k, weights=None, a_row_is_pair=False, block_m=16):
     "One launch of `_moe_gemm_kernel`: `[pairs, N]` of `a` through the experts' `b` `[E, N, K]`."
     N, K = b.shape[1:]
