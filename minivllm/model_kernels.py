@@ -32,6 +32,7 @@ from minivllm.model import (
     MODEL_LOADERS,
     MODEL_RUNNERS,
     RUNNER_PREPARERS,
+    DecoderLayer,
     ModelRunner,
     LlamaForCausalLM,
     RotaryEmbedding,
@@ -530,6 +531,7 @@ def decode_step_layers(model, kv_caches, md, num_tokens: int):
     if not (
         0 < num_tokens == md.num_decodes == md.num_seqs
         and model.ops is CpuOps
+        and all(type(layer) is DecoderLayer for layer in model.layers)  # (not a family's own)
         and a.attn_fn is cpu_paged_attention
         and not a.qk_norm
         and not torch.is_grad_enabled()

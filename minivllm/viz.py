@@ -26,7 +26,7 @@ __all__ = ['PALETTE', 'BASE_COLOR', 'BlockRecord', 'KVRecord', 'kv_record', 'Row
            'record_scheduler', 'EngineRecorder', 'record_engine', 'colors_for', 'record_ids', 'plot_block_grid',
            'plot_batch_composition', 'plot_spec_steps', 'step_table', 'plot_step', 'fig_png', 'pick_frames',
            'player_html', 'StepViewer', 'adapter_colors', 'plot_lora_picture', 'plot_merge_vs_batch',
-           'plot_gather_shrink_expand']
+           'plot_gather_shrink_expand', 'plot_expert_routing']
 
 # %% ../nbs/90_viz.ipynb #ff2b1261
 @dataclass
@@ -935,4 +935,31 @@ def plot_gather_shrink_expand(slots: list[int], base_slot: int):
         "one step: every row gathers its slot's A and B (grey: the base model's zero slot)",
         fontsize=10,
     )
+    return fig
+
+# %% ../nbs/90_viz.ipynb #f7d8d97a
+def plot_expert_routing(weights, ids, num_experts: int, tokens=None):
+    """Each layer's routing: `weights[l]`, `ids[l]` `[T, k]` (a router's top k) as a token × expert
+    grid shaded by weight, above a bar per expert of the tokens it gets."""
+    import numpy as np
+
+    L = len(weights)
+    fig, axes = plt.subplots(2, L, figsize=(3.2 * L, 5), squeeze=False, height_ratios=[3, 1])
+    for l, (w, e) in enumerate(zip(weights, ids)):
+        w, e = np.asarray(w, dtype=float), np.asarray(e)
+        grid = np.zeros((len(w), num_experts))
+        np.put_along_axis(grid, e, w, axis=1)
+        ax = axes[0, l]
+        ax.imshow(np.ma.masked_equal(grid, 0), cmap="viridis", vmin=0, vmax=1, aspect="auto")
+        ax.set_title(f"layer {l}", fontsize=9)
+        ax.set_xticks(range(num_experts))
+        ax.set_yticks(range(len(w)), tokens if tokens is not None else range(len(w)), fontsize=7)
+        counts = np.bincount(e.ravel(), minlength=num_experts)
+        axes[1, l].bar(range(num_experts), counts, color=PALETTE[0])
+        axes[1, l].set_xticks(range(num_experts))
+        axes[1, l].set_xlabel("expert", fontsize=8)
+    axes[0, 0].set_ylabel("token")
+    axes[1, 0].set_ylabel("tokens")
+    fig.suptitle("tokens routed to experts (shade: the router's weight)", fontsize=10)
+    fig.tight_layout()
     return fig
