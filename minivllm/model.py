@@ -21,10 +21,10 @@ import minivllm.attention_kernels  # noqa: F401 (registers lesson 04c's backends
 from .scheduler import ScheduledSeq, SchedulerOutput, StepExtension
 
 # %% auto #0
-__all__ = ['LAYER_OPS', 'ROPE_TYPES', 'SUPPORTED_MODEL_TYPES', 'MODEL_RUNNERS', 'MODEL_LOADERS', 'RUNNER_PREPARERS', 'TorchOps',
-           'layer_ops', 'RMSNorm', 'RotaryEmbedding', 'Attention', 'MLP', 'DecoderLayer', 'LlamaForCausalLM',
-           'iter_checkpoint_weights', 'load_model', 'tiny_config', 'make_tiny_checkpoint', 'StepTimer',
-           'ModelRunnerOutput', 'model_runner_class', 'ModelRunner']
+__all__ = ['LAYER_OPS', 'ROPE_TYPES', 'SUPPORTED_MODEL_TYPES', 'MODEL_HOOKS', 'MODEL_RUNNERS', 'MODEL_LOADERS',
+           'RUNNER_PREPARERS', 'TorchOps', 'layer_ops', 'RMSNorm', 'RotaryEmbedding', 'Attention', 'MLP',
+           'DecoderLayer', 'LlamaForCausalLM', 'iter_checkpoint_weights', 'load_model', 'tiny_config',
+           'make_tiny_checkpoint', 'StepTimer', 'ModelRunnerOutput', 'model_runner_class', 'ModelRunner']
 
 # %% ../nbs/05_model.ipynb #8283517b
 class TorchOps:
@@ -212,6 +212,8 @@ class DecoderLayer(nn.Module):
 
 # %% ../nbs/05_model.ipynb #ec48cb78
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+# later lessons' changes to a model once its layers exist: name → `(model) → None` (05d's windows)
+MODEL_HOOKS: dict[str, Callable] = {}
 
 
 def _check_supported(config):
@@ -224,7 +226,10 @@ def _check_supported(config):
     if getattr(config, "sliding_window", None) and getattr(
         config, "use_sliding_window", config.model_type == "mistral"
     ):
-        raise NotImplementedError("sliding-window attention is not implemented in minivllm.")
+        if "sliding_window" not in MODEL_HOOKS:
+            raise NotImplementedError(
+                "sliding-window attention is lesson 05d's: import minivllm.sliding_window."
+            )
 
 # %% ../nbs/05_model.ipynb #644d0653
 class LlamaForCausalLM(nn.Module):
@@ -248,6 +253,8 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
         self.rotary = RotaryEmbedding(config, max_pos or config.max_position_embeddings)
         self.use_ops(ops or layer_ops())
+        for hook in MODEL_HOOKS.values():
+            hook(self)
 
     def use_ops(self, ops):
         "Make every layer compute its element-wise ops with the table `ops` (one of `LAYER_OPS`)."

@@ -530,7 +530,7 @@ def decode_step_layers(model, kv_caches, md, num_tokens: int):
     if not (
         0 < num_tokens == md.num_decodes == md.num_seqs
         and model.ops is CpuOps
-        and a.attn_fn is cpu_paged_attention
+        and all(l.self_attn.attn_fn is cpu_paged_attention for l in model.layers)  # no window
         and not a.qk_norm
         and not torch.is_grad_enabled()
         and kv_caches[0].is_contiguous()
