@@ -21,9 +21,9 @@ import minivllm.attention_kernels  # noqa: F401 (registers lesson 04c's backends
 from .scheduler import ScheduledSeq, SchedulerOutput, StepExtension
 
 # %% auto #0
-__all__ = ['LAYER_OPS', 'ROPE_TYPES', 'SUPPORTED_MODEL_TYPES', 'MODEL_HOOKS', 'MODEL_RUNNERS', 'MODEL_LOADERS',
-           'RUNNER_PREPARERS', 'TorchOps', 'layer_ops', 'RMSNorm', 'RotaryEmbedding', 'Attention', 'MLP',
-           'DecoderLayer', 'LlamaForCausalLM', 'iter_checkpoint_weights', 'load_model', 'tiny_config',
+__all__ = ['LAYER_OPS', 'ROPE_TYPES', 'MODEL_HOOKS', 'MODEL_CLASSES', 'MODEL_RUNNERS', 'MODEL_LOADERS', 'RUNNER_PREPARERS',
+           'TorchOps', 'layer_ops', 'RMSNorm', 'RotaryEmbedding', 'Attention', 'MLP', 'DecoderLayer',
+           'LlamaForCausalLM', 'model_class', 'iter_checkpoint_weights', 'load_model', 'tiny_config',
            'make_tiny_checkpoint', 'StepTimer', 'ModelRunnerOutput', 'model_runner_class', 'ModelRunner']
 
 # %% ../nbs/05_model.ipynb #8283517b
@@ -211,18 +211,12 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 # %% ../nbs/05_model.ipynb #ec48cb78
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 # later lessons' changes to a model once its layers exist: name → `(model) → None` (05d's windows)
 MODEL_HOOKS: dict[str, Callable] = {}
 
 
 def _check_supported(config):
-    "Raise for a model family, or a feature of one, that minivllm does not run."
-    if config.model_type not in SUPPORTED_MODEL_TYPES:
-        raise NotImplementedError(
-            f"model_type={config.model_type!r} is not supported; minivllm runs "
-            f"{SUPPORTED_MODEL_TYPES}."
-        )
+    "Raise for a feature of a registered family that minivllm does not run."
     if getattr(config, "sliding_window", None) and getattr(
         config, "use_sliding_window", config.model_type == "mistral"
     ):
@@ -245,7 +239,7 @@ class LlamaForCausalLM(nn.Module):
         attn_fn = get_attention_backend(attention_backend)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
-            DecoderLayer(config, attn_fn) for _ in range(config.num_hidden_layers)
+            self.make_layer(config, attn_fn, i) for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
@@ -256,12 +250,16 @@ class LlamaForCausalLM(nn.Module):
         for hook in MODEL_HOOKS.values():
             hook(self)
 
+    def make_layer(self, config, attn_fn, i: int) -> nn.Module:
+        "Decoder layer `i` (a family with other layers overrides this)."
+        return DecoderLayer(config, attn_fn)
+
     def use_ops(self, ops):
         "Make every layer compute its element-wise ops with the table `ops` (one of `LAYER_OPS`)."
-        self.ops = ops
         for m in self.modules():
-            if isinstance(m, (RMSNorm, RotaryEmbedding, Attention, MLP)):
+            if hasattr(m, "ops"):
                 m.ops = ops
+        self.ops = ops
 
     def forward(self, input_ids, positions, kv_caches: list[torch.Tensor], md: AttentionMetadata):
         "Hidden states `[T, hidden]` of the flat batch; every layer writes its K/V to its cache."
@@ -308,6 +306,27 @@ def load_weights(self: LlamaForCausalLM, weights):
         more = "…" if len(missing) > 5 else ""
         raise KeyError(f"checkpoint is missing weights: {missing[:5]}{more}")
 
+# %% ../nbs/05_model.ipynb #fe94cd68
+# HF architecture (a config's `architectures`) → the class that runs it (families add theirs)
+MODEL_CLASSES: dict[str, type] = dict.fromkeys(
+    ["LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"],
+    LlamaForCausalLM,
+)
+
+
+def model_class(hf_config) -> type:
+    """The class registered for `hf_config`'s architecture (a config without `architectures`:
+    transformers' causal-LM class of its `model_type`)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES as hf
+
+    archs = getattr(hf_config, "architectures", None) or [hf.get(hf_config.model_type, "?")]
+    arch = next((a for a in archs if a in MODEL_CLASSES), archs[0])
+    if arch not in MODEL_CLASSES:
+        raise NotImplementedError(
+            f"architecture {arch!r} is not supported; minivllm runs {sorted(MODEL_CLASSES)}."
+        )
+    return MODEL_CLASSES[arch]
+
 # %% ../nbs/05_model.ipynb #cf20b8cd
 def iter_checkpoint_weights(path: str | os.PathLike):
     "Yield `(name, tensor)` from every `*.safetensors` file of a checkpoint directory."
@@ -327,7 +346,7 @@ def load_model(
 ) -> LlamaForCausalLM:
     "Build the model for `hf_config` and load the checkpoint at `path` into it."
     with torch.device(device):
-        model = LlamaForCausalLM(hf_config, attention_backend, max_pos)
+        model = model_class(hf_config)(hf_config, attention_backend, max_pos)
     model.load_weights(iter_checkpoint_weights(path))
     return model.to(device=device, dtype=dtype).eval()
 

@@ -8,6 +8,7 @@ import copy
 import ctypes
 import dataclasses
 import datetime
+import functools
 import glob
 import importlib
 import os
@@ -20,19 +21,21 @@ import traceback
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 import torch
 from torch import nn
 import torch.nn.functional as F
 import torch.distributed as dist
 from fastcore.basics import patch
 from .config import EngineConfig
-from .model import MODEL_RUNNERS, LlamaForCausalLM, ModelRunner
+from .model import MODEL_RUNNERS, LlamaForCausalLM, ModelRunner, model_class
 from .model_kernels import Linear
 from .scheduler import SchedulerOutput
 
 # %% auto #0
-__all__ = ['split_evenly', 'TPPlan', 'shard_weight', 'iter_shard_weights', 'shard_config', 'RowParallelLinear',
-           'VocabParallelEmbedding', 'TPLlamaForCausalLM', 'load_shard', 'TPWorker', 'worker_main', 'TPModelRunner']
+__all__ = ['TP_COLUMN', 'TP_ROW', 'TP_SPLIT_SIZES', 'TP_MODULES', 'split_evenly', 'TPPlan', 'shard_weight', 'iter_shard_weights',
+           'shard_config', 'RowParallelLinear', 'VocabParallelEmbedding', 'TPLlamaForCausalLM', 'tp_model_class',
+           'load_shard', 'TPWorker', 'worker_main', 'TPModelRunner']
 
 # %% ../nbs/07_tensor_parallel.ipynb #aa6f9996
 def split_evenly(n: int, parts: int) -> list[int]:
@@ -82,18 +85,22 @@ class TPPlan:
             split_evenly(c.vocab_size, world_size),
         )
 
-    def span(self, what: str, rank: int) -> tuple[int, int]:
+    def span(self, what: str, rank: int, n: int | None = None) -> tuple[int, int]:
         """`[start, stop)` of `rank`'s slice of a weight's rows: `what` is 'q', 'kv' (in features:
-        heads × head_dim), 'inter' or 'vocab'."""
+        heads × head_dim), 'inter' (of `n` features: an MLP's, or an expert's) or 'vocab'."""
         sizes = {"q": self.q_heads, "kv": self.kv_heads, "inter": self.inter, "vocab": self.vocab}[
             what
         ]
+        if what == "inter" and n is not None:
+            sizes = split_evenly(n, self.world_size)
         unit = self.head_dim if what in ("q", "kv") else 1
         start = sum(sizes[:rank])
         return start * unit, (start + sizes[rank]) * unit
 
 # %% ../nbs/07_tensor_parallel.ipynb #1b4dbb4f
-_COLUMN = {
+# weight's module name → the span its rows (TP_COLUMN) or columns (TP_ROW) are split by (07d adds
+# the experts' names)
+TP_COLUMN = {
     "q_proj": "q",
     "k_proj": "kv",
     "v_proj": "kv",
@@ -102,20 +109,21 @@ _COLUMN = {
     "embed_tokens": "vocab",
     "lm_head": "vocab",
 }
-_ROW = {"o_proj": "q", "down_proj": "inter"}
+TP_ROW = {"o_proj": "q", "down_proj": "inter"}
 
 
 def shard_weight(name: str, t, plan: TPPlan, rank: int) -> torch.Tensor:
     """`rank`'s slice of the checkpoint weight `name`; `t` is a tensor or a safetensors slice (only
     that part is read)."""
     module, kind = name.split(".")[-2:]
-    if module in _COLUMN:
-        a, b = plan.span(_COLUMN[module], rank)
+    shape = t.get_shape() if hasattr(t, "get_shape") else t.shape
+    if module in TP_COLUMN:
+        a, b = plan.span(TP_COLUMN[module], rank, shape[0])
         return t[a:b]
-    if module in _ROW:
+    if module in TP_ROW:
         if kind == "bias":
             return t[:] if rank == 0 else torch.zeros_like(t[:])
-        a, b = plan.span(_ROW[module], rank)
+        a, b = plan.span(TP_ROW[module], rank, shape[1])
         return t[:, a:b]
     return t[:]
 
@@ -134,13 +142,20 @@ def iter_shard_weights(path, plan: TPPlan, rank: int):
                 yield name, shard_weight(name, sf.get_slice(name), plan, rank)
 
 # %% ../nbs/07_tensor_parallel.ipynb #eab42efd
+# config sizes of features each rank holds a share of (lesson 07d adds the experts' sizes)
+TP_SPLIT_SIZES = ["intermediate_size"]
+
+
 def shard_config(hf_config, plan: TPPlan, rank: int):
-    """A copy of `hf_config` describing `rank`'s shard: its heads, KV heads, intermediate size and
-    vocabulary rows."""
+    """A copy of `hf_config` describing `rank`'s shard: its heads, KV heads, feature sizes
+    (`TP_SPLIT_SIZES`) and vocabulary rows."""
     c = copy.deepcopy(hf_config)
     c.head_dim = plan.head_dim  # explicit: hidden_size // num_attention_heads no longer gives it
     c.num_attention_heads, c.num_key_value_heads = plan.q_heads[rank], plan.kv_heads[rank]
-    c.intermediate_size, c.vocab_size = plan.inter[rank], plan.vocab[rank]
+    for size in TP_SPLIT_SIZES:
+        if getattr(c, size, None):
+            setattr(c, size, split_evenly(getattr(c, size), plan.world_size)[rank])
+    c.vocab_size = plan.vocab[rank]
     return c
 
 
@@ -174,10 +189,15 @@ class VocabParallelEmbedding(nn.Embedding):
         return x
 
 # %% ../nbs/07_tensor_parallel.ipynb #955d2f5f
+# module type → `(module, tp model) → its shard`, for the modules that are not a Linear named in
+# TP_ROW and hold partial sums (lesson 07d: the experts)
+TP_MODULES: dict[type, Callable] = {}
+
+
 class TPLlamaForCausalLM(LlamaForCausalLM):
     """One rank's shard of a Llama-family model: column/row-parallel layers, vocab-parallel
     embedding and LM head. `group`: the ranks that split it (None: all; the pipeline-parallel
-    lesson 07c gives each stage its own)."""
+    lesson 07c gives each stage its own). `tp_model_class` puts it over another family's class."""
 
     def __init__(
         self,
@@ -191,13 +211,14 @@ class TPLlamaForCausalLM(LlamaForCausalLM):
         super().__init__(shard_config(config, plan, rank), attention_backend, max_pos)
         self.plan, self.rank, self.group = plan, rank, group
         c = self.config
-        for layer in self.layers:
-            a, m = layer.self_attn, layer.mlp
-            a.o_proj = RowParallelLinear(a.q_size, c.hidden_size, bias=a.o_proj.bias is not None)
-            m.down_proj = RowParallelLinear(
-                m.inter, c.hidden_size, bias=m.down_proj.bias is not None
-            )
-            a.o_proj.group = m.down_proj.group = group
+        for parent in list(self.modules()):  # o_proj, down_proj wherever they are; TP_MODULES
+            for name, m in list(parent.named_children()):
+                if name in TP_ROW and isinstance(m, nn.Linear):
+                    row = RowParallelLinear(m.in_features, m.out_features, bias=m.bias is not None)
+                    row.group = group
+                    setattr(parent, name, row)
+                elif type(m) in TP_MODULES:
+                    setattr(parent, name, TP_MODULES[type(m)](m, self))
         self.embed_tokens = VocabParallelEmbedding(
             c.vocab_size, c.hidden_size, plan.span("vocab", rank)[0], group
         )
@@ -219,6 +240,15 @@ class TPLlamaForCausalLM(LlamaForCausalLM):
         return torch.cat([p[:, :v] for p, v in zip(parts, self.plan.vocab)], 1)
 
 # %% ../nbs/07_tensor_parallel.ipynb #d97bc25b
+@functools.cache
+def tp_model_class(family: type) -> type:
+    """The tensor-parallel class of a family's class (a `LlamaForCausalLM` subclass registered in
+    `MODEL_CLASSES`): `TPLlamaForCausalLM`'s sharding over the family's layers."""
+    if family is LlamaForCausalLM:
+        return TPLlamaForCausalLM
+    return type(f"TP{family.__name__}", (TPLlamaForCausalLM, family), {})
+
+
 def load_shard(
     path,
     hf_config,
@@ -231,7 +261,9 @@ def load_shard(
 ) -> TPLlamaForCausalLM:
     "Build `rank`'s shard and load its slice of the checkpoint at `path` (and nothing else)."
     with torch.device(device):
-        model = TPLlamaForCausalLM(hf_config, plan, rank, attention_backend, max_pos)
+        model = tp_model_class(model_class(hf_config))(
+            hf_config, plan, rank, attention_backend, max_pos
+        )
     model.load_weights(iter_shard_weights(path, plan, rank))
     return model.to(device=device, dtype=dtype).eval()
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import datetime
+import functools
 import json
 import os
 import re
@@ -16,20 +17,27 @@ import torch.distributed as dist
 from fastcore.basics import patch
 from .attention import AttentionMetadata
 from .config import EngineConfig
-from .model import MODEL_RUNNERS, LlamaForCausalLM, ModelRunner, iter_checkpoint_weights
+from minivllm.model import (
+    MODEL_RUNNERS,
+    LlamaForCausalLM,
+    ModelRunner,
+    iter_checkpoint_weights,
+    model_class,
+)
 from minivllm.parallel import (
     TPLlamaForCausalLM,
     TPModelRunner,
     TPPlan,
     TPWorker,
     iter_shard_weights,
+    tp_model_class,
     shard_config,
     split_evenly,
 )
 
 # %% auto #0
 __all__ = ['stage_layers', 'rank_coords', 'stage_config', 'stage_weights', 'micro_batch_bounds', 'slice_metadata',
-           'PipelineStage', 'PPLlamaForCausalLM', 'PPTPLlamaForCausalLM', 'PPWorker', 'PPModelRunner',
+           'PipelineStage', 'PPLlamaForCausalLM', 'PPTPLlamaForCausalLM', 'pp_model_class', 'PPWorker', 'PPModelRunner',
            'ExternalLauncherRunner']
 
 # %% ../nbs/07c_scaling_out.ipynb #f6b768f3
@@ -55,28 +63,36 @@ def rank_coords(rank: int, tp: int) -> tuple[int, int]:
 _LAYER = re.compile(r"^(model\.)?layers\.(\d+)\.")
 
 
-def stage_config(hf_config, num_layers: int):
+def stage_config(hf_config, num_layers: int, first_layer: int = 0):
     """A copy of `hf_config` with the stage's number of layers and untied embeddings (the first
-    stage holds the embedding, the last one the LM head: with tied weights, each its own copy)."""
+    stage holds the embedding, the last one the LM head: with tied weights, each its own copy);
+    `stage_first_layer`: the model's index of the stage's layer 0 (for families whose layers
+    differ by index)."""
     c = copy.deepcopy(hf_config)
     c.num_hidden_layers, c.tie_word_embeddings = num_layers, False
+    c.stage_first_layer = first_layer
     return c
 
 
 def stage_weights(weights, layers: range, first: bool, last: bool, tied: bool):
     """The `(name, tensor)` pairs a stage loads: its layers renumbered from 0, the embedding on
-    the first stage, the final norm and LM head (the embedding, when tied) on the last."""
+    the first stage, the final norm and LM head on the last. Tied, the one tensor is the first
+    stage's embedding and the last one's LM head, whichever name the checkpoint keeps it under
+    (`lm_head.weight` in SmolLM2's de-quantized copy)."""
     for name, w in weights:
         m = _LAYER.match(name)
         if m:
             i = int(m.group(2))
             if i in layers:
                 yield f"{m.group(1) or ''}layers.{i - layers.start}.{name[m.end() :]}", w
+        elif tied and (name.endswith("embed_tokens.weight") or name == "lm_head.weight"):
+            if first:
+                yield "model.embed_tokens.weight", w
+            if last:
+                yield "lm_head.weight", w
         elif name.endswith("embed_tokens.weight"):
             if first:
                 yield name, w
-            if last and tied:
-                yield "lm_head.weight", w
         elif last and ("lm_head" in name or name.removeprefix("model.").startswith("norm.")):
             yield name, w
         elif "rotary_emb" in name:
@@ -241,6 +257,16 @@ class PPTPLlamaForCausalLM(PipelineStage, TPLlamaForCausalLM):
     "One tensor-parallel rank of one pipeline stage."
 
 
+@functools.cache
+def pp_model_class(family: type, tp: bool) -> type:
+    """One pipeline stage of a family's class (registered in `MODEL_CLASSES`); with `tp`, over its
+    tensor-parallel class (`tp_model_class`)."""
+    if family is LlamaForCausalLM:
+        return PPTPLlamaForCausalLM if tp else PPLlamaForCausalLM
+    base = tp_model_class(family) if tp else family
+    return type(f"PP{base.__name__}", (PipelineStage, base), {})
+
+# %% ../nbs/07c_scaling_out.ipynb #cde4efcc
 class PPWorker(TPWorker):
     """One rank of a TP × PP grid: stage `rank // tp` (its layers only), TP rank `rank % tp` (its
     heads only), with the stage's own process group for the tensor-parallel collectives."""
@@ -259,7 +285,7 @@ class PPWorker(TPWorker):
         self.group = groups[self.stage]
         self.full_model_config, self.rank, self.world_size = mc, rank, world_size
         self.plan = TPPlan.from_config(mc.hf_config, self.tp)
-        hf = stage_config(mc.hf_config, len(self.layers))
+        hf = stage_config(mc.hf_config, len(self.layers), self.layers.start)
         if self.tp > 1:
             hf = shard_config(hf, self.plan, self.tp_rank)
         shard_mc = dataclasses.replace(mc, hf_config=hf)  # the runner's helpers see the stage
@@ -269,13 +295,14 @@ class PPWorker(TPWorker):
         "This stage's layers (this TP rank's slice of them) only."
         mc, tp = self.full_model_config, self.tp
         first, last = self.stage == 0, self.stage == self.pp - 1
-        cfg = stage_config(mc.hf_config, len(self.layers))
+        cfg = stage_config(mc.hf_config, len(self.layers), self.layers.start)
         args = (mc.attention_backend, mc.max_model_len)
+        cls = pp_model_class(model_class(mc.hf_config), tp > 1)
         with torch.device(self.device):
             if tp > 1:
-                model = PPTPLlamaForCausalLM(cfg, self.plan, self.tp_rank, *args, self.group)
+                model = cls(cfg, self.plan, self.tp_rank, *args, self.group)
             else:
-                model = PPLlamaForCausalLM(cfg, *args)
+                model = cls(cfg, *args)
         mb = self.config.parallel_config.pipeline_micro_batches
         model.set_stage(self.rank, first, last, tp, (self.pp - 1) * tp, mc.hf_config.vocab_size, mb)
         weights = (

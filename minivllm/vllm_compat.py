@@ -50,10 +50,10 @@ from minivllm.config import (
     TokensPrompt,
     _json_or_str,
 )
-from .model import MODEL_LOADERS, MODEL_RUNNERS, ROPE_TYPES, LlamaForCausalLM
+from .model import MODEL_LOADERS, MODEL_RUNNERS, ROPE_TYPES, LlamaForCausalLM, model_class
 from . import compilation  # noqa: F401 (its runner registered before this lesson's)
 from . import pipeline  # noqa: F401 (its runners registered before this lesson's)
-from .parallel import TPLlamaForCausalLM, TPModelRunner, TPWorker, shard_weight
+from .parallel import TPModelRunner, TPWorker, shard_weight, tp_model_class
 from .engine_core import EngineCore
 from .llm_engine import LLMEngine
 from .llm import LLM
@@ -96,7 +96,7 @@ _VLLM_ARGS: dict = dict(  # what changes nothing, per vLLM argument
     logprobs_mode=("raw_logprobs",),
     override_pooler_config=(None,),
     enable_sleep_mode=(False,),
-    disable_sliding_window=_ANY_BOOL,
+    disable_sliding_window=(False,),  # True: windows off (lesson 05d runs them)
     disable_cascade_attn=_ANY_BOOL,
     # loading
     safetensors_load_strategy=_ANY,
@@ -270,7 +270,7 @@ def dummy_weights(hf_config, seed: int = 0, low: float = -1e-3, high: float = 1e
 def load_dummy_model(mc: ModelConfig, device) -> LlamaForCausalLM:
     "The model of `mc.hf_config` with `dummy_weights` seeded by `mc.seed`, on `device`."
     with torch.device(device):
-        model = LlamaForCausalLM(mc.hf_config, mc.attention_backend, mc.max_model_len)
+        model = model_class(mc.hf_config)(mc.hf_config, mc.attention_backend, mc.max_model_len)
     model.load_weights(dummy_weights(mc.hf_config, mc.seed))
     return model.to(device=device, dtype=mc.dtype).eval()
 
@@ -285,7 +285,7 @@ class _DummyShard:
         mc = self.full_model_config
         args = (self.plan, self.rank, mc.attention_backend, mc.max_model_len)
         with torch.device(self.device):
-            model = TPLlamaForCausalLM(mc.hf_config, *args)
+            model = tp_model_class(model_class(mc.hf_config))(mc.hf_config, *args)
         w = dummy_weights(mc.hf_config, mc.seed)
         model.load_weights((n, shard_weight(n, t, self.plan, self.rank)) for n, t in w)
         return model.to(device=self.device, dtype=mc.dtype).eval()
@@ -428,7 +428,7 @@ def load_weights(cls: ShardedStateLoader, model, path, pattern: str | None = Non
 def load_sharded_state_model(mc: ModelConfig, device) -> LlamaForCausalLM:
     "The model of `mc.hf_config`, in `mc.dtype` on `device`, with the state saved in `mc.model`."
     with torch.device(device):
-        model = LlamaForCausalLM(mc.hf_config, mc.attention_backend, mc.max_model_len)
+        model = model_class(mc.hf_config)(mc.hf_config, mc.attention_backend, mc.max_model_len)
     model = model.to(dtype=mc.dtype)
     ShardedStateLoader.load_weights(model, mc.model)
     return model.eval()

@@ -69,6 +69,44 @@ def test_pipeline_matches_one_process(tiny, reference, tp, pp, mb):
     assert workers() == []
 
 
+@pytest.fixture(scope="module")
+def tiny_head_named(tiny, tmp_path_factory):
+    "The tiny tied model with its one embedding tensor stored as `lm_head.weight` (as the embedded model's copy)."
+    import shutil
+    from safetensors.torch import load_file, save_file
+    d = tmp_path_factory.mktemp("tiny_pp_head")
+    for f in os.listdir(tiny):
+        if not f.endswith(".safetensors"): shutil.copy(os.path.join(tiny, f), d)
+    w = load_file(os.path.join(tiny, "model.safetensors"))
+    w["lm_head.weight"] = w.pop("model.embed_tokens.weight")
+    save_file(w, str(d / "model.safetensors"), metadata={"format": "pt"})
+    return str(d)
+
+
+@pytest.mark.parametrize("tp,pp", [(1, 2), (2, 2)])
+def test_tied_head_named_checkpoint(tiny_head_named, reference, tp, pp):
+    "Tied embeddings stored under the LM head's name: the first stage's embedding and the last one's head load from it."
+    one = LLMEngine.from_engine_args(EngineArgs(model=tiny_head_named, **ARGS))
+    try: assert greedy(one, PROMPTS) == reference
+    finally: one.shutdown()
+    engine = LLMEngine.from_engine_args(EngineArgs(model=tiny_head_named, tensor_parallel_size=tp,
+                                                   pipeline_parallel_size=pp, **ARGS))
+    try: assert greedy(engine, PROMPTS) == reference
+    finally: engine.shutdown()
+
+
+@pytest.mark.parametrize("tp,pp", [(1, 2), (2, 2)])
+def test_embedded_model(model_dir, tp, pp):
+    "The embedded SmolLM2 (tied, 30 layers, 3 KV heads) under PP=2 and PP=2 x TP=2: the tokens of one process."
+    prompts, args = PROMPTS[:2], dict(ARGS, kv_cache_memory_bytes=16 << 20)
+    outs = []
+    for kw in ({}, dict(tensor_parallel_size=tp, pipeline_parallel_size=pp)):
+        engine = LLMEngine.from_engine_args(EngineArgs(model=model_dir, **kw, **args))
+        try: outs.append(greedy(engine, prompts, max_tokens=6))
+        finally: engine.shutdown()
+    assert outs[0] == outs[1]
+
+
 def test_refusals(tiny):
     with pytest.raises(ValueError, match="pipeline_parallel_size=6 is more stages than the model's 5 layers"):
         EngineArgs(model=tiny, pipeline_parallel_size=6, **ARGS).create_engine_config()
