@@ -33,6 +33,7 @@ from minivllm.model import (
     MODEL_RUNNERS,
     RUNNER_PREPARERS,
     ModelRunner,
+    DecoderLayer,
     LlamaForCausalLM,
     RotaryEmbedding,
     TorchOps,
@@ -531,6 +532,7 @@ def decode_step_layers(model, kv_caches, md, num_tokens: int):
         0 < num_tokens == md.num_decodes == md.num_seqs
         and model.ops is CpuOps
         and all(l.self_attn.attn_fn is cpu_paged_attention for l in model.layers)  # no window
+        and all(type(l) is DecoderLayer for l in model.layers)  # lesson 05's layers only
         and not a.qk_norm
         and not torch.is_grad_enabled()
         and kv_caches[0].is_contiguous()

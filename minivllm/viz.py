@@ -26,7 +26,7 @@ __all__ = ['PALETTE', 'BASE_COLOR', 'BlockRecord', 'KVRecord', 'kv_record', 'Row
            'record_scheduler', 'EngineRecorder', 'record_engine', 'colors_for', 'record_ids', 'plot_block_grid',
            'plot_batch_composition', 'plot_spec_steps', 'step_table', 'plot_step', 'fig_png', 'pick_frames',
            'player_html', 'StepViewer', 'adapter_colors', 'plot_lora_picture', 'plot_merge_vs_batch',
-           'plot_gather_shrink_expand', 'plot_window_blocks']
+           'plot_gather_shrink_expand', 'plot_window_blocks', 'plot_softcap']
 
 # %% ../nbs/90_viz.ipynb #ff2b1261
 @dataclass
@@ -966,4 +966,23 @@ def plot_window_blocks(tables: list[list], positions: list[int], block_size: int
     ax.set_title(f"a window of {window} tokens sliding over the block table", fontsize=9)
     for s in ("top", "right", "left"):
         ax.spines[s].set_visible(False)
+    return fig
+
+# %% ../nbs/90_viz.ipynb #4a06139f
+def plot_softcap(caps: dict, span: float = 100.0):
+    "`c · tanh(s / c)` against `s` in `[-span, span]`, one line per cap (`caps`: label → c)."
+    import numpy as np
+
+    s = np.linspace(-span, span, 401)
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    ax.plot(s, s, color="0.7", lw=1, ls="--", label="no cap")
+    for k, (label, c) in enumerate(caps.items()):
+        ax.plot(s, c * np.tanh(s / c), color=PALETTE[k % len(PALETTE)], lw=2, label=label)
+        ax.axhline(c, color=PALETTE[k % len(PALETTE)], lw=0.5, alpha=0.5)
+        ax.axhline(-c, color=PALETTE[k % len(PALETTE)], lw=0.5, alpha=0.5)
+    ax.set_ylim(-1.15 * max(caps.values()), 1.15 * max(caps.values()))
+    ax.set_xlabel("score or logit s", fontsize=8)
+    ax.set_ylabel("c · tanh(s / c)", fontsize=8)
+    ax.legend(fontsize=7, frameon=False)
+    ax.set_title("soft-capping: small values pass, large ones flatten at ±c", fontsize=9)
     return fig
