@@ -318,7 +318,8 @@ def rollback_slots(self: KVCacheManager, request: Request, num_tokens: int):
         self.num_cached_block[rid] = keep
 
 # %% ../nbs/02_block_manager.ipynb #a4ceb95c
-# block managers of later lessons by class name, each with `enabled(config)`, `from_config(config)`
+# block managers of later lessons by class name (lesson 05d: sliding windows), each with
+# `enabled(config)` and `from_config(config)`
 KV_CACHE_MANAGERS: dict[str, type] = {}
 
 
