@@ -62,4 +62,4 @@ __all__ = [  # what `from minivllm import *` brings (ruff reads it too)
 from . import model_kernels, sampling_more, compilation, lora  # noqa: F401
 from . import structured_outputs, parallel, spec_decode, pooling  # noqa: F401
 from . import logits_processors, pipeline, data_parallel, prompt_embeds  # noqa: F401
-from . import moe  # noqa: F401 (lesson 07d's model families)
+from . import sliding_window, moe, gemma_phi  # noqa: F401 (lessons 05d, 07d, 07e)

@@ -10,8 +10,8 @@ from fastcore.basics import patch
 from .request import Request
 
 # %% auto #0
-__all__ = ['KVBlock', 'FreeBlockQueue', 'hash_block_tokens', 'hash_request_blocks', 'BlockPool', 'cdiv', 'sibling_group',
-           'KVCacheManager', 'check_invariants']
+__all__ = ['KV_CACHE_MANAGERS', 'KVBlock', 'FreeBlockQueue', 'hash_block_tokens', 'hash_request_blocks', 'BlockPool', 'cdiv',
+           'sibling_group', 'KVCacheManager', 'make_kv_cache_manager', 'check_invariants']
 
 # %% ../nbs/02_block_manager.ipynb #8edb47106e1a46a883d545849b8ab81b
 class KVBlock:
@@ -316,6 +316,21 @@ def rollback_slots(self: KVCacheManager, request: Request, num_tokens: int):
     self.req_num_slots[rid] = min(self.req_num_slots.get(rid, num_tokens), num_tokens)
     if self.num_cached_block.get(rid, 0) > keep:
         self.num_cached_block[rid] = keep
+
+# %% ../nbs/02_block_manager.ipynb #a4ceb95c
+# block managers of later lessons by class name (lesson 05d: sliding windows), each with
+# `enabled(config)` and `from_config(config)`
+KV_CACHE_MANAGERS: dict[str, type] = {}
+
+
+def make_kv_cache_manager(config) -> KVCacheManager:
+    """The block manager of an engine with `config` (an `EngineConfig`): the latest registered class
+    that it enables, else a `KVCacheManager`."""
+    cc = config.cache_config
+    for cls in reversed(KV_CACHE_MANAGERS.values()):
+        if cls.enabled(config):
+            return cls.from_config(config)
+    return KVCacheManager(cc.num_gpu_blocks, cc.block_size, cc.enable_prefix_caching)
 
 # %% ../nbs/02_block_manager.ipynb #46a27a456b804aa2a380d5edf15a5daf
 def _check_pool(pool: BlockPool) -> list[int]:

@@ -10,7 +10,7 @@ from fastcore.basics import patch
 import torch
 from .config import EngineConfig
 from .request import Request, RequestStatus
-from .block_manager import KVCacheManager
+from .block_manager import make_kv_cache_manager
 from minivllm.scheduler import (
     STEP_EXTENSIONS,
     Scheduler,
@@ -162,9 +162,9 @@ class EngineCore:
                 f"max_model_len={config.model_config.max_model_len}: lower max_model_len or give "
                 "the cache more memory."
             )
-        self.kv_cache_manager = KVCacheManager(
-            cc.num_gpu_blocks, cc.block_size, cc.enable_prefix_caching
-        )
+        self.kv_cache_manager = make_kv_cache_manager(
+            config
+        )  # (lesson 02: a plain one unless a lesson's)
         self.extensions = [c.from_core(self) for c in STEP_EXTENSIONS.values() if c.enabled(config)]
         self.model_runner.extensions = self.extensions  # the runner's hook (`prepare`)
         self.scheduler = Scheduler(config.scheduler_config, self.kv_cache_manager, self.extensions)

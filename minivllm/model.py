@@ -21,10 +21,10 @@ import minivllm.attention_kernels  # noqa: F401 (registers lesson 04c's backends
 from .scheduler import ScheduledSeq, SchedulerOutput, StepExtension
 
 # %% auto #0
-__all__ = ['LAYER_OPS', 'ROPE_TYPES', 'MODEL_CLASSES', 'MODEL_RUNNERS', 'MODEL_LOADERS', 'RUNNER_PREPARERS', 'TorchOps',
-           'layer_ops', 'RMSNorm', 'RotaryEmbedding', 'Attention', 'MLP', 'DecoderLayer', 'LlamaForCausalLM',
-           'model_class', 'iter_checkpoint_weights', 'load_model', 'tiny_config', 'make_tiny_checkpoint', 'StepTimer',
-           'ModelRunnerOutput', 'model_runner_class', 'ModelRunner']
+__all__ = ['LAYER_OPS', 'ROPE_TYPES', 'MODEL_HOOKS', 'MODEL_CLASSES', 'MODEL_RUNNERS', 'MODEL_LOADERS', 'RUNNER_PREPARERS',
+           'TorchOps', 'layer_ops', 'RMSNorm', 'RotaryEmbedding', 'Attention', 'MLP', 'DecoderLayer',
+           'LlamaForCausalLM', 'model_class', 'iter_checkpoint_weights', 'load_model', 'tiny_config',
+           'make_tiny_checkpoint', 'StepTimer', 'ModelRunnerOutput', 'model_runner_class', 'ModelRunner']
 
 # %% ../nbs/05_model.ipynb #8283517b
 class TorchOps:
@@ -211,12 +211,19 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 # %% ../nbs/05_model.ipynb #ec48cb78
+# later lessons' changes to a model once its layers exist: name → `(model) → None` (05d's windows)
+MODEL_HOOKS: dict[str, Callable] = {}
+
+
 def _check_supported(config):
     "Raise for a feature of a registered family that minivllm does not run."
     if getattr(config, "sliding_window", None) and getattr(
         config, "use_sliding_window", config.model_type == "mistral"
     ):
-        raise NotImplementedError("sliding-window attention is not implemented in minivllm.")
+        if "sliding_window" not in MODEL_HOOKS:
+            raise NotImplementedError(
+                "sliding-window attention is lesson 05d's: import minivllm.sliding_window."
+            )
 
 # %% ../nbs/05_model.ipynb #644d0653
 class LlamaForCausalLM(nn.Module):
@@ -240,6 +247,8 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
         self.rotary = RotaryEmbedding(config, max_pos or config.max_position_embeddings)
         self.use_ops(ops or layer_ops())
+        for hook in MODEL_HOOKS.values():
+            hook(self)
 
     def make_layer(self, config, attn_fn, i: int) -> nn.Module:
         "Decoder layer `i` (a family with other layers overrides this)."

@@ -34,6 +34,7 @@ from minivllm.model import (
     RUNNER_PREPARERS,
     DecoderLayer,
     ModelRunner,
+    DecoderLayer,
     LlamaForCausalLM,
     RotaryEmbedding,
     TorchOps,
@@ -531,8 +532,8 @@ def decode_step_layers(model, kv_caches, md, num_tokens: int):
     if not (
         0 < num_tokens == md.num_decodes == md.num_seqs
         and model.ops is CpuOps
-        and all(type(layer) is DecoderLayer for layer in model.layers)  # (not a family's own)
-        and a.attn_fn is cpu_paged_attention
+        and all(l.self_attn.attn_fn is cpu_paged_attention for l in model.layers)  # no window
+        and all(type(l) is DecoderLayer for l in model.layers)  # lesson 05's layers only
         and not a.qk_norm
         and not torch.is_grad_enabled()
         and kv_caches[0].is_contiguous()

@@ -26,7 +26,7 @@ __all__ = ['PALETTE', 'BASE_COLOR', 'BlockRecord', 'KVRecord', 'kv_record', 'Row
            'record_scheduler', 'EngineRecorder', 'record_engine', 'colors_for', 'record_ids', 'plot_block_grid',
            'plot_batch_composition', 'plot_spec_steps', 'step_table', 'plot_step', 'fig_png', 'pick_frames',
            'player_html', 'StepViewer', 'adapter_colors', 'plot_lora_picture', 'plot_merge_vs_batch',
-           'plot_gather_shrink_expand', 'plot_expert_routing']
+           'plot_gather_shrink_expand', 'plot_expert_routing', 'plot_window_blocks', 'plot_softcap']
 
 # %% ../nbs/90_viz.ipynb #ff2b1261
 @dataclass
@@ -962,4 +962,54 @@ def plot_expert_routing(weights, ids, num_experts: int, tokens=None):
     axes[1, 0].set_ylabel("tokens")
     fig.suptitle("tokens routed to experts (shade: the router's weight)", fontsize=10)
     fig.tight_layout()
+    return fig
+
+# %% ../nbs/90_viz.ipynb #c1987674
+def plot_window_blocks(tables: list[list], positions: list[int], block_size: int, window: int):
+    """One row per step: the request's block table (`tables[i]`, a block id per entry, None for a
+    placeholder) and, as a red bar, the window of its query at `positions[i] - 1`."""
+    n, width = len(tables), max(len(t) for t in tables)
+    fig, ax = plt.subplots(figsize=(min(0.5 * width + 1.5, 11), 0.32 * n + 1.0))
+    for i, (table, pos) in enumerate(zip(tables, positions)):
+        y = n - 1 - i
+        for j, b in enumerate(table):
+            fc = (0.88, 0.88, 0.88, 1.0) if b is None else PALETTE[b % len(PALETTE)]
+            ax.add_patch(Rectangle((j, y + 0.1), 0.92, 0.8, fc=fc, ec="0.6", lw=0.5))
+            ax.text(
+                j + 0.46,
+                y + 0.5,
+                "·" if b is None else str(b),
+                ha="center",
+                va="center",
+                fontsize=6,
+            )
+        lo = max(pos - window, 0) / block_size
+        ax.plot([lo, pos / block_size], [y + 0.5] * 2, color="red", lw=2, alpha=0.6)
+    ax.set_xlim(-0.2, width + 0.2)
+    ax.set_ylim(-0.2, n)
+    ax.set_yticks([n - 0.5 - i for i in range(0, n, max(1, n // 10))])
+    ax.set_yticklabels([f"step {i}" for i in range(0, n, max(1, n // 10))], fontsize=7)
+    ax.set_xlabel(f"logical block (block_size = {block_size}); grey: given back", fontsize=8)
+    ax.set_title(f"a window of {window} tokens sliding over the block table", fontsize=9)
+    for s in ("top", "right", "left"):
+        ax.spines[s].set_visible(False)
+    return fig
+
+# %% ../nbs/90_viz.ipynb #4a06139f
+def plot_softcap(caps: dict, span: float = 100.0):
+    "`c · tanh(s / c)` against `s` in `[-span, span]`, one line per cap (`caps`: label → c)."
+    import numpy as np
+
+    s = np.linspace(-span, span, 401)
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    ax.plot(s, s, color="0.7", lw=1, ls="--", label="no cap")
+    for k, (label, c) in enumerate(caps.items()):
+        ax.plot(s, c * np.tanh(s / c), color=PALETTE[k % len(PALETTE)], lw=2, label=label)
+        ax.axhline(c, color=PALETTE[k % len(PALETTE)], lw=0.5, alpha=0.5)
+        ax.axhline(-c, color=PALETTE[k % len(PALETTE)], lw=0.5, alpha=0.5)
+    ax.set_ylim(-1.15 * max(caps.values()), 1.15 * max(caps.values()))
+    ax.set_xlabel("score or logit s", fontsize=8)
+    ax.set_ylabel("c · tanh(s / c)", fontsize=8)
+    ax.legend(fontsize=7, frameon=False)
+    ax.set_title("soft-capping: small values pass, large ones flatten at ±c", fontsize=9)
     return fig

@@ -96,7 +96,7 @@ _VLLM_ARGS: dict = dict(  # what changes nothing, per vLLM argument
     logprobs_mode=("raw_logprobs",),
     override_pooler_config=(None,),
     enable_sleep_mode=(False,),
-    disable_sliding_window=_ANY_BOOL,
+    disable_sliding_window=(False,),  # True: windows off (lesson 05d runs them)
     disable_cascade_attn=_ANY_BOOL,
     # loading
     safetensors_load_strategy=_ANY,

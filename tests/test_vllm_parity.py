@@ -53,7 +53,8 @@ VLLM_UNSUPPORTED = dict(quantization="awq", decode_context_parallel_size=2, data
     kv_cache_dtype="fp8", speculative_config={"method": "eagle", "num_speculative_tokens": 2}, cpu_offload_gb=4, tokenizer_mode="mistral",
     skip_tokenizer_init=True, enable_sleep_mode=True, async_scheduling=True,
     rope_scaling={"rope_type": "dynamic", "factor": 2.0}, model_impl="transformers",
-    enable_expert_parallel=True, compilation_config={"level": 3, "splitting_ops": []}, load_format="tensorizer")
+    enable_expert_parallel=True, compilation_config={"level": 3, "splitting_ops": []}, load_format="tensorizer",
+    disable_sliding_window=True)
 
 
 def test_every_vllm_engine_arg_is_known():
