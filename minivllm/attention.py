@@ -72,8 +72,8 @@ def build_metadata(
 def write_kv_cache(
     key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
 ):
-    """Scatter `key`/`value` `[num_tokens, kv_heads, head_dim]` into `kv_cache` `[2, blocks,
-    block_size, kv_heads, head_dim]`."""
+    """Scatter `key` and `value` (`[num_tokens, kv_heads, head_dim]`) into `kv_cache`
+    (`[2, blocks, block_size, kv_heads, head_dim]`) at `slot_mapping`."""
     _, nb, bs, h, d = kv_cache.shape
     kv_cache[0].view(nb * bs, h, d).index_copy_(0, slot_mapping, key.to(kv_cache.dtype))
     kv_cache[1].view(nb * bs, h, d).index_copy_(0, slot_mapping, value.to(kv_cache.dtype))
