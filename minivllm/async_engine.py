@@ -9,6 +9,7 @@ import logging
 import threading
 import time
 import warnings
+import weakref
 from collections import deque
 from typing import AsyncIterator, Callable, Iterable
 from minivllm.config import (
@@ -132,6 +133,9 @@ class AsyncLLMEngine:
             str, _Stream
         ] = {}  # request id -> stream; only the engine thread touches it
         self._thread: threading.Thread | None = None
+        self._quit = (
+            threading.Event()
+        )  # set by the finalizer: stop the thread (at interpreter exit)
         self._start_lock = threading.Lock()
         self._stopping = False
         self._dead: BaseException | None = None
@@ -206,6 +210,34 @@ def dead_error(self: AsyncLLMEngine) -> BaseException:
     )
 
 # %% ../nbs/14_async_engine.ipynb #197b7dc6
+def _engine_thread(ref, engine: LLMEngine, wake: threading.Event, quit: threading.Event):
+    """(engine thread) Turn the loop of the `AsyncLLMEngine` behind the weak reference `ref` until
+    it ends; then shut `engine` down, here, in the thread that used its sockets."""
+    while (a := ref()) is not None:
+        if quit.is_set():
+            a._stopping = True
+        idle = a._turn()
+        if idle is None:
+            break
+        a = None  # asleep, the thread holds no reference: a dropped engine can be collected
+        if idle:
+            wake.wait()
+    a = None
+    try:
+        engine.shutdown()
+    except Exception:
+        logger.exception("AsyncLLMEngine: shutting the engine down failed")
+
+
+def _stop_thread(thread: threading.Thread, wake: threading.Event, quit: threading.Event):
+    """(the finalizer: garbage collection or interpreter exit) Stop the engine thread; wait for it a
+    bounded time (not at all from the thread itself)."""
+    quit.set()
+    wake.set()
+    if thread is not threading.current_thread():
+        thread.join(30)
+
+
 @patch
 def start_background_loop(self: AsyncLLMEngine):
     "Start the engine thread (done by the first request unless `start_engine_loop=False`)."
@@ -217,29 +249,30 @@ def start_background_loop(self: AsyncLLMEngine):
         # The thread that built the engine keeps an idle OpenMP pool; with the engine thread's own
         # pool there are more OpenMP workers than cores (lesson 04a): hand it back first.
         release_openmp_threads()
-        self._thread = threading.Thread(target=self._loop, name="minivllm-engine", daemon=True)
+        args = (weakref.ref(self), self.engine, self._wake, self._quit)
+        self._thread = threading.Thread(target=_engine_thread, args=args, name="minivllm-engine")
+        self._thread.daemon = True
+        weakref.finalize(self, _stop_thread, self._thread, self._wake, self._quit)
         self._thread.start()
 
 
 @patch
-def _loop(self: AsyncLLMEngine):
-    """(engine thread) Run the queued operations, step while there is work, sleep when there is
-    none; end cleanly."""
+def _turn(self: AsyncLLMEngine) -> bool | None:
+    """(engine thread) One turn of the loop: run the queued operations, then a step if there is
+    work. True: nothing to do (sleep until woken); None: the loop ends (shut down, or it failed)."""
     try:
-        while True:
-            self._wake.clear()
-            self._run_ops()
-            if self._stopping:
-                break
+        self._wake.clear()
+        self._run_ops()
+        if not self._stopping:
             if self.engine.has_unfinished_requests() and self._pause_mode in (None, "wait"):
                 self._step()
-            elif not self._ops:
-                self._wake.wait()
+                return False
+            return not self._ops
     except BaseException as e:
         self._dead = e
         logger.exception("AsyncLLMEngine: the engine loop failed")
-    finally:
-        self._close()
+    self._close()
+    return None
 
 
 @patch
@@ -669,19 +702,18 @@ async def is_paused(self: AsyncLLMEngine) -> bool:
 @patch
 def shutdown(self: AsyncLLMEngine, timeout: float | None = 60) -> None:
     """Stop the engine thread: every request is aborted and its blocks freed; open iterators raise
-    `EngineDeadError`. Then the engine releases its worker processes, if it has any (tensor
-    parallelism)."""
+    `EngineDeadError`. The engine then releases its worker processes and sockets, if it has any
+    (done by the engine thread as it ends, if it was started)."""
     self._stopping = True
     t = self._thread
     if t is None:  # never started: clean up here
         if self._dead is None:
             self._close()
-    else:
-        self._wake.set()
-        if t is threading.current_thread():
-            return  # called from a step: the loop ends after it
+        self.engine.shutdown()
+        return
+    self._wake.set()
+    if t is not threading.current_thread():  # (from a step, the loop ends after it)
         t.join(timeout)
-    self.engine.shutdown()
 
 
 AsyncLLM = AsyncLLMEngine  # vLLM v1's name for the same class

@@ -52,16 +52,16 @@ __all__ = ['Text', 'Bool', 'INT64', 'TokenId', 'TokenIds', 'OneText', 'OneTokenI
            'StructuralTagFormat', 'CompletionRequest', 'ChatMessage', 'ChatCompletionRequest', 'ErrorInfo',
            'ErrorResponse', 'APIError', 'to_sampling_params', 'structural_tag_of', 'structured_outputs_of', 'Metrics',
            'completion_logprobs', 'chat_logprobs', 'max_token_chars', 'init_prep', 'thread_tokenizer', 'offload',
-           'check_prompt_chars', 'check_prompt_len', 'tokens_of', 'compile_grammar', 'base_app', 'engine_health',
-           'add_info_routes', 'check_model', 'apply_sampling_defaults', 'check_not_paused', 'run_request', 'usage',
-           'until_gone', 'respond', 'Accumulator', 'serve_choices', 'decode_prompt_embeds', 'add_completions_route',
-           'EmbeddingRequest', 'bytes_response', 'pooled_answer', 'add_embeddings_route', 'PoolingRequest',
-           'add_pooling_route', 'prepare_chat', 'add_chat_route', 'LoadLoRAAdapterRequest', 'add_lora_adapter',
-           'add_lora_routes', 'BatchChatCompletionRequest', 'add_batch_chat_route', 'ResponseTextFormat',
-           'ResponseText', 'ReasoningParams', 'ResponsesRequest', 'text_format_of', 'input_messages', 'output_items',
-           'ResponseEvents', 'add_responses_route', 'TokenizeRequest', 'DetokenizeRequest', 'add_tokenize_routes',
-           'ScoreRequest', 'RerankRequest', 'score_texts', 'add_score_routes', 'add_pause_routes', 'dev_mode',
-           'build_app', 'serve_parser', 'cmd_serve']
+           'check_prompt_chars', 'check_prompt_len', 'tokens_of', 'compile_grammar', 'lone_surrogate', 'check_unicode',
+           'base_app', 'engine_health', 'add_info_routes', 'check_model', 'apply_sampling_defaults', 'check_not_paused',
+           'run_request', 'usage', 'until_gone', 'respond', 'Accumulator', 'serve_choices', 'decode_prompt_embeds',
+           'add_completions_route', 'EmbeddingRequest', 'bytes_response', 'pooled_answer', 'add_embeddings_route',
+           'PoolingRequest', 'add_pooling_route', 'prepare_chat', 'add_chat_route', 'LoadLoRAAdapterRequest',
+           'add_lora_adapter', 'add_lora_routes', 'BatchChatCompletionRequest', 'add_batch_chat_route',
+           'ResponseTextFormat', 'ResponseText', 'ReasoningParams', 'ResponsesRequest', 'text_format_of',
+           'input_messages', 'output_items', 'ResponseEvents', 'add_responses_route', 'TokenizeRequest',
+           'DetokenizeRequest', 'add_tokenize_routes', 'ScoreRequest', 'RerankRequest', 'score_texts',
+           'add_score_routes', 'add_pause_routes', 'dev_mode', 'build_app', 'serve_parser', 'cmd_serve']
 
 # %% ../nbs/15_server.ipynb #738e7691
 class StreamOptions(BaseModel):
@@ -728,6 +728,43 @@ async def compile_grammar(app, sp: SamplingParams, param: str = "structured_outp
     except (ValueError, RuntimeError) as e:
         raise APIError(f"The grammar could not be compiled: {e}", param=param) from e
 
+# %% ../nbs/15_server.ipynb #284d0f06
+def lone_surrogate(obj) -> tuple[str, int, str] | None:
+    """The first string in `obj` (parsed JSON) that UTF-8 cannot encode: its field (`a.0.b`), the
+    position and the character; None if there is none."""
+    todo = [((), obj)]
+    while todo:
+        path, v = todo.pop()
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError as e:
+                return ".".join(map(str, path)), e.start, v[e.start]
+        elif isinstance(v, dict):
+            todo += [((*path, k), x) for k, x in reversed(list(v.items()))]
+            todo += [((*path, k), k) for k in v if isinstance(k, str)]  # (a key, too)
+        elif isinstance(v, list):
+            todo += [((*path, j), x) for j, x in reversed(list(enumerate(v)))]
+    return None
+
+
+async def check_unicode(request: Request):
+    "(every route) A 400 naming the field whose text holds a lone surrogate."
+    body = await request.body()
+    if b"\\ud" not in body.lower():
+        return
+    try:
+        found = lone_surrogate(await request.json())
+    except ValueError:
+        return  # not JSON: the body's validation says so
+    if found is not None:
+        field, at, ch = found
+        raise APIError(
+            f"{field}: the text holds a lone surrogate ('\\u{ord(ch):04x}' at character {at}), "
+            "which is not valid Unicode (UTF-8 cannot encode it).",
+            param=field,
+        )
+
 # %% ../nbs/15_server.ipynb #fs15e
 DEFAULT_MAX_BODY_BYTES = 16 << 20  # 16 MiB: a max-length prompt as token ids is far below this
 
@@ -753,9 +790,12 @@ def base_app(
 ):
     """A FastAPI app holding `engine` and its metrics, with OpenAI-style errors, the API key and the
     body limit."""
-    from fastapi import FastAPI
+    from fastapi import Depends, FastAPI
 
-    app = FastAPI(title="minivllm", responses=ERROR_RESPONSES, lifespan=_lifespan)
+    deps = [Depends(check_unicode)]
+    app = FastAPI(
+        title="minivllm", responses=ERROR_RESPONSES, lifespan=_lifespan, dependencies=deps
+    )
     s = app.state
     s.engine, s.metrics, s.served_model_name = engine, Metrics(engine), served_model_name
     s.tokenizer = engine.engine.get_tokenizer()
@@ -1393,6 +1433,8 @@ async def prepare_chat(app, req: ChatCompletionRequest):
     top, max_tokens = req.top_logprobs or 0, req.max_completion_tokens or req.max_tokens
     try:  # tools and tool_choice (lesson 06c): what to render, constrain and parse
         plan = plan_tools(req.model_dump(), s.enable_auto_tool_choice, s.tool_call_parser)
+        if plan.structured_outputs is not None:  # a tool's schema that is no grammar: the client's
+            validate_structured_outputs(plan.structured_outputs)
     except (ValueError, KeyError) as e:
         raise APIError(e.args[0] if e.args else str(e), param="tool_choice") from e
 
@@ -1970,35 +2012,39 @@ def add_tokenize_routes(app):
                 param="add_special_tokens",
             )
 
+        param = "prompt" if req.prompt is not None else "messages"
+        n = len(req.prompt) if req.prompt is not None else _content_chars(req.messages)
+        check_prompt_chars(app, n, param)  # (the generation routes' bounds, before any work)
+
         def ids():
             tok = thread_tokenizer(app)
             if req.prompt is not None:
-                return tok(
-                    req.prompt, add_special_tokens=req.add_special_tokens is not False
-                ).input_ids
-            chat = ChatCompletionRequest(
-                messages=req.messages, add_generation_prompt=req.add_generation_prompt
-            )
-            return _chat_prompt(tok, chat, s.chat_template, s.content_format, req.tools)[
-                "prompt_token_ids"
-            ]
+                add = req.add_special_tokens is not False
+                toks = tok(req.prompt, add_special_tokens=add).input_ids
+            else:
+                chat = ChatCompletionRequest(
+                    messages=req.messages, add_generation_prompt=req.add_generation_prompt
+                )
+                tmpl, fmt = s.chat_template, s.content_format
+                toks = _chat_prompt(tok, chat, tmpl, fmt, req.tools)["prompt_token_ids"]
+            check_prompt_len(app, len(toks), param)
+            return toks, tok.convert_ids_to_tokens(toks) if req.return_token_strs else None
 
-        toks = await offload(app, ids, "Tokenizing", "prompt")
-        strs = s.tokenizer.convert_ids_to_tokens(toks) if req.return_token_strs else None
+        toks, strs = await offload(app, ids, "Tokenizing", param)
         return dict(count=len(toks), max_model_len=s.max_model_len, tokens=toks, token_strs=strs)
 
     @app.post("/detokenize")
     async def detokenize(req: DetokenizeRequest):
         check_model(app, req.model)
-        if any(t >= len(s.tokenizer) for t in req.tokens):
+        check_prompt_len(app, len(req.tokens), "tokens")
+        if max(req.tokens, default=0) >= len(s.tokenizer):  # (one pass in C, not a Python loop)
             raise APIError(
                 f"Token ids must be below the vocabulary size {len(s.tokenizer)}.", param="tokens"
             )
-        return dict(
-            prompt=await offload(
-                app, lambda: thread_tokenizer(app).decode(req.tokens), "Detokenizing", "tokens"
-            )
+        text = await offload(
+            app, lambda: thread_tokenizer(app).decode(req.tokens), "Detokenizing", "tokens"
         )
+        return dict(prompt=text)
 
     return app
 
