@@ -229,15 +229,16 @@ def _engine_thread(ref, engine: LLMEngine, wake: threading.Event, quit: threadin
         logger.exception("AsyncLLMEngine: shutting the engine down failed")
 
 
-def _stop_thread(thread: threading.Thread, wake: threading.Event, quit: threading.Event):
+def _stop_thread(thread, wake, quit, current=threading.current_thread):
     """(the finalizer: garbage collection or interpreter exit) Stop the engine thread; wait for it a
-    bounded time (not at all from the thread itself)."""
+    bounded time (not at all from the thread itself). (`current` is bound here: at exit the
+    module's globals may be gone.)"""
     quit.set()
     wake.set()
-    if thread is not threading.current_thread():
+    if thread is not current():
         thread.join(30)
 
-
+# %% ../nbs/14_async_engine.ipynb #1c30f70c
 @patch
 def start_background_loop(self: AsyncLLMEngine):
     "Start the engine thread (done by the first request unless `start_engine_loop=False`)."
