@@ -133,9 +133,8 @@ class AsyncLLMEngine:
             str, _Stream
         ] = {}  # request id -> stream; only the engine thread touches it
         self._thread: threading.Thread | None = None
-        self._quit = (
-            threading.Event()
-        )  # set by the finalizer: stop the thread (at interpreter exit)
+        self._quit = threading.Event()  # set by the finalizer: the thread stops (at exit)
+        self._stepped: set[str] = set()  # running requests that a successful step went through
         self._start_lock = threading.Lock()
         self._stopping = False
         self._dead: BaseException | None = None
@@ -302,27 +301,43 @@ def _step(self: AsyncLLMEngine):
         self._fail_step(e)
         return
     self.step_times.append((t0, time.perf_counter(), len(outs)))
+    self._note_stepped()
     self._deliver(outs)
 
 
 @patch
+def _note_stepped(self: AsyncLLMEngine):
+    "(engine thread) Remember which running requests have been through a step that succeeded."
+    info = getattr(self.engine, "last_step", None)
+    if info is not None:
+        ran, was = {s.req_id for s in info.scheduler_output.seqs}, self._stepped
+        running = self.engine.scheduler.running
+        self._stepped = {
+            r.request_id for r in running if r.request_id in ran or r.request_id in was
+        }
+
+# %% ../nbs/14_async_engine.ipynb #de5d82e4
+@patch
 def _fail_step(self: AsyncLLMEngine, error: Exception):
-    """(engine thread) End the requests of the failed step with `EngineGenerateError`; re-raise if
-    fatal."""
+    """(engine thread) End the requests the failed step can be blamed on with `EngineGenerateError`
+    (the others run on); re-raise if fatal, or if nobody can be blamed."""
     eng = self.engine
     if engine_failure(eng) is not None:
         raise error
-    running = {r.request_id for r in eng.scheduler.running}
-    known = eng.scheduler.requests
+    running, known = {r.request_id for r in eng.scheduler.running}, eng.scheduler.requests
+    new = running - self._stepped  # running requests that no step got through yet
+    suspects = new or running
     blamed = [
         rid
         for rid, kids in eng.children.items()
-        if any(k in running or k not in known for k in kids)
+        if any(k in suspects or k not in known for k in kids)
     ]
     if not blamed:
         raise error
     logger.error("AsyncLLMEngine: a step failed; ending requests %s", blamed, exc_info=error)
     eng.abort_request(blamed, final_output=False)
+    if new and eng.scheduler.running:  # the innocent: recomputed from their tokens (the failed
+        preempt_running(eng)  # step may have left them half-way)
     for rid, s in list(self._streams.items()):
         if rid in blamed or rid not in eng.children:  # (an aborted one's final output was lost)
             err = EngineGenerateError(f"Request {rid} failed in an engine step: {error!r}")

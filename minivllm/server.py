@@ -48,20 +48,21 @@ from minivllm.tool_calling import (
 
 # %% auto #0
 __all__ = ['Text', 'Bool', 'INT64', 'TokenId', 'TokenIds', 'OneText', 'OneTokenIds', 'ERROR_RESPONSES', 'DEFAULT_MAX_BODY_BYTES',
-           'logger', 'Texts', 'StreamOptions', 'JsonSchemaFormat', 'ResponseFormat', 'StructuralTagItem',
-           'StructuralTagFormat', 'CompletionRequest', 'ChatMessage', 'ChatCompletionRequest', 'ErrorInfo',
-           'ErrorResponse', 'APIError', 'to_sampling_params', 'structural_tag_of', 'structured_outputs_of', 'Metrics',
-           'completion_logprobs', 'chat_logprobs', 'max_token_chars', 'init_prep', 'thread_tokenizer', 'offload',
-           'check_prompt_chars', 'check_prompt_len', 'tokens_of', 'compile_grammar', 'lone_surrogate', 'check_unicode',
-           'base_app', 'engine_health', 'add_info_routes', 'check_model', 'apply_sampling_defaults', 'check_not_paused',
-           'run_request', 'usage', 'until_gone', 'respond', 'Accumulator', 'serve_choices', 'decode_prompt_embeds',
-           'add_completions_route', 'EmbeddingRequest', 'bytes_response', 'pooled_answer', 'add_embeddings_route',
-           'PoolingRequest', 'add_pooling_route', 'prepare_chat', 'add_chat_route', 'LoadLoRAAdapterRequest',
-           'add_lora_adapter', 'add_lora_routes', 'BatchChatCompletionRequest', 'add_batch_chat_route',
-           'ResponseTextFormat', 'ResponseText', 'ReasoningParams', 'ResponsesRequest', 'text_format_of',
-           'input_messages', 'output_items', 'ResponseEvents', 'add_responses_route', 'TokenizeRequest',
-           'DetokenizeRequest', 'add_tokenize_routes', 'ScoreRequest', 'RerankRequest', 'score_texts',
-           'add_score_routes', 'add_pause_routes', 'dev_mode', 'build_app', 'serve_parser', 'cmd_serve']
+           'logger', 'MAX_BATCH_CONVERSATIONS', 'Texts', 'StreamOptions', 'JsonSchemaFormat', 'ResponseFormat',
+           'StructuralTagItem', 'StructuralTagFormat', 'CompletionRequest', 'ChatMessage', 'ChatCompletionRequest',
+           'ErrorInfo', 'ErrorResponse', 'APIError', 'to_sampling_params', 'structural_tag_of', 'structured_outputs_of',
+           'Metrics', 'completion_logprobs', 'chat_logprobs', 'internal_error', 'max_token_chars', 'init_prep',
+           'thread_tokenizer', 'offload', 'check_prompt_chars', 'check_prompt_len', 'check_max_tokens', 'tokens_of',
+           'compile_grammar', 'lone_surrogate', 'check_unicode', 'base_app', 'engine_health', 'add_info_routes',
+           'check_model', 'apply_sampling_defaults', 'check_not_paused', 'run_request', 'usage', 'until_gone',
+           'respond', 'Accumulator', 'serve_choices', 'decode_prompt_embeds', 'add_completions_route',
+           'EmbeddingRequest', 'bytes_response', 'pooled_answer', 'add_embeddings_route', 'PoolingRequest',
+           'add_pooling_route', 'prepare_chat', 'add_chat_route', 'LoadLoRAAdapterRequest', 'add_lora_adapter',
+           'add_lora_routes', 'BatchChatCompletionRequest', 'add_batch_chat_route', 'ResponseTextFormat',
+           'ResponseText', 'ReasoningParams', 'ResponsesRequest', 'text_format_of', 'input_messages', 'output_items',
+           'ResponseEvents', 'add_responses_route', 'TokenizeRequest', 'DetokenizeRequest', 'add_tokenize_routes',
+           'ScoreRequest', 'RerankRequest', 'score_texts', 'add_score_routes', 'add_pause_routes', 'dev_mode',
+           'build_app', 'serve_parser', 'cmd_serve']
 
 # %% ../nbs/15_server.ipynb #738e7691
 class StreamOptions(BaseModel):
@@ -566,6 +567,13 @@ def _validation_message(errs: list[dict]) -> tuple[str, str | None]:
     return msg, loc or None
 
 # %% ../nbs/15_server.ipynb #fs15t
+def internal_error(e: Exception) -> APIError:
+    """A 500 for a bug: the traceback goes to the server's log, the client reads the error's kind
+    only (no paths, no reprs of the server's objects)."""
+    logging.getLogger("minivllm").error("internal error", exc_info=e)
+    return APIError(f"Internal server error ({type(e).__name__}); see the server log.", 500)
+
+
 def _add_error_handlers(app):
     """Every error as OpenAI's error JSON: ours, Starlette's (headers kept), pydantic's, a dead
     engine's."""
@@ -591,7 +599,7 @@ def _add_error_handlers(app):
 
     @app.exception_handler(Exception)  # a bug: still JSON, never a plain-text 500
     async def _internal(request, e: Exception):
-        return _error(app, APIError(f"Internal error: {e!r}", 500))
+        return _error(app, internal_error(e))
 
 # %% ../nbs/15_server.ipynb #fs15d
 def _key_ok(header: str, api_key: str) -> bool:
@@ -604,8 +612,8 @@ def _key_ok(header: str, api_key: str) -> bool:
 
 
 class _Guard:
-    """ASGI middleware: the API key on `/v1` paths, and the body size limit (413), before any route
-    runs."""
+    """ASGI middleware: the API key on `/v1` and `/v2` paths, and the body size limit (413), before
+    any route runs."""
 
     def __init__(self, asgi, owner, api_key: str | None, max_body_bytes: int | None):
         self.asgi, self.owner, self.api_key, self.limit = asgi, owner, api_key, max_body_bytes
@@ -614,7 +622,7 @@ class _Guard:
         if scope["type"] != "http":
             return await self.asgi(scope, receive, send)
         headers = dict(scope["headers"])
-        if self.api_key and scope["path"].startswith("/v1"):
+        if self.api_key and scope["path"].startswith(("/v1", "/v2")):
             if not _key_ok(headers.get(b"authorization", b"").decode("latin-1"), self.api_key):
                 err = APIError("Invalid or missing API key.", 401)
                 return await _error(self.owner, err)(scope, receive, send)
@@ -674,15 +682,28 @@ def thread_tokenizer(app):
 
 
 async def offload(app, fn, what: str, param: str | None = None):
-    "Run `fn()` on a preparation thread and await it; a 400 if it takes longer than `prep_timeout`."
-    fut = asyncio.get_running_loop().run_in_executor(app.state.prep_pool, fn)
+    """Run `fn()` on a preparation thread and await it. Past `prep_timeout`: a 503 (retryable: the
+    server is busy) if no thread was free to start it (then it never runs), else a 400."""
+    started = threading.Event()
+
+    def run():
+        started.set()
+        return fn()
+
+    fut = asyncio.get_running_loop().run_in_executor(app.state.prep_pool, run)
     try:
         return await asyncio.wait_for(fut, app.state.prep_timeout)
     except asyncio.TimeoutError:
         t = app.state.prep_timeout
+        if not started.is_set():
+            raise APIError(
+                f"The server is busy: {what} waited {t:g} s for a free preparation thread; "
+                "retry later.",
+                503,
+            )
         raise APIError(f"{what} took longer than {t:g} s; the request is refused.", param=param)
 
-
+# %% ../nbs/15_server.ipynb #c4507cc2
 def check_prompt_chars(app, n_chars: int, param: str):
     "A 400 at once if a text of `n_chars` characters cannot fit in the model's context."
     if n_chars > app.state.max_prompt_chars:
@@ -699,6 +720,18 @@ def check_prompt_len(app, n_tokens: int, param: str):
         raise APIError(
             f"The prompt (length {n_tokens}) is longer than the maximum model length of "
             f"{app.state.max_model_len}.",
+            param=param,
+        )
+
+
+def check_max_tokens(app, n_prompt: int, max_tokens: int | None, param: str):
+    "A 400 naming `param` (as vLLM's) if `max_tokens` new tokens cannot follow the prompt."
+    n = app.state.max_model_len
+    if max_tokens is not None and max_tokens > n - n_prompt:
+        raise APIError(
+            f"'{param}' is too large: {max_tokens}. This model's maximum context length is {n} "
+            f"tokens and your request has {n_prompt} input tokens ({max_tokens} > {n} - "
+            f"{n_prompt}).",
             param=param,
         )
 
@@ -1011,7 +1044,7 @@ async def respond(stream: bool, gen, finish, request=None, done: bool = True):
         except APIError as e:  # the engine died, or the request failed in a step: say so
             yield _sse(e.body())
         except Exception as e:
-            yield _sse(APIError(f"Internal error: {e!r}", 500).body())
+            yield _sse(internal_error(e).body())
         finally:
             await it.aclose()
         if done:
@@ -1161,6 +1194,8 @@ def add_completions_route(app):
 
         def prepare():
             p = tokens_of(app, prompt, "prompt") if isinstance(prompt, str) else prompt
+            n = len(p["prompt_embeds" if "prompt_embeds" in p else "prompt_token_ids"])
+            check_max_tokens(app, n, req.max_tokens, "max_tokens")
             return p, to_sampling_params(req, req.max_tokens, req.logprobs)
 
         prompt, sp = await offload(app, prepare, "Preparing the prompt", "prompt")
@@ -1442,6 +1477,8 @@ async def prepare_chat(app, req: ChatCompletionRequest):
         tmpl, fmt = s.chat_template, s.content_format
         p = _chat_prompt(thread_tokenizer(app), req, tmpl, fmt, plan.tools)
         check_prompt_len(app, len(p["prompt_token_ids"]), "messages")
+        name = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
+        check_max_tokens(app, len(p["prompt_token_ids"]), max_tokens, name)
         sp = to_sampling_params(req, max_tokens, max(top, 1) if req.logprobs else None)
         if plan.structured_outputs is not None:  # "required" or a named function
             sp = dataclasses.replace(sp, structured_outputs=plan.structured_outputs)
@@ -1532,12 +1569,16 @@ def add_lora_routes(app):
     return app
 
 # %% ../nbs/15_server.ipynb #s2a63d954
+MAX_BATCH_CONVERSATIONS = 256  # vLLM's default `max_num_seqs`: more would only wait in the queue
+
+
 class BatchChatCompletionRequest(ChatCompletionRequest):
     """vLLM's body of `POST /v1/chat/completions/batch`: the chat fields, `messages` a list of
-    conversations."""
+    conversations (at most `MAX_BATCH_CONVERSATIONS`)."""
 
     messages: Annotated[
-        list[Annotated[list[ChatMessage], Field(min_length=1)]], Field(min_length=1)
+        list[Annotated[list[ChatMessage], Field(min_length=1)]],
+        Field(min_length=1, max_length=MAX_BATCH_CONVERSATIONS),
     ]
 
 

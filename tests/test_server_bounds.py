@@ -7,7 +7,10 @@ tiny random model with SmolLM2's tokenizer, through httpx):
 - A lone surrogate (`"\\ud800"`, not valid Unicode: UTF-8 cannot encode it) in chat content or a `/tokenize` prompt
   is a 400 naming the field, as `/v1/completions` answers (it was a 500: the tokenizer raised `TypeError`).
 - An invalid tool schema (`{"type": "bogus"}`, `{"$ref": "#/nowhere"}`) with `tool_choice` `"required"` or a named
-  function, on chat and on `/v1/responses`, is a 400 naming `tool_choice` (it was a 500)."""
+  function, on chat and on `/v1/responses`, is a 400 naming `tool_choice` (it was a 500).
+- `max_tokens` (`max_completion_tokens`, `max_output_tokens`) beyond what the context holds after the prompt is a 400
+  naming it, as vLLM answers (it was accepted).
+- `/v2` routes ask for the API key, as `/v1` routes do."""
 
 import json, threading, time
 
@@ -17,6 +20,8 @@ from conftest import running_server
 pytestmark = pytest.mark.xdist_group("tp")  # one xdist worker: a server process of its own
 
 MAX_LEN = 512
+KEY = "k3y"
+AUTH = {"authorization": f"Bearer {KEY}"}
 
 
 @pytest.fixture(scope="module")
@@ -28,14 +33,14 @@ def server(tmp_path_factory, model_dir):
                          num_attention_heads=4, num_key_value_heads=2, intermediate_size=128, num_hidden_layers=2,
                          tie_word_embeddings=True)
     with running_server(str(d), "--served-model-name", "tiny", "--max-model-len", str(MAX_LEN), "--dtype", "float32",
-                        "--kv-cache-memory-bytes", str(8 << 20)) as base:
+                        "--kv-cache-memory-bytes", str(8 << 20), "--api-key", KEY) as base:
         yield base
 
 
 def post(base, path, body, timeout=30):
     t0 = time.monotonic()
     # (json.dumps writes a lone surrogate as its `\ud800` escape, as a client's JSON encoder does)
-    r = httpx.post(base + path, content=json.dumps(body), headers={"content-type": "application/json"},
+    r = httpx.post(base + path, content=json.dumps(body), headers={"content-type": "application/json", **AUTH},
                    timeout=timeout)
     return r, time.monotonic() - t0
 
@@ -133,3 +138,38 @@ def test_invalid_tool_schema_is_a_400_on_responses(server, schema, choice):
     body = dict(model="tiny", input="Hi", max_output_tokens=16, tool_choice=choice,
                 tools=[{"type": "function", "name": "f", "parameters": schema}])
     check_400(*post(server, "/v1/responses", body), "tool_choice")
+
+
+@pytest.mark.parametrize("path,body,param", [
+    ("/v1/completions", dict(model="tiny", prompt="Hi", max_tokens=10**9), "max_tokens"),
+    ("/v1/completions", dict(model="tiny", prompt="Hi", max_tokens=2**63 - 1), "max_tokens"),
+    ("/v1/chat/completions", dict(model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=10**9),
+     "max_tokens"),
+    ("/v1/chat/completions", dict(model="tiny", messages=[{"role": "user", "content": "Hi"}],
+                                  max_completion_tokens=MAX_LEN), "max_completion_tokens"),
+    ("/v1/responses", dict(model="tiny", input="Hi", max_output_tokens=10**12), "max_tokens"),
+])
+def test_max_tokens_beyond_the_context_is_a_400(server, path, body, param):
+    check_400(*post(server, path, body), param, "is too large", f"maximum context length is {MAX_LEN}")
+    ok = dict(body, **{k: 2 for k in ("max_tokens", "max_completion_tokens", "max_output_tokens") if k in body})
+    r, _ = post(server, path, ok)
+    assert r.status_code == 200, r.text
+
+
+def test_v2_needs_the_api_key(server):
+    body = dict(model="tiny", query="a", documents=["b", "c"])
+    assert httpx.post(server + "/v2/rerank", json=body).status_code == 401
+    assert httpx.post(server + "/v2/rerank", json=body, headers=AUTH).status_code != 401
+
+
+def test_batch_chat_is_bounded(server):
+    from minivllm.server import MAX_BATCH_CONVERSATIONS
+    convs = [[{"role": "user", "content": "Hi"}]] * (MAX_BATCH_CONVERSATIONS + 1)
+    check_400(*post(server, "/v1/chat/completions/batch", dict(model="tiny", messages=convs, max_tokens=1)), "messages",
+              f"at most {MAX_BATCH_CONVERSATIONS}")
+
+
+def test_internal_errors_carry_no_internals():
+    from minivllm.server import internal_error
+    e = internal_error(RuntimeError("/usr/lib/gloo/something.cpp:42 <object at 0x7f>"))
+    assert e.status == 500 and "gloo" not in e.message and "0x7f" not in e.message and "RuntimeError" in e.message
