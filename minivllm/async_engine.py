@@ -325,7 +325,8 @@ def _fail_step(self: AsyncLLMEngine, error: Exception):
     if engine_failure(eng) is not None:
         raise error
     running, known = {r.request_id for r in eng.scheduler.running}, eng.scheduler.requests
-    new = running - self._stepped  # running requests that no step got through yet
+    # running requests no step got through yet (a data-parallel front end knows none: lesson 14b)
+    new = {r for r in running - self._stepped if r in known}
     suspects = new or running
     blamed = [
         rid
