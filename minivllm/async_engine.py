@@ -9,6 +9,7 @@ import logging
 import threading
 import time
 import warnings
+import weakref
 from collections import deque
 from typing import AsyncIterator, Callable, Iterable
 from minivllm.config import (
@@ -132,6 +133,8 @@ class AsyncLLMEngine:
             str, _Stream
         ] = {}  # request id -> stream; only the engine thread touches it
         self._thread: threading.Thread | None = None
+        self._quit = threading.Event()  # set by the finalizer: the thread stops (at exit)
+        self._stepped: set[str] = set()  # running requests that a successful step went through
         self._start_lock = threading.Lock()
         self._stopping = False
         self._dead: BaseException | None = None
@@ -206,6 +209,35 @@ def dead_error(self: AsyncLLMEngine) -> BaseException:
     )
 
 # %% ../nbs/14_async_engine.ipynb #197b7dc6
+def _engine_thread(ref, engine: LLMEngine, wake: threading.Event, quit: threading.Event):
+    """(engine thread) Turn the loop of the `AsyncLLMEngine` behind the weak reference `ref` until
+    it ends; then shut `engine` down, here, in the thread that used its sockets."""
+    while (a := ref()) is not None:
+        if quit.is_set():
+            a._stopping = True
+        idle = a._turn()
+        if idle is None:
+            break
+        a = None  # asleep, the thread holds no reference: a dropped engine can be collected
+        if idle:
+            wake.wait()
+    a = None
+    try:
+        engine.shutdown()
+    except Exception:
+        logger.exception("AsyncLLMEngine: shutting the engine down failed")
+
+
+def _stop_thread(thread, wake, quit, current=threading.current_thread):
+    """(the finalizer: garbage collection or interpreter exit) Stop the engine thread; wait for it a
+    bounded time (not at all from the thread itself). (`current` is bound here: at exit the
+    module's globals may be gone.)"""
+    quit.set()
+    wake.set()
+    if thread is not current():
+        thread.join(30)
+
+# %% ../nbs/14_async_engine.ipynb #1c30f70c
 @patch
 def start_background_loop(self: AsyncLLMEngine):
     "Start the engine thread (done by the first request unless `start_engine_loop=False`)."
@@ -217,29 +249,30 @@ def start_background_loop(self: AsyncLLMEngine):
         # The thread that built the engine keeps an idle OpenMP pool; with the engine thread's own
         # pool there are more OpenMP workers than cores (lesson 04a): hand it back first.
         release_openmp_threads()
-        self._thread = threading.Thread(target=self._loop, name="minivllm-engine", daemon=True)
+        args = (weakref.ref(self), self.engine, self._wake, self._quit)
+        self._thread = threading.Thread(target=_engine_thread, args=args, name="minivllm-engine")
+        self._thread.daemon = True
+        weakref.finalize(self, _stop_thread, self._thread, self._wake, self._quit)
         self._thread.start()
 
 
 @patch
-def _loop(self: AsyncLLMEngine):
-    """(engine thread) Run the queued operations, step while there is work, sleep when there is
-    none; end cleanly."""
+def _turn(self: AsyncLLMEngine) -> bool | None:
+    """(engine thread) One turn of the loop: run the queued operations, then a step if there is
+    work. True: nothing to do (sleep until woken); None: the loop ends (shut down, or it failed)."""
     try:
-        while True:
-            self._wake.clear()
-            self._run_ops()
-            if self._stopping:
-                break
+        self._wake.clear()
+        self._run_ops()
+        if not self._stopping:
             if self.engine.has_unfinished_requests() and self._pause_mode in (None, "wait"):
                 self._step()
-            elif not self._ops:
-                self._wake.wait()
+                return False
+            return not self._ops
     except BaseException as e:
         self._dead = e
         logger.exception("AsyncLLMEngine: the engine loop failed")
-    finally:
-        self._close()
+    self._close()
+    return None
 
 
 @patch
@@ -268,27 +301,44 @@ def _step(self: AsyncLLMEngine):
         self._fail_step(e)
         return
     self.step_times.append((t0, time.perf_counter(), len(outs)))
+    self._note_stepped()
     self._deliver(outs)
 
 
 @patch
+def _note_stepped(self: AsyncLLMEngine):
+    "(engine thread) Remember which running requests have been through a step that succeeded."
+    info = getattr(self.engine, "last_step", None)
+    if info is not None:
+        ran, was = {s.req_id for s in info.scheduler_output.seqs}, self._stepped
+        running = self.engine.scheduler.running
+        self._stepped = {
+            r.request_id for r in running if r.request_id in ran or r.request_id in was
+        }
+
+# %% ../nbs/14_async_engine.ipynb #de5d82e4
+@patch
 def _fail_step(self: AsyncLLMEngine, error: Exception):
-    """(engine thread) End the requests of the failed step with `EngineGenerateError`; re-raise if
-    fatal."""
+    """(engine thread) End the requests the failed step can be blamed on with `EngineGenerateError`
+    (the others run on); re-raise if fatal, or if nobody can be blamed."""
     eng = self.engine
     if engine_failure(eng) is not None:
         raise error
-    running = {r.request_id for r in eng.scheduler.running}
-    known = eng.scheduler.requests
+    running, known = {r.request_id for r in eng.scheduler.running}, eng.scheduler.requests
+    # running requests no step got through yet (a data-parallel front end knows none: lesson 14b)
+    new = {r for r in running - self._stepped if r in known}
+    suspects = new or running
     blamed = [
         rid
         for rid, kids in eng.children.items()
-        if any(k in running or k not in known for k in kids)
+        if any(k in suspects or k not in known for k in kids)
     ]
     if not blamed:
         raise error
     logger.error("AsyncLLMEngine: a step failed; ending requests %s", blamed, exc_info=error)
     eng.abort_request(blamed, final_output=False)
+    if new and eng.scheduler.running:  # the innocent: recomputed from their tokens (the failed
+        preempt_running(eng)  # step may have left them half-way)
     for rid, s in list(self._streams.items()):
         if rid in blamed or rid not in eng.children:  # (an aborted one's final output was lost)
             err = EngineGenerateError(f"Request {rid} failed in an engine step: {error!r}")
@@ -669,19 +719,18 @@ async def is_paused(self: AsyncLLMEngine) -> bool:
 @patch
 def shutdown(self: AsyncLLMEngine, timeout: float | None = 60) -> None:
     """Stop the engine thread: every request is aborted and its blocks freed; open iterators raise
-    `EngineDeadError`. Then the engine releases its worker processes, if it has any (tensor
-    parallelism)."""
+    `EngineDeadError`. The engine then releases its worker processes and sockets, if it has any
+    (done by the engine thread as it ends, if it was started)."""
     self._stopping = True
     t = self._thread
     if t is None:  # never started: clean up here
         if self._dead is None:
             self._close()
-    else:
-        self._wake.set()
-        if t is threading.current_thread():
-            return  # called from a step: the loop ends after it
+        self.engine.shutdown()
+        return
+    self._wake.set()
+    if t is not threading.current_thread():  # (from a step, the loop ends after it)
         t.join(timeout)
-    self.engine.shutdown()
 
 
 AsyncLLM = AsyncLLMEngine  # vLLM v1's name for the same class

@@ -291,7 +291,7 @@ class DPLLMEngine(LLMEngine):
         one.data_parallel_size = 1
         (Path(self._dir.name) / "args.pkl").write_bytes(pickle.dumps(one))
         self._finalizer = weakref.finalize(
-            self, _close_engines, self.engines, self._ctx, self._dir, self._watch
+            self, _close_engines, self.engines, self._ctx, self._out, self._dir, self._watch
         )
         try:
             for r in range(n):
@@ -358,8 +358,9 @@ def _wait_ready(self: DPLLMEngine, timeout: float = 600):
             )
 
 # %% ../nbs/14b_data_parallel.ipynb #62068648
-def _close_engines(engines, ctx, tmpdir, watch=()):
-    "Stop the engine processes (kill those that do not stop), close ZeroMQ. Idempotent."
+def _close_engines(engines, ctx, out, tmpdir, watch=()):
+    """Stop the engine processes (kill those that do not stop), close every socket, then end the
+    ZeroMQ context. Idempotent, and bounded in time (it also runs on garbage collection)."""
     import zmq
 
     for w in watch:
@@ -381,7 +382,9 @@ def _close_engines(engines, ctx, tmpdir, watch=()):
                 e.proc.kill()
                 e.proc.wait()
         e.dead = e.dead or "shut down"
-    ctx.destroy(linger=0)
+    for s in [out] + [e.sock for e in engines]:
+        s.close(linger=0)  # (each one by name: see below)
+    ctx.term()
     tmpdir.cleanup()
 
 # %% ../nbs/14b_data_parallel.ipynb #a0178e46

@@ -233,3 +233,10 @@ def generate(
     ids = self._add_requests(prompts, sampling_params, priority, lora_request, final_only=True)
     self._run_engine(use_tqdm, wanted=self.llm_engine.get_num_unfinished_requests())
     return self._collect(ids)
+
+# %% ../nbs/13_llm.ipynb #4a4f2393
+@patch
+def shutdown(self: LLM) -> None:
+    "Release the engine's processes and sockets; the `LLM` takes no more work (a new one does)."
+    self.llm_engine.shutdown()
+    self._dead_reason = "it was shut down"

@@ -465,7 +465,7 @@ def _shutdown(st: _TPState):
             dist.destroy_process_group()
         except Exception:
             pass
-    st.initialized = False
+    st.initialized, st.ctrl, st.store = False, None, None  # (the store's sockets close with it)
 
 # %% ../nbs/07_tensor_parallel.ipynb #aa996124
 def _launch_worker(rank: int, world: int, addr: str, port: int) -> subprocess.Popen:

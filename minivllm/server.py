@@ -48,13 +48,14 @@ from minivllm.tool_calling import (
 
 # %% auto #0
 __all__ = ['Text', 'Bool', 'INT64', 'TokenId', 'TokenIds', 'OneText', 'OneTokenIds', 'ERROR_RESPONSES', 'DEFAULT_MAX_BODY_BYTES',
-           'logger', 'Texts', 'StreamOptions', 'JsonSchemaFormat', 'ResponseFormat', 'StructuralTagItem',
-           'StructuralTagFormat', 'CompletionRequest', 'ChatMessage', 'ChatCompletionRequest', 'ErrorInfo',
-           'ErrorResponse', 'APIError', 'to_sampling_params', 'structural_tag_of', 'structured_outputs_of', 'Metrics',
-           'completion_logprobs', 'chat_logprobs', 'max_token_chars', 'init_prep', 'thread_tokenizer', 'offload',
-           'check_prompt_chars', 'check_prompt_len', 'tokens_of', 'compile_grammar', 'base_app', 'engine_health',
-           'add_info_routes', 'check_model', 'apply_sampling_defaults', 'check_not_paused', 'run_request', 'usage',
-           'until_gone', 'respond', 'Accumulator', 'serve_choices', 'decode_prompt_embeds', 'add_completions_route',
+           'logger', 'MAX_BATCH_CONVERSATIONS', 'Texts', 'StreamOptions', 'JsonSchemaFormat', 'ResponseFormat',
+           'StructuralTagItem', 'StructuralTagFormat', 'CompletionRequest', 'ChatMessage', 'ChatCompletionRequest',
+           'ErrorInfo', 'ErrorResponse', 'APIError', 'to_sampling_params', 'structural_tag_of', 'structured_outputs_of',
+           'Metrics', 'completion_logprobs', 'chat_logprobs', 'internal_error', 'max_token_chars', 'init_prep',
+           'thread_tokenizer', 'offload', 'check_prompt_chars', 'check_prompt_len', 'check_max_tokens', 'tokens_of',
+           'compile_grammar', 'lone_surrogate', 'check_unicode', 'base_app', 'engine_health', 'add_info_routes',
+           'check_model', 'apply_sampling_defaults', 'check_not_paused', 'run_request', 'usage', 'until_gone',
+           'respond', 'Accumulator', 'serve_choices', 'decode_prompt_embeds', 'add_completions_route',
            'EmbeddingRequest', 'bytes_response', 'pooled_answer', 'add_embeddings_route', 'PoolingRequest',
            'add_pooling_route', 'prepare_chat', 'add_chat_route', 'LoadLoRAAdapterRequest', 'add_lora_adapter',
            'add_lora_routes', 'BatchChatCompletionRequest', 'add_batch_chat_route', 'ResponseTextFormat',
@@ -566,6 +567,13 @@ def _validation_message(errs: list[dict]) -> tuple[str, str | None]:
     return msg, loc or None
 
 # %% ../nbs/15_server.ipynb #fs15t
+def internal_error(e: Exception) -> APIError:
+    """A 500 for a bug: the traceback goes to the server's log, the client reads the error's kind
+    only (no paths, no reprs of the server's objects)."""
+    logging.getLogger("minivllm").error("internal error", exc_info=e)
+    return APIError(f"Internal server error ({type(e).__name__}); see the server log.", 500)
+
+
 def _add_error_handlers(app):
     """Every error as OpenAI's error JSON: ours, Starlette's (headers kept), pydantic's, a dead
     engine's."""
@@ -591,7 +599,7 @@ def _add_error_handlers(app):
 
     @app.exception_handler(Exception)  # a bug: still JSON, never a plain-text 500
     async def _internal(request, e: Exception):
-        return _error(app, APIError(f"Internal error: {e!r}", 500))
+        return _error(app, internal_error(e))
 
 # %% ../nbs/15_server.ipynb #fs15d
 def _key_ok(header: str, api_key: str) -> bool:
@@ -604,8 +612,8 @@ def _key_ok(header: str, api_key: str) -> bool:
 
 
 class _Guard:
-    """ASGI middleware: the API key on `/v1` paths, and the body size limit (413), before any route
-    runs."""
+    """ASGI middleware: the API key on `/v1` and `/v2` paths, and the body size limit (413), before
+    any route runs."""
 
     def __init__(self, asgi, owner, api_key: str | None, max_body_bytes: int | None):
         self.asgi, self.owner, self.api_key, self.limit = asgi, owner, api_key, max_body_bytes
@@ -614,7 +622,7 @@ class _Guard:
         if scope["type"] != "http":
             return await self.asgi(scope, receive, send)
         headers = dict(scope["headers"])
-        if self.api_key and scope["path"].startswith("/v1"):
+        if self.api_key and scope["path"].startswith(("/v1", "/v2")):
             if not _key_ok(headers.get(b"authorization", b"").decode("latin-1"), self.api_key):
                 err = APIError("Invalid or missing API key.", 401)
                 return await _error(self.owner, err)(scope, receive, send)
@@ -674,15 +682,28 @@ def thread_tokenizer(app):
 
 
 async def offload(app, fn, what: str, param: str | None = None):
-    "Run `fn()` on a preparation thread and await it; a 400 if it takes longer than `prep_timeout`."
-    fut = asyncio.get_running_loop().run_in_executor(app.state.prep_pool, fn)
+    """Run `fn()` on a preparation thread and await it. Past `prep_timeout`: a 503 (retryable: the
+    server is busy) if no thread was free to start it (then it never runs), else a 400."""
+    started = threading.Event()
+
+    def run():
+        started.set()
+        return fn()
+
+    fut = asyncio.get_running_loop().run_in_executor(app.state.prep_pool, run)
     try:
         return await asyncio.wait_for(fut, app.state.prep_timeout)
     except asyncio.TimeoutError:
         t = app.state.prep_timeout
+        if not started.is_set():
+            raise APIError(
+                f"The server is busy: {what} waited {t:g} s for a free preparation thread; "
+                "retry later.",
+                503,
+            )
         raise APIError(f"{what} took longer than {t:g} s; the request is refused.", param=param)
 
-
+# %% ../nbs/15_server.ipynb #c4507cc2
 def check_prompt_chars(app, n_chars: int, param: str):
     "A 400 at once if a text of `n_chars` characters cannot fit in the model's context."
     if n_chars > app.state.max_prompt_chars:
@@ -699,6 +720,18 @@ def check_prompt_len(app, n_tokens: int, param: str):
         raise APIError(
             f"The prompt (length {n_tokens}) is longer than the maximum model length of "
             f"{app.state.max_model_len}.",
+            param=param,
+        )
+
+
+def check_max_tokens(app, n_prompt: int, max_tokens: int | None, param: str):
+    "A 400 naming `param` (as vLLM's) if `max_tokens` new tokens cannot follow the prompt."
+    n = app.state.max_model_len
+    if max_tokens is not None and max_tokens > n - n_prompt:
+        raise APIError(
+            f"'{param}' is too large: {max_tokens}. This model's maximum context length is {n} "
+            f"tokens and your request has {n_prompt} input tokens ({max_tokens} > {n} - "
+            f"{n_prompt}).",
             param=param,
         )
 
@@ -728,6 +761,43 @@ async def compile_grammar(app, sp: SamplingParams, param: str = "structured_outp
     except (ValueError, RuntimeError) as e:
         raise APIError(f"The grammar could not be compiled: {e}", param=param) from e
 
+# %% ../nbs/15_server.ipynb #284d0f06
+def lone_surrogate(obj) -> tuple[str, int, str] | None:
+    """The first string in `obj` (parsed JSON) that UTF-8 cannot encode: its field (`a.0.b`), the
+    position and the character; None if there is none."""
+    todo = [((), obj)]
+    while todo:
+        path, v = todo.pop()
+        if isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError as e:
+                return ".".join(map(str, path)), e.start, v[e.start]
+        elif isinstance(v, dict):
+            todo += [((*path, k), x) for k, x in reversed(list(v.items()))]
+            todo += [((*path, k), k) for k in v if isinstance(k, str)]  # (a key, too)
+        elif isinstance(v, list):
+            todo += [((*path, j), x) for j, x in reversed(list(enumerate(v)))]
+    return None
+
+
+async def check_unicode(request: Request):
+    "(every route) A 400 naming the field whose text holds a lone surrogate."
+    body = await request.body()
+    if b"\\ud" not in body.lower():
+        return
+    try:
+        found = lone_surrogate(await request.json())
+    except ValueError:
+        return  # not JSON: the body's validation says so
+    if found is not None:
+        field, at, ch = found
+        raise APIError(
+            f"{field}: the text holds a lone surrogate ('\\u{ord(ch):04x}' at character {at}), "
+            "which is not valid Unicode (UTF-8 cannot encode it).",
+            param=field,
+        )
+
 # %% ../nbs/15_server.ipynb #fs15e
 DEFAULT_MAX_BODY_BYTES = 16 << 20  # 16 MiB: a max-length prompt as token ids is far below this
 
@@ -753,9 +823,12 @@ def base_app(
 ):
     """A FastAPI app holding `engine` and its metrics, with OpenAI-style errors, the API key and the
     body limit."""
-    from fastapi import FastAPI
+    from fastapi import Depends, FastAPI
 
-    app = FastAPI(title="minivllm", responses=ERROR_RESPONSES, lifespan=_lifespan)
+    deps = [Depends(check_unicode)]
+    app = FastAPI(
+        title="minivllm", responses=ERROR_RESPONSES, lifespan=_lifespan, dependencies=deps
+    )
     s = app.state
     s.engine, s.metrics, s.served_model_name = engine, Metrics(engine), served_model_name
     s.tokenizer = engine.engine.get_tokenizer()
@@ -971,7 +1044,7 @@ async def respond(stream: bool, gen, finish, request=None, done: bool = True):
         except APIError as e:  # the engine died, or the request failed in a step: say so
             yield _sse(e.body())
         except Exception as e:
-            yield _sse(APIError(f"Internal error: {e!r}", 500).body())
+            yield _sse(internal_error(e).body())
         finally:
             await it.aclose()
         if done:
@@ -1121,6 +1194,8 @@ def add_completions_route(app):
 
         def prepare():
             p = tokens_of(app, prompt, "prompt") if isinstance(prompt, str) else prompt
+            n = len(p["prompt_embeds" if "prompt_embeds" in p else "prompt_token_ids"])
+            check_max_tokens(app, n, req.max_tokens, "max_tokens")
             return p, to_sampling_params(req, req.max_tokens, req.logprobs)
 
         prompt, sp = await offload(app, prepare, "Preparing the prompt", "prompt")
@@ -1393,6 +1468,8 @@ async def prepare_chat(app, req: ChatCompletionRequest):
     top, max_tokens = req.top_logprobs or 0, req.max_completion_tokens or req.max_tokens
     try:  # tools and tool_choice (lesson 06c): what to render, constrain and parse
         plan = plan_tools(req.model_dump(), s.enable_auto_tool_choice, s.tool_call_parser)
+        if plan.structured_outputs is not None:  # a tool's schema that is no grammar: the client's
+            validate_structured_outputs(plan.structured_outputs)
     except (ValueError, KeyError) as e:
         raise APIError(e.args[0] if e.args else str(e), param="tool_choice") from e
 
@@ -1400,6 +1477,8 @@ async def prepare_chat(app, req: ChatCompletionRequest):
         tmpl, fmt = s.chat_template, s.content_format
         p = _chat_prompt(thread_tokenizer(app), req, tmpl, fmt, plan.tools)
         check_prompt_len(app, len(p["prompt_token_ids"]), "messages")
+        name = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
+        check_max_tokens(app, len(p["prompt_token_ids"]), max_tokens, name)
         sp = to_sampling_params(req, max_tokens, max(top, 1) if req.logprobs else None)
         if plan.structured_outputs is not None:  # "required" or a named function
             sp = dataclasses.replace(sp, structured_outputs=plan.structured_outputs)
@@ -1490,12 +1569,16 @@ def add_lora_routes(app):
     return app
 
 # %% ../nbs/15_server.ipynb #s2a63d954
+MAX_BATCH_CONVERSATIONS = 256  # vLLM's default `max_num_seqs`: more would only wait in the queue
+
+
 class BatchChatCompletionRequest(ChatCompletionRequest):
     """vLLM's body of `POST /v1/chat/completions/batch`: the chat fields, `messages` a list of
-    conversations."""
+    conversations (at most `MAX_BATCH_CONVERSATIONS`)."""
 
     messages: Annotated[
-        list[Annotated[list[ChatMessage], Field(min_length=1)]], Field(min_length=1)
+        list[Annotated[list[ChatMessage], Field(min_length=1)]],
+        Field(min_length=1, max_length=MAX_BATCH_CONVERSATIONS),
     ]
 
 
@@ -1970,35 +2053,39 @@ def add_tokenize_routes(app):
                 param="add_special_tokens",
             )
 
+        param = "prompt" if req.prompt is not None else "messages"
+        n = len(req.prompt) if req.prompt is not None else _content_chars(req.messages)
+        check_prompt_chars(app, n, param)  # (the generation routes' bounds, before any work)
+
         def ids():
             tok = thread_tokenizer(app)
             if req.prompt is not None:
-                return tok(
-                    req.prompt, add_special_tokens=req.add_special_tokens is not False
-                ).input_ids
-            chat = ChatCompletionRequest(
-                messages=req.messages, add_generation_prompt=req.add_generation_prompt
-            )
-            return _chat_prompt(tok, chat, s.chat_template, s.content_format, req.tools)[
-                "prompt_token_ids"
-            ]
+                add = req.add_special_tokens is not False
+                toks = tok(req.prompt, add_special_tokens=add).input_ids
+            else:
+                chat = ChatCompletionRequest(
+                    messages=req.messages, add_generation_prompt=req.add_generation_prompt
+                )
+                tmpl, fmt = s.chat_template, s.content_format
+                toks = _chat_prompt(tok, chat, tmpl, fmt, req.tools)["prompt_token_ids"]
+            check_prompt_len(app, len(toks), param)
+            return toks, tok.convert_ids_to_tokens(toks) if req.return_token_strs else None
 
-        toks = await offload(app, ids, "Tokenizing", "prompt")
-        strs = s.tokenizer.convert_ids_to_tokens(toks) if req.return_token_strs else None
+        toks, strs = await offload(app, ids, "Tokenizing", param)
         return dict(count=len(toks), max_model_len=s.max_model_len, tokens=toks, token_strs=strs)
 
     @app.post("/detokenize")
     async def detokenize(req: DetokenizeRequest):
         check_model(app, req.model)
-        if any(t >= len(s.tokenizer) for t in req.tokens):
+        check_prompt_len(app, len(req.tokens), "tokens")
+        if max(req.tokens, default=0) >= len(s.tokenizer):  # (one pass in C, not a Python loop)
             raise APIError(
                 f"Token ids must be below the vocabulary size {len(s.tokenizer)}.", param="tokens"
             )
-        return dict(
-            prompt=await offload(
-                app, lambda: thread_tokenizer(app).decode(req.tokens), "Detokenizing", "tokens"
-            )
+        text = await offload(
+            app, lambda: thread_tokenizer(app).decode(req.tokens), "Detokenizing", "tokens"
         )
+        return dict(prompt=text)
 
     return app
 

@@ -271,3 +271,42 @@ def test_fatal_step_failure_is_engine_dead_error(llm_engine, monkeypatch):
     engine.shutdown()
     monkeypatch.undo()
     assert_idle(llm_engine)
+
+
+def test_a_failing_new_request_fails_alone(llm_engine, monkeypatch):
+    """A step that raises for one new request (here: whenever request "bad" is in the batch) ends that request alone
+    with EngineGenerateError; the three streams running beside it finish with their finish_reason and exactly the
+    text they have without the fault (they are recomputed from their tokens)."""
+    from minivllm.async_engine import EngineGenerateError
+    sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    ps = {rid: prompt(i) for i, rid in enumerate("abc")}
+    ref = sync_texts(llm_engine, {rid: (p, sp) for rid, p in ps.items()})
+    core, execute = llm_engine.engine_core, llm_engine.engine_core.execute
+    def faulty(out, timer):
+        if any(s.req_id == "bad" for s in out.seqs): raise RuntimeError("simulated fault in request bad")
+        return execute(out, timer)
+    monkeypatch.setattr(core, "execute", faulty)
+    engine = AsyncLLMEngine(llm_engine)
+    progress = {rid: 0 for rid in ps}
+
+    async def one(rid, p):
+        out = None
+        try:
+            async for out in engine.generate(p, sp, rid): progress[rid] = len(out.outputs[0].token_ids)
+        except EngineGenerateError as e: return e
+        return out.outputs[0]
+
+    async def main():
+        tasks = [asyncio.create_task(one(rid, p)) for rid, p in ps.items()]
+        while min(progress.values()) < 3: await asyncio.sleep(0.005)   # all three running, a few tokens in
+        bad = await asyncio.wait_for(one("bad", "Hello there"), 60)
+        return bad, await asyncio.wait_for(asyncio.gather(*tasks), 120)
+    bad, outs = asyncio.run(main())
+    assert isinstance(bad, EngineGenerateError) and "simulated fault" in str(bad.__cause__), bad
+    assert all(not isinstance(o, Exception) for o in outs), outs
+    assert [o.finish_reason for o in outs] == ["length"] * 3
+    assert {rid: (o.text, list(o.token_ids)) for rid, o in zip(ps, outs)} == {rid: (t, list(ids)) for rid, (t, ids) in ref.items()}
+    assert engine.is_running
+    engine.shutdown()
+    monkeypatch.undo()
+    assert_idle(llm_engine)
