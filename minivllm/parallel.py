@@ -31,7 +31,7 @@ from .model_kernels import Linear
 from .scheduler import SchedulerOutput
 
 # %% auto #0
-__all__ = ['split_evenly', 'TPPlan', 'shard_weight', 'iter_shard_weights', 'shard_config', 'RowParallelLinear',
+__all__ = ['split_evenly', 'kv_heads_held', 'TPPlan', 'shard_weight', 'iter_shard_weights', 'shard_config', 'RowParallelLinear',
            'VocabParallelEmbedding', 'TPLlamaForCausalLM', 'load_shard', 'TPWorker', 'worker_main', 'TPModelRunner']
 
 # %% ../nbs/07_tensor_parallel.ipynb #aa6f9996
@@ -41,6 +41,22 @@ def split_evenly(n: int, parts: int) -> list[int]:
     return [n // parts + (i < n % parts) for i in range(parts)]
 
 
+def kv_heads_held(H: int, Hkv: int, world_size: int) -> list[list[int]]:
+    """Per rank, the KV heads it holds, in order: whole KV groups when there are at least as many
+    KV heads as ranks; else copies of the KV heads its share of the query heads reads."""
+    g = H // Hkv
+    if world_size <= Hkv:
+        sizes = split_evenly(Hkv, world_size)
+        return [list(range(sum(sizes[:r]), sum(sizes[: r + 1]))) for r in range(world_size)]
+    held, q = [], split_evenly(H, world_size)
+    for r in range(world_size):
+        reads = [h // g for h in range(sum(q[:r]), sum(q[: r + 1]))]  # each query head's KV head
+        once = sorted(set(reads))
+        even = len({reads.count(k) for k in once}) == 1  # equal groups: one copy of each
+        held.append(once if even else reads)  # else one copy per query head (groups of 1)
+    return held
+
+# %% ../nbs/07_tensor_parallel.ipynb #tpplan07
 @dataclass
 class TPPlan:
     """How a Llama-family model is split over `world_size` ranks: per rank, its heads, KV heads, MLP
@@ -48,15 +64,16 @@ class TPPlan:
 
     world_size: int
     head_dim: int
-    kv_heads: list[int]  # whole KV groups per rank
-    q_heads: list[int]  # = kv_heads × (query heads per KV head)
+    kv_heads: list[int]  # KV heads per rank (whole groups, or copies: `kv_index`)
+    q_heads: list[int]  # query heads per rank
     inter: list[int]  # MLP intermediate features
     vocab: list[int]  # embedding / LM-head rows
+    kv_index: list[list[int]]  # per rank, the KV heads it holds, in order
 
     @classmethod
     def from_config(cls, c, world_size: int) -> "TPPlan":
-        """The plan for an HF config `c` over `world_size` ranks; a clear `ValueError` when no rank
-        may go without a KV head."""
+        """The plan for an HF config `c` over `world_size` ranks; a clear `ValueError` when some
+        rank would get no query head."""
         H, Hkv = c.num_attention_heads, c.num_key_value_heads
         if not isinstance(world_size, int) or world_size < 1:
             raise ValueError(
@@ -64,31 +81,27 @@ class TPPlan:
             )
         if H % Hkv:
             raise ValueError(f"{H} query heads do not form groups over {Hkv} KV heads.")
-        if world_size > Hkv:
+        if world_size > H:
             raise ValueError(
-                f"tensor_parallel_size={world_size} cannot split the model's {Hkv} KV heads: each "
-                "rank needs "
-                f"at least one whole KV head (with its group of {H // Hkv} query heads), so "
-                f"tensor_parallel_size must be between 1 and {Hkv}."
+                f"tensor_parallel_size={world_size} cannot split the model's {H} query heads: "
+                f"each rank needs at least one, so tensor_parallel_size must be between 1 and {H}."
             )
-        kv = split_evenly(Hkv, world_size)
+        held = kv_heads_held(H, Hkv, world_size)
+        q = split_evenly(H, world_size) if world_size > Hkv else [len(k) * (H // Hkv) for k in held]
         head_dim = getattr(c, "head_dim", None) or c.hidden_size // H
-        return cls(
-            world_size,
-            head_dim,
-            kv,
-            [k * (H // Hkv) for k in kv],
-            split_evenly(c.intermediate_size, world_size),
-            split_evenly(c.vocab_size, world_size),
-        )
+        inter, vocab = (split_evenly(n, world_size) for n in (c.intermediate_size, c.vocab_size))
+        return cls(world_size, head_dim, [len(k) for k in held], q, inter, vocab, held)
 
     def span(self, what: str, rank: int) -> tuple[int, int]:
         """`[start, stop)` of `rank`'s slice of a weight's rows: `what` is 'q', 'kv' (in features:
-        heads × head_dim), 'inter' or 'vocab'."""
-        sizes = {"q": self.q_heads, "kv": self.kv_heads, "inter": self.inter, "vocab": self.vocab}[
-            what
-        ]
-        unit = self.head_dim if what in ("q", "kv") else 1
+        heads × head_dim; its KV heads must be consecutive, held once), 'inter' or 'vocab'."""
+        if what == "kv":
+            k = self.kv_index[rank]
+            if k != list(range(k[0], k[0] + len(k))):
+                raise ValueError(f"rank {rank} holds KV heads {k}: not one consecutive slice")
+            return k[0] * self.head_dim, (k[-1] + 1) * self.head_dim
+        sizes = {"q": self.q_heads, "inter": self.inter, "vocab": self.vocab}[what]
+        unit = self.head_dim if what == "q" else 1
         start = sum(sizes[:rank])
         return start * unit, (start + sizes[rank]) * unit
 
@@ -109,6 +122,9 @@ def shard_weight(name: str, t, plan: TPPlan, rank: int) -> torch.Tensor:
     """`rank`'s slice of the checkpoint weight `name`; `t` is a tensor or a safetensors slice (only
     that part is read)."""
     module, kind = name.split(".")[-2:]
+    if module in ("k_proj", "v_proj"):  # the rows of each KV head the rank holds (copies too)
+        D = plan.head_dim
+        return torch.cat([t[k * D : (k + 1) * D] for k in plan.kv_index[rank]])
     if module in _COLUMN:
         a, b = plan.span(_COLUMN[module], rank)
         return t[a:b]
