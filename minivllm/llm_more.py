@@ -515,11 +515,15 @@ def collective_rpc(
 ) -> list:
     "Call `method` (a name, or a callable taking the worker) on every worker; their results."
     runner = self.engine_core.model_runner
-    if getattr(runner, "world_size", 1) > 1:
-        raise NotImplementedError(
-            "collective_rpc with tensor or pipeline parallelism is not implemented in minivllm: "
-            "the other ranks run only the steps rank 0 broadcasts."
-        )
+    if getattr(runner, "world_size", 1) > 1:  # every rank: by name (lesson 07's `collective_rpc`)
+        if not isinstance(method, str) or not hasattr(runner, "collective_rpc"):
+            raise NotImplementedError(
+                "collective_rpc over several ranks takes a method name (a callable cannot travel), "
+                "with tensor parallelism (not pipeline parallelism) in minivllm."
+            )
+        if not callable(getattr(runner, method, None)):
+            raise AttributeError(f"collective_rpc: the worker has no method {method!r}.")
+        return runner.collective_rpc(method, args, kwargs)
     if isinstance(method, str):
         if not callable(getattr(runner, method, None)):
             raise AttributeError(f"collective_rpc: the worker has no method {method!r}.")

@@ -337,6 +337,9 @@ class TPWorker(ModelRunner):
                 return
             if cmd == "step":
                 self.execute_model(*arg[0], **arg[1])
+            if cmd == "rpc":  # a method of every rank (`collective_rpc`, below)
+                res = getattr(self, arg[0])(*arg[1], **arg[2])
+                dist.gather_object(res, None, dst=0, group=ctrl)
 
 # %% ../nbs/07_tensor_parallel.ipynb #a5e10de8
 def worker_main():
@@ -625,3 +628,16 @@ def shutdown(self: TPModelRunner):
 def worker_pids(self: TPModelRunner) -> list[int]:
     "Process ids of the workers this process started."
     return [p.pid for _, p in self._state.procs]
+
+# %% ../nbs/07_tensor_parallel.ipynb #rpc07
+@patch
+def collective_rpc(self: TPModelRunner, name: str, args: tuple = (), kwargs=None) -> list:
+    """Call the method `name` on every rank (vLLM's `collective_rpc`: `update_config`,
+    `reload_weights`, …); their results in rank order."""
+    st, kwargs = self._state, kwargs or {}
+    if st.closed:
+        raise RuntimeError("the tensor-parallel workers are shut down.")
+    dist.broadcast_object_list([("rpc", (name, tuple(args), kwargs))], src=0, group=st.ctrl)
+    res, out = getattr(self, name)(*args, **kwargs), [None] * self.world_size
+    dist.gather_object(res, out, dst=0, group=st.ctrl)
+    return out

@@ -286,6 +286,8 @@ class _DummyShard:
 
     def load_model(self):
         mc = self.full_model_config
+        if mc.load_format != "dummy":  # real weights (after `update_config`, `reload_weights`)
+            return super().load_model()
         args = (self.plan, self.rank, mc.attention_backend, mc.max_model_len)
         with torch.device(self.device):
             model = TPLlamaForCausalLM(mc.hf_config, *args)
@@ -323,6 +325,8 @@ def update_config(self: ModelRunner, overrides: dict) -> None:
                 f"update_config {name}={kv!r}: minivllm updates only load_format while running."
             )
         self.config.model_config.load_format = kv["load_format"]
+        if hasattr(self, "full_model_config"):  # a tensor-parallel rank's (lesson 07)
+            self.full_model_config.load_format = kv["load_format"]
 
 
 @patch
