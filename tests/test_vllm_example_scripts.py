@@ -114,7 +114,12 @@ EXAMPLES = [
             models=("lmsys/longchat-13b-16k",), smaller=(("max_tokens=100", "max_tokens=16"),),
             check=r"Generation time"),
     Example("features/automatic_prefix_caching/prefix_caching_offline.py", models=(OPT,),
-            check=r"Generated answers are the same: True"),
+            check=r"Generated answers are the same: True",
+            expect="xfail: in the CPU's default bf16, greedy answers change with prefix-cache hits (the rows left to "
+                   "compute run in a batch of another size, through another GEMM kernel, rounding differently) "
+                   "unless VLLM_BATCH_INVARIANT=1, which is not the CPU default (issue 47: its cost not measured on "
+                   "an idle machine)",
+            match=r"Generated answers are the same: False"),
     Example("rl/batch_invariance/reproducibility_offline.py", models=(OPT,), check=r"Generated text:"),
     Example("features/structured_outputs/structured_outputs_offline.py", models=("Qwen/Qwen2.5-3B-Instruct",)),
     Example("features/speculative_decoding/spec_decode_offline.py",
