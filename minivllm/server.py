@@ -704,8 +704,7 @@ def check_prompt_len(app, n_tokens: int, param: str):
 
 
 def tokens_of(app, text: str, param: str, check: bool = True) -> TokensPrompt:
-    """(preparation thread) A text prompt as a `TokensPrompt` (the text kept for the output),
-    checked against the context unless `check` is False (an input embedded in chunks)."""
+    "(preparation thread) A text prompt as a `TokensPrompt` (text kept), length checked if `check`."
     ids = thread_tokenizer(app)(text).input_ids
     if check:
         check_prompt_len(app, len(ids), param)

@@ -63,6 +63,7 @@ from .cli import FlexibleArgumentParser
 from .tool_calling import ToolParser, ToolParserManager
 from . import logits_processors as lp
 from .pooling import ScoringOutput, ScoringRequestOutput
+from .pooling import ClassificationOutput, ClassificationRequestOutput
 
 # %% auto #0
 __all__ = ['VLLM_MODULES', 'VLLM_CONFIG_NAMES', 'ENV_READ', 'ENV_NO_EFFECT', 'ENV_REFUSED', 'VLLM_API_SERVER',
@@ -528,6 +529,8 @@ VLLM_MODULES: dict[str, dict] = {
         EmbeddingRequestOutput=EmbeddingRequestOutput,
         ScoringOutput=ScoringOutput,
         ScoringRequestOutput=ScoringRequestOutput,
+        ClassificationOutput=ClassificationOutput,
+        ClassificationRequestOutput=ClassificationRequestOutput,
     ),
     "inputs": dict(TextPrompt=TextPrompt, TokensPrompt=TokensPrompt, PromptType=PromptType),
     "pooling_params": dict(PoolingParams=PoolingParams),
