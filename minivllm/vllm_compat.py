@@ -63,7 +63,6 @@ from .cli import FlexibleArgumentParser
 from .tool_calling import ToolParser, ToolParserManager
 from . import logits_processors as lp
 from .pooling import ScoringOutput, ScoringRequestOutput
-from .pooling import ClassificationOutput, ClassificationRequestOutput
 
 # %% auto #0
 __all__ = ['VLLM_MODULES', 'VLLM_CONFIG_NAMES', 'ENV_READ', 'ENV_NO_EFFECT', 'ENV_REFUSED', 'VLLM_API_SERVER',
@@ -519,6 +518,8 @@ def print_embeddings(embeds: list[float], prefix: str = "Embeddings") -> None:
     print(f"{prefix}: {shown} (size={len(embeds)})")
 
 # %% ../nbs/95_vllm_compat.ipynb #9e694dcc
+from .pooling import ClassificationOutput, ClassificationRequestOutput
+
 VLLM_MODULES: dict[str, dict] = {
     "outputs": dict(
         RequestOutput=RequestOutput,
