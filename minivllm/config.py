@@ -90,7 +90,7 @@ class LoRARequest:
 
 # %% ../nbs/00b_config.ipynb #p00b
 POOLING_TYPES = ("LAST", "MEAN", "CLS")
-POOLING_TASKS = ("embed", "token_embed")  # vLLM's pooling tasks that minivllm runs
+POOLING_TASKS = ("embed", "token_embed", "classify")  # vLLM's pooling tasks that minivllm runs
 
 
 @dataclass
@@ -101,7 +101,7 @@ class PoolerConfig:
 
     pooling_type: str | None = None  # None: LAST, vLLM's default for a decoder model
     normalize: bool | None = None  # None: True (embeddings are unit vectors)
-    task: str | None = None  # None: any task per request; else "embed" or "token_embed"
+    task: str | None = None  # None: any task per request; else one of POOLING_TASKS
     use_activation: bool | None = None  # vLLM's newer name of `normalize` for embeddings
     enable_chunked_processing: bool = False
     max_embed_len: int | None = None  # None: max_model_len (unlimited when chunked)
@@ -169,7 +169,7 @@ class PoolingParams:
     truncate_prompt_tokens: int | None = None
     dimensions: int | None = None
     normalize: bool | None = None
-    activation: bool | None = None  # classification and reward heads only (minivllm has none)
+    activation: bool | None = None  # vLLM's older name of `use_activation` for classification
     task: str | None = None
     extra_kwargs: dict | None = None
     output_kind: RequestOutputKind = RequestOutputKind.FINAL_ONLY
@@ -180,11 +180,15 @@ class PoolingParams:
     returned_token_ids: list | None = None
 
     def __post_init__(self):
-        if self.task not in (None, "embed", "token_embed", "encode"):
+        if self.task not in (None, "embed", "token_embed", "encode", "classify"):
             raise NotImplementedError(
-                f"PoolingParams(task={self.task!r}): minivllm pools for 'embed', 'token_embed' "
-                "and 'encode' only."
+                f"PoolingParams(task={self.task!r}): minivllm pools for 'embed', 'token_embed', "
+                "'classify' and 'encode' only."
             )
+        if self.activation is not None:  # (classification: softmax on the head's logits)
+            if self.use_activation not in (None, self.activation):
+                raise ValueError("PoolingParams: activation and use_activation disagree.")
+            self.use_activation, self.activation = self.activation, None
         if self.use_activation is not None:
             if self.normalize not in (None, self.use_activation):
                 raise ValueError("PoolingParams: normalize and use_activation disagree.")
@@ -195,10 +199,6 @@ class PoolingParams:
             or self.dimensions < 1
         ):
             raise ValueError(f"dimensions must be a positive integer, got {self.dimensions!r}.")
-        if self.activation:
-            raise NotImplementedError(
-                "PoolingParams(activation=True): minivllm has no classification heads."
-            )
         for k in (
             "truncate_prompt_tokens",
             "late_chunking_params",
@@ -226,8 +226,14 @@ def clone(self: PoolingParams) -> PoolingParams:
 
 @patch
 def verify(self: PoolingParams, model_config):
-    "The checks that need the model: `dimensions` at most its hidden size."
+    "The checks that need the model: `dimensions` at most its hidden size; `classify` a classifier."
     h = model_config.hf_config.hidden_size
+    archs = model_config.hf_config.architectures or []
+    if self.task == "classify" and not any(a.endswith("ForSequenceClassification") for a in archs):
+        raise ValueError(
+            f"task 'classify' needs a classification model (a *ForSequenceClassification "
+            f"checkpoint); this model's architectures are {archs}."
+        )
     if self.dimensions is not None and self.dimensions > h:
         raise ValueError(
             f"dimensions={self.dimensions} is larger than the model's hidden size {h}."
@@ -1227,14 +1233,12 @@ def create_engine_config(self: EngineArgs) -> EngineConfig:
     auto = self.device == "auto"
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if auto else self.device)
     mc = self._model_config(device, self._check(device))
-    max_model_len, tp, kv = mc.max_model_len, self.tensor_parallel_size, mc.get_num_kv_heads()
-    if (
-        tp > kv
-    ):  # tensor parallelism gives each rank whole KV heads (see the tensor-parallel lesson)
+    max_model_len, tp = mc.max_model_len, self.tensor_parallel_size
+    heads = mc.hf_config.num_attention_heads
+    if tp > heads:  # each rank needs a query head (KV heads are copied: the tensor-parallel lesson)
         bad(
-            f"tensor_parallel_size={tp} cannot split the model's {kv} KV heads: each rank needs at "
-            "least one whole KV head (with its group of query heads), so tensor_parallel_size "
-            f"must be between 1 and {kv}."
+            f"tensor_parallel_size={tp} cannot split the model's {heads} query heads: each rank "
+            f"needs at least one, so tensor_parallel_size must be between 1 and {heads}."
         )
     mnbt = self.max_num_batched_tokens or (
         2048 if self.enable_chunked_prefill else max(max_model_len, 2048)

@@ -385,6 +385,31 @@ from .pooling import score as _score
 
 LLM.score = _score  # vLLM's `LLM.score` (lesson 09b)
 
+# %% ../nbs/13b_llm_more.ipynb #cls13b
+from .pooling import ClassificationRequestOutput
+
+
+@patch
+def classify(
+    self: LLM,
+    prompts: PromptType | Sequence[PromptType],
+    *,
+    use_tqdm: bool = True,
+    pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+    lora_request=None,
+    tokenization_kwargs: dict | None = None,
+) -> list[ClassificationRequestOutput]:
+    'Each prompt\'s label probabilities (`outputs.probs`): `encode` with the task "classify".'
+    outs = self.encode(
+        prompts,
+        pooling_params,
+        use_tqdm=use_tqdm,
+        lora_request=lora_request,
+        pooling_task="classify",
+        tokenization_kwargs=tokenization_kwargs,
+    )
+    return [ClassificationRequestOutput.from_base(o) for o in outs]
+
 # %% ../nbs/13b_llm_more.ipynb #a1cddfaf
 @patch
 def add_lora(self: LLM, lora_request) -> bool:
@@ -437,7 +462,6 @@ for _name, _why in [
     ("sleep", "there is no GPU memory to release (sleep mode)"),
     ("wake_up", "there is no sleep mode"),
     ("apply_model", "the model runs in the engine, not in workers"),
-    ("classify", "no classification models"),
     ("reward", "no reward models"),
 ]:
     setattr(LLM, _name, _not_here(_name, _why))
@@ -491,11 +515,15 @@ def collective_rpc(
 ) -> list:
     "Call `method` (a name, or a callable taking the worker) on every worker; their results."
     runner = self.engine_core.model_runner
-    if getattr(runner, "world_size", 1) > 1:
-        raise NotImplementedError(
-            "collective_rpc with tensor or pipeline parallelism is not implemented in minivllm: "
-            "the other ranks run only the steps rank 0 broadcasts."
-        )
+    if getattr(runner, "world_size", 1) > 1:  # every rank: by name (lesson 07's `collective_rpc`)
+        if not isinstance(method, str) or not hasattr(runner, "collective_rpc"):
+            raise NotImplementedError(
+                "collective_rpc over several ranks takes a method name (a callable cannot travel), "
+                "with tensor parallelism (not pipeline parallelism) in minivllm."
+            )
+        if not callable(getattr(runner, method, None)):
+            raise AttributeError(f"collective_rpc: the worker has no method {method!r}.")
+        return runner.collective_rpc(method, args, kwargs)
     if isinstance(method, str):
         if not callable(getattr(runner, method, None)):
             raise AttributeError(f"collective_rpc: the worker has no method {method!r}.")

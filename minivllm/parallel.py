@@ -33,9 +33,9 @@ from .model_kernels import Linear
 from .scheduler import SchedulerOutput
 
 # %% auto #0
-__all__ = ['TP_COLUMN', 'TP_ROW', 'TP_SPLIT_SIZES', 'TP_MODULES', 'split_evenly', 'TPPlan', 'shard_weight', 'iter_shard_weights',
-           'shard_config', 'RowParallelLinear', 'VocabParallelEmbedding', 'TPLlamaForCausalLM', 'tp_model_class',
-           'load_shard', 'TPWorker', 'worker_main', 'TPModelRunner']
+__all__ = ['TP_COLUMN', 'TP_ROW', 'TP_SPLIT_SIZES', 'TP_MODULES', 'split_evenly', 'kv_heads_held', 'TPPlan', 'shard_weight',
+           'iter_shard_weights', 'shard_config', 'RowParallelLinear', 'VocabParallelEmbedding', 'TPLlamaForCausalLM',
+           'tp_model_class', 'load_shard', 'TPWorker', 'worker_main', 'TPModelRunner']
 
 # %% ../nbs/07_tensor_parallel.ipynb #aa6f9996
 def split_evenly(n: int, parts: int) -> list[int]:
@@ -44,6 +44,23 @@ def split_evenly(n: int, parts: int) -> list[int]:
     return [n // parts + (i < n % parts) for i in range(parts)]
 
 
+def kv_heads_held(H: int, Hkv: int, world_size: int) -> list[list[int]]:
+    """Per rank, the KV heads it holds, in order: whole KV groups when there are at least as many
+    KV heads as ranks; else copies of the KV heads its share of the query heads reads."""
+    g = H // Hkv
+    if world_size <= Hkv:
+        sizes = split_evenly(Hkv, world_size)
+        return [list(range(sum(sizes[:r]), sum(sizes[: r + 1]))) for r in range(world_size)]
+    held, q = [], split_evenly(H, world_size)
+    for r in range(world_size):
+        reads = [h // g for h in range(sum(q[:r]), sum(q[: r + 1]))]  # each query head's KV head
+        once = sorted(set(reads))
+        even = len({reads.count(k) for k in once}) == 1  # equal groups: one copy of each
+        held.append(once if even else reads)  # else one copy per query head (groups of 1)
+    return held
+
+
+# %% ../nbs/07_tensor_parallel.ipynb #tpplan07
 @dataclass
 class TPPlan:
     """How a Llama-family model is split over `world_size` ranks: per rank, its heads, KV heads, MLP
@@ -51,15 +68,16 @@ class TPPlan:
 
     world_size: int
     head_dim: int
-    kv_heads: list[int]  # whole KV groups per rank
-    q_heads: list[int]  # = kv_heads × (query heads per KV head)
+    kv_heads: list[int]  # KV heads per rank (whole groups, or copies: `kv_index`)
+    q_heads: list[int]  # query heads per rank
     inter: list[int]  # MLP intermediate features
     vocab: list[int]  # embedding / LM-head rows
+    kv_index: list[list[int]]  # per rank, the KV heads it holds, in order
 
     @classmethod
     def from_config(cls, c, world_size: int) -> "TPPlan":
-        """The plan for an HF config `c` over `world_size` ranks; a clear `ValueError` when no rank
-        may go without a KV head."""
+        """The plan for an HF config `c` over `world_size` ranks; a clear `ValueError` when some
+        rank would get no query head."""
         H, Hkv = c.num_attention_heads, c.num_key_value_heads
         if not isinstance(world_size, int) or world_size < 1:
             raise ValueError(
@@ -67,33 +85,30 @@ class TPPlan:
             )
         if H % Hkv:
             raise ValueError(f"{H} query heads do not form groups over {Hkv} KV heads.")
-        if world_size > Hkv:
+        if world_size > H:
             raise ValueError(
-                f"tensor_parallel_size={world_size} cannot split the model's {Hkv} KV heads: each "
-                "rank needs "
-                f"at least one whole KV head (with its group of {H // Hkv} query heads), so "
-                f"tensor_parallel_size must be between 1 and {Hkv}."
+                f"tensor_parallel_size={world_size} cannot split the model's {H} query heads: "
+                f"each rank needs at least one, so tensor_parallel_size must be between 1 and {H}."
             )
-        kv = split_evenly(Hkv, world_size)
+        held = kv_heads_held(H, Hkv, world_size)
+        q = split_evenly(H, world_size) if world_size > Hkv else [len(k) * (H // Hkv) for k in held]
         head_dim = getattr(c, "head_dim", None) or c.hidden_size // H
-        return cls(
-            world_size,
-            head_dim,
-            kv,
-            [k * (H // Hkv) for k in kv],
-            split_evenly(c.intermediate_size, world_size),
-            split_evenly(c.vocab_size, world_size),
-        )
+        inter, vocab = (split_evenly(n, world_size) for n in (c.intermediate_size, c.vocab_size))
+        return cls(world_size, head_dim, [len(k) for k in held], q, inter, vocab, held)
 
     def span(self, what: str, rank: int, n: int | None = None) -> tuple[int, int]:
         """`[start, stop)` of `rank`'s slice of a weight's rows: `what` is 'q', 'kv' (in features:
-        heads × head_dim), 'inter' (of `n` features: an MLP's, or an expert's) or 'vocab'."""
-        sizes = {"q": self.q_heads, "kv": self.kv_heads, "inter": self.inter, "vocab": self.vocab}[
-            what
-        ]
+        heads × head_dim; its KV heads must be consecutive, held once), 'inter' (of `n` features:
+        an MLP's, or an expert's) or 'vocab'."""
+        if what == "kv":
+            k = self.kv_index[rank]
+            if k != list(range(k[0], k[0] + len(k))):
+                raise ValueError(f"rank {rank} holds KV heads {k}: not one consecutive slice")
+            return k[0] * self.head_dim, (k[-1] + 1) * self.head_dim
+        sizes = {"q": self.q_heads, "inter": self.inter, "vocab": self.vocab}[what]
         if what == "inter" and n is not None:
             sizes = split_evenly(n, self.world_size)
-        unit = self.head_dim if what in ("q", "kv") else 1
+        unit = self.head_dim if what == "q" else 1
         start = sum(sizes[:rank])
         return start * unit, (start + sizes[rank]) * unit
 
@@ -117,6 +132,9 @@ def shard_weight(name: str, t, plan: TPPlan, rank: int) -> torch.Tensor:
     that part is read)."""
     module, kind = name.split(".")[-2:]
     shape = t.get_shape() if hasattr(t, "get_shape") else t.shape
+    if module in ("k_proj", "v_proj"):  # the rows of each KV head the rank holds (copies too)
+        D = plan.head_dim
+        return torch.cat([t[k * D : (k + 1) * D] for k in plan.kv_index[rank]])
     if module in TP_COLUMN:
         a, b = plan.span(TP_COLUMN[module], rank, shape[0])
         return t[a:b]
@@ -353,6 +371,9 @@ class TPWorker(ModelRunner):
                 return
             if cmd == "step":
                 self.execute_model(*arg[0], **arg[1])
+            if cmd == "rpc":  # a method of every rank (`collective_rpc`, below)
+                res = getattr(self, arg[0])(*arg[1], **arg[2])
+                dist.gather_object(res, None, dst=0, group=ctrl)
 
 # %% ../nbs/07_tensor_parallel.ipynb #a5e10de8
 def worker_main():
@@ -641,3 +662,16 @@ def shutdown(self: TPModelRunner):
 def worker_pids(self: TPModelRunner) -> list[int]:
     "Process ids of the workers this process started."
     return [p.pid for _, p in self._state.procs]
+
+# %% ../nbs/07_tensor_parallel.ipynb #rpc07
+@patch
+def collective_rpc(self: TPModelRunner, name: str, args: tuple = (), kwargs=None) -> list:
+    """Call the method `name` on every rank (vLLM's `collective_rpc`: `update_config`,
+    `reload_weights`, …); their results in rank order."""
+    st, kwargs = self._state, kwargs or {}
+    if st.closed:
+        raise RuntimeError("the tensor-parallel workers are shut down.")
+    dist.broadcast_object_list([("rpc", (name, tuple(args), kwargs))], src=0, group=st.ctrl)
+    res, out = getattr(self, name)(*args, **kwargs), [None] * self.world_size
+    dist.gather_object(res, out, dst=0, group=st.ctrl)
+    return out

@@ -17,8 +17,10 @@ from .scheduler import StepExtension, register_extension
 
 # %% auto #0
 __all__ = ['EMBED_DTYPES', 'ENDIANNESS', 'Pooler', 'PoolingExtension', 'embed_chunks', 'combine_chunks', 'ScoringOutput',
-           'ScoringRequestOutput', 'check_score_inputs', 'maxsim_score', 'cosine_scores', 'score', 'tensor2binary',
-           'binary2tensor', 'MetadataItem', 'build_metadata_items', 'decode_pooling_output', 'tensor2base64']
+           'ScoringRequestOutput', 'check_score_inputs', 'maxsim_score', 'cosine_scores', 'score',
+           'is_sequence_classifier', 'load_classifier', 'ClassifierRunner', 'ClassificationOutput',
+           'ClassificationRequestOutput', 'tensor2binary', 'binary2tensor', 'MetadataItem', 'build_metadata_items',
+           'decode_pooling_output', 'tensor2base64']
 
 # %% ../nbs/09b_pooling.ipynb #p09b
 def _fold(kind: str, rows: torch.Tensor, prev: torch.Tensor | None) -> torch.Tensor:
@@ -39,8 +41,9 @@ class Pooler:
     `dimensions` values of each vector and L2-normalises it (`normalize`, else the config's
     default)."""
 
-    def __init__(self, pooler_config=None):
+    def __init__(self, pooler_config=None, head=None):
         self.pooling_type, self.normalize = pooler_settings(pooler_config)
+        self.head = head  # a classifier's `score` layer (below), else None
         self.partial: dict[str, torch.Tensor] = {}  # request id -> what `_fold` keeps
 
     def pool(
@@ -57,6 +60,8 @@ class Pooler:
                 self.partial[req_id] = acc
             return None
         v = acc / (start_pos + len(rows)) if kind == "MEAN" else acc
+        if params.task == "classify":
+            return self.classify(v, params)  # (classification, below)
         if params.dimensions is not None:
             v = v[..., : params.dimensions]
         normalize = self.normalize if params.normalize is None else params.normalize
@@ -80,7 +85,9 @@ class PoolingExtension(Pooler, StepExtension):
 
     @classmethod
     def from_core(cls, core) -> PoolingExtension:
-        return cls(core.config.model_config.pooler_config)
+        return cls(
+            core.config.model_config.pooler_config, getattr(core.model_runner.model, "score", None)
+        )
 
     def hidden_rows(self, out, requests) -> set[str]:
         return {s.req_id for s in out.seqs if requests[s.req_id].pooling_params is not None}
@@ -237,6 +244,113 @@ def score(
     )
     pad = getattr(self.get_tokenizer(), "pad_token_id", None)
     return cosine_scores(embs[: len(d1)], embs[len(d1) :], pad, late)
+
+# %% ../nbs/09b_pooling.ipynb #c09b2
+from torch import nn
+from .model import MODEL_RUNNERS, LlamaForCausalLM, ModelRunner, iter_checkpoint_weights
+from . import model_kernels, compilation, parallel, pipeline  # noqa: F401 (their runners first)
+
+
+def is_sequence_classifier(hf_config) -> bool:
+    "Whether an HF config's `architectures` name a `*ForSequenceClassification` model."
+    return any(a.endswith("ForSequenceClassification") for a in hf_config.architectures or [])
+
+
+def load_classifier(path, hf_config, dtype, device, attention_backend="torch", max_pos=None):
+    "The decoder of a sequence-classification checkpoint, with its head as `model.score`."
+    with torch.device(device):
+        model = LlamaForCausalLM(hf_config, attention_backend, max_pos)
+    head = []
+
+    def decoder_weights():
+        for name, w in iter_checkpoint_weights(path):
+            if name == "score.weight":
+                head.append(w)
+            else:
+                yield name, w
+        if not hf_config.tie_word_embeddings:  # a classifier has no LM head: zeros in its place
+            yield "lm_head.weight", torch.zeros(hf_config.vocab_size, hf_config.hidden_size)
+
+    model.load_weights(decoder_weights())
+    if not head:
+        raise KeyError(f"{path}: a sequence classifier's checkpoint needs 'score.weight'")
+    with torch.device(device):
+        model.score = nn.Linear(hf_config.hidden_size, hf_config.num_labels, bias=False)
+    model.score.requires_grad_(False)
+    model.score.weight.data.copy_(head[0])
+    return model.to(device=device, dtype=dtype).eval()
+
+# %% ../nbs/09b_pooling.ipynb #c09b3
+class ClassifierRunner(ModelRunner):
+    "The runner of a `*ForSequenceClassification` checkpoint: lesson 05's, with its loader."
+
+    @classmethod
+    def enabled(cls, config) -> bool:
+        if not is_sequence_classifier(config.model_config.hf_config):
+            return False
+        pc = config.parallel_config
+        if pc.tensor_parallel_size > 1 or getattr(pc, "pipeline_parallel_size", 1) > 1:
+            raise NotImplementedError(
+                "sequence classification with tensor or pipeline parallelism is not implemented "
+                "in minivllm"
+            )
+        return True
+
+    def load_model(self):
+        mc = self.config.model_config
+        if mc.quantization is not None or mc.load_format not in ("auto", "safetensors"):
+            raise NotImplementedError(
+                "a sequence classifier loads from safetensors only, not "
+                f"{mc.quantization or mc.load_format!r}"
+            )
+        args = mc.hf_config, mc.dtype, self.device, mc.attention_backend, mc.max_model_len
+        return load_classifier(mc.model, *args)
+
+
+MODEL_RUNNERS.setdefault(ClassifierRunner.__name__, ClassifierRunner)
+
+# %% ../nbs/09b_pooling.ipynb #c09b5
+from fastcore.basics import patch
+
+
+@patch
+def classify(self: Pooler, v: torch.Tensor, params) -> torch.Tensor:
+    "The label probabilities (or, with `use_activation=False`, logits) of a pooled vector."
+    if self.head is None:
+        raise ValueError(
+            "task 'classify' needs a classification model (a *ForSequenceClassification checkpoint)"
+        )
+    w = self.head.weight.detach()
+    logits = F.linear(v.to(w.dtype), w).float()
+    act = True if params.normalize is None else params.normalize  # (use_activation)
+    if not act:
+        return logits.cpu()
+    return (logits.sigmoid() if len(logits) == 1 else logits.softmax(-1)).cpu()
+
+
+@dataclass
+class ClassificationOutput:
+    "vLLM's `ClassificationOutput`: one prompt's label probabilities."
+
+    probs: list[float]
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.probs)
+
+    @staticmethod
+    def from_base(output: PoolingOutput) -> "ClassificationOutput":
+        return ClassificationOutput(output.data.flatten().tolist())
+
+
+@dataclass
+class ClassificationRequestOutput(PoolingRequestOutput):
+    "vLLM's `ClassificationRequestOutput`: `outputs.probs` are the label probabilities."
+
+    @classmethod
+    def from_base(cls, o: PoolingRequestOutput) -> "ClassificationRequestOutput":
+        out = ClassificationOutput.from_base(o.outputs)
+        return cls(o.request_id, out, o.prompt_token_ids, o.num_cached_tokens, o.finished, o.prompt)
 
 # %% ../nbs/09b_pooling.ipynb #p09w2
 EMBED_DTYPES = dict(

@@ -12,7 +12,7 @@ from .model_kernels import CpuDecodeRunner
 from .scheduler import ScheduledSeq, StepExtension, register_extension
 
 # %% auto #0
-__all__ = ['read_prompt_embeds', 'PromptEmbeds']
+__all__ = ['EMBEDS_MARK', 'read_prompt_embeds', 'PromptEmbeds', 'take_embeds_parts', 'splice_embeds']
 
 # %% ../nbs/08b_prompt_embeds.ipynb #42ff8846
 def read_prompt_embeds(processor: Processor, prompt: dict) -> tuple[None, list[int], dict]:
@@ -37,7 +37,14 @@ def read_prompt_embeds(processor: Processor, prompt: dict) -> tuple[None, list[i
             f"The prompt (length {e.shape[0]}) is longer than the maximum model length of "
             f"{processor.max_model_len}."
         )
-    return None, [0] * e.shape[0], {"prompt_embeds": e.detach().to("cpu")}
+    ids = prompt.get("prompt_token_ids")  # given too: a NaN row keeps its token's own embedding
+    if ids is not None and len(ids) != e.shape[0]:
+        raise ValueError(
+            f"prompt_token_ids ({len(ids)}) and prompt_embeds ({e.shape[0]}) differ in length."
+        )
+    if ids is None and e.isnan().any():
+        raise ValueError("prompt_embeds holds NaN rows but no prompt_token_ids to take them from.")
+    return None, list(ids or [0] * e.shape[0]), {"prompt_embeds": e.detach().to("cpu")}
 
 
 PROMPT_READERS["prompt_embeds"] = read_prompt_embeds
@@ -74,8 +81,10 @@ class PromptEmbeds(StepExtension):
             if r is None or r.prompt_embeds is None or s.start_pos >= r.num_prompt_tokens:
                 continue
             n = min(len(s.token_ids), r.num_prompt_tokens - s.start_pos)
-            rows += range(first_row, first_row + n)
-            vectors.append(r.prompt_embeds[s.start_pos : s.start_pos + n])
+            v = r.prompt_embeds[s.start_pos : s.start_pos + n]
+            given = ~v.isnan().any(-1)  # (a NaN row: the token's own embedding, see below)
+            rows += (first_row + given.nonzero().flatten()).tolist()
+            vectors.append(v[given])
         self.pending = (torch.tensor(rows), torch.cat(vectors)) if rows else None
 
     def replace_rows(self, module, args, out: torch.Tensor) -> torch.Tensor:
@@ -85,3 +94,44 @@ class PromptEmbeds(StepExtension):
             self.pending = None
             out[rows.to(out.device)] = vectors.to(out.device, out.dtype)
         return out
+
+# %% ../nbs/08b_prompt_embeds.ipynb #pe08bc1
+import re
+
+EMBEDS_MARK = "\ue000prompt_embeds:{}\ue000"  # a private-use character around an index
+
+
+def take_embeds_parts(messages: list[dict], decode) -> tuple[list[dict], list[torch.Tensor]]:
+    """`messages` with each `prompt_embeds` content part replaced by a text marker, and the tensors
+    (`decode`: a part's `data` → tensor)."""
+    out, tensors = [], []
+    for m in messages:
+        c = m.get("content")
+        if isinstance(c, list) and any(
+            isinstance(p, dict) and p.get("type") == "prompt_embeds" for p in c
+        ):
+            parts = []
+            for p in c:
+                if isinstance(p, dict) and p.get("type") == "prompt_embeds":
+                    tensors.append(decode(p.get("data")))
+                    p = {"type": "text", "text": EMBEDS_MARK.format(len(tensors) - 1)}
+                parts.append(p)
+            m = {**m, "content": parts}
+        out.append(m)
+    return out, tensors
+
+
+def splice_embeds(tokenizer, text: str, tensors: list[torch.Tensor]) -> dict:
+    """The rendered chat `text` as a prompt of tokens and vectors: each marker's place taken by its
+    tensor's rows (placeholder ids), the text between them tokenized (NaN rows)."""
+    pieces = re.split(EMBEDS_MARK.format(r"(\d+)"), text)
+    hidden, dtype = tensors[0].shape[-1], tensors[0].dtype
+    ids, rows = [], []
+    for i, piece in enumerate(pieces):
+        if i % 2:  # a marker's index
+            e = tensors[int(piece)]
+            ids, rows = ids + [0] * len(e), rows + [e.to(dtype)]
+        elif piece:
+            t = tokenizer(piece, add_special_tokens=False).input_ids
+            ids, rows = ids + t, rows + [torch.full((len(t), hidden), float("nan"), dtype=dtype)]
+    return {"prompt_token_ids": ids, "prompt_embeds": torch.cat(rows)}

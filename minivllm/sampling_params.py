@@ -151,6 +151,9 @@ class SamplingParams:
     allowed_token_ids: list[int] | None = None
     extra_args: dict | None = None
     bad_words: list[str] | None = None
+    # vLLM's hint that the caller will not reuse these params, so its engine may skip copying them;
+    # the engine here copies them either way (a copy changes no result)
+    skip_clone: bool = False
     # the token ids of each bad word, set by `update_from_tokenizer` (vLLM's private field)
     _bad_words_token_ids: list[list[int]] | None = field(default=None, repr=False, compare=False)
 

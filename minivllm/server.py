@@ -56,13 +56,13 @@ __all__ = ['Text', 'Bool', 'INT64', 'TokenId', 'TokenIds', 'OneText', 'OneTokenI
            'compile_grammar', 'lone_surrogate', 'check_unicode', 'base_app', 'engine_health', 'add_info_routes',
            'check_model', 'apply_sampling_defaults', 'check_not_paused', 'run_request', 'usage', 'until_gone',
            'respond', 'Accumulator', 'serve_choices', 'decode_prompt_embeds', 'add_completions_route',
-           'EmbeddingRequest', 'bytes_response', 'pooled_answer', 'add_embeddings_route', 'PoolingRequest',
-           'add_pooling_route', 'prepare_chat', 'add_chat_route', 'LoadLoRAAdapterRequest', 'add_lora_adapter',
-           'add_lora_routes', 'BatchChatCompletionRequest', 'add_batch_chat_route', 'ResponseTextFormat',
-           'ResponseText', 'ReasoningParams', 'ResponsesRequest', 'text_format_of', 'input_messages', 'output_items',
-           'ResponseEvents', 'add_responses_route', 'TokenizeRequest', 'DetokenizeRequest', 'add_tokenize_routes',
-           'ScoreRequest', 'RerankRequest', 'score_texts', 'add_score_routes', 'add_pause_routes', 'dev_mode',
-           'build_app', 'serve_parser', 'cmd_serve']
+           'EmbeddingRequest', 'bytes_response', 'chunked_embedding', 'pooled_answer', 'add_embeddings_route',
+           'PoolingRequest', 'add_pooling_route', 'prepare_chat', 'add_chat_route', 'LoadLoRAAdapterRequest',
+           'add_lora_adapter', 'add_lora_routes', 'BatchChatCompletionRequest', 'add_batch_chat_route',
+           'ResponseTextFormat', 'ResponseText', 'ReasoningParams', 'ResponsesRequest', 'text_format_of',
+           'input_messages', 'output_items', 'ResponseEvents', 'add_responses_route', 'TokenizeRequest',
+           'DetokenizeRequest', 'add_tokenize_routes', 'ScoreRequest', 'RerankRequest', 'score_texts',
+           'add_score_routes', 'add_pause_routes', 'dev_mode', 'build_app', 'serve_parser', 'cmd_serve']
 
 # %% ../nbs/15_server.ipynb #738e7691
 class StreamOptions(BaseModel):
@@ -736,10 +736,12 @@ def check_max_tokens(app, n_prompt: int, max_tokens: int | None, param: str):
         )
 
 
-def tokens_of(app, text: str, param: str) -> TokensPrompt:
-    "(preparation thread) A text prompt as a checked `TokensPrompt` (the text kept for the output)."
+def tokens_of(app, text: str, param: str, check: bool = True) -> TokensPrompt:
+    """(preparation thread) A text prompt as a `TokensPrompt` (the text kept for the output), its
+    length checked if `check`."""
     ids = thread_tokenizer(app)(text).input_ids
-    check_prompt_len(app, len(ids), param)
+    if check:
+        check_prompt_len(app, len(ids), param)
     return TokensPrompt(prompt_token_ids=ids, prompt=text)
 
 # %% ../nbs/15_server.ipynb #fs15h
@@ -1299,6 +1301,32 @@ async def _embed_all(app, prompts, pp, rid) -> list:
         for t in tasks:
             t.cancel()  # (no-ops for the finished ones)
 
+# %% ../nbs/15_server.ipynb #chunk15
+from .pooling import combine_chunks, embed_chunks
+
+
+def chunked_embedding(app) -> bool:
+    "Whether the model's `pooler_config` reads embedding inputs in chunks (or caps their length)."
+    cfg = app.state.engine.engine.get_model_config().pooler_config
+    return bool(cfg.enable_chunked_processing or cfg.max_embed_len)
+
+
+async def _embed_in_chunks(app, prompts, pp, rid) -> list:
+    "`_embed_all` with each input cut by `embed_chunks`, and each input's chunks combined."
+    cfg = app.state.engine.engine.get_model_config().pooler_config
+    try:
+        split = [embed_chunks(p["prompt_token_ids"], app.state.max_model_len, cfg) for p in prompts]
+    except ValueError as e:
+        raise APIError(str(e), param="input") from e
+    flat = [TokensPrompt(prompt_token_ids=c) for cs in split for c in cs]
+    outs, res = await _embed_all(app, flat, pp, rid), []
+    normalize = cfg.normalize if pp.normalize is None else pp.normalize
+    for p, cs in zip(prompts, split):
+        part, outs = outs[: len(cs)], outs[len(cs) :]
+        ids, text = p["prompt_token_ids"], p.get("prompt")
+        res.append(part[0] if len(cs) == 1 else combine_chunks(part, ids, normalize, text))
+    return res
+
 # %% ../nbs/15_server.ipynb #s27f4d6f0
 _EMBEDDED = {
     200: {
@@ -1317,16 +1345,16 @@ async def pooled_answer(app, req: EmbeddingRequest, request: Request, task: str,
     check_model(app, req.model)
     _check_encoding(req)
     prompts = _embedding_inputs(req.input)
+    chunked = task == "embed" and chunked_embedding(app)  # longer inputs in chunks (below)
     for p in prompts:
-        if isinstance(p, str):
+        if isinstance(p, str) and not chunked:
             check_prompt_chars(app, len(p), "input")
-    prompts = await offload(
-        app, lambda: [tokens_of(app, p, "input") if isinstance(p, str) else p for p in prompts],
-        "Tokenizing the input", "input",
-    )  # fmt: skip
+    tok = lambda p: tokens_of(app, p, "input", not chunked) if isinstance(p, str) else p
+    prompts = await offload(app, lambda: [tok(p) for p in prompts], "Tokenizing the input", "input")
     pp = PoolingParams(dimensions=req.dimensions, normalize=req.normalize, task=task)
     rid = f"{dict(embedding='embd').get(obj, 'pool')}-{uuid.uuid4().hex}"
-    done, outs = await until_gone(request, _embed_all(app, prompts, pp, rid))
+    embed = _embed_in_chunks if chunked else _embed_all
+    done, outs = await until_gone(request, embed(app, prompts, pp, rid))
     if not done:
         return Response(status_code=499)  # the client left: nobody reads this
     n = sum(len(o.prompt_token_ids) for o in outs)
@@ -1387,12 +1415,15 @@ def _chat_prompt(
     """The chat's messages (and `tools`) rendered with the (request's, server's or model's) chat
     template, as token ids."""
     from minivllm.llm_more import convert_content_parts, resolve_content_format
+    from minivllm.prompt_embeds import splice_embeds, take_embeds_parts
 
     template = req.chat_template or default_template
+    msgs = [m.model_dump(exclude_none=True) for m in req.messages]
+    decode = lambda data: decode_prompt_embeds(data)["prompt_embeds"]
+    msgs, embeds = take_embeds_parts(msgs, decode)  # `prompt_embeds` content parts (lesson 08b)
     try:
         msgs = convert_content_parts(
-            [m.model_dump(exclude_none=True) for m in req.messages],
-            resolve_content_format(template or tokenizer.chat_template, fmt),
+            msgs, resolve_content_format(template or tokenizer.chat_template, fmt)
         )
         text = render_chat(
             tokenizer,
@@ -1405,6 +1436,8 @@ def _chat_prompt(
         raise APIError(
             f"messages could not be rendered with the chat template: {e}", param="messages"
         )
+    if embeds:  # the template's tokens around the given vectors
+        return splice_embeds(tokenizer, text, embeds)
     return TokensPrompt(prompt_token_ids=tokenizer(text, add_special_tokens=False).input_ids)
 
 # %% ../nbs/15_server.ipynb #ee7f714c

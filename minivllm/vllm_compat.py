@@ -65,9 +65,12 @@ from . import logits_processors as lp
 from .pooling import ScoringOutput, ScoringRequestOutput
 
 # %% auto #0
-__all__ = ['VLLM_MODULES', 'VLLM_CONFIG_NAMES', 'check_vllm_args', 'VllmArgs', 'dummy_weights', 'load_dummy_model',
+__all__ = ['VLLM_MODULES', 'VLLM_CONFIG_NAMES', 'ENV_READ', 'ENV_NO_EFFECT', 'ENV_REFUSED', 'VLLM_API_SERVER',
+           'VLLM_BENCHMARK_MODULES', 'check_vllm_args', 'VllmArgs', 'dummy_weights', 'load_dummy_model',
            'DummyTPWorker', 'DummyTPModelRunner', 'ShardedStateLoader', 'load_sharded_state_model',
-           'cleanup_dist_env_and_memory', 'init_logger', 'random_uuid', 'print_embeddings', 'register_vllm_modules']
+           'cleanup_dist_env_and_memory', 'init_logger', 'random_uuid', 'print_embeddings', 'register_vllm_modules',
+           'keep_alive_timeout', 'read_env', 'check_environment', 'VllmEnvironment', 'UsageContext', 'set_ulimit',
+           'with_cancellation', 'serve_http']
 
 # %% ../nbs/95_vllm_compat.ipynb #a4270a08
 _ANY, _ANY_BOOL = (
@@ -283,6 +286,8 @@ class _DummyShard:
 
     def load_model(self):
         mc = self.full_model_config
+        if mc.load_format != "dummy":  # real weights (after `update_config`, `reload_weights`)
+            return super().load_model()
         args = (self.plan, self.rank, mc.attention_backend, mc.max_model_len)
         with torch.device(self.device):
             model = tp_model_class(model_class(mc.hf_config))(mc.hf_config, *args)
@@ -320,6 +325,8 @@ def update_config(self: ModelRunner, overrides: dict) -> None:
                 f"update_config {name}={kv!r}: minivllm updates only load_format while running."
             )
         self.config.model_config.load_format = kv["load_format"]
+        if hasattr(self, "full_model_config"):  # a tensor-parallel rank's (lesson 07)
+            self.full_model_config.load_format = kv["load_format"]
 
 
 @patch
@@ -511,6 +518,8 @@ def print_embeddings(embeds: list[float], prefix: str = "Embeddings") -> None:
     print(f"{prefix}: {shown} (size={len(embeds)})")
 
 # %% ../nbs/95_vllm_compat.ipynb #9e694dcc
+from .pooling import ClassificationOutput, ClassificationRequestOutput
+
 VLLM_MODULES: dict[str, dict] = {
     "outputs": dict(
         RequestOutput=RequestOutput,
@@ -521,6 +530,8 @@ VLLM_MODULES: dict[str, dict] = {
         EmbeddingRequestOutput=EmbeddingRequestOutput,
         ScoringOutput=ScoringOutput,
         ScoringRequestOutput=ScoringRequestOutput,
+        ClassificationOutput=ClassificationOutput,
+        ClassificationRequestOutput=ClassificationRequestOutput,
     ),
     "inputs": dict(TextPrompt=TextPrompt, TokensPrompt=TokensPrompt, PromptType=PromptType),
     "pooling_params": dict(PoolingParams=PoolingParams),
@@ -635,3 +646,201 @@ def register_vllm_modules(table: dict[str, dict] = VLLM_MODULES) -> None:
 
 
 register_vllm_modules()
+
+# %% ../nbs/95_vllm_compat.ipynb #envs95a
+from .gemm import batch_invariant
+from .server import dev_mode
+
+
+def keep_alive_timeout() -> int:
+    "Seconds an idle HTTP connection stays open (`VLLM_HTTP_TIMEOUT_KEEP_ALIVE`, default 5)."
+    v = os.environ.get("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", "5")
+    if not v.isdigit():
+        raise ValueError(
+            f"VLLM_HTTP_TIMEOUT_KEEP_ALIVE must be a whole number of seconds, got {v!r}"
+        )
+    return int(v)
+
+
+# what minivllm reads, by vLLM's name: the function that reads it
+ENV_READ = dict(
+    VLLM_BATCH_INVARIANT=batch_invariant,  # lesson 04a
+    VLLM_SERVER_DEV_MODE=dev_mode,  # lesson 15
+    VLLM_HTTP_TIMEOUT_KEEP_ALIVE=keep_alive_timeout,  # serve_http, below
+)
+
+# %% ../nbs/95_vllm_compat.ipynb #envs95b
+_ANY_VALUE = None
+# vLLM's variables that change nothing here: (vLLM's default, the values accepted; None: any)
+ENV_NO_EFFECT = dict(
+    VLLM_ENABLE_V1_MULTIPROCESSING=(True, ("0", "1")),  # the engine core's process: same results
+    VLLM_WORKER_MULTIPROC_METHOD=("fork", ("spawn", "fork")),  # TP workers start as fresh processes
+    VLLM_NO_USAGE_STATS=(False, _ANY_VALUE),  # minivllm sends no usage statistics
+    VLLM_DO_NOT_TRACK=(False, _ANY_VALUE),
+    VLLM_USAGE_SOURCE=("production", _ANY_VALUE),
+)
+# vLLM's variables that would change what vLLM does: (vLLM's default, the values that mean it)
+ENV_REFUSED = dict(
+    VLLM_USE_MODELSCOPE=(False, ("0", "false", "False")),
+    VLLM_ALLOW_LONG_MAX_MODEL_LEN=(False, ("0", "false", "False")),
+    VLLM_ALLOW_RUNTIME_LORA_UPDATING=(False, ("0", "false", "False")),
+    VLLM_ALLOW_INSECURE_SERIALIZATION=(False, ("0",)),
+    VLLM_LOG_STATS_INTERVAL=(10.0, ("10", "10.0", "10.")),
+    VLLM_LOGGING_LEVEL=("INFO", ("INFO", "info")),
+    VLLM_CONFIGURE_LOGGING=(True, ("1",)),
+    VLLM_CACHE_ROOT=(None, ()),
+    VLLM_API_KEY=(None, ()),
+    VLLM_CPU_KVCACHE_SPACE=(None, ()),
+    VLLM_CPU_OMP_THREADS_BIND=("auto", ("auto",)),
+    VLLM_KV_CACHE_LAYOUT=(None, ()),
+    VLLM_USE_V2_MODEL_RUNNER=(None, ()),
+    VLLM_DISABLE_COMPILE_CACHE=(False, ("0",)),
+    VLLM_HOST_IP=("", ("",)),
+    VLLM_PORT=(None, ()),
+)
+
+# %% ../nbs/95_vllm_compat.ipynb #envs95c
+def read_env(name: str):
+    "`name`'s value as vLLM's `envs` gives it; a variable that would change behaviour is refused."
+    if name in ENV_READ:
+        return ENV_READ[name]()
+    table = ENV_NO_EFFECT if name in ENV_NO_EFFECT else ENV_REFUSED if name in ENV_REFUSED else None
+    if table is None:
+        raise AttributeError(f"minivllm.envs has no {name!r}: minivllm does not read vLLM's {name}")
+    default, ok = table[name]
+    v = os.environ.get(name)
+    if v is not None and ok is not _ANY_VALUE and v not in ok:
+        which = "implement" if table is ENV_REFUSED else "take"
+        raise NotImplementedError(
+            f"minivllm does not {which} vLLM's environment variable {name}={v!r}; it accepts "
+            f"{' or '.join(map(repr, ok)) or 'it unset'}, which change nothing here."
+        )
+    return default
+
+
+def check_environment(environ=None) -> None:
+    "Every `VLLM_*` variable of vLLM's that is set: read (and so checked), or refused by name."
+    env = os.environ if environ is None else environ
+    for name in sorted(n for n in env if n in ENV_READ or n in ENV_NO_EFFECT or n in ENV_REFUSED):
+        read_env(name)
+
+# %% ../nbs/95_vllm_compat.ipynb #envs95d
+def _envs_module() -> types.ModuleType:
+    m = types.ModuleType("minivllm.envs", "vLLM's `vllm.envs`: its variables that minivllm reads.")
+    m.__getattr__ = read_env
+    m.__dir__ = lambda: sorted([*ENV_READ, *ENV_NO_EFFECT, *ENV_REFUSED])
+    m.environment_variables = {n: (lambda n=n: read_env(n)) for n in m.__dir__()}
+    m.check_environment = check_environment
+    return m
+
+
+sys.modules["minivllm.envs"] = minivllm.envs = _envs_module()
+
+
+class VllmEnvironment:
+    "The check of vLLM's environment variables, run when `EngineArgs` are built."
+
+    names = ()
+
+    def check(self, kwargs: dict) -> dict:
+        check_environment()
+        return {}
+
+    def add_cli_args(self, parser) -> None:
+        pass
+
+
+config.register_extra_args(VllmEnvironment())
+
+# %% ../nbs/95_vllm_compat.ipynb #api95a
+import asyncio
+import enum
+import functools
+
+
+class UsageContext(enum.Enum):
+    "vLLM's label of where an engine runs (for its usage statistics; minivllm sends none)."
+
+    UNKNOWN_CONTEXT = "UNKNOWN_CONTEXT"
+    LLM_CLASS = "LLM_CLASS"
+    API_SERVER = "API_SERVER"
+    OPENAI_API_SERVER = "OPENAI_API_SERVER"
+    OPENAI_BATCH_RUNNER = "OPENAI_BATCH_RUNNER"
+    ENGINE_CONTEXT = "ENGINE_CONTEXT"
+
+
+def set_ulimit(target_soft_limit: int = 65535) -> None:
+    "Raise the soft limit of open files to `target_soft_limit` (at most the hard limit)."
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = target_soft_limit if hard == resource.RLIM_INFINITY else min(target_soft_limit, hard)
+    if soft < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+
+# %% ../nbs/95_vllm_compat.ipynb #api95b
+def with_cancellation(handler):
+    """Run `handler` until it returns or its client disconnects (then it is cancelled and the
+    route answers nothing); the request is the second argument or `raw_request`."""
+
+    async def disconnected(request):
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    @functools.wraps(handler)
+    async def wrapper(*args, **kwargs):
+        request = args[1] if len(args) > 1 else kwargs["raw_request"]
+        work = asyncio.ensure_future(handler(*args, **kwargs))
+        gone = asyncio.ensure_future(disconnected(request))
+        done, pending = await asyncio.wait([work, gone], return_when=asyncio.FIRST_COMPLETED)
+        for t in pending:
+            t.cancel()
+        return work.result() if work in done else None
+
+    return wrapper
+
+# %% ../nbs/95_vllm_compat.ipynb #api95c
+async def serve_http(app, sock=None, enable_ssl_refresh: bool = False, **uvicorn_kwargs):
+    """Serve `app` with uvicorn (`host`, `port`, `log_level`, `timeout_keep_alive`, `ssl_*`, …)
+    until it stops; returns an awaitable (vLLM's shutdown task: nothing is left to shut down)."""
+    import uvicorn
+
+    if enable_ssl_refresh:
+        raise NotImplementedError(
+            "minivllm does not implement vLLM's enable_ssl_refresh=True (certificates reloaded "
+            "when their files change)"
+        )
+    server = uvicorn.Server(uvicorn.Config(app, **uvicorn_kwargs))
+    app.state.http_server = server
+    await server.serve(sockets=[sock] if sock is not None else None)
+    return asyncio.sleep(0)
+
+
+@patch
+def check_port(self: FlexibleArgumentParser, value) -> int:
+    "vLLM's parser's `type=` for a port: a whole number from 1024 to 65535."
+    if not str(value).isdigit() or not 1024 <= int(value) <= 65535:
+        raise argparse.ArgumentTypeError(
+            f"port must be a whole number from 1024 to 65535: {value!r}"
+        )
+    return int(value)
+
+
+VLLM_API_SERVER = {
+    "entrypoints.launchers.launcher": dict(serve_http=serve_http),
+    "entrypoints.serve.utils.api_utils": dict(with_cancellation=with_cancellation),
+    "usage.usage_lib": dict(UsageContext=UsageContext),
+    "utils.system_utils": dict(set_ulimit=set_ulimit),
+}
+VLLM_MODULES.update(VLLM_API_SERVER)
+register_vllm_modules(VLLM_API_SERVER)
+
+# %% ../nbs/95_vllm_compat.ipynb #ds95a
+from . import benchmarks
+
+_DATASETS = "SampleRequest add_dataset_parser get_samples sample_random sample_sharegpt"
+VLLM_BENCHMARK_MODULES = {
+    "benchmarks.datasets": {n: getattr(benchmarks, n) for n in _DATASETS.split()}
+}
+VLLM_MODULES.update(VLLM_BENCHMARK_MODULES)
+register_vllm_modules(VLLM_BENCHMARK_MODULES)

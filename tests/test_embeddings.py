@@ -95,7 +95,7 @@ def test_abort_and_bad_params(llm):
     assert not eng.engine_core.pooler.partial and eng.kv_cache_manager.block_pool.get_num_free_blocks() == 64
     with pytest.raises(ValueError, match="dimensions"): llm.embed("x", pooling_params=PoolingParams(dimensions=10_000), use_tqdm=False)
     with pytest.raises(NotImplementedError, match="truncate_prompt_tokens"): llm.embed("x", truncate_prompt_tokens=3, use_tqdm=False)
-    with pytest.raises(NotImplementedError, match="task"): PoolingParams(task="classify")
+    with pytest.raises(NotImplementedError, match="task"): PoolingParams(task="token_classify")
 
 
 def test_token_embed_matches_hf_per_token(llm, hf_hidden):
@@ -122,8 +122,8 @@ def test_pooler_config_task_token_embed(hf_hidden):
         assert torch.allclose(o.outputs.data, F.normalize(hf_hidden[p], dim=-1), atol=ATOL)
     with pytest.raises(ValueError, match=r'PoolerConfig\(task="embed"\)'):
         llm.encode("x", pooling_task="embed", use_tqdm=False)
-    with pytest.raises(NotImplementedError, match="classify"):
-        LLM(dtype="float32", max_model_len=64, pooler_config={"task": "classify"})
+    with pytest.raises(NotImplementedError, match="token_classify"):
+        LLM(dtype="float32", max_model_len=64, pooler_config={"task": "token_classify"})
     with pytest.raises(NotImplementedError, match="step_tag_id"):
         LLM(dtype="float32", max_model_len=64, pooler_config=PoolerConfig(step_tag_id=3))
 

@@ -253,7 +253,7 @@ def test_bad_input_and_missing_features(engine):
     with pytest.raises(ValueError, match="maximum model length"): engine.add_request("x", TokensPrompt(prompt_token_ids=[5] * 513))
     with pytest.raises(ValueError, match="scheduling_policy"): engine.add_request("x", "hi", priority=3)
     with pytest.raises(TypeError, match="LoRARequest"): engine.add_request("x", "hi", lora_request=object())
-    with pytest.raises(ValueError, match="tensor_parallel_size=4"): LLMEngine.from_engine_args(EngineArgs(tensor_parallel_size=4))
+    with pytest.raises(ValueError, match="tensor_parallel_size=10"): LLMEngine.from_engine_args(EngineArgs(tensor_parallel_size=10))
     assert not engine.has_unfinished_requests()
     assert engine.get_lora_config() is None and engine.get_speculative_config() is None
     mc, sc, cc = engine.get_model_config(), engine.get_scheduler_config(), engine.get_cache_config()

@@ -47,7 +47,8 @@ def no_orphans():
     assert wait_gone(tp_children(), 10) == [], "tensor-parallel workers outlived the tests"
 
 
-# -- the embedded SmolLM2 (9 query heads, 3 KV heads): 2 ranks split 6+3 heads, 3 ranks 3+3+3
+# -- the embedded SmolLM2 (9 query heads, 3 KV heads): 2 ranks split 6+3 heads, 3 ranks 3+3+3, 4 ranks 3+2+2+2
+#    (KV heads copied)
 
 SMOL = dict(kv_cache_memory_bytes=32 << 20, max_model_len=512, dtype="float32")
 
@@ -88,8 +89,20 @@ def test_tp3_matches_single_process_and_gc_ends_workers(smol_prompts, smol_ref):
     # the process group is gone with them: a new tensor-parallel engine can start in this process (next tests do)
 
 
+def test_tp4_replicates_kv_heads_and_matches_single_process(smol_prompts, smol_ref):
+    """4 ranks on 3 KV heads (vLLM replicates KV heads when the ranks outnumber them): query heads 3+2+2+2, rank 2
+    holds KV heads 1 and 2, the others one each; greedy tokens equal one process's."""
+    engine = LLMEngine.from_engine_args(EngineArgs(tensor_parallel_size=4, **SMOL))
+    runner = engine.engine_core.model_runner
+    assert runner.plan.kv_index == [[0], [1], [1, 2], [2]] and runner.kv_caches[0].shape[3] == 1
+    assert greedy(engine, smol_prompts, 16) == smol_ref
+    pids = runner.worker_pids
+    runner.shutdown()
+    assert wait_gone(pids) == []
+
+
 def test_impossible_split():
-    with pytest.raises(ValueError, match="3 KV heads"): EngineArgs(tensor_parallel_size=4).create_engine_config()
+    with pytest.raises(ValueError, match="9 query heads"): EngineArgs(tensor_parallel_size=10).create_engine_config()
 
 
 # -- a tiny random model for the lifecycle tests (cheap to load; 6 query heads in 3 KV groups)

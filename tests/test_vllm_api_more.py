@@ -109,8 +109,9 @@ def test_collective_rpc_and_dummy_under_tensor_parallelism(bare):
     try:
         assert type(tp.llm_engine.engine_core.model_runner).__name__ == "DummyTPModelRunner"
         assert tokens(tp) == want
-        with pytest.raises(NotImplementedError, match="collective_rpc with tensor or pipeline parallelism"):
+        with pytest.raises(NotImplementedError, match="takes a method name"):
             tp.collective_rpc(lambda w: w.rank)
+        assert [shape[3] for shape in tp.collective_rpc("kv_cache_shape")] == [2, 1]   # every rank's: 2 + 1 KV heads
         with pytest.raises(NotImplementedError, match="save_sharded_state with tensor or pipeline parallelism"):
             tp.llm_engine.engine_core.save_sharded_state(path=str(bare.parent / "tp_shards"))
     finally:

@@ -35,6 +35,7 @@ HAVE = {
     ("vllm.pooling_params", "PoolingParams"): "minivllm.config:PoolingParams",
     **{(m, n): f"minivllm.pooling:{n}" for m in ("vllm", "vllm.outputs")
        for n in ["ScoringOutput", "ScoringRequestOutput"]},
+    **{("vllm.outputs", n): f"minivllm.pooling:{n}" for n in ["ClassificationOutput", "ClassificationRequestOutput"]},
     **{("vllm.sampling_params", n): f"minivllm.config:{n}" for n in [
         "RequestOutputKind", "SamplingParams", "StructuredOutputsParams"]},
     ("vllm.utils", "random_uuid"): "minivllm.vllm_compat:random_uuid",
@@ -46,6 +47,11 @@ HAVE = {
     ("vllm.utils.argparse_utils", "FlexibleArgumentParser"): "minivllm.cli:FlexibleArgumentParser",
     ("vllm.v1.engine.async_llm", "AsyncLLM"): "minivllm.async_engine:AsyncLLM",
     ("vllm.version", "__version__"): "minivllm:__version__",
+    **{("vllm.benchmarks.datasets", n): f"minivllm.benchmarks:{n}" for n in ["add_dataset_parser", "get_samples"]},
+    ("vllm.entrypoints.launchers.launcher", "serve_http"): "minivllm.vllm_compat:serve_http",
+    ("vllm.entrypoints.serve.utils.api_utils", "with_cancellation"): "minivllm.vllm_compat:with_cancellation",
+    ("vllm.usage.usage_lib", "UsageContext"): "minivllm.vllm_compat:UsageContext",
+    ("vllm.utils.system_utils", "set_ulimit"): "minivllm.vllm_compat:set_ulimit",
     **{("vllm.v1.sample.logits_processor", n): f"minivllm.logits_processors:{n}" for n in [
         "AdapterLogitsProcessor", "BatchUpdate", "LogitsProcessor", "RequestLogitsProcessor"]},
     ("vllm.v1.sample.logits_processor.builtin", "process_dict_updates"): "minivllm.logits_processors:process_dict_updates",
