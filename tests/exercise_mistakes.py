@@ -540,4 +540,138 @@ def my_params_list(n, sampling_params, default):
     return list(sampling_params)
 '''),
     ],
+    ("05d_sliding_window", "my_num_dropped"): [
+        ("the window one token too short (first = computed - window)", '''
+def my_num_dropped(num_computed, window, block_size):
+    first = max(num_computed - window, 0)
+    return first // block_size
+'''),
+        ("rounds up: a block still partly visible is dropped", '''
+def my_num_dropped(num_computed, window, block_size):
+    first = max(num_computed - window + 1, 0)
+    return -(-first // block_size)
+'''),
+        ("counts in whole blocks of the window", '''
+def my_num_dropped(num_computed, window, block_size):
+    return max(num_computed // block_size - window // block_size, 0)
+'''),
+    ],
+    ("05d_sliding_window", "my_window_mask"): [
+        ("one key too many (t >= p - window)", '''
+def my_window_mask(q_len, kv_len, window):
+    pos = torch.arange(kv_len - q_len, kv_len)[:, None]
+    t = torch.arange(kv_len)[None]
+    return (t <= pos) & (t >= pos - window)
+'''),
+        ("not causal: keys after the query seen", '''
+def my_window_mask(q_len, kv_len, window):
+    pos = torch.arange(kv_len - q_len, kv_len)[:, None]
+    t = torch.arange(kv_len)[None]
+    return t > pos - window
+'''),
+        ("the queries' positions counted from 0", '''
+def my_window_mask(q_len, kv_len, window):
+    pos = torch.arange(q_len)[:, None]
+    t = torch.arange(kv_len)[None]
+    return (t <= pos) & (t > pos - window)
+'''),
+    ],
+    ("07d_moe", "my_route"): [
+        ("no renormalisation", '''
+def my_route(logits, k):
+    probs = torch.softmax(logits.float(), -1)
+    return torch.topk(probs, k, -1)
+'''),
+        ("the softmax over the tokens, not the experts", '''
+def my_route(logits, k):
+    probs = torch.softmax(logits.float(), 0)
+    w, ids = torch.topk(probs, k, -1)
+    return w / w.sum(-1, keepdim=True), ids
+'''),
+        ("the raw logits as weights", '''
+def my_route(logits, k):
+    w, ids = torch.topk(logits.float(), k, -1)
+    return w / w.sum(-1, keepdim=True), ids
+'''),
+        ("the k least likely experts", '''
+def my_route(logits, k):
+    probs = torch.softmax(logits.float(), -1)
+    w, ids = torch.topk(probs, k, -1, largest=False)
+    return w / w.sum(-1, keepdim=True), ids
+'''),
+    ],
+    ("07d_moe", "my_groups"): [
+        ("the flat (token, slot) positions instead of the tokens", '''
+def my_groups(ids, num_experts):
+    order = torch.argsort(ids.flatten(), stable=True)
+    counts = torch.bincount(ids.flatten(), minlength=num_experts).tolist()
+    tokens = order.tolist()
+    out, start = [], 0
+    for n in counts:
+        out.append(sorted(tokens[start : start + n]))
+        start += n
+    return out
+'''),
+        ("experts no token chose are left out", '''
+def my_groups(ids, num_experts):
+    order = torch.argsort(ids.flatten(), stable=True)
+    counts = torch.bincount(ids.flatten()).tolist()
+    tokens = (order // ids.shape[1]).tolist()
+    out, start = [], 0
+    for n in counts:
+        out.append(sorted(tokens[start : start + n]))
+        start += n
+    return out
+'''),
+        ("divides by the number of experts, not by k", '''
+def my_groups(ids, num_experts):
+    order = torch.argsort(ids.flatten(), stable=True)
+    counts = torch.bincount(ids.flatten(), minlength=num_experts).tolist()
+    tokens = (order // num_experts).tolist()
+    out, start = [], 0
+    for n in counts:
+        out.append(sorted(tokens[start : start + n]))
+        start += n
+    return out
+'''),
+        ("only each token's first expert", '''
+def my_groups(ids, num_experts):
+    return [[t for t in range(ids.shape[0]) if ids[t, 0] == e] for e in range(num_experts)]
+'''),
+    ],
+    ("07e_gemma_phi", "my_softcap"): [
+        ("a hard clamp", '''
+def my_softcap(x, cap):
+    return x.clamp(-cap, cap)
+'''),
+        ("tanh of the unscaled scores", '''
+def my_softcap(x, cap):
+    return cap * torch.tanh(x)
+'''),
+        ("not scaled back by the cap", '''
+def my_softcap(x, cap):
+    return torch.tanh(x / cap)
+'''),
+        ("a sigmoid (not odd: negative scores pushed up)", '''
+def my_softcap(x, cap):
+    return cap * torch.sigmoid(x / cap)
+'''),
+    ],
+    ("07e_gemma_phi", "my_unfuse_qkv"): [
+        ("k and v as large as q", '''
+def my_unfuse_qkv(w, num_heads, num_kv_heads, head_dim):
+    q = num_heads * head_dim
+    return w[:q], w[q : 2 * q], w[2 * q :]
+'''),
+        ("cut in three equal parts", '''
+def my_unfuse_qkv(w, num_heads, num_kv_heads, head_dim):
+    n = w.shape[0] // 3
+    return w[:n], w[n : 2 * n], w[2 * n :]
+'''),
+        ("the keys taken first", '''
+def my_unfuse_qkv(w, num_heads, num_kv_heads, head_dim):
+    q, kv = num_heads * head_dim, num_kv_heads * head_dim
+    return w[kv : kv + q], w[:kv], w[q + kv :]
+'''),
+    ],
 }
