@@ -59,7 +59,6 @@ def kv_heads_held(H: int, Hkv: int, world_size: int) -> list[list[int]]:
         held.append(once if even else reads)  # else one copy per query head (groups of 1)
     return held
 
-
 # %% ../nbs/07_tensor_parallel.ipynb #tpplan07
 @dataclass
 class TPPlan:

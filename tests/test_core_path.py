@@ -63,9 +63,10 @@ def test_every_feature_is_a_registered_extension():
     assert {"lora_manager", "spec_decoder", "structured_outputs", "pooler", "prompt_logprobs"} <= set(STEP_EXTENSIONS)
     assert all(issubclass(c, StepExtension) and c.name == n for n, c in STEP_EXTENSIONS.items())
     # checked last first: the multi-process runners (TP, PP, torchrun's) win over compilation, compilation over 05a's
-    # one-call decode steps; load_format="dummy"'s runners (lesson 95; refused with TP/PP) over all
+    # one-call decode steps; sequence classification's (09b) over those; load_format="dummy"'s runners (lesson 95;
+    # refused with TP/PP) over all
     assert list(MODEL_RUNNERS) == ["CpuDecodeRunner", "CompiledModelRunner", "TPModelRunner", "PPModelRunner",
-                                   "ExternalLauncherRunner", "DummyTPModelRunner"]
+                                   "ExternalLauncherRunner", "ClassifierRunner", "DummyTPModelRunner"]
     old = STEP_EXTENSIONS["pooler"]      # a class defined again (a notebook re-running its lesson) changes nothing
     again = register_extension(type("PoolingExtension", (old,), {}))
     assert STEP_EXTENSIONS["pooler"] is old and again is not old and list(STEP_EXTENSIONS).count("pooler") == 1
