@@ -40,6 +40,7 @@ from minivllm.model import (
 from minivllm.quantization import (
     GGUF_BLOCK_BYTES,
     QUANT_KINDS,
+    block_columns,
     INT4_MAX_ROWS,
     INT8_MAX_ROWS,
     BlockLinear,
@@ -47,6 +48,7 @@ from minivllm.quantization import (
     build_block_kernel,
     dequantize,
     dequantize_k,
+    dequantize_rows,
     gguf_linear,
     read_gguf,
     split_blocks,
@@ -56,7 +58,8 @@ from minivllm.quantization import (
 # %% auto #0
 __all__ = ['PACKED_CHUNK', 'PACKED_LINEARS', 'ATTENTION_WARMUPS', 'row_bucket', 'rows_kind', 'Linear', 'pack_weights',
            'packed_linear', 'rms_norm_c', 'rotate_c', 'silu_and_mul_c', 'CpuOps', 'prepare_attention', 'ConcatLinear',
-           'load_gguf_model', 'build_step_kernel', 'decode_step_layers', 'decode_layers_c', 'CpuDecodeRunner']
+           'block_rows', 'BlockEmbedding', 'load_gguf_model', 'build_step_kernel', 'decode_step_layers',
+           'decode_layers_c', 'CpuDecodeRunner']
 
 # %% ../nbs/05a_model_kernels.ipynb #46773998
 def _can_pack(w: torch.Tensor) -> bool:
@@ -440,9 +443,8 @@ def _gguf_module(
     kinds = {k for k, _ in parts}
     runs = QUANT_KINDS if blocks_supported(device, dtype) else tuple(GGUF_BLOCK_BYTES)
     if len(kinds) == 1 and (kind := kinds.pop()) in runs:
-        return gguf_linear(
-            torch.cat([t for _, t in parts]), kind, dtype, device, max_int4_rows, max_int8_rows
-        )
+        rows = parts[0][1] if len(parts) == 1 else torch.cat([t for _, t in parts])  # (no copy of one)
+        return gguf_linear(rows, kind, dtype, device, max_int4_rows, max_int8_rows)
     if len(kinds) > 1 and all(k in runs for k, _ in parts):
         return ConcatLinear(
             [_gguf_module([p], dtype, device, max_int4_rows, max_int8_rows) for p in parts]
@@ -451,6 +453,39 @@ def _gguf_module(
     lin = Linear(w.shape[1], w.shape[0], bias=False, device="meta")
     lin.weight = nn.Parameter(w, requires_grad=False)
     return lin
+
+# %% ../nbs/05a_model_kernels.ipynb #04185901
+@torch.library.custom_op("minivllm::block_rows", mutates_args=())
+def block_rows(ids: torch.Tensor, blocks: torch.Tensor, kind: str, dtype: torch.dtype) -> torch.Tensor:
+    "The de-quantized rows `ids` of GGUF `blocks` (`[len(ids), K]`), as an operator a graph can call."
+    return dequantize_rows(blocks.index_select(0, ids), kind, dtype)
+
+
+@block_rows.register_fake
+def _(ids, blocks, kind, dtype):
+    return blocks.new_empty(ids.shape[0], block_columns(blocks, kind), dtype=dtype)
+
+
+class BlockEmbedding(nn.Module):
+    """An embedding table kept in a GGUF file's blocks (the tied LM head's own): each call
+    de-quantizes the rows it looks up, the exact values of the file's de-quantization."""
+
+    def __init__(self, blocks: torch.Tensor, kind: str, dtype):
+        super().__init__()
+        self.register_buffer("blocks", blocks.contiguous())
+        self.kind, self.dtype = kind, dtype
+        self.num_embeddings, self.embedding_dim = blocks.shape[0], block_columns(blocks, kind)
+
+    def forward(self, ids):
+        flat = ids.reshape(-1)
+        if torch.compiler.is_compiling():
+            rows = torch.ops.minivllm.block_rows(flat, self.blocks, self.kind, self.dtype)
+        else:
+            rows = dequantize_rows(self.blocks.index_select(0, flat), self.kind, self.dtype)
+        return rows.reshape(*ids.shape, self.embedding_dim)
+
+    def extra_repr(self):
+        return f"{self.num_embeddings}, {self.embedding_dim}, {self.kind} blocks"
 
 # %% ../nbs/05a_model_kernels.ipynb #ccae8fb6
 def load_gguf_model(
@@ -495,11 +530,14 @@ def load_gguf_model(
         layer.mlp.down_proj = module(b + "ffn_down.weight")
         layer.input_layernorm.weight = param(_gguf_float(*ts.pop(b + "attn_norm.weight")))
         layer.post_attention_layernorm.weight = param(_gguf_float(*ts.pop(b + "ffn_norm.weight")))
-    emb = ts["token_embd.weight"]
+    kind, emb = ts["token_embd.weight"]
     model.lm_head = module(
         "output.weight" if "output.weight" in ts else "token_embd.weight"
     )  # tied: the embedding's blocks
-    model.embed_tokens.weight = param(_gguf_float(*emb, "token_embd.weight"))
+    if blocks_supported(device, dtype) and kind in QUANT_KINDS:  # one copy of the blocks
+        model.embed_tokens = BlockEmbedding(emb.to(device), kind, dtype)
+    else:
+        model.embed_tokens.weight = param(_gguf_float(kind, emb, "token_embd.weight"))
     ts.pop("token_embd.weight", None)
     model.norm.weight = param(_gguf_float(*ts.pop("output_norm.weight")))
     with torch.device(device):
@@ -591,7 +629,7 @@ def decode_step_layers(model, kv_caches, md, num_tokens: int):
         and not a.qk_norm
         and not torch.is_grad_enabled()
         and kv_caches[0].is_contiguous()
-        and kv_caches[0].dtype == model.embed_tokens.weight.dtype
+        and kv_caches[0].dtype == model.norm.weight.dtype
         and _step_built()
     ):
         return None
