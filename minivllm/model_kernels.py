@@ -443,7 +443,9 @@ def _gguf_module(
     kinds = {k for k, _ in parts}
     runs = QUANT_KINDS if blocks_supported(device, dtype) else tuple(GGUF_BLOCK_BYTES)
     if len(kinds) == 1 and (kind := kinds.pop()) in runs:
-        rows = parts[0][1] if len(parts) == 1 else torch.cat([t for _, t in parts])  # (no copy of one)
+        rows = (
+            parts[0][1] if len(parts) == 1 else torch.cat([t for _, t in parts])
+        )  # (no copy of one)
         return gguf_linear(rows, kind, dtype, device, max_int4_rows, max_int8_rows)
     if len(kinds) > 1 and all(k in runs for k, _ in parts):
         return ConcatLinear(
@@ -456,8 +458,10 @@ def _gguf_module(
 
 # %% ../nbs/05a_model_kernels.ipynb #04185901
 @torch.library.custom_op("minivllm::block_rows", mutates_args=())
-def block_rows(ids: torch.Tensor, blocks: torch.Tensor, kind: str, dtype: torch.dtype) -> torch.Tensor:
-    "The de-quantized rows `ids` of GGUF `blocks` (`[len(ids), K]`), as an operator a graph can call."
+def block_rows(
+    ids: torch.Tensor, blocks: torch.Tensor, kind: str, dtype: torch.dtype
+) -> torch.Tensor:
+    "The de-quantized rows `ids` of GGUF `blocks` (`[len(ids), K]`), as an op a graph can call."
     return dequantize_rows(blocks.index_select(0, ids), kind, dtype)
 
 
@@ -498,9 +502,9 @@ def load_gguf_model(
     max_int4_rows: int | None = INT4_MAX_ROWS,
     max_int8_rows: int | None = INT8_MAX_ROWS,
 ) -> LlamaForCausalLM:
-    """The model of a llama GGUF file with its linear weights in the file's blocks (lesson 04b: every
-    type of `QUANT_KINDS` where `qgemm.c` runs, else Q4_0/Q4_1/Q8_0): the block kernel up to
-    `max_int4_rows` (Q8_0: `max_int8_rows`) rows, dense tiles above (None: the kernel only)."""
+    """The model of a llama GGUF file with its linear weights in the file's blocks (lesson 04b:
+    every type of `QUANT_KINDS` where `qgemm.c` runs, else Q4_0/Q4_1/Q8_0): the block kernel up
+    to `max_int4_rows` (Q8_0: `max_int8_rows`) rows, dense tiles above (None: the kernel only)."""
     arch, ts = read_gguf(gguf_file)
     if arch != "llama":
         raise NotImplementedError(

@@ -259,7 +259,8 @@ def block_columns(blocks: torch.Tensor, kind: str) -> int:
     "K, the weights in one row of `blocks` (GGUF rows of type `kind`, or a float `[N, K]` tensor)."
     if kind not in BLOCK_LAYOUTS:
         raise NotImplementedError(
-            f"GGUF tensor type {kind} does not run as blocks; qgemm.c reads {', '.join(QUANT_KINDS)}"
+            f"GGUF tensor type {kind} does not run as blocks; "
+            f"qgemm.c reads {', '.join(QUANT_KINDS)}"
         )
     if kind in ("F32", "BF16"):
         return blocks.shape[1]
@@ -290,14 +291,16 @@ def _block_library(kind: str, dtype):
 
 
 def build_block_kernel(kind: str, dtype=torch.float32):
-    "`qgemm.c`'s GEMM for `kind` weights and `dtype` activations (a ctypes function); raises if it cannot."
+    """`qgemm.c`'s GEMM for `kind` weights and `dtype` activations (a ctypes function); raises if
+    it cannot."""
     if kind not in BLOCK_LAYOUTS:
         block_columns(None, kind)  # (raises, naming the types it reads)
     return _block_library(kind, dtype).qgemm
 
 # %% ../nbs/04b_quantization.ipynb #eb1e1f29
 def _check_blocks(x: torch.Tensor, blocks: torch.Tensor, kind: str) -> int:
-    "K of `blocks` after checking that `qgemm.c` can multiply `x` by them; raises naming what is wrong."
+    """K of `blocks`, after checking that `qgemm.c` can multiply `x` by them (raises, naming what is
+    wrong)."""
     K = block_columns(blocks, kind)
     if x.dim() != 2 or x.shape[1] != K:
         raise ValueError(f"x must be [rows, {K}], got {list(x.shape)}")
@@ -378,7 +381,9 @@ class BlockLinear(nn.Module):
     def __init__(self, blocks, kind: str, dtype=torch.float32, bias=None, max_rows=None):
         super().__init__()
         if kind not in QUANT_KINDS:
-            raise ValueError(f"BlockLinear holds GGUF blocks ({', '.join(QUANT_KINDS)}), not {kind}")
+            raise ValueError(
+                f"BlockLinear holds GGUF blocks ({', '.join(QUANT_KINDS)}), not {kind}"
+            )
         if batch_invariant():  # VLLM_BATCH_INVARIANT=1: this kernel at every size (lesson 04a)
             max_rows = None
         self.out_features, self.in_features = blocks.shape[0], block_columns(blocks, kind)
@@ -411,7 +416,9 @@ def _scales_mins(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     s = s.int()
     hi_s = (s[:, 8:12] & 0xF) | ((s[:, 0:4] >> 6) << 4)
     hi_m = (s[:, 8:12] >> 4) | ((s[:, 4:8] >> 6) << 4)
-    return torch.cat([s[:, 0:4] & 63, hi_s], 1).float(), torch.cat([s[:, 4:8] & 63, hi_m], 1).float()
+    return torch.cat([s[:, 0:4] & 63, hi_s], 1).float(), torch.cat(
+        [s[:, 4:8] & 63, hi_m], 1
+    ).float()
 
 
 def dequantize_k(raw: torch.Tensor, kind: str) -> torch.Tensor:
