@@ -57,8 +57,8 @@ from minivllm.quantization import (
 
 # %% auto #0
 __all__ = ['PACKED_CHUNK', 'PACKED_LINEARS', 'ATTENTION_WARMUPS', 'row_bucket', 'rows_kind', 'Linear', 'pack_weights',
-           'packed_linear', 'rms_norm_c', 'rotate_c', 'silu_and_mul_c', 'CpuOps', 'prepare_attention', 'ConcatLinear',
-           'block_rows', 'BlockEmbedding', 'load_gguf_model', 'build_step_kernel', 'decode_step_layers',
+           'packed_linear', 'rms_norm_c', 'rotate_c', 'silu_and_mul_c', 'CpuOps', 'prepare_attention', 'memory_summary',
+           'ConcatLinear', 'block_rows', 'BlockEmbedding', 'load_gguf_model', 'build_step_kernel', 'decode_step_layers',
            'decode_layers_c', 'CpuDecodeRunner']
 
 # %% ../nbs/05a_model_kernels.ipynb #46773998
@@ -399,6 +399,27 @@ def prepare_attention(runner) -> str:
 
 
 RUNNER_PREPARERS["attention"] = prepare_attention
+
+# %% ../nbs/05a_model_kernels.ipynb #dafa9c16
+def _status_bytes(key: str) -> int:
+    "A byte count of this process's `/proc/self/status` (`VmRSS`: resident now, `VmHWM`: its peak)."
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) * 1024 for l in f if l.startswith(key + ":"))
+
+
+def memory_summary(runner) -> dict:
+    """What a runner holds, in bytes: its model's tensors (each storage once: a tied or shared
+    tensor is counted once), its KV cache, and the process's resident memory now and at its peak."""
+    seen, weights = set(), 0
+    for t in [*runner.model.parameters(), *runner.model.buffers()]:
+        s = t.untyped_storage()
+        if not t.is_meta and s.data_ptr() not in seen:
+            seen.add(s.data_ptr())
+            weights += s.nbytes()
+    kv = sum(c.numel() * c.element_size() for c in runner.kv_caches)
+    return dict(
+        weights=weights, kv_cache=kv, resident=_status_bytes("VmRSS"), peak=_status_bytes("VmHWM")
+    )
 
 # %% ../nbs/05a_model_kernels.ipynb #37496092
 def _gguf_float(kind: str, t: torch.Tensor, name: str = "") -> torch.Tensor:

@@ -2385,6 +2385,12 @@ def cmd_serve(ns) -> int:
     served = f" and LoRA adapters {[n for n, _ in loras]}" if loras else ""
     host = ns.host or "127.0.0.1"
     print(f"minivllm: serving {name!r}{served} on http://{host}:{ns.port}/v1", flush=True)
+    runner = getattr(getattr(engine.engine, "engine_core", None), "model_runner", None)
+    if runner is not None:  # one engine in this process: what it holds (lesson 05a)
+        from minivllm.model_kernels import memory_summary
+
+        held = ", ".join(f"{k} {v / 2**30:.2f} GiB" for k, v in memory_summary(runner).items())
+        print(f"minivllm: holding {held}", flush=True)
     config = uvicorn.Config(app, host=host, port=ns.port, log_level=ns.log_level)
     server = uvicorn.Server(config)
     app.state.on_engine_dead = lambda: setattr(server, "should_exit", True)
