@@ -58,3 +58,27 @@ def test_gguf_holds_its_blocks_once():
     size = embedded_gguf_path().stat().st_size
     r = resident(quantization="gguf", dtype="bfloat16", kv_cache_memory_bytes=64 << 20, max_model_len=512)
     assert r["rss"] <= bound(size, r["kv"]), (r, size)
+
+
+def test_serve_says_what_it_holds():
+    "`minivllm serve` prints, at start-up, its weights, its KV cache and the resident memory (now and at its peak)."
+    from conftest import free_port
+    cmd = ["minivllm", "serve", "--port", str(free_port()), "--quantization", "gguf", "--dtype", "bfloat16",
+           "--max-model-len", "512", "--kv-cache-memory-bytes", str(64 << 20)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=os.environ | {"HF_HUB_OFFLINE": "1"})
+    try:
+        lines = []
+        for line in proc.stdout:
+            lines.append(line)
+            if line.startswith("minivllm: holding"):
+                break
+        held = dict(kv.rsplit(" ", 2)[:2] for kv in lines[-1].removeprefix("minivllm: holding ").split(", "))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+    assert set(held) == {"weights", "kv_cache", "resident", "peak"}, lines[-5:]
+    size = embedded_gguf_path().stat().st_size / 2**30
+    assert 0.9 * size < float(held["weights"]) < 1.2 * size          # the file's blocks, once
+    assert abs(float(held["kv_cache"]) - 64 / 1024) < 0.01
+    assert float(held["weights"]) + float(held["kv_cache"]) < float(held["resident"]) <= float(held["peak"])
