@@ -56,10 +56,10 @@ from minivllm.quantization import (
 )
 
 # %% auto #0
-__all__ = ['PACKED_CHUNK', 'PACKED_LINEARS', 'ATTENTION_WARMUPS', 'row_bucket', 'rows_kind', 'Linear', 'pack_weights',
-           'packed_linear', 'rms_norm_c', 'rotate_c', 'silu_and_mul_c', 'CpuOps', 'prepare_attention', 'memory_summary',
-           'ConcatLinear', 'block_rows', 'BlockEmbedding', 'load_gguf_model', 'build_step_kernel', 'decode_step_layers',
-           'decode_layers_c', 'CpuDecodeRunner']
+__all__ = ['PACKED_CHUNK', 'PACKED_LINEARS', 'ATTENTION_WARMUPS', 'GGUF_ARCHS', 'row_bucket', 'rows_kind', 'Linear',
+           'pack_weights', 'packed_linear', 'rms_norm_c', 'rotate_c', 'silu_and_mul_c', 'CpuOps', 'prepare_attention',
+           'memory_summary', 'ConcatLinear', 'block_rows', 'BlockEmbedding', 'load_gguf_model', 'build_step_kernel',
+           'decode_step_layers', 'decode_layers_c', 'CpuDecodeRunner']
 
 # %% ../nbs/05a_model_kernels.ipynb #46773998
 def _can_pack(w: torch.Tensor) -> bool:
@@ -512,6 +512,31 @@ class BlockEmbedding(nn.Module):
     def extra_repr(self):
         return f"{self.num_embeddings}, {self.embedding_dim}, {self.kind} blocks"
 
+# %% ../nbs/05a_model_kernels.ipynb #f0617892
+GGUF_ARCHS = ("llama", "mistral", "qwen2", "qwen3")  # the GGUF architectures it loads
+
+
+def _set_bias(lin: nn.Module, bias: torch.Tensor):
+    "Give a loaded projection its bias (a `ConcatLinear`: each part its rows of it)."
+    if isinstance(lin, ConcatLinear):
+        for p, b in zip(lin.parts, bias.split([p.out_features for p in lin.parts])):
+            _set_bias(p, b)
+    else:
+        lin.bias = nn.Parameter(bias.contiguous(), requires_grad=False)
+
+
+def _attention_extras(attn, b: str, ts: dict, param):
+    """Load layer `b`'s float extras of `attn` from the GGUF tensors `ts`: Qwen2's q/k/v biases,
+    Qwen3's q/k norms."""
+    if b + "attn_q.bias" in ts:
+        bias = torch.cat([_gguf_float(*ts.pop(b + f"attn_{x}.bias")) for x in "qkv"])
+        _set_bias(attn.qkv_proj, param(bias).data)
+    if attn.qk_norm:
+        for x in "qk":
+            getattr(attn, f"{x}_norm").weight = param(
+                _gguf_float(*ts.pop(b + f"attn_{x}_norm.weight"))
+            )
+
 # %% ../nbs/05a_model_kernels.ipynb #ccae8fb6
 def load_gguf_model(
     gguf_file,
@@ -523,16 +548,16 @@ def load_gguf_model(
     max_int4_rows: int | None = INT4_MAX_ROWS,
     max_int8_rows: int | None = INT8_MAX_ROWS,
 ) -> LlamaForCausalLM:
-    """The model of a llama GGUF file with its linear weights in the file's blocks (lesson 04b:
-    every type of `QUANT_KINDS` where `qgemm.c` runs, else Q4_0/Q4_1/Q8_0): the block kernel up
-    to `max_int4_rows` (Q8_0: `max_int8_rows`) rows, dense tiles above (None: the kernel only)."""
+    """The model of a GGUF file of `GGUF_ARCHS`, its linear weights in the file's blocks (lesson
+    04b): the block kernel up to `max_int4_rows` rows (Q8_0: `max_int8_rows`), dense tiles above."""
     arch, ts = read_gguf(gguf_file)
-    if arch != "llama":
+    if arch not in GGUF_ARCHS:
         raise NotImplementedError(
-            f"quantization='gguf' runs llama-architecture GGUF files, not {arch!r}."
+            f"quantization='gguf' runs GGUF files of {', '.join(GGUF_ARCHS)}, not {arch!r}."
         )
     c, device = hf_config, torch.device(device)
     heads = {"attn_q": c.num_attention_heads, "attn_k": c.num_key_value_heads}
+    heads = heads if arch in ("llama", "mistral") else {}  # (llama.cpp reorders only their q/k)
 
     def rows(name):  # a tensor's rows, with llama.cpp's q/k row order undone
         kind, t = ts.pop(name)
@@ -550,6 +575,7 @@ def load_gguf_model(
     for i, layer in enumerate(model.layers):
         b = f"blk.{i}."
         layer.self_attn.qkv_proj = module(*(b + f"attn_{x}.weight" for x in "qkv"))
+        _attention_extras(layer.self_attn, b, ts, param)
         layer.self_attn.o_proj = module(b + "attn_output.weight")
         layer.mlp.gate_up_proj = module(b + "ffn_gate.weight", b + "ffn_up.weight")
         layer.mlp.down_proj = module(b + "ffn_down.weight")

@@ -8,7 +8,8 @@ from minivllm.config import embedded_gguf_path
 
 NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
          "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-         "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+         "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+         "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
 # llama.cpp's mixes (attn_v and ffn_down: its Q4_K_M gives half the layers Q6_K; here the even layers)
 MIXES = {
     "Q4_0": lambda name, i: "Q8_0" if name in ("token_embd", "output") else "Q4_0",
@@ -39,15 +40,16 @@ def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
 
 
 def write_llama_gguf(path, hf_dir, mix: str = "Q4_0", seed: int = 0, k_scale: float = 2e-4):
-    "Write the checkpoint `hf_dir` (a llama) as a GGUF file of the block types of `MIXES[mix]`."
+    "Write the checkpoint `hf_dir` (llama, mistral, qwen2, qwen3) as a GGUF file of the block types of `MIXES[mix]`."
     from safetensors import safe_open
     from transformers import AutoConfig
     c = AutoConfig.from_pretrained(hf_dir)
     rng = np.random.default_rng(seed)
     src = gguf.GGUFReader(embedded_gguf_path())
-    w = gguf.GGUFWriter(str(path), "llama")
+    arch = c.model_type
+    w = gguf.GGUFWriter(str(path), arch)
     for key, f in src.fields.items():  # the tokenizer and the general fields of the embedded model
-        if key.startswith("GGUF.") or key in ("general.architecture", "general.file_type") or key.startswith("llama."):
+        if key.startswith(("GGUF.", "llama.")) or key in ("general.architecture", "general.file_type"):
             continue
         types = [gguf.GGUFValueType(t) for t in f.types]
         w.add_key_value(key, f.contents(), types[0], types[-1] if types[0] == gguf.GGUFValueType.ARRAY else None)
@@ -70,7 +72,7 @@ def write_llama_gguf(path, hf_dir, mix: str = "Q4_0", seed: int = 0, k_scale: fl
             parts = name.removeprefix("model.").split(".")
             if parts[0] == "layers":
                 i, short = int(parts[1]), NAMES[".".join(parts[2:-1])]
-                gname = f"blk.{i}.{short}.weight"
+                gname = f"blk.{i}.{short}.{parts[-1]}"
             else:
                 i, short = -1, {"embed_tokens": "token_embd", "norm": "output_norm", "lm_head": "output"}[parts[0]]
                 gname = f"{short}.weight"
@@ -78,7 +80,7 @@ def write_llama_gguf(path, hf_dir, mix: str = "Q4_0", seed: int = 0, k_scale: fl
             if t.ndim == 1:
                 w.add_tensor(gname, t.astype(np.float32))
                 continue
-            if short in ("attn_q", "attn_k"):
+            if short in ("attn_q", "attn_k") and arch in ("llama", "mistral"):
                 t = _permute(t, c.num_attention_heads if short == "attn_q" else c.num_key_value_heads)
             kind = pick(short, i)
             qt = gguf.GGMLQuantizationType[kind]

@@ -53,3 +53,23 @@ def test_k_quant_file_runs_as_blocks(mix, tiny_hf, tmp_path, own_cache):
             common_ids = set(la) & set(lb)
             assert len(common_ids) >= 4
             assert max(abs(la[t].logprob - lb[t].logprob) for t in common_ids) < 1e-3
+
+
+@pytest.mark.parametrize("model_type", ["qwen2", "qwen3"])
+def test_qwen_gguf_runs_as_blocks(model_type, tmp_path, own_cache):
+    "Qwen2 (q/k/v biases) and Qwen3 (q/k norms) GGUF files: their rows as the file has them (not reordered as llama's)."
+    hf = tmp_path / "hf"
+    # (head_dim 128 for qwen3: transformers' GGUF reader takes Qwen3's default head_dim, not the file's)
+    make_tiny_checkpoint(hf, model_type, tokenizer_from=resolve_model(None), vocab_size=49152, hidden_size=256,
+                         intermediate_size=512, num_attention_heads=4, num_key_value_heads=2,
+                         head_dim=128 if model_type == "qwen3" else 64)
+    path = write_llama_gguf(tmp_path / f"tiny-{model_type}.gguf", hf, "Q4_K_M")
+    common = dict(dtype="float32", max_model_len=128, num_gpu_blocks_override=32, enable_prefix_caching=False)
+    q = LLM(model=str(path), quantization="gguf", **common)
+    model = q.llm_engine.engine_core.model_runner.model
+    assert {m.kind for m in model.modules() if isinstance(m, BlockLinear)} == {"Q4_K", "Q6_K"}
+    got, ref = run(q), run(LLM(model=str(convert_gguf(path)), **common))
+    for a, b in zip(got, ref):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        la, lb = a.outputs[0].logprobs[0], b.outputs[0].logprobs[0]
+        assert max(abs(la[t].logprob - lb[t].logprob) for t in set(la) & set(lb)) < 1e-3
