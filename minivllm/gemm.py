@@ -166,7 +166,7 @@ def gemm(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None
     return y.view(*x.shape[:-1], N)
 
 # %% ../nbs/04a_cpu_gemm.ipynb #51d16d99
-# lesson 05a's Linear multiplies calls of up to this many rows with the C kernel, more with oneDNN
+# lesson 05a's Linear multiplies calls of up to this many rows in C (04b's qgemm.c), more by oneDNN
 GEMM_MAX_ROWS = 64
 
 

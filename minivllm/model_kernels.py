@@ -25,7 +25,7 @@ from minivllm.gemm import (
     batch_invariant,
     build_c_library,
     build_gemm_kernel,
-    gemm_copy,
+    cpu_flags,
 )
 from minivllm.model import (
     LAYER_OPS,
@@ -41,12 +41,16 @@ from minivllm.model import (
 )
 from minivllm.quantization import (
     GGUF_BLOCK_BYTES,
+    QUANT_KINDS,
+    block_columns,
     INT4_MAX_ROWS,
     INT8_MAX_ROWS,
     BlockLinear,
     blocks_supported,
     build_block_kernel,
     dequantize,
+    dequantize_k,
+    dequantize_rows,
     gguf_linear,
     read_gguf,
     split_blocks,
@@ -54,9 +58,10 @@ from minivllm.quantization import (
 )
 
 # %% auto #0
-__all__ = ['PACKED_CHUNK', 'PACKED_LINEARS', 'ATTENTION_WARMUPS', 'row_bucket', 'Linear', 'pack_weights', 'packed_linear',
-           'rms_norm_c', 'rotate_c', 'silu_and_mul_c', 'CpuOps', 'prepare_attention', 'load_gguf_model',
-           'build_step_kernel', 'decode_step_layers', 'decode_layers_c', 'CpuDecodeRunner']
+__all__ = ['PACKED_CHUNK', 'PACKED_LINEARS', 'ATTENTION_WARMUPS', 'GGUF_ARCHS', 'row_bucket', 'rows_kind', 'Linear',
+           'pack_weights', 'packed_linear', 'rms_norm_c', 'rotate_c', 'silu_and_mul_c', 'CpuOps', 'prepare_attention',
+           'memory_summary', 'ConcatLinear', 'block_rows', 'BlockEmbedding', 'load_gguf_model', 'build_step_kernel',
+           'decode_step_layers', 'decode_layers_c', 'CpuDecodeRunner']
 
 # %% ../nbs/05a_model_kernels.ipynb #46773998
 def _can_pack(w: torch.Tensor) -> bool:
@@ -81,42 +86,70 @@ PACKED_CHUNK = 2048  # a packed GEMM of more rows runs in chunks of this many
 # key → packed `Linear`: how a compiled graph finds its packed weight (lesson 05a)
 PACKED_LINEARS = weakref.WeakValueDictionary()
 
+# %% ../nbs/05a_model_kernels.ipynb #24811632
+_ROWS_KINDS = {torch.float32: "F32", torch.bfloat16: "BF16"}
+
+
+@functools.cache
+def _rows_built(dtype) -> bool:
+    "Whether `qgemm.c` for float rows of `dtype` builds here (the first failure is logged)."
+    try:
+        return build_block_kernel(_ROWS_KINDS[dtype], dtype) is not None
+    except Exception as e:
+        logging.getLogger("minivllm").warning(
+            "qgemm.c could not be built for %s rows (%s); linear layers use oneDNN.", dtype, e
+        )
+        return False
+
+
+def rows_kind(w: torch.Tensor) -> str | None:
+    """`qgemm.c`'s layout name for the float weight `w` (`"F32"`, `"BF16"`) where that kernel
+    multiplies by `w` as it is on this machine, else None."""
+    kind = _ROWS_KINDS.get(w.dtype)
+    if kind is None or w.dim() != 2 or w.shape[1] % 32 or not w.is_contiguous():
+        return None
+    if not blocks_supported(w.device, w.dtype) or w.is_meta:
+        return None
+    if kind == "BF16" and "avx512_bf16" not in cpu_flags().split():
+        return None
+    return kind if _rows_built(w.dtype) else None
+
 # %% ../nbs/05a_model_kernels.ipynb #91428110
 class Linear(nn.Linear):
-    "`nn.Linear` with prepacked copies of its weight (CPU): the C kernel's (few rows), oneDNN's."
+    """`nn.Linear` whose weight, as loaded, is the one copy its CPU kernels read: lesson 04b's
+    `qgemm.c` on the float rows for a few rows, oneDNN for many."""
 
-    packed: torch.Tensor | None = None  # oneDNN's layout
-    gemm_packed: torch.Tensor | None = None  # the C kernel's layout (lesson 04a)
+    packed: torch.Tensor | None = None  # what oneDNN multiplies by (the weight itself)
+    gemm_packed: torch.Tensor | None = None  # what the C kernel reads (the weight itself)
     gemm_in_graph = False  # True while lesson 05b traces a graph that leaves the GEMMs to Inductor
     gemm_max_rows = GEMM_MAX_ROWS  # calls up to this many rows take the C kernel
 
     def pack(self) -> bool:
-        "Make the packed copies (again after changing the weight); whether they are used."
+        "Check the kernels on the weight (again after changing it); whether they are used."
         self.packed = self.gemm_packed = None
         if _can_pack(self.weight):
+            w = self.weight.detach()  # (a view: no copy)
             try:
-                p = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach())
-                x = torch.zeros(1, self.in_features, dtype=self.weight.dtype)
-                torch.ops.mkldnn._linear_pointwise(x, p, self.bias, "none", [], "")  # probe once
-                self.packed, self.key, self.packed_dtype = p, id(self), self.weight.dtype
+                x = torch.zeros(1, self.in_features, dtype=w.dtype)
+                torch.ops.mkldnn._linear_pointwise(x, w, self.bias, "none", [], "")  # probe once
+                self.packed, self.key, self.packed_dtype = w, id(self), w.dtype
                 PACKED_LINEARS[self.key] = self
             except RuntimeError:
                 pass
-        if self.packed is not None:
-            self.gemm_packed = gemm_copy(self.weight.detach())
-        if self.gemm_packed is not None:  # found once: `_gemm_rows` calls the kernel directly
-            self.gemm_fn = build_gemm_kernel(self.weight.dtype)
+        if self.packed is not None and (kind := rows_kind(self.packed)) is not None:
+            self.gemm_packed = self.packed  # found once: `_gemm_rows` calls the kernel directly
+            self.gemm_fn = build_block_kernel(kind, self.packed.dtype)
         # VLLM_BATCH_INVARIANT=1: one kernel, one order of additions, at every size (lesson 04a)
         self.gemm_max_rows = 2**62 if batch_invariant() else GEMM_MAX_ROWS
         return self.packed is not None
 
     def unpack(self):
-        "Drop the packed copies (back to `F.linear`)."
+        "Stop using the kernels (back to `F.linear`)."
         self.packed = self.gemm_packed = None
         PACKED_LINEARS.pop(id(self), None)
 
     def forward(self, x):
-        "`x @ W.T + b`, with the packed weight when there is one (rows bucketed: `row_bucket`)."
+        "`x @ W.T + b`, by the kernels when they apply (oneDNN's rows bucketed: `row_bucket`)."
         if self.packed is None or x.dtype != self.packed_dtype or x.device.type != "cpu":
             return F.linear(x, self.weight, self.bias)
         if torch.compiler.is_compiling():
@@ -369,33 +402,142 @@ def prepare_attention(runner) -> str:
 
 RUNNER_PREPARERS["attention"] = prepare_attention
 
+# %% ../nbs/05a_model_kernels.ipynb #dafa9c16
+def _status_bytes(key: str) -> int:
+    "A byte count of this process's `/proc/self/status` (`VmRSS`: resident now, `VmHWM`: its peak)."
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) * 1024 for l in f if l.startswith(key + ":"))
+
+
+def memory_summary(runner) -> dict:
+    """What a runner holds, in bytes: its model's tensors (each storage once: a tied or shared
+    tensor is counted once), its KV cache, and the process's resident memory now and at its peak."""
+    seen, weights = set(), 0
+    for t in [*runner.model.parameters(), *runner.model.buffers()]:
+        s = t.untyped_storage()
+        if not t.is_meta and s.data_ptr() not in seen:
+            seen.add(s.data_ptr())
+            weights += s.nbytes()
+    kv = sum(c.numel() * c.element_size() for c in runner.kv_caches)
+    return dict(
+        weights=weights, kv_cache=kv, resident=_status_bytes("VmRSS"), peak=_status_bytes("VmHWM")
+    )
+
 # %% ../nbs/05a_model_kernels.ipynb #37496092
-def _gguf_float(kind: str, t: torch.Tensor) -> torch.Tensor:
+def _gguf_float(kind: str, t: torch.Tensor, name: str = "") -> torch.Tensor:
     """A GGUF tensor (from `read_gguf`) as float32: float types as they are, quantized blocks
-    de-quantized."""
+    de-quantized (said in the log, with the bytes it costs in float32)."""
     if kind in ("F32", "F16", "BF16"):
         return t.float()
     if kind in GGUF_BLOCK_BYTES:
-        return dequantize(*split_blocks(t, kind), kind)
-    import gguf
+        w = dequantize(*split_blocks(t, kind), kind)
+    elif kind in QUANT_KINDS:
+        w = dequantize_k(t, kind)
+    else:
+        import gguf
 
-    return torch.from_numpy(gguf.quants.dequantize(t.numpy(), gguf.GGMLQuantizationType[kind]))
+        w = torch.from_numpy(gguf.quants.dequantize(t.numpy(), gguf.GGMLQuantizationType[kind]))
+    logging.getLogger("minivllm").info(
+        "GGUF tensor %s (%s, %.1f MB) de-quantized to floats: %.1f MB in float32",
+        *(name or "?", kind, t.numel() * t.element_size() / 1e6, w.numel() * 4 / 1e6),
+    )
+    return w
 
 
+class ConcatLinear(nn.Module):
+    """Linear layers side by side: `cat([p(x) for p in parts], -1)` (a fused projection whose parts
+    are stored in different GGUF block types, as Q4_K_M files mix Q4_K and Q6_K)."""
+
+    def __init__(self, parts: list[nn.Module]):
+        super().__init__()
+        self.parts = nn.ModuleList(parts)
+        self.in_features = parts[0].in_features
+        self.out_features = sum(p.out_features for p in parts)
+
+    def forward(self, x):
+        return torch.cat([p(x) for p in self.parts], -1)
+
+# %% ../nbs/05a_model_kernels.ipynb #ff377a18
 def _gguf_module(
     parts: list[tuple[str, torch.Tensor]], dtype, device, max_int4_rows=None, max_int8_rows=None
 ) -> nn.Module:
-    """One linear layer from the rows of one or more GGUF tensors: quantized when they share a
-    runnable block type."""
+    """One linear layer from the rows of one or more GGUF tensors: their blocks as they are where
+    they share a type that runs as blocks; a `ConcatLinear` where the types differ."""
     kinds = {k for k, _ in parts}
-    if len(kinds) == 1 and (kind := kinds.pop()) in GGUF_BLOCK_BYTES:
-        return gguf_linear(
-            torch.cat([t for _, t in parts]), kind, dtype, device, max_int4_rows, max_int8_rows
+    runs = QUANT_KINDS if blocks_supported(device, dtype) else tuple(GGUF_BLOCK_BYTES)
+    if len(kinds) == 1 and (kind := kinds.pop()) in runs:
+        rows = (
+            parts[0][1] if len(parts) == 1 else torch.cat([t for _, t in parts])
+        )  # (no copy of one)
+        return gguf_linear(rows, kind, dtype, device, max_int4_rows, max_int8_rows)
+    if len(kinds) > 1 and all(k in runs for k, _ in parts):
+        return ConcatLinear(
+            [_gguf_module([p], dtype, device, max_int4_rows, max_int8_rows) for p in parts]
         )
     w = torch.cat([_gguf_float(k, t) for k, t in parts]).to(device=device, dtype=dtype)
     lin = Linear(w.shape[1], w.shape[0], bias=False, device="meta")
     lin.weight = nn.Parameter(w, requires_grad=False)
     return lin
+
+# %% ../nbs/05a_model_kernels.ipynb #04185901
+@torch.library.custom_op("minivllm::block_rows", mutates_args=())
+def block_rows(
+    ids: torch.Tensor, blocks: torch.Tensor, kind: str, dtype: torch.dtype
+) -> torch.Tensor:
+    "The de-quantized rows `ids` of GGUF `blocks` (`[len(ids), K]`), as an op a graph can call."
+    return dequantize_rows(blocks.index_select(0, ids), kind, dtype)
+
+
+@block_rows.register_fake
+def _(ids, blocks, kind, dtype):
+    return blocks.new_empty(ids.shape[0], block_columns(blocks, kind), dtype=dtype)
+
+
+class BlockEmbedding(nn.Module):
+    """An embedding table kept in a GGUF file's blocks (the tied LM head's own): each call
+    de-quantizes the rows it looks up, the exact values of the file's de-quantization."""
+
+    def __init__(self, blocks: torch.Tensor, kind: str, dtype):
+        super().__init__()
+        self.register_buffer("blocks", blocks.contiguous())
+        self.kind, self.dtype = kind, dtype
+        self.num_embeddings, self.embedding_dim = blocks.shape[0], block_columns(blocks, kind)
+
+    def forward(self, ids):
+        flat = ids.reshape(-1)
+        if torch.compiler.is_compiling():
+            rows = torch.ops.minivllm.block_rows(flat, self.blocks, self.kind, self.dtype)
+        else:
+            rows = dequantize_rows(self.blocks.index_select(0, flat), self.kind, self.dtype)
+        return rows.reshape(*ids.shape, self.embedding_dim)
+
+    def extra_repr(self):
+        return f"{self.num_embeddings}, {self.embedding_dim}, {self.kind} blocks"
+
+# %% ../nbs/05a_model_kernels.ipynb #f0617892
+GGUF_ARCHS = ("llama", "mistral", "qwen2", "qwen3")  # the GGUF architectures it loads
+
+
+def _set_bias(lin: nn.Module, bias: torch.Tensor):
+    "Give a loaded projection its bias (a `ConcatLinear`: each part its rows of it)."
+    if isinstance(lin, ConcatLinear):
+        for p, b in zip(lin.parts, bias.split([p.out_features for p in lin.parts])):
+            _set_bias(p, b)
+    else:
+        lin.bias = nn.Parameter(bias.contiguous(), requires_grad=False)
+
+
+def _attention_extras(attn, b: str, ts: dict, param):
+    """Load layer `b`'s float extras of `attn` from the GGUF tensors `ts`: Qwen2's q/k/v biases,
+    Qwen3's q/k norms."""
+    if b + "attn_q.bias" in ts:
+        bias = torch.cat([_gguf_float(*ts.pop(b + f"attn_{x}.bias")) for x in "qkv"])
+        _set_bias(attn.qkv_proj, param(bias).data)
+    if attn.qk_norm:
+        for x in "qk":
+            getattr(attn, f"{x}_norm").weight = param(
+                _gguf_float(*ts.pop(b + f"attn_{x}_norm.weight"))
+            )
 
 # %% ../nbs/05a_model_kernels.ipynb #ccae8fb6
 def load_gguf_model(
@@ -408,16 +550,16 @@ def load_gguf_model(
     max_int4_rows: int | None = INT4_MAX_ROWS,
     max_int8_rows: int | None = INT8_MAX_ROWS,
 ) -> LlamaForCausalLM:
-    """The model of a llama GGUF file with its Q4_0/Q4_1/Q8_0 linear weights kept quantized (lesson
-    04b); hybrid layers: the int4 (int8) kernel up to `max_int4_rows` (`max_int8_rows`) rows and
-    a dense copy above (None: the quantized kernel only)."""
+    """The model of a GGUF file of `GGUF_ARCHS`, its linear weights in the file's blocks (lesson
+    04b): the block kernel up to `max_int4_rows` rows (Q8_0: `max_int8_rows`), dense tiles above."""
     arch, ts = read_gguf(gguf_file)
-    if arch != "llama":
+    if arch not in GGUF_ARCHS:
         raise NotImplementedError(
-            f"quantization='gguf' runs llama-architecture GGUF files, not {arch!r}."
+            f"quantization='gguf' runs GGUF files of {', '.join(GGUF_ARCHS)}, not {arch!r}."
         )
     c, device = hf_config, torch.device(device)
     heads = {"attn_q": c.num_attention_heads, "attn_k": c.num_key_value_heads}
+    heads = heads if arch in ("llama", "mistral") else {}  # (llama.cpp reorders only their q/k)
 
     def rows(name):  # a tensor's rows, with llama.cpp's q/k row order undone
         kind, t = ts.pop(name)
@@ -435,16 +577,20 @@ def load_gguf_model(
     for i, layer in enumerate(model.layers):
         b = f"blk.{i}."
         layer.self_attn.qkv_proj = module(*(b + f"attn_{x}.weight" for x in "qkv"))
+        _attention_extras(layer.self_attn, b, ts, param)
         layer.self_attn.o_proj = module(b + "attn_output.weight")
         layer.mlp.gate_up_proj = module(b + "ffn_gate.weight", b + "ffn_up.weight")
         layer.mlp.down_proj = module(b + "ffn_down.weight")
         layer.input_layernorm.weight = param(_gguf_float(*ts.pop(b + "attn_norm.weight")))
         layer.post_attention_layernorm.weight = param(_gguf_float(*ts.pop(b + "ffn_norm.weight")))
-    emb = ts["token_embd.weight"]
+    kind, emb = ts["token_embd.weight"]
     model.lm_head = module(
         "output.weight" if "output.weight" in ts else "token_embd.weight"
     )  # tied: the embedding's blocks
-    model.embed_tokens.weight = param(_gguf_float(*emb))
+    if blocks_supported(device, dtype) and kind in QUANT_KINDS:  # one copy of the blocks
+        model.embed_tokens = BlockEmbedding(emb.to(device), kind, dtype)
+    else:
+        model.embed_tokens.weight = param(_gguf_float(kind, emb, "token_embd.weight"))
     ts.pop("token_embd.weight", None)
     model.norm.weight = param(_gguf_float(*ts.pop("output_norm.weight")))
     with torch.device(device):
@@ -537,7 +683,7 @@ def decode_step_layers(model, kv_caches, md, num_tokens: int):
         and not a.qk_norm
         and not torch.is_grad_enabled()
         and kv_caches[0].is_contiguous()
-        and kv_caches[0].dtype == model.embed_tokens.weight.dtype
+        and kv_caches[0].dtype == model.norm.weight.dtype
         and _step_built()
     ):
         return None

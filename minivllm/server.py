@@ -62,7 +62,8 @@ __all__ = ['Text', 'Bool', 'INT64', 'TokenId', 'TokenIds', 'OneText', 'OneTokenI
            'ResponseTextFormat', 'ResponseText', 'ReasoningParams', 'ResponsesRequest', 'text_format_of',
            'input_messages', 'output_items', 'ResponseEvents', 'add_responses_route', 'TokenizeRequest',
            'DetokenizeRequest', 'add_tokenize_routes', 'ScoreRequest', 'RerankRequest', 'score_texts',
-           'add_score_routes', 'add_pause_routes', 'dev_mode', 'build_app', 'serve_parser', 'cmd_serve']
+           'add_score_routes', 'add_pause_routes', 'dev_mode', 'build_app', 'serve_parser', 'print_held_memory',
+           'cmd_serve']
 
 # %% ../nbs/15_server.ipynb #738e7691
 class StreamOptions(BaseModel):
@@ -2461,6 +2462,17 @@ def _placement(ns) -> tuple[DPPlacement | None, int]:
         )
     return DPPlacement(local, address, port), start or 0
 
+# %% ../nbs/15_server.ipynb #93a0b062
+def print_held_memory(engine):
+    """Print what the engine's runner holds (weights, KV cache, resident memory now and at its peak:
+    lesson 05a's `memory_summary`) where it runs in this process."""
+    runner = getattr(getattr(engine.engine, "engine_core", None), "model_runner", None)
+    if runner is not None:
+        from minivllm.model_kernels import memory_summary
+
+        held = ", ".join(f"{k} {v / 2**30:.2f} GiB" for k, v in memory_summary(runner).items())
+        print(f"minivllm: holding {held}", flush=True)
+
 # %% ../nbs/15_server.ipynb #88d954b2
 def cmd_serve(ns) -> int:
     "Run `minivllm serve` until interrupted (status 0) or until the engine dies (status 1)."
@@ -2505,6 +2517,7 @@ def cmd_serve(ns) -> int:
     served = f" and LoRA adapters {[n for n, _ in loras]}" if loras else ""
     host = ns.host or "127.0.0.1"
     print(f"minivllm: serving {name!r}{served} on http://{host}:{ns.port}/v1", flush=True)
+    print_held_memory(engine)
     config = uvicorn.Config(app, host=host, port=ns.port, log_level=ns.log_level)
     server = uvicorn.Server(config)
     app.state.on_engine_dead = lambda: setattr(server, "should_exit", True)

@@ -5,7 +5,7 @@ import numpy as np, pytest, torch
 import gguf
 from torch import nn
 from minivllm.quantization import (BlockLinear, Int4Linear, Int8Linear, block_gemm, blocks_supported, dequantize,
-                                   int4_affine, int4_reference, read_gguf, split_blocks, gguf_linear, widen_blocks,
+                                   int4_affine, int4_reference, read_gguf, split_blocks, gguf_linear, tiled_gemm,
                                    prompt_logprob_stats, logprob_agreement as agreement)
 from minivllm.config import EngineArgs, embedded_gguf_path
 from minivllm.model_kernels import Linear
@@ -90,7 +90,7 @@ def test_block_kernel_is_the_reference_product(kind):
     raw = torch.from_numpy(gguf.quants.quantize(w, gguf.GGMLQuantizationType[kind]))
     q, d, m = split_blocks(raw, kind)
     ref = dequantize(q, d, m, kind).double()
-    bk, blocks = widen_blocks(q, d, m, kind)
+    blocks, bk = raw, kind                                                 # the file's bytes as they are
     x = torch.randn(21, 160, generator=torch.Generator().manual_seed(1))
     y = block_gemm(x, blocks, bk)
     exp = x.double() @ ref.T
@@ -105,21 +105,25 @@ def test_block_kernel_is_the_reference_product(kind):
     assert yb.dtype == torch.bfloat16
     expb = xb.double() @ ref.T
     assert (yb.double() - expb).abs().max() <= 2 ** -7 * expb.abs().max()
-    lin = BlockLinear(q, d, m, kind, max_rows=4)                          # hybrid: the dense copy above 4 rows
+    lin = BlockLinear(raw, kind, max_rows=4)                             # hybrid: dense tiles above 4 rows
+    assert lin.blocks.data_ptr() == raw.data_ptr()                       # the blocks themselves: no copy, no dense copy
+    assert [n for n, _ in lin.named_buffers()] == ["blocks"]
     for rows in (1, 4, 5, 21):
         assert (lin(x[:rows]).double() - exp[:rows]).abs().max() <= 1e-5 * exp.abs().max(), rows
+    assert (tiled_gemm(x, raw, kind, tile=16).double() - exp).abs().max() <= 1e-5 * exp.abs().max()
 
 
 @needs_blocks
 def test_block_gemm_refuses_bad_arguments():
-    q, d, m = torch.randint(0, 16, (16, 64)), torch.rand(16, 2), torch.rand(16, 2)
-    kind, blocks = widen_blocks(q, d, m, "Q4_1")
+    kind, blocks = "Q4_1", torch.randint(0, 256, (16, 2 * 20), dtype=torch.uint8)
     with pytest.raises(ValueError, match=r"x must be \[rows, 64\]"):
         block_gemm(torch.randn(2, 32), blocks, kind)
     with pytest.raises(ValueError, match="bias must be"):
         block_gemm(torch.randn(2, 64), blocks, kind, torch.randn(8))
-    with pytest.raises(ValueError, match="Q4_1 or Q8_0 blocks, not Q4_0"):
-        block_gemm(torch.randn(2, 64), blocks, "Q4_0")
+    with pytest.raises(NotImplementedError, match="IQ2_XS does not run as blocks"):
+        block_gemm(torch.randn(2, 64), blocks, "IQ2_XS")
+    with pytest.raises(ValueError, match="must be uint8 rows"):
+        block_gemm(torch.randn(2, 64), blocks.float(), kind)
     with pytest.raises(ValueError, match="does not run torch.float16"):
         block_gemm(torch.randn(2, 64).half(), blocks, kind)
     assert block_gemm(torch.randn(0, 64), blocks, kind).shape == (0, 16)
@@ -191,8 +195,9 @@ def test_engine_matches_dense_reference_and_fp32(quant_llm):
     assert len(quantized) == 121                                         # 4 × 30 projections and the LM head
     assert {type(m) for m in quantized} == ({BlockLinear} if blocks_supported("cpu", torch.bfloat16)
                                             else {Int4Linear, Int8Linear})
-    assert all(m.dense is not None for m in quantized)                   # the engine's layers are hybrid
-    hybrid = prompt_stats(quant_llm)                                     # prefills: the dense copies
+    assert all(m.max_rows is not None for m in quantized)                # the engine's layers are hybrid
+    assert all([n for n, _ in m.named_buffers()] == ["blocks"] for m in quantized)   # and hold the blocks only
+    hybrid = prompt_stats(quant_llm)                                     # prefills: dense tiles
     for m in quantized: _set_limit(m, 10 ** 9)                           # the quantized kernels at every row count
     sq = prompt_stats(quant_llm)
     both = agreement(sq, hybrid)
@@ -208,7 +213,7 @@ def test_engine_matches_dense_reference_and_fp32(quant_llm):
 @needs_blocks
 def test_float32_block_kernel_is_the_float32_expansion():
     """In float32 the block kernel multiplies by the expansion's own weights: at every row count (every prefill run by
-    qgemm.c, not the dense copy) the teacher-forced logprobs are the float32 expansion's up to the order of additions."""
+    qgemm.c, not dense tiles) the teacher-forced logprobs are the float32 expansion's up to the order of additions."""
     from minivllm import LLM
     llm = LLM(quantization="gguf", dtype="float32", max_model_len=512, enable_prefix_caching=False)
     layers = [m for m in llm.llm_engine.engine_core.model_runner.model.modules() if isinstance(m, BlockLinear)]

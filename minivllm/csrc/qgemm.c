@@ -1,21 +1,51 @@
-/* y[M,N] = x[M,K] @ W[N,K]^T (+ b) with W kept in GGUF's blocks of 32 weights, for the few rows
-   of a decode step: each block is unpacked to 32 float32 weights in registers and multiplied by
-   x in float32. The blocks as GGUF has them, with the float16 scales widened to float32:
-     Q4_1 (24 bytes): d, m (float32), 16 bytes of 4-bit codes q (byte j: q[j] low, q[j+16] high);
-                      w = d * q + m
-     Q8_0 (36 bytes): d (float32), 32 int8 codes q;  w = d * q
-   Compile-time constants: Q8 (1: Q8_0 blocks, 0: Q4_1), BF16 (x, b, y in bfloat16, else float32;
-   the sums are float32 either way). Every output is one sum over K in block order, whatever M is
-   or however the rows are tiled, so a row's result does not depend on the other rows. */
+/* y[M,N] = x[M,K] @ W[N,K]^T (+ b) with W kept in the layout of its file: GGUF's blocks as the
+   file has them (read straight from its bytes), or plain float rows. Each group of 32 weights is
+   unpacked to float32 in registers and multiplied by x. The layouts (KIND, a compile-time
+   constant; f16: an IEEE half, read with F16C):
+     0 Q4_0 (18 bytes / 32): d f16, 16 bytes of 4-bit codes q (byte j: q[j] low, q[j+16] high);
+                             w = d * (q - 8)
+     1 Q4_1 (20 bytes / 32): d, m f16, 16 bytes of codes as Q4_0;  w = d * q + m
+     2 Q8_0 (34 bytes / 32): d f16, 32 int8 codes;  w = d * q
+     3 Q4_K (144 bytes / 256): d, dmin f16, 12 bytes of 6-bit scales s[j] and mins m[j] of eight
+                             groups of 32, 128 bytes of codes (32 bytes per two groups: the even
+                             group in the low nibbles);  w = d * s[j] * q - dmin * m[j]
+     4 Q5_K (176 bytes / 256): as Q4_K, with 32 bytes of fifth bits (bit j of byte l: weight l
+                             of group j) between the scales and the codes
+     5 Q6_K (210 bytes / 256): 128 bytes of low 4 bits, 64 bytes of high 2 bits, 16 int8 scales
+                             (one per 16 weights), d f16;  w = d * s * (q - 32)
+     6 F32 rows, 7 BF16 rows (the weights as they are; BF16 rows multiply bfloat16 x with
+                             AVX512-BF16 dot products)
+   BF16 (0/1): x, b, y in bfloat16, else float32; the sums are float32 either way. Every output
+   is one sum over K in group order, whatever M is or however the rows are tiled, so a row's
+   result does not depend on the other rows. `dequant` writes weight rows in T (a large batch
+   multiplies a tile of them with a dense GEMM: no dense copy is kept). */
 #include <immintrin.h>
 #include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
-#if Q8
-#define BLOCK_BYTES 36
+#if KIND == 0
+#define BLOCK_BYTES 18
+#elif KIND == 1
+#define BLOCK_BYTES 20
+#elif KIND == 2
+#define BLOCK_BYTES 34
+#elif KIND == 3
+#define BLOCK_BYTES 144
+#elif KIND == 4
+#define BLOCK_BYTES 176
+#elif KIND == 5
+#define BLOCK_BYTES 210
+#elif KIND == 6
+#define BLOCK_BYTES 128
 #else
-#define BLOCK_BYTES 24
+#define BLOCK_BYTES 64
+#endif
+#if KIND >= 3 && KIND <= 5
+#define GROUPS 8   /* groups of 32 weights in a block */
+#else
+#define GROUPS 1
 #endif
 #define MR 4   /* a tile: up to MR rows of x by NR rows of weights (MR x NR accumulators) */
 #define NR 4
@@ -39,34 +69,121 @@ static inline float load(const T *p) { return *p; }
 static inline void store(T *p, float x) { *p = x; }
 #endif
 
-/* A block's 32 weights in float32: lo = weights 0..15, hi = weights 16..31. */
-static inline void weights(const uint8_t *b, __m512 *lo, __m512 *hi) {
-    const __m512 d = _mm512_set1_ps(*(const float *)b);
-#if Q8
-    const __m128i *q = (const __m128i *)(b + 4);
-    *lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q))), d);
-    *hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(q + 1))), d);
+static inline float half(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return _cvtsh_ss(h);
+}
+
+static inline __m512 f32(__m512i q) { return _mm512_cvtepi32_ps(q); }
+static inline __m512i bytes16(const uint8_t *p) {
+    return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+}
+
+#if KIND == 3 || KIND == 4
+/* Scale and min of group j of a K-quant block's 12 packed bytes (llama.cpp's get_scale_min_k4). */
+static inline void scale_min(int j, const uint8_t *q, float *s, float *m) {
+    if (j < 4) {
+        *s = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *s = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+#endif
+
+/* Group g (32 weights) of weight row `row` in float32: lo = weights 0..15, hi = 16..31. */
+static inline void weights(const uint8_t *row, int64_t g, __m512 *lo, __m512 *hi) {
+    const uint8_t *b = row + (g / GROUPS) * BLOCK_BYTES;
+    const int j = (int)(g % GROUPS);
+    (void)j;
+#if KIND == 0 || KIND == 1
+    const __m512 d = _mm512_set1_ps(half(b));
+    const __m512 m = _mm512_set1_ps(KIND == 0 ? -8.f * half(b) : half(b + 2));
+    const __m512i q = bytes16(b + (KIND == 0 ? 2 : 4));
+    *lo = _mm512_fmadd_ps(f32(_mm512_and_si512(q, _mm512_set1_epi32(15))), d, m);
+    *hi = _mm512_fmadd_ps(f32(_mm512_srli_epi32(q, 4)), d, m);
+#elif KIND == 2
+    const __m512 d = _mm512_set1_ps(half(b));
+    const __m128i *q = (const __m128i *)(b + 2);
+    *lo = _mm512_mul_ps(f32(_mm512_cvtepi8_epi32(_mm_loadu_si128(q))), d);
+    *hi = _mm512_mul_ps(f32(_mm512_cvtepi8_epi32(_mm_loadu_si128(q + 1))), d);
+#elif KIND == 3 || KIND == 4
+    float s, mn;
+    scale_min(j, b + 4, &s, &mn);
+    const __m512 d = _mm512_set1_ps(half(b) * s), m = _mm512_set1_ps(-half(b + 2) * mn);
+    const uint8_t *qs = b + (KIND == 3 ? 16 : 48) + 32 * (j / 2);
+    const int shift = 4 * (j & 1);
+    __m512i ql = _mm512_and_si512(_mm512_srli_epi32(bytes16(qs), shift), _mm512_set1_epi32(15));
+    __m512i qh = _mm512_and_si512(_mm512_srli_epi32(bytes16(qs + 16), shift),
+                                  _mm512_set1_epi32(15));
+#if KIND == 4
+    const __m512i one = _mm512_set1_epi32(1);
+    ql = _mm512_or_si512(ql, _mm512_slli_epi32(
+        _mm512_and_si512(_mm512_srli_epi32(bytes16(b + 16), j), one), 4));
+    qh = _mm512_or_si512(qh, _mm512_slli_epi32(
+        _mm512_and_si512(_mm512_srli_epi32(bytes16(b + 32), j), one), 4));
+#endif
+    *lo = _mm512_fmadd_ps(f32(ql), d, m);
+    *hi = _mm512_fmadd_ps(f32(qh), d, m);
+#elif KIND == 5
+    const int n = j / 4, r = j % 4;
+    const uint8_t *ql = b + 64 * n + 32 * (r & 1), *qh = b + 128 + 32 * n;
+    const int8_t *sc = (const int8_t *)(b + 192) + 8 * n + 2 * r;
+    const float d = half(b + 208);
+    const int nib = 4 * (r >> 1), hs = 2 * r;
+    const __m512i f = _mm512_set1_epi32(15), three = _mm512_set1_epi32(3);
+    const __m512i c = _mm512_set1_epi32(32);
+    for (int h = 0; h < 2; h++) {
+        __m512i q = _mm512_and_si512(_mm512_srli_epi32(bytes16(ql + 16 * h), nib), f);
+        q = _mm512_or_si512(q, _mm512_slli_epi32(
+            _mm512_and_si512(_mm512_srli_epi32(bytes16(qh + 16 * h), hs), three), 4));
+        const __m512 v = _mm512_mul_ps(f32(_mm512_sub_epi32(q, c)), _mm512_set1_ps(d * sc[h]));
+        if (h) *hi = v; else *lo = v;
+    }
+#elif KIND == 6
+    *lo = _mm512_loadu_ps((const float *)b);
+    *hi = _mm512_loadu_ps((const float *)b + 16);
 #else
-    const __m512 m = _mm512_set1_ps(*(const float *)(b + 4));
-    const __m512i q = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b + 8)));
-    *lo = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(q, _mm512_set1_epi32(15))), d, m);
-    *hi = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(q, 4)), d, m);
+    const __m256i *p = (const __m256i *)b;
+    *lo = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(p)), 16));
+    *hi = _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(p + 1)), 16));
 #endif
 }
 
-/* Rows x[0..mr) (float32, K apart) times weight rows w[0..nr) (row_bytes apart): the mr x nr
-   outputs y[i * N + j], each one accumulator (its sum in block order: the order does not depend
-   on the tile). Inlined with mr, nr constants, so the accumulators stay in registers. */
-static inline __attribute__((always_inline)) void tile(const float *x, int mr, int nr, int64_t K,
+/* Rows x[0..mr) (K apart) times weight rows w[0..nr) (row_bytes apart): the mr x nr outputs
+   y[i * N + j], each one accumulator (its sum in group order: the order does not depend on the
+   tile). Inlined with mr, nr constants, so the accumulators stay in registers. x is float32, or
+   for BF16 rows bfloat16 pairs multiplied by dot products. */
+static inline __attribute__((always_inline)) void tile(const void *xv, int mr, int nr, int64_t K,
         const uint8_t *w, int64_t row_bytes, const T *b, T *y, int64_t N) {
-    __m512 acc[MR][NR], lo[NR], hi[NR];
+    __m512 acc[MR][NR];
     for (int i = 0; i < mr; i++)
         for (int j = 0; j < nr; j++) acc[i][j] = _mm512_setzero_ps();
     for (int64_t g = 0; g < K / 32; g++) {
+#if KIND == 7 && BF16
+        const uint16_t *x = (const uint16_t *)xv;
+        __m512i wv[NR];
         for (int j = 0; j < nr; j++) {
-            const uint8_t *blk = w + j * row_bytes + g * BLOCK_BYTES;
-            _mm_prefetch((const char *)(blk + AHEAD), _MM_HINT_T0);
-            weights(blk, lo + j, hi + j);
+            const uint8_t *p = w + j * row_bytes + g * 64;
+            _mm_prefetch((const char *)(p + AHEAD), _MM_HINT_T0);
+            wv[j] = _mm512_loadu_si512(p);
+        }
+        for (int i = 0; i < mr; i++) {
+            const __m512i xi = _mm512_loadu_si512(x + i * K + 32 * g);
+            for (int j = 0; j < nr; j++)
+                acc[i][j] = _mm512_dpbf16_ps(acc[i][j], (__m512bh)xi, (__m512bh)wv[j]);
+        }
+#else
+        const float *x = (const float *)xv;
+        __m512 lo[NR], hi[NR];
+        for (int j = 0; j < nr; j++) {
+            const uint8_t *row = w + j * row_bytes;
+            if (g % GROUPS == 0)
+                _mm_prefetch((const char *)(row + g / GROUPS * BLOCK_BYTES + AHEAD), _MM_HINT_T0);
+            weights(row, g, lo + j, hi + j);
         }
         for (int i = 0; i < mr; i++) {
             const __m512 xl = _mm512_loadu_ps(x + i * K + 32 * g);
@@ -76,6 +193,7 @@ static inline __attribute__((always_inline)) void tile(const float *x, int mr, i
                 acc[i][j] = _mm512_fmadd_ps(hi[j], xh, acc[i][j]);
             }
         }
+#endif
     }
     for (int i = 0; i < mr; i++)
         for (int j = 0; j < nr; j++)
@@ -84,14 +202,21 @@ static inline __attribute__((always_inline)) void tile(const float *x, int mr, i
 
 #define TILE(MRC, NRC) case MRC * 8 + NRC: tile(x, MRC, NRC, K, w, rb, b, y, N); break;
 #define TILES(MRC) TILE(MRC, 1) TILE(MRC, 2) TILE(MRC, 3) TILE(MRC, 4)
+#if KIND == 7 && BF16
+typedef uint16_t X;   /* what the tiles read x as */
+#else
+typedef float X;
+#endif
+
+static inline int64_t row_bytes(int64_t K) { return K / (32 * GROUPS) * BLOCK_BYTES; }
 
 /* Weight rows [n0, n1), all M rows of x: tiles of up to MR rows by NR weight rows. */
-static void rows(const float *x0, int64_t M, int64_t K, const uint8_t *w0, const T *b0, T *y0,
+static void rows(const X *x0, int64_t M, int64_t K, const uint8_t *w0, const T *b0, T *y0,
                  int64_t N, int64_t n0, int64_t n1) {
-    const int64_t rb = K / 32 * BLOCK_BYTES;
+    const int64_t rb = row_bytes(K);
     for (int64_t n = n0; n < n1; n += NR)
         for (int64_t m = 0; m < M; m += MR) {
-            const float *x = x0 + m * K;
+            const X *x = x0 + m * K;
             const uint8_t *w = w0 + n * rb;
             const T *b = b0 ? b0 + n : 0;
             T *y = y0 + m * N + n;
@@ -101,15 +226,15 @@ static void rows(const float *x0, int64_t M, int64_t K, const uint8_t *w0, const
         }
 }
 
-#if BF16
+#if BF16 && KIND != 7
 static __thread float *scratch;   /* x in float32 */
 static __thread int64_t scratch_len;
 #endif
 
-/* K a multiple of 32; w: N rows of K/32 blocks; b (may be null): [N]. Returns 1 when it could not
-   allocate its scratch buffer, else 0. */
+/* K a multiple of 32 (256 for K-quants); w: N rows of K/32 groups; b (may be null): [N].
+   Returns 1 when it could not allocate its scratch buffer, else 0. */
 int qgemm(const T *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, const T *b, T *y) {
-#if BF16
+#if BF16 && KIND != 7
     if (scratch_len < M * K) {
         free(scratch);
         scratch = (float *)malloc(M * K * sizeof(float));
@@ -117,14 +242,43 @@ int qgemm(const T *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, const T
         if (!scratch) return 1;
     }
     for (int64_t i = 0; i < M * K; i++) scratch[i] = load(x + i);
-    const float *xf = scratch;
+    const X *xf = scratch;
 #else
-    const float *xf = x;
+    const X *xf = (const X *)x;
 #endif
     #pragma omp parallel
     {
         const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
-        rows(xf, M, K, w, b, y, N, N * t / nt, N * (t + 1) / nt);
+        /* threads split the weight rows in multiples of NR: whole tiles */
+        const int64_t tiles = (N + NR - 1) / NR;
+        const int64_t a = tiles * t / nt * NR, e = tiles * (t + 1) / nt * NR;
+        rows(xf, M, K, w, b, y, N, a, e < N ? e : N);
     }
     return 0;
+}
+
+/* Weight rows [n0, n1) of w as T, into out [n1 - n0, K] (the float weights of a tile). */
+void dequant(const uint8_t *w, int64_t K, int64_t n0, int64_t n1, T *out) {
+    const int64_t rb = row_bytes(K);
+    #pragma omp parallel for
+    for (int64_t n = n0; n < n1; n++) {
+        __m512 lo, hi;
+        float buf[32];
+        (void)buf;
+        for (int64_t g = 0; g < K / 32; g++) {
+            weights(w + n * rb, g, &lo, &hi);
+            T *o = out + (n - n0) * K + 32 * g;
+#if BF16 && defined(__AVX512BF16__)
+            _mm256_storeu_si256((__m256i *)o, (__m256i)_mm512_cvtneps_pbh(lo));
+            _mm256_storeu_si256((__m256i *)(o + 16), (__m256i)_mm512_cvtneps_pbh(hi));
+#elif BF16
+            _mm512_storeu_ps(buf, lo);
+            _mm512_storeu_ps(buf + 16, hi);
+            for (int l = 0; l < 32; l++) store(o + l, buf[l]);
+#else
+            _mm512_storeu_ps(o, lo);
+            _mm512_storeu_ps(o + 16, hi);
+#endif
+        }
+    }
 }
