@@ -2465,9 +2465,9 @@ def _placement(ns) -> tuple[DPPlacement | None, int]:
 # %% ../nbs/15_server.ipynb #93a0b062
 def print_held_memory(engine):
     """Print what the engine's runner holds (weights, KV cache, resident memory now and at its peak:
-    lesson 05a's `memory_summary`) where it runs in this process."""
+    lesson 05a's `memory_summary`) when the model is in this process."""
     runner = getattr(getattr(engine.engine, "engine_core", None), "model_runner", None)
-    if runner is not None:
+    if getattr(runner, "model", None) is not None:  # (not when the model lives in other processes)
         from minivllm.model_kernels import memory_summary
 
         held = ", ".join(f"{k} {v / 2**30:.2f} GiB" for k, v in memory_summary(runner).items())
