@@ -162,9 +162,8 @@ class EngineCore:
                 f"max_model_len={config.model_config.max_model_len}: lower max_model_len or give "
                 "the cache more memory."
             )
-        self.kv_cache_manager = make_kv_cache_manager(
-            config
-        )  # (lesson 02: a plain one unless a lesson's)
+        # lesson 02's plain block manager, unless a lesson registered its own for this config
+        self.kv_cache_manager = make_kv_cache_manager(config)
         self.extensions = [c.from_core(self) for c in STEP_EXTENSIONS.values() if c.enabled(config)]
         self.model_runner.extensions = self.extensions  # the runner's hook (`prepare`)
         self.scheduler = Scheduler(config.scheduler_config, self.kv_cache_manager, self.extensions)
