@@ -44,6 +44,19 @@ def hf_greedy(hf_model):
     return run
 
 
+def hf_greedy_refs(hf, prompts, n: int) -> list[tuple[list[int], list[float]]]:
+    "HF's greedy continuation of each prompt (token ids) and the logprob of each token it chose."
+    refs = []
+    for p in prompts:
+        with torch.no_grad():
+            out = hf.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                              max_new_tokens=n, do_sample=False)
+            lp = hf(out).logits[0].log_softmax(-1)
+        toks = out[0, len(p):].tolist()
+        refs.append((toks, [lp[len(p) - 1 + i, t].item() for i, t in enumerate(toks)]))
+    return refs
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0)); return s.getsockname()[1]

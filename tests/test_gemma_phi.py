@@ -2,7 +2,9 @@
 and logprobs with the CPU's default backend, and the same tokens under tensor parallelism (TP=2), pipeline
 parallelism (PP=2, three layers: the second stage starts at a local layer) and TP=2 × PP=2 as in one process."""
 import tempfile
-import pytest, torch
+import pytest
+import torch
+from conftest import hf_greedy_refs
 from minivllm import LLMEngine, EngineArgs, SamplingParams, TokensPrompt
 from minivllm.config import resolve_model
 from minivllm.model import make_tiny_checkpoint, model_class
@@ -34,14 +36,7 @@ def family(request):
     d = tempfile.mkdtemp()
     hf = make_tiny_checkpoint(d, request.param, **(TINY | dict(tokenizer_from=resolve_model(None))),
                               **FAMILIES[request.param])
-    refs = []
-    for p in PROMPTS:
-        with torch.no_grad():
-            out = hf.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
-                              max_new_tokens=N, do_sample=False)
-            lp = hf(out).logits[0].log_softmax(-1)
-        toks = out[0, len(p):].tolist()
-        refs.append((toks, [lp[len(p) - 1 + i, t].item() for i, t in enumerate(toks)]))
+    refs = hf_greedy_refs(hf, PROMPTS, N)
     return request.param, d, hf.config, refs
 
 

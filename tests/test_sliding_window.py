@@ -3,7 +3,9 @@ and logprobs with the CPU's default attention backend, under preemption, after a
 tensor parallelism (TP=2) and pipeline parallelism (PP=2) as in one process, for a model whose every layer has a
 window (Mistral) and for one that mixes full and windowed layers (Qwen2 with `max_window_layers`)."""
 import tempfile
-import pytest, torch
+import pytest
+import torch
+from conftest import hf_greedy_refs
 from minivllm import LLM, LLMEngine, EngineArgs, SamplingParams, TokensPrompt
 from minivllm.block_manager import KVCacheManager
 from minivllm.config import resolve_model
@@ -31,14 +33,7 @@ def build(kind):
 @pytest.fixture(scope="module", params=["mistral", "qwen2"])
 def model(request):
     d, hf = build(request.param)
-    refs = []
-    for p in PROMPTS:
-        with torch.no_grad():
-            out = hf.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
-                              max_new_tokens=N, do_sample=False)
-            lp = hf(out).logits[0].log_softmax(-1)
-        toks = out[0, len(p):].tolist()
-        refs.append((toks, [lp[len(p) - 1 + i, t].item() for i, t in enumerate(toks)]))
+    refs = hf_greedy_refs(hf, PROMPTS, N)
     return request.param, d, hf.config, refs
 
 
