@@ -1,24 +1,27 @@
 """Resident memory after load (lessons 04b, 05a): a model holds its weights once, in the one layout its kernels read,
-plus the KV cache it allocated and a small constant: resident <= 1.2 x the file's size + the KV cache + 0.5 GB,
-measured in a fresh process (`LLM(model=...)`, then psutil), on a float checkpoint of real proportions (a Llama with
-SmolLM2's vocabulary, 1024 wide: 0.34 GB in bfloat16) and on the embedded GGUF's 4-bit blocks. Before the weights were
-held once, these processes held about 3.2x the float weights and 6x the GGUF file beyond the KV cache."""
+plus the KV cache it allocated and a small constant: its anonymous resident memory (`RssAnon`: what the process
+itself holds; the pages of torch's and Triton's libraries are file-backed, shared, and differ between CPUs)
+<= 1.2 x the file's size + the KV cache + 0.5 GB, measured in a fresh process (`LLM(model=...)`), on a float checkpoint of real proportions (a Llama with
+SmolLM2's vocabulary, 1024 wide: 0.34 GB in bfloat16) and on the embedded GGUF's 4-bit blocks. A second copy of the
+weights (a float copy beside the GGUF's blocks, or an fp32 copy of a bf16 checkpoint) breaks the bound."""
 import json, os, subprocess, sys
 import pytest, torch
 from minivllm.config import embedded_gguf_path, resolve_model
 
 CHILD = r"""
-import json, sys, psutil
+import json, sys
 from minivllm import LLM
 llm = LLM(**json.loads(sys.argv[1]))
 kv = sum(c.numel() * c.element_size() for c in llm.llm_engine.engine_core.model_runner.kv_caches)
 out = llm.generate([{"prompt_token_ids": [1, 2, 3, 4]}], use_tqdm=False)[0].outputs[0].token_ids   # it runs
-print("RESULT", json.dumps(dict(rss=psutil.Process().memory_info().rss, kv=kv, tokens=len(out))))
+with open("/proc/self/status") as f:
+    anon = next(int(l.split()[1]) * 1024 for l in f if l.startswith("RssAnon:"))
+print("RESULT", json.dumps(dict(rss=anon, kv=kv, tokens=len(out))))
 """
 
 
 def resident(**args) -> dict:
-    "`{rss, kv}` bytes of a fresh process after `LLM(**args)` (and one short request)."
+    "`{rss, kv}` bytes (anonymous resident, KV cache) of a fresh process after `LLM(**args)` and one request."
     env = os.environ | {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     r = subprocess.run([sys.executable, "-c", CHILD, json.dumps(args)], capture_output=True, text=True,
                        timeout=900, env=env)
