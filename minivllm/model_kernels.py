@@ -58,10 +58,10 @@ from minivllm.quantization import (
 )
 
 # %% auto #0
-__all__ = ['PACKED_CHUNK', 'PACKED_LINEARS', 'ATTENTION_WARMUPS', 'GGUF_ARCHS', 'row_bucket', 'rows_kind', 'Linear',
-           'pack_weights', 'packed_linear', 'rms_norm_c', 'rotate_c', 'silu_and_mul_c', 'CpuOps', 'prepare_attention',
-           'memory_summary', 'ConcatLinear', 'block_rows', 'BlockEmbedding', 'load_gguf_model', 'build_step_kernel',
-           'decode_step_layers', 'decode_layers_c', 'CpuDecodeRunner']
+__all__ = ['PACKED_CHUNK', 'PACKED_LINEARS', 'AMX_BF16_MAX_ROWS', 'ATTENTION_WARMUPS', 'GGUF_ARCHS', 'row_bucket', 'rows_kind',
+           'c_max_rows', 'Linear', 'pack_weights', 'packed_linear', 'rms_norm_c', 'rotate_c', 'silu_and_mul_c',
+           'CpuOps', 'prepare_attention', 'memory_summary', 'ConcatLinear', 'block_rows', 'BlockEmbedding',
+           'load_gguf_model', 'build_step_kernel', 'decode_step_layers', 'decode_layers_c', 'CpuDecodeRunner']
 
 # %% ../nbs/05a_model_kernels.ipynb #46773998
 def _can_pack(w: torch.Tensor) -> bool:
@@ -114,6 +114,21 @@ def rows_kind(w: torch.Tensor) -> str | None:
         return None
     return kind if _rows_built(w.dtype) else None
 
+# %% ../nbs/05a_model_kernels.ipynb #0dc44870
+# bfloat16 on a CPU with AMX: calls of up to this many rows take the C kernel (measured below)
+AMX_BF16_MAX_ROWS = 6
+
+
+def c_max_rows(dtype) -> int:
+    """The most rows of a call that `Linear` multiplies with `qgemm.c` on this CPU (more go to
+    oneDNN): lesson 04a's `GEMM_MAX_ROWS`, but `AMX_BF16_MAX_ROWS` in bfloat16 on a CPU with AMX,
+    and every call under `VLLM_BATCH_INVARIANT=1` (one kernel, one order of additions)."""
+    if batch_invariant():
+        return 2**62
+    if dtype == torch.bfloat16 and "amx_bf16" in cpu_flags().split():
+        return AMX_BF16_MAX_ROWS
+    return GEMM_MAX_ROWS
+
 # %% ../nbs/05a_model_kernels.ipynb #91428110
 class Linear(nn.Linear):
     """`nn.Linear` whose weight, as loaded, is the one copy its CPU kernels read: lesson 04b's
@@ -122,7 +137,7 @@ class Linear(nn.Linear):
     packed: torch.Tensor | None = None  # what oneDNN multiplies by (the weight itself)
     gemm_packed: torch.Tensor | None = None  # what the C kernel reads (the weight itself)
     gemm_in_graph = False  # True while lesson 05b traces a graph that leaves the GEMMs to Inductor
-    gemm_max_rows = GEMM_MAX_ROWS  # calls up to this many rows take the C kernel
+    gemm_max_rows = GEMM_MAX_ROWS  # calls up to this many rows take the C kernel (`c_max_rows`)
 
     def pack(self) -> bool:
         "Check the kernels on the weight (again after changing it); whether they are used."
@@ -139,8 +154,7 @@ class Linear(nn.Linear):
         if self.packed is not None and (kind := rows_kind(self.packed)) is not None:
             self.gemm_packed = self.packed  # found once: `_gemm_rows` calls the kernel directly
             self.gemm_fn = build_block_kernel(kind, self.packed.dtype)
-        # VLLM_BATCH_INVARIANT=1: one kernel, one order of additions, at every size (lesson 04a)
-        self.gemm_max_rows = 2**62 if batch_invariant() else GEMM_MAX_ROWS
+        self.gemm_max_rows = c_max_rows(self.weight.dtype)
         return self.packed is not None
 
     def unpack(self):
