@@ -629,9 +629,7 @@ MODEL_LOADERS["gguf"] = _load_gguf
 class _Kernels(ctypes.Structure):
     "`kernels_t`: the addresses of the kernels `step.c` calls."
 
-    _fields_ = [
-        (n, ctypes.c_void_p) for n in ("gemm", "rms_norm", "rotate", "silu", "add", "decode")
-    ]
+    _fields_ = [(n, ctypes.c_void_p) for n in ("rms_norm", "rotate", "silu", "add", "decode")]
 
 
 @functools.cache
@@ -662,32 +660,46 @@ def _address(fn) -> int:
 
 
 @functools.cache
-def _step_kernels(gemm: int, dtype, block_size: int, group: int, head_dim: int) -> _Kernels:
-    """The kernels of one model shape, in `kernels_t`'s order, with the GEMM at address `gemm` for
-    the projections."""
+def _step_kernels(dtype, block_size: int, group: int, head_dim: int) -> _Kernels:
+    "The kernels of one model shape besides the GEMMs, in `kernels_t`'s order."
     glue, decode = _glue(dtype), build_decode_kernel(block_size, group, head_dim, dtype)
     fns = (glue.rms_norm, glue.rotate, glue.silu_and_mul, glue.add_into, decode)
-    return _Kernels(gemm, *map(_address, fns))
+    return _Kernels(*map(_address, fns))
 
 # %% ../nbs/05a_model_kernels.ipynb #c08d58c1
-def _c_projection(lin, rows: int, dtype):
-    """`(kernel, weight)` that `step.c` can call for the projection `lin` at `rows` rows of
-    `dtype`, else None: a packed `Linear` (04a's GEMM) or a `BlockLinear` (04b's `qgemm.c`)."""
+def _c_parts(lin, rows: int, dtype) -> list | None:
+    """`step.c`'s parts of the projection `lin` at `rows` rows of `dtype`, `(kernel, weight, bias,
+    columns)` each, else None: a packed `Linear` or a `BlockLinear` (04b's `qgemm.c` on float rows
+    or GGUF blocks) is one part, a `ConcatLinear` of those one part each (at most 3)."""
+    if type(lin) is ConcatLinear:
+        parts = [_c_parts(p, rows, dtype) for p in lin.parts]
+        return None if None in parts or len(parts) > 3 else [q for p in parts for q in p]
     if type(lin) is Linear and lin.gemm_packed is not None and rows <= lin.gemm_max_rows:
-        return (lin.gemm_fn, lin.gemm_packed) if lin.gemm_packed.dtype == dtype else None
-    if (
-        type(lin) is BlockLinear
-        and lin.dtype == dtype
-        and blocks_supported(lin.blocks.device, dtype)
-    ):
-        if lin.max_rows is None or rows <= lin.max_rows:
-            return build_block_kernel(lin.kind, dtype), lin.blocks
-    return None
+        if lin.gemm_packed.dtype != dtype:
+            return None
+        kernel, weight = lin.gemm_fn, lin.gemm_packed
+    elif type(lin) is BlockLinear and lin.dtype == dtype and blocks_supported("cpu", dtype):
+        if lin.max_rows is not None and rows > lin.max_rows:
+            return None
+        kernel, weight = build_block_kernel(lin.kind, dtype), lin.blocks
+    else:
+        return None
+    bias = None if lin.bias is None else lin.bias.data_ptr()
+    return [(_address(kernel), weight.data_ptr(), bias, lin.out_features)]
 
 
+def _proj_words(parts: list) -> list:
+    "A projection's `proj_t` as pointer-sized words: the number of parts, then 3 parts' fields."
+    words = [len(parts)]
+    for part in parts + [(None, None, None, 0)] * (3 - len(parts)):
+        words += part
+    return words
+
+# %% ../nbs/05a_model_kernels.ipynb #a83b919a
 def decode_step_layers(model, kv_caches, md, num_tokens: int):
-    """`(gemm, layers)` when `step.c` can run this step's layers, else None: the address of the
-    kernel of every projection, and every layer's `layer_t` (a ctypes array)."""
+    """Every layer's `layer_t` (a ctypes array) when `step.c` can run this step's layers, else
+    None: only decodes, lesson 05's layers with the C glue and attention, every projection parts
+    that a C kernel multiplies at this many rows."""
     a = model.layers[0].self_attn
     if not (
         0 < num_tokens == md.num_decodes == md.num_seqs
@@ -701,27 +713,22 @@ def decode_step_layers(model, kv_caches, md, num_tokens: int):
         and _step_built()
     ):
         return None
-    ptr, out, gemms = lambda t: None if t is None else t.data_ptr(), [], set()
-    dtype = kv_caches[0].dtype
+    words, dtype = [], kv_caches[0].dtype
     for layer, cache in zip(model.layers, kv_caches):
         a, m = layer.self_attn, layer.mlp
         lins = (a.qkv_proj, a.o_proj, m.gate_up_proj, m.down_proj)
-        found = [_c_projection(l, num_tokens, dtype) for l in lins]
-        if any(f is None for f in found):
+        parts = [_c_parts(l, num_tokens, dtype) for l in lins]
+        if None in parts:
             return None
-        gemms.update(_address(fn) for fn, _ in found)
-        qkv, o, gu, down = ((w.data_ptr(), ptr(l.bias)) for (_, w), l in zip(found, lins))
         norm, post = layer.input_layernorm.weight, layer.post_attention_layernorm.weight
-        out += [norm.data_ptr(), *qkv, *o, post.data_ptr(), *gu, *down, cache.data_ptr()]
-    if len(gemms) != 1:  # step.c calls one GEMM for every projection
-        return None
-    return gemms.pop(), (ctypes.c_void_p * len(out))(*out)
+        words += [norm.data_ptr(), post.data_ptr()]
+        words += [w for p in parts for w in _proj_words(p)] + [cache.data_ptr()]
+    return (ctypes.c_void_p * len(words))(*words)
 
 # %% ../nbs/05a_model_kernels.ipynb #9fe5fc89
-def decode_layers_c(model, kv_caches, step, x, positions, md: AttentionMetadata):
+def decode_layers_c(model, kv_caches, layers, x, positions, md: AttentionMetadata):
     """The decoder layers of a decode step by `step.c`, on `x` (the embedded tokens, contiguous:
-    updated in place); `step = (gemm, layers)` from `decode_step_layers`."""
-    gemm, layers = step
+    updated in place); `layers` from `decode_step_layers`."""
     n, hidden, dtype = *x.shape, x.dtype
     a, inter = model.layers[0].self_attn, model.layers[0].mlp.inter
     _, num_blocks, bs, hkv, D = kv_caches[0].shape
@@ -731,8 +738,10 @@ def decode_layers_c(model, kv_caches, step, x, positions, md: AttentionMetadata)
         plan.checked = True
     cos, sin = model.rotary.cos_sin(positions, dtype)
     H, bt, slots = a.num_heads, plan.block_tables, md.slot_mapping.to(torch.int64)
-    scratch = torch.empty(n * (2 * hidden + (3 * H + 3 * hkv) * D + 3 * inter), dtype=dtype)
-    kernels = _step_kernels(gemm, dtype, bs, H // hkv, D)
+    qkv_n = (H + 2 * hkv) * D
+    size = 2 * hidden + (3 * H + 3 * hkv) * D + 3 * inter + max(qkv_n, 2 * inter)
+    scratch = torch.empty(n * size, dtype=dtype)
+    kernels = _step_kernels(dtype, bs, H // hkv, D)
     eps = model.layers[0].input_layernorm.eps
     if build_step_kernel()(
         ctypes.byref(kernels), layers, len(model.layers), x.element_size(),
@@ -759,11 +768,11 @@ class CpuDecodeRunner(ModelRunner):
         )
 
     def run_model(self, input_ids, positions, md):
-        step = decode_step_layers(self.model, self.kv_caches, md, len(input_ids))
-        if step is None:
+        layers = decode_step_layers(self.model, self.kv_caches, md, len(input_ids))
+        if layers is None:
             return super().run_model(input_ids, positions, md)
         x = self.model.embed_tokens(input_ids).contiguous()
-        decode_layers_c(self.model, self.kv_caches, step, x, positions, md)
+        decode_layers_c(self.model, self.kv_caches, layers, x, positions, md)
         return self.model.norm(x)
 
 
