@@ -12,7 +12,6 @@ import os
 import platform
 import random
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field

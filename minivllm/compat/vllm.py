@@ -42,8 +42,6 @@ from minivllm.core.config import (
     ProfilerConfig,
     PromptType,
     RequestOutput,
-    RequestOutputKind,
-    SamplingParams,
     SchedulerConfig,
     SpeculativeConfig,
     TextPrompt,

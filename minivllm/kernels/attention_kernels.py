@@ -4,23 +4,20 @@
 
 # %% ../../nbs/04c_attention_kernels.ipynb #6901b921
 from __future__ import annotations  # noqa: F404 (the cell above is not exported)
-import os
 from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from minivllm.core.attention import (
     AttentionMetadata,
-    build_metadata,
     register_attention_backend,
     torch_paged_attention,
     write_kv_cache,
     _attend_prefills,
-    _causal_mask,
     _remembered,
     _torch_plan,
     _TorchPlan,
 )
-from .gemm import batch_invariant, build_c_library, c_source
+from .gemm import batch_invariant, build_c_library
 
 # %% auto #0
 __all__ = ['LOG2E', 'triton_write_kv_cache', 'online_softmax', 'paged_decode_attention', 'paged_prefill_attention',

@@ -24,7 +24,6 @@ from minivllm.kernels.gemm import (
     GEMM_MAX_ROWS,
     batch_invariant,
     build_c_library,
-    build_gemm_kernel,
     cpu_flags,
 )
 from minivllm.core.model import (

@@ -7,7 +7,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
-from pathlib import Path
 import torch
 from torch import nn
 import torch.nn.functional as F
@@ -16,7 +15,6 @@ from minivllm.kernels.gemm import (
     GEMM_UNITS,
     batch_invariant,
     build_c_library,
-    c_source,
     cpu_flags,
     gemm,
     gemm_copy,
