@@ -3,7 +3,7 @@
 AsyncLLMEngine runs it), with and without handing back the main thread's OpenMP team first."""
 import threading, time, statistics, sys
 from minivllm import LLM, SamplingParams
-from minivllm.gemm import release_openmp_threads
+from minivllm.kernels.gemm import release_openmp_threads
 
 llm = LLM(max_model_len=512)
 sp = SamplingParams(temperature=0, max_tokens=96, ignore_eos=True)

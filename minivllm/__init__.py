@@ -7,7 +7,7 @@ __version__ = "0.1.0"
 __all__ = []
 
 # %% ../nbs/99_public_api.ipynb #7398815d
-from minivllm.config import (
+from minivllm.core.config import (
     SamplingParams,
     EngineArgs,
     TextPrompt,
@@ -23,14 +23,14 @@ from minivllm.config import (
     EmbeddingOutput,
     LoRARequest,
 )
-from .sampling_more import BeamSearchParams
-from .llm_engine import LLMEngine
-from .llm import LLM
-from . import llm_more  # noqa: F401 (LLM.chat, beam_search, embed, ...: lesson 13b)
-from .async_engine import AsyncLLMEngine, AsyncLLM, AsyncEngineArgs
-from . import vllm_compat  # noqa: F401 (vLLM's other engine arguments and module paths)
-from . import sampling_verify  # noqa: F401 (SamplingParams.verify, lesson 00c)
-from .pooling import ScoringOutput, ScoringRequestOutput
+from .features.sampling_more import BeamSearchParams
+from .core.llm_engine import LLMEngine
+from .core.llm import LLM
+import minivllm.features.llm_more  # noqa: F401 (LLM.chat, beam_search, embed, ...: lesson 13b)
+from .serve.async_engine import AsyncLLMEngine, AsyncLLM, AsyncEngineArgs
+import minivllm.compat.vllm  # noqa: F401 (vLLM's other engine arguments and module paths)
+import minivllm.features.sampling_verify  # noqa: F401 (SamplingParams.verify, lesson 00c)
+from .features.pooling import ScoringOutput, ScoringRequestOutput
 
 __all__ = [  # what `from minivllm import *` brings (ruff reads it too)
     "SamplingParams",
@@ -58,8 +58,19 @@ __all__ = [  # what `from minivllm import *` brings (ruff reads it too)
 ]
 
 # %% ../nbs/99_public_api.ipynb #feat99code
-# the feature lessons register their step extensions and runners when imported
-from . import model_kernels, sampling_more, compilation, lora  # noqa: F401
-from . import structured_outputs, parallel, spec_decode, pooling  # noqa: F401
-from . import logits_processors, pipeline, data_parallel, prompt_embeds  # noqa: F401
-from . import sliding_window, moe, gemma_phi  # noqa: F401 (lessons 05d, 07d, 07e)
+# the feature lessons register their step extensions and runners when imported (in this order)
+import minivllm.kernels.model_kernels  # noqa: F401
+import minivllm.features.sampling_more  # noqa: F401
+import minivllm.kernels.compilation  # noqa: F401
+import minivllm.features.lora  # noqa: F401
+import minivllm.features.structured_outputs  # noqa: F401
+import minivllm.parallel.tensor  # noqa: F401
+import minivllm.features.spec_decode  # noqa: F401
+import minivllm.features.pooling  # noqa: F401
+import minivllm.features.logits_processors  # noqa: F401
+import minivllm.parallel.pipeline  # noqa: F401
+import minivllm.parallel.data  # noqa: F401
+import minivllm.features.prompt_embeds  # noqa: F401
+import minivllm.features.sliding_window  # noqa: F401
+import minivllm.models.moe  # noqa: F401
+import minivllm.models.gemma_phi  # noqa: F401

@@ -7,7 +7,7 @@ __all__ = []
 
 # %% ../nbs/98_main.ipynb #4a4fe0a9
 import sys
-from .cli import main
+from .serve.cli import main
 
 if __name__ == "__main__" and not hasattr(sys, "ps1") and "ipykernel" not in sys.modules:
     raise SystemExit(main())

@@ -12,7 +12,6 @@ import os
 import platform
 import random
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -311,7 +310,7 @@ def _check_lengths(system, got: list[int], want: list[int]):
 
 def run_minivllm(llm, wl: Workload) -> BenchResult:
     "The workload through `LLM.generate` (greedy, ignore_eos, exact lengths)."
-    from minivllm.config import SamplingParams, TokensPrompt
+    from minivllm.core.config import SamplingParams, TokensPrompt
 
     prompts = [TokensPrompt(prompt_token_ids=p) for p in wl.prompts]
     params = [
@@ -606,7 +605,7 @@ def _lat(ttft_tpot: list[tuple[float, float]], system, c, pl, ol) -> LatencyResu
 def latency_minivllm(engine, wl: Workload) -> LatencyResult:
     """TTFT/TPOT of the workload's requests submitted together to an `LLMEngine` (greedy,
     ignore_eos)."""
-    from minivllm.config import SamplingParams, TokensPrompt
+    from minivllm.core.config import SamplingParams, TokensPrompt
 
     base = f"lat{time.perf_counter_ns()}-"
     # the same prompts ran before (other rounds, other concurrencies): no free prefill
@@ -1117,7 +1116,7 @@ def llama_server_args(
 def _llama_files(binary, gguf) -> tuple[str, Path]:
     "The `llama-server` binary's path and the GGUF file (default: the embedded model), checked."
     import shutil
-    from minivllm.config import embedded_gguf_path
+    from minivllm.core.config import embedded_gguf_path
 
     found = shutil.which(str(binary)) if binary else None
     if not found:
@@ -1395,7 +1394,7 @@ def minivllm_top_logprobs(
 ) -> tuple[list[int], list[dict[int, float]]]:
     """minivllm's greedy continuation of the token ids `prompt` (`n` tokens) and its top-`k`
     log-probs (`SamplingParams(logprobs=k)`)."""
-    from minivllm.config import SamplingParams, TokensPrompt
+    from minivllm.core.config import SamplingParams, TokensPrompt
 
     c = llm.generate(
         [TokensPrompt(prompt_token_ids=list(prompt))],
@@ -1418,7 +1417,7 @@ def compare_logprobs_llamacpp(
     """Top-`k` log-probs of llama.cpp (`server`: a `LlamaServer`, a base URL, or a `llama-server`
     binary started here on `gguf`) against minivllm's (`llm`, or the embedded model with
     `quantization`) on `prompts`: per prompt and summed up."""
-    from minivllm.llm import LLM
+    from minivllm.core.llm import LLM
 
     own = None
     if not isinstance(server, LlamaServer) and not str(server).startswith("http"):
@@ -1463,7 +1462,7 @@ OVERHEAD_PHASES = ("schedule", "prepare", "sampling", "update", "outputs", "othe
 def step_breakdown(llm, wl: Workload, warmup_steps: int = 0, decode_only: bool = False) -> dict:
     """Run `wl` through `llm`'s engine step by step; seconds per phase (summed over steps, from each
     `StepInfo`), steps, batch sizes."""
-    from minivllm.config import SamplingParams, TokensPrompt
+    from minivllm.core.config import SamplingParams, TokensPrompt
 
     eng = llm.llm_engine
     eng.reset_prefix_cache()
@@ -1552,7 +1551,7 @@ def structured_outputs_cost(
     unconstrained: the whole step, its `sampling` phase and the structured-outputs mask (fill +
     apply) within it. A warm-up batch first, then `rounds` rounds alternating the two modes, so that
     neither gets the cold start or a quieter minute."""
-    from minivllm.config import SamplingParams, StructuredOutputsParams
+    from minivllm.core.config import SamplingParams, StructuredOutputsParams
 
     eng = llm.llm_engine
     tok = eng.get_tokenizer()
@@ -1621,7 +1620,7 @@ SPEC_PROMPTS = {
 def _decode_one(engine, prompt: str, max_tokens: int) -> tuple[list[int], float]:
     """Greedy tokens of one request alone in `engine`, and the seconds from its first token to its
     last."""
-    from minivllm.config import SamplingParams
+    from minivllm.core.config import SamplingParams
 
     rid = f"spec{time.perf_counter_ns()}"
     engine.add_request(rid, prompt, SamplingParams(temperature=0, max_tokens=max_tokens))
@@ -1665,7 +1664,7 @@ def bench_spec_decode(
     """Batch-1 decode tokens/s with and without `speculative_config`, same engine arguments, per
     workload of `prompts` (default `SPEC_PROMPTS`; a text is sent as a chat message, anything else,
     e.g. a `TokensPrompt`, as it is)."""
-    from minivllm.llm import LLM
+    from minivllm.core.llm import LLM
 
     kw = dict(engine_kwargs or {})
     kw.pop("speculative_config", None)
@@ -1784,8 +1783,8 @@ def lora_step_cost(
     them, for each `k` of `distinct` (0: the base model only, on the same LoRA-enabled engine).
     Modes alternate over `rounds`."""
     import tempfile
-    from minivllm.config import SamplingParams, LoRARequest
-    from minivllm.llm import LLM
+    from minivllm.core.config import SamplingParams, LoRARequest
+    from minivllm.core.llm import LLM
 
     llm = LLM(
         model=model,
@@ -1839,8 +1838,8 @@ def lora_swap_cost(
     """Per `max_loras`: seconds for the whole run, slot loads, swaps, and ms spent per slot load
     (LoRAManager's counters)."""
     import tempfile
-    from minivllm.config import SamplingParams, LoRARequest
-    from minivllm.llm import LLM
+    from minivllm.core.config import SamplingParams, LoRARequest
+    from minivllm.core.llm import LLM
 
     d, out = tempfile.mkdtemp(), {}
     for m in max_loras:

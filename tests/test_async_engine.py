@@ -5,7 +5,7 @@ cannot survive surfaces as `EngineDeadError`, not a hang."""
 import asyncio, gc, time
 import pytest, torch
 from minivllm import LLMEngine, EngineArgs, SamplingParams, TokensPrompt, RequestOutputKind
-from minivllm.async_engine import AsyncLLMEngine, EngineDeadError
+from minivllm.serve.async_engine import AsyncLLMEngine, EngineDeadError
 
 pytestmark = pytest.mark.xdist_group("async")
 
@@ -209,7 +209,7 @@ def test_api_and_output_kinds(llm_engine):
 def test_step_failure_fails_its_requests_alone(llm_engine, monkeypatch):
     """An exception inside step() ends the requests that step ran with EngineGenerateError (their blocks freed);
     a request that was not in it, and later ones, run on: the engine is not dead."""
-    from minivllm.async_engine import EngineGenerateError
+    from minivllm.serve.async_engine import EngineGenerateError
     engine = AsyncLLMEngine(llm_engine)
     calls, step = [0], llm_engine.step
     def failing_step():
@@ -243,7 +243,7 @@ def test_step_failure_fails_its_requests_alone(llm_engine, monkeypatch):
 def test_fatal_step_failure_is_engine_dead_error(llm_engine, monkeypatch):
     """A step failure the engine cannot survive (its workers gone) ends every open stream with EngineDeadError
     (no hang); the blocks are freed, and the engine reports itself failed."""
-    import minivllm.async_engine as ae
+    import minivllm.serve.async_engine as ae
     engine = AsyncLLMEngine(llm_engine)
     calls, step = [0], llm_engine.step
     def failing_step():
@@ -277,7 +277,7 @@ def test_a_failing_new_request_fails_alone(llm_engine, monkeypatch):
     """A step that raises for one new request (here: whenever request "bad" is in the batch) ends that request alone
     with EngineGenerateError; the three streams running beside it finish with their finish_reason and exactly the
     text they have without the fault (they are recomputed from their tokens)."""
-    from minivllm.async_engine import EngineGenerateError
+    from minivllm.serve.async_engine import EngineGenerateError
     sp = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     ps = {rid: prompt(i) for i, rid in enumerate("abc")}
     ref = sync_texts(llm_engine, {rid: (p, sp) for rid, p in ps.items()})

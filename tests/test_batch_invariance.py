@@ -4,7 +4,7 @@ with and without prefix-cache hits, alone and inside a batch with chunked prefil
 import pytest, torch
 
 from minivllm import LLM, SamplingParams
-from minivllm.gemm import gemm_supported
+from minivllm.kernels.gemm import gemm_supported
 
 # vLLM's examples/offline_inference/automatic_prefix_caching.py, shortened
 PREFIX = (
@@ -19,7 +19,7 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=16, logprobs=0)
 
 
 def _dtype_default():
-    from minivllm.config import EngineArgs
+    from minivllm.core.config import EngineArgs
     return EngineArgs().create_engine_config().model_config.dtype
 
 

@@ -19,7 +19,7 @@ def generated_tokens(base) -> float:
 
 
 def test_bench_serve(server, tmp_path, capsys):
-    from minivllm.cli import main
+    from minivllm.serve.cli import main
     from minivllm.benchmarks import make_workload, poisson_arrivals
     before = generated_tokens(server)
     out = tmp_path / "serve.json"
@@ -43,7 +43,7 @@ def test_bench_serve(server, tmp_path, capsys):
 
 def test_bench_serve_against_several_servers(server, tmp_path, capsys):
     "Several --base-url: the same client and a fresh workload each round against each, side by side, saved."
-    from minivllm.cli import main
+    from minivllm.serve.cli import main
     from minivllm.benchmarks import make_workload
     before, out = generated_tokens(server), tmp_path / "cmp.json"
     urls = [server, server + "/v1"]  # the same server under two names
@@ -62,7 +62,7 @@ def test_bench_serve_against_several_servers(server, tmp_path, capsys):
 
 
 def test_bench_serve_reports_failures_and_too_long_prompts(server, capsys):
-    from minivllm.cli import main
+    from minivllm.serve.cli import main
     # a wrong key: /v1/models answers 401 before anything is sent
     assert main(["bench", "serve", "--base-url", server, "--api-key", "wrong", "--num-prompts", "2"]) != 0
     # requests that do not fit max_model_len=256: a clear error, nothing sent
@@ -73,15 +73,15 @@ def test_bench_serve_reports_failures_and_too_long_prompts(server, capsys):
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-    from minivllm.model import make_tiny_checkpoint
-    from minivllm.config import resolve_model
+    from minivllm.core.model import make_tiny_checkpoint
+    from minivllm.core.config import resolve_model
     d = tmp_path_factory.mktemp("tiny")
     make_tiny_checkpoint(d, "llama", tokenizer_from=resolve_model(None))
     return str(d)
 
 
 def test_bench_throughput_and_latency_commands(tiny_dir, tmp_path):
-    from minivllm.cli import main
+    from minivllm.serve.cli import main
     t, l = tmp_path / "t.json", tmp_path / "l.json"
     assert main(["bench", "throughput", "--model", tiny_dir, "--max-model-len", "128", "--num-prompts", "5", "--prompt-len", "4", "30",
                  "--output-len", "2", "9", "--hf-batch-size", "2", "4", "--json", str(t)]) == 0

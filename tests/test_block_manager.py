@@ -5,9 +5,9 @@ import random
 from collections import Counter
 import pytest
 from hypothesis import given, settings, HealthCheck, strategies as st
-from minivllm.block_manager import KVCacheManager, check_invariants, cdiv, sibling_group
-from minivllm.config import SamplingParams
-from minivllm.request import Request
+from minivllm.core.block_manager import KVCacheManager, check_invariants, cdiv, sibling_group
+from minivllm.core.config import SamplingParams
+from minivllm.core.request import Request
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from minivllm.gemm import build_c_library, c_source
+from minivllm.kernels.gemm import build_c_library, c_source
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ("decode", "gemm", "glue")

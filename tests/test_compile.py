@@ -6,9 +6,9 @@ the `eager` backend (Dynamo traces the whole forward into one graph; Inductor's 
 import os
 import pytest, torch
 from minivllm import LLM, SamplingParams, TokensPrompt
-from minivllm.model import make_tiny_checkpoint
-from minivllm.model_kernels import CpuDecodeRunner
-from minivllm.compilation import CompiledModelRunner
+from minivllm.core.model import make_tiny_checkpoint
+from minivllm.kernels.model_kernels import CpuDecodeRunner
+from minivllm.kernels.compilation import CompiledModelRunner
 
 SLOW = bool(os.environ.get("MINIVLLM_SLOW"))
 

@@ -2,9 +2,9 @@
 import ast, inspect, re
 from pathlib import Path
 import minivllm
-from minivllm.model import ModelRunner
+from minivllm.core.model import ModelRunner
 
-PKG = Path(minivllm.__file__).parent
+PKG = Path(minivllm.__file__).parent / "core"  # the core path's modules
 CORE_MODULES = ["request", "block_manager", "scheduler", "sampler", "engine_core"]
 FEATURE_WORDS = re.compile(r"lora|spec_|speculat|draft|grammar|bitmask|structured|pooling|pooler|pooled"
                            r"|torch\.compile|compilation|CompiledModel|cudagraph|cuda_graph", re.I)
@@ -58,8 +58,8 @@ def test_the_check_catches_a_planted_lora_branch():
 
 
 def test_every_feature_is_a_registered_extension():
-    from minivllm.scheduler import STEP_EXTENSIONS, StepExtension, register_extension
-    from minivllm.model import MODEL_RUNNERS
+    from minivllm.core.scheduler import STEP_EXTENSIONS, StepExtension, register_extension
+    from minivllm.core.model import MODEL_RUNNERS
     assert {"lora_manager", "spec_decoder", "structured_outputs", "pooler", "prompt_logprobs"} <= set(STEP_EXTENSIONS)
     assert all(issubclass(c, StepExtension) and c.name == n for n, c in STEP_EXTENSIONS.items())
     # checked last first: the multi-process runners (TP, PP, torchrun's) win over compilation, compilation over 05a's

@@ -260,7 +260,7 @@ def test_minivllm_course_writes_a_student_copy(tmp_path):
     "`minivllm course --student DIR` (through the console script's main): every exercise blanked, the tests kept."
     import subprocess, sys
     dst = tmp_path / "class"
-    r = subprocess.run([sys.executable, "-c", "import sys; from minivllm.cli import main; sys.exit(main())",
+    r = subprocess.run([sys.executable, "-c", "import sys; from minivllm.serve.cli import main; sys.exit(main())",
                         "course", "--student", str(dst), "--nbs", str(NBS)], capture_output=True, text=True,
                        timeout=300, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert r.returncode == 0, r.stderr
@@ -272,7 +272,7 @@ def test_minivllm_course_writes_a_student_copy(tmp_path):
             assert "raise NotImplementedError('hint: " in _src(copy[i]) or 'raise NotImplementedError("hint: ' in _src(copy[i])
             assert all(copy[j] == src[j] for j in tests), f"{p.name}: the tests of exercise {i} changed"
     assert total and f"{total} exercises" in r.stdout
-    r = subprocess.run([sys.executable, "-c", "import sys; from minivllm.cli import main; sys.exit(main())",
+    r = subprocess.run([sys.executable, "-c", "import sys; from minivllm.serve.cli import main; sys.exit(main())",
                         "course", "--student", str(dst), "--nbs", str(NBS)], capture_output=True, text=True,
                        timeout=300, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert r.returncode == 2 and "exists" in r.stderr

@@ -19,7 +19,7 @@ ARGS = ("--dtype", "float32", "--max-model-len", "256", "--kv-cache-memory-bytes
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory, model_dir):
-    from minivllm.model import make_tiny_checkpoint
+    from minivllm.core.model import make_tiny_checkpoint
     d = tmp_path_factory.mktemp("tiny_dp")
     make_tiny_checkpoint(d, "llama", seed=1, tokenizer_from=model_dir, vocab_size=49152, hidden_size=96, num_attention_heads=6,
                          num_key_value_heads=3, intermediate_size=192, num_hidden_layers=3, tie_word_embeddings=True,
@@ -64,7 +64,7 @@ def metric(base, name, engine):
 
 def engine_pids():
     return [p.pid for p in psutil.Process().children(recursive=True)
-            if "minivllm.data_parallel" in " ".join(p.cmdline() if p.is_running() else [])]
+            if "minivllm.parallel.data" in " ".join(p.cmdline() if p.is_running() else [])]
 
 
 @pytest.fixture(scope="module")

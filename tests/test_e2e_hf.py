@@ -47,7 +47,7 @@ def test_greedy_in_place_attention_matches_hf(prompt_ids, hf_greedy, backend):
     assert runner.attention_backend == backend  # chosen when the runner was built
     outs = llm.generate([TokensPrompt(prompt_token_ids=i) for i in prompt_ids], SamplingParams(temperature=0, max_tokens=MAX_NEW), use_tqdm=False)
     for ids, o in zip(prompt_ids, outs): assert o.outputs[0].token_ids == hf_greedy(ids, MAX_NEW), o.prompt
-    from minivllm.attention import get_attention_backend
+    from minivllm.core.attention import get_attention_backend
     assert {layer.self_attn.attn_fn for layer in runner.model.layers} == {get_attention_backend(backend)}
 
 

@@ -2,7 +2,7 @@
 import pytest, torch
 import torch.nn.functional as F
 from minivllm import LLM, SamplingParams, PoolingParams, EmbeddingRequestOutput, PoolingRequestOutput
-from minivllm.config import PoolerConfig
+from minivllm.core.config import PoolerConfig
 
 # minivllm and HF both run float32 on the CPU, but batch and order their matmuls differently (and minivllm reads the
 # keys/values back from the paged cache in chunks): the vectors agree to float32 rounding, far below this tolerance.

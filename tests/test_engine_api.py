@@ -404,7 +404,7 @@ def test_profile_num_blocks_runs_the_budget_within_max_model_len(tmp_path, monke
     max_model_len tokens, so that every position exists (on an H100 a single 2048-token prompt for a model of 256
     positions read past the rotary table). Run here on the CPU with CUDA's memory counters faked."""
     import types, torch
-    from minivllm.model import ModelRunner, make_tiny_checkpoint
+    from minivllm.core.model import ModelRunner, make_tiny_checkpoint
     make_tiny_checkpoint(tmp_path, "llama", max_position_embeddings=64)
     cfg = EngineArgs(model=str(tmp_path), max_model_len=64, max_num_batched_tokens=200, num_gpu_blocks_override=8).create_engine_config()
     runner = ModelRunner(cfg)

@@ -15,7 +15,7 @@ NESTED = "{% for i in range(15000) %}{% for j in range(15000) %}{% endfor %}{% e
 
 @pytest.fixture(scope="module")
 def tiny_dir(model_dir):
-    from minivllm.model import make_tiny_checkpoint
+    from minivllm.core.model import make_tiny_checkpoint
     d = tempfile.mkdtemp()
     make_tiny_checkpoint(d, "llama", tokenizer_from=model_dir, vocab_size=49152, tie_word_embeddings=True,
                          max_position_embeddings=4096)
@@ -113,7 +113,7 @@ def test_non_streamed_disconnect_frees_blocks(server):
 
 @pytest.fixture(scope="module")
 def tp_dir(model_dir):
-    from minivllm.model import make_tiny_checkpoint
+    from minivllm.core.model import make_tiny_checkpoint
     d = tempfile.mkdtemp()   # 6 query heads in 3 KV groups: splits over 2 ranks
     make_tiny_checkpoint(d, "llama", tokenizer_from=model_dir, hidden_size=96, num_attention_heads=6,
                          num_key_value_heads=3, vocab_size=250, intermediate_size=96)
@@ -134,7 +134,7 @@ def test_tp_worker_killed_mid_stream_ends_the_server(tp_dir):
             try:
                 if httpx.get(base + "/health", timeout=2).status_code == 200: break
             except httpx.HTTPError: time.sleep(0.3)
-        [worker] = [p for p in psutil.Process(proc.pid).children(recursive=True) if "minivllm.parallel" in " ".join(p.cmdline())]
+        [worker] = [p for p in psutil.Process(proc.pid).children(recursive=True) if "minivllm.parallel.tensor" in " ".join(p.cmdline())]
         body = {"prompt": [5, 17, 99], "max_tokens": 120, "ignore_eos": True, "stream": True}
         events, killed = [], False
         with httpx.stream("POST", base + "/v1/completions", json=body, timeout=60) as r:
@@ -179,7 +179,7 @@ def test_offline_llm_recovers_from_a_failed_step(tiny_dir):
 
 def test_offline_llm_with_dead_workers_says_so(tp_dir):
     from minivllm import LLM, SamplingParams
-    from minivllm.llm import EngineDeadError
+    from minivllm.core.llm import EngineDeadError
     llm = LLM(model=tp_dir, max_model_len=128, kv_cache_memory_bytes=1 << 22, tensor_parallel_size=2)
     sp = SamplingParams(max_tokens=4)
     [pid] = llm.llm_engine.engine_core.model_runner.worker_pids

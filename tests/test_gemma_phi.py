@@ -6,9 +6,9 @@ import pytest
 import torch
 from conftest import hf_greedy_refs
 from minivllm import LLMEngine, EngineArgs, SamplingParams, TokensPrompt
-from minivllm.config import resolve_model
-from minivllm.model import make_tiny_checkpoint, model_class
-from minivllm.gemma_phi import GemmaForCausalLM, Phi3ForCausalLM
+from minivllm.core.config import resolve_model
+from minivllm.core.model import make_tiny_checkpoint, model_class
+from minivllm.models.gemma_phi import GemmaForCausalLM, Phi3ForCausalLM
 
 pytestmark = pytest.mark.xdist_group("tp")   # the parallel tests start processes of their own
 

@@ -15,14 +15,14 @@ CUDA = torch.device("cuda")
 
 @pytest.fixture(scope="module")
 def tokenizer_dir():
-    from minivllm.config import resolve_model
+    from minivllm.core.config import resolve_model
     return os.environ.get("MINIVLLM_TOKENIZER_DIR") or resolve_model(None)
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory, tokenizer_dir):
     "A tiny random Llama (GQA 2:1) with the real tokenizer's vocabulary, and its HF model on the GPU."
-    from minivllm.model import make_tiny_checkpoint
+    from minivllm.core.model import make_tiny_checkpoint
     d = tmp_path_factory.mktemp("tiny_gpu")
     hf = make_tiny_checkpoint(d, "llama", tokenizer_from=tokenizer_dir, vocab_size=49152, num_hidden_layers=3)
     return str(d), hf.to(CUDA)
@@ -54,8 +54,8 @@ def assert_close_greedy(a, b, atol=1e-3):
 @pytest.mark.parametrize("block_size", [16, 32])
 def test_triton_paged_attention_matches_reference(dtype, tol, block_size):
     "Decodes (short and long: split-K) and prefill chunks with cached context, GQA 4:1, shuffled blocks."
-    from minivllm.attention import make_paged_case
-    from minivllm.attention_kernels import triton_paged_attention
+    from minivllm.core.attention import make_paged_case
+    from minivllm.kernels.attention_kernels import triton_paged_attention
     seq_lens, query_lens = [1, 37, 700, 3000, 50, 300], [1, 1, 1, 1, 50, 120]
     q, k, v, kv, md, exp = make_paged_case(seq_lens, query_lens, num_heads=8, num_kv_heads=2, head_dim=64,
                                            block_size=block_size, dtype=dtype)
@@ -67,8 +67,8 @@ def test_triton_paged_attention_matches_reference(dtype, tol, block_size):
 
 
 def test_triton_write_kv_cache_matches_torch():
-    from minivllm.attention import write_kv_cache
-    from minivllm.attention_kernels import triton_write_kv_cache
+    from minivllm.core.attention import write_kv_cache
+    from minivllm.kernels.attention_kernels import triton_write_kv_cache
     kv = torch.randn(2, 20, 16, 4, 64, device=CUDA, dtype=torch.bfloat16)
     kv2 = kv.clone()
     k, v = torch.randn(2, 37, 4, 64, device=CUDA, dtype=torch.bfloat16)
@@ -78,7 +78,7 @@ def test_triton_write_kv_cache_matches_torch():
 
 
 def test_lora_triton_kernels_match_torch():
-    from minivllm.lora import bgmv_shrink, bgmv_expand, triton_bgmv_shrink, triton_bgmv_expand
+    from minivllm.features.lora import bgmv_shrink, bgmv_expand, triton_bgmv_shrink, triton_bgmv_expand
     g = torch.Generator(device=CUDA).manual_seed(0)
     x = torch.randn(37, 576, device=CUDA, generator=g)
     a = torch.randn(4, 16, 576, device=CUDA, generator=g)
@@ -91,7 +91,7 @@ def test_lora_triton_kernels_match_torch():
 
 def test_int4_cuda_kernel_matches_dequantized_gguf_blocks():
     "Q4_0/Q4_1 blocks through PyTorch's CUDA int4 kernel (its own packing) equal the de-quantized matmul in bf16."
-    from minivllm.quantization import Int4Linear, int4_reference
+    from minivllm.kernels.quantization import Int4Linear, int4_reference
     g = torch.Generator().manual_seed(0)
     N, K = 256, 576
     q = torch.randint(0, 16, (N, K), generator=g, dtype=torch.int32)
@@ -108,7 +108,7 @@ def test_int4_cuda_kernel_matches_dequantized_gguf_blocks():
 def test_default_runner_on_cuda(tiny):
     "Compiled by default on CUDA; LoRA (not compilable here) falls back to eager without being asked."
     from minivllm import LLM
-    from minivllm.compilation import CompiledModelRunner
+    from minivllm.kernels.compilation import CompiledModelRunner
     d, _ = tiny
     kw = dict(model=d, device="cuda", max_model_len=256, num_gpu_blocks_override=64)
     assert isinstance(LLM(**kw).llm_engine.engine_core.model_runner, CompiledModelRunner)
@@ -135,7 +135,7 @@ def test_engine_on_cuda_matches_hf(tiny):
 def test_cuda_graphs_match_eager(tiny):
     "The CUDA default (enforce_eager unset): torch.compile (Triton) + CUDA graphs of decode steps; the eager tokens."
     from minivllm import LLM
-    from minivllm.compilation import CompiledModelRunner
+    from minivllm.kernels.compilation import CompiledModelRunner
     d, _ = tiny
     kw = dict(model=d, device="cuda", dtype="float32", max_model_len=256, max_num_batched_tokens=64, num_gpu_blocks_override=512)
     eager = generate(LLM(enforce_eager=True, **kw))
@@ -219,7 +219,7 @@ def test_structured_output_on_cuda(tiny):
     "A regex and a choice on CUDA (the grammar's token bitmask applied to logits on the GPU): even a random model obeys them."
     import re
     from minivllm import LLM, SamplingParams
-    from minivllm.config import StructuredOutputsParams
+    from minivllm.core.config import StructuredOutputsParams
     d, _ = tiny
     llm = LLM(model=d, device="cuda", max_model_len=256, num_gpu_blocks_override=512)     # compiled, CUDA graphs: the bitmask applies outside the graph
     for so, ok in [(StructuredOutputsParams(regex=r"(yes|no), [0-9]{2}"), re.compile(r"(yes|no), [0-9]{2}").fullmatch),

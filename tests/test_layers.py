@@ -24,28 +24,38 @@ def lesson_order() -> dict[str, float]:
     return order
 
 
-def imports_of(path: Path, modules: set[str]) -> list[tuple[str, int, str]]:
-    "(imported name, line, 'minivllm' or 'external') for every import in the file, nested ones included."
+def imports_of(path: Path, modules: set[str], pkg: str = "") -> list[tuple[str, int, str]]:
+    """(imported module, line, 'minivllm' or 'external') for every import in the file, nested ones included. Modules
+    are dotted paths under minivllm (`core.scheduler`); `pkg` is the file's own package (`core`), for relative imports."""
     out = []
+
+    def found(dotted: str, line: int, names=()):
+        "`dotted` (or `dotted.name`, where that is a module) among `modules`."
+        hits = [f"{dotted}.{a}".strip(".") for a in names if f"{dotted}.{a}".strip(".") in modules]
+        if not hits and dotted in modules: hits = [dotted]
+        out.extend((x, line, "minivllm") for x in hits)
+
     for n in ast.walk(ast.parse(path.read_text())):
-        names = []
         if isinstance(n, ast.ImportFrom):
-            mod = n.module or ""
-            if n.level: names = [mod.split(".")[0]] if mod else [a.name for a in n.names]
-            elif mod.startswith("minivllm."): names = [mod.split(".")[1]]
-            elif mod == "minivllm": names = [a.name for a in n.names]
+            mod, names = n.module or "", [a.name for a in n.names]
+            if n.level:
+                base = pkg.split(".") if pkg else []
+                base = base[:len(base) - (n.level - 1)] if n.level > 1 else base
+                found(".".join([*base, *([mod] if mod else [])]), n.lineno, names)
+            elif mod == "minivllm" or mod.startswith("minivllm."): found(mod[len("minivllm."):], n.lineno, names)
             else: out.append((mod.split(".")[0], n.lineno, "external"))
         elif isinstance(n, ast.Import):
             for a in n.names:
-                if a.name.startswith("minivllm."): names.append(a.name.split(".")[1])
+                if a.name.startswith("minivllm."): found(a.name[len("minivllm."):], n.lineno)
                 else: out.append((a.name.split(".")[0], n.lineno, "external"))
-        out += [(x, n.lineno, "minivllm") for x in names if x in modules]
     return out
 
 
 def graph():
-    mods = {p.stem: p for p in PKG.glob("*.py") if p.stem not in ("__init__", "_modidx")}
-    return mods, {m: imports_of(p, set(mods)) for m, p in mods.items()}
+    "module (dotted, under minivllm/) -> its imports; the packages' own `__init__` files are left out."
+    mods = {".".join(p.relative_to(PKG).with_suffix("").parts): p for p in PKG.rglob("*.py")
+            if p.stem not in ("__init__", "_modidx")}
+    return mods, {m: imports_of(p, set(mods), m.rpartition(".")[0]) for m, p in mods.items()}
 
 
 def test_every_module_has_a_lesson():
@@ -80,6 +90,8 @@ def test_core_never_imports_drawing():
 def test_checker_sees_nested_imports(tmp_path):
     "The checker itself: an import inside a function counts."
     f = tmp_path / "m.py"
-    f.write_text("def f():\n    from minivllm.cli import main\n    import matplotlib.pyplot as plt\n")
-    found = imports_of(f, {"cli"})
-    assert ("cli", 2, "minivllm") in found and ("matplotlib", 3, "external") in found
+    f.write_text("def f():\n    from minivllm.serve.cli import main\n    import matplotlib.pyplot as plt\n"
+                 "    from ..core import config\n")
+    assert imports_of(f, {"core.config"}, "serve")[-1] == ("core.config", 4, "minivllm")
+    found = imports_of(f, {"serve.cli"})
+    assert ("serve.cli", 2, "minivllm") in found and ("matplotlib", 3, "external") in found

@@ -117,7 +117,7 @@ def test_bad_request_is_an_error(stub):
 def test_compare_logprobs_against_the_stub(stub, tiny_dir):
     "The comparison's plumbing (per-prompt rows, summary, errors): the stub's arithmetic model is not the tiny model, so little agrees."
     from minivllm.benchmarks import compare_logprobs_llamacpp
-    from minivllm.llm import LLM
+    from minivllm.core.llm import LLM
     llm = LLM(model=tiny_dir, max_model_len=128)
     r = compare_logprobs_llamacpp(stub, llm=llm, prompts=[[5, 6, 7], [10, 11, 12, 13]], k=3, num_tokens=4)   # (the tiny vocabulary: ids)
     assert r["llama_cpp"] == "llama.cpp Q4_1" and (r["k"], r["num_tokens"], r["minivllm"]["quantization"]) == (3, 4, None)
@@ -127,8 +127,8 @@ def test_compare_logprobs_against_the_stub(stub, tiny_dir):
 
 
 def test_bench_commands_with_llama_server(tiny_dir, stub_binary, tmp_path, capsys):
-    from minivllm.cli import main
-    from minivllm.config import embedded_gguf_path
+    from minivllm.serve.cli import main
+    from minivllm.core.config import embedded_gguf_path
     t, l = tmp_path / "t.json", tmp_path / "l.json"
     assert main(["bench", "throughput", "--model", tiny_dir, "--max-model-len", "128", "--num-prompts", "5", "--prompt-len", "4", "30",
                  "--output-len", "2", "9", "--systems", "minivllm", "--llama-server", stub_binary, "--llama-gguf", str(embedded_gguf_path()),
@@ -150,7 +150,7 @@ def test_bench_commands_with_llama_server(tiny_dir, stub_binary, tmp_path, capsy
 
 
 def test_bench_without_the_binary_names_the_flag(tiny_dir, capsys):
-    from minivllm.cli import main
+    from minivllm.serve.cli import main
     assert main(["bench", "throughput", "--model", tiny_dir, "--llama-server", "/nonexistent/llama-server"]) == 2
     assert "--llama-server" in capsys.readouterr().err
     assert main(["bench", "latency", "--model", tiny_dir, "--llama-gguf", "x.gguf"]) == 2
@@ -182,7 +182,7 @@ def test_real_llama_server():
 def f32_gguf(tmp_path_factory):
     "The embedded GGUF expanded to F32 by llama.cpp's own `llama-quantize` (beside the server binary), or MINIVLLM_LLAMA_F32_GGUF."
     import subprocess
-    from minivllm.config import embedded_gguf_path
+    from minivllm.core.config import embedded_gguf_path
     if os.environ.get("MINIVLLM_LLAMA_F32_GGUF"): return os.environ["MINIVLLM_LLAMA_F32_GGUF"]
     q = Path(REAL).with_name("llama-quantize")
     if not q.exists(): pytest.skip(f"no llama-quantize beside {REAL} and no MINIVLLM_LLAMA_F32_GGUF: no F32 GGUF to compare with")
@@ -208,7 +208,7 @@ def test_real_llama_server_f32_equals_minivllm_float32(f32_gguf):
 def test_real_llama_server_against_minivllm_serve(tmp_path, capsys):
     "`bench serve` with --llama-server: one client, the same workloads, both servers complete every request exactly."
     from conftest import running_server
-    from minivllm.cli import main
+    from minivllm.serve.cli import main
     out = tmp_path / "cmp.json"
     with running_server("--max-model-len", "512") as base:
         assert main(["bench", "serve", "--base-url", base, "--llama-server", REAL, "--num-prompts", "4", "--max-concurrency", "2",

@@ -12,7 +12,7 @@ pytestmark = pytest.mark.xdist_group("logits_processors")
 CUSTOM_PY = '''
 import torch
 from minivllm import LLM, SamplingParams
-from minivllm.config import VllmConfig
+from minivllm.core.config import VllmConfig
 from minivllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
 from minivllm.v1.sample.logits_processor.builtin import process_dict_updates
 

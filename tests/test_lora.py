@@ -31,7 +31,7 @@ def hf_peft_greedy(hf, adapter_path, prompt_ids, n):
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory, model_dir):
     "A tiny random Llama (SmolLM2's tokenizer) and four PEFT adapters of it."
-    from minivllm.model import make_tiny_checkpoint
+    from minivllm.core.model import make_tiny_checkpoint
     d = tmp_path_factory.mktemp("tiny_lora")
     hf = make_tiny_checkpoint(d / "model", "llama", tokenizer_from=model_dir, vocab_size=49152, tie_word_embeddings=True)
     loras = {i: LoRARequest(f"a{i}", i, make_adapter(hf, d / f"a{i}", seed=i, **kw)) for i, kw in SPECS.items()}

@@ -4,8 +4,8 @@ mixed batch with chunked prefill and prefix caching; tensor_parallel_size=2 and 
 tokens of one process. HF's reference is its own forward pass over the prompt and our tokens: its argmax at every
 step must be our token (so its greedy generation is ours) and its log-softmax our logprob."""
 import psutil, pytest, torch
-from minivllm.config import EngineArgs, SamplingParams, TokensPrompt
-from minivllm.llm_engine import LLMEngine
+from minivllm.core.config import EngineArgs, SamplingParams, TokensPrompt
+from minivllm.core.llm_engine import LLMEngine
 
 pytestmark = pytest.mark.xdist_group("tp")   # one xdist worker: the TP/PP tests start processes of their own
 
@@ -28,7 +28,7 @@ PROMPTS = [PREFIX + [5, 6, 7], [11, 12, 13], PREFIX + torch.randint(0, 49152, (9
 @pytest.fixture(scope="module", params=list(FAMILIES))
 def family(request, tmp_path_factory, model_dir):
     "(checkpoint dir, HF model) of one family."
-    from minivllm.model import make_tiny_checkpoint
+    from minivllm.core.model import make_tiny_checkpoint
     mt, kw = FAMILIES[request.param]
     d = tmp_path_factory.mktemp(request.param)
     hf = make_tiny_checkpoint(d, mt, seed=3, tokenizer_from=model_dir, **MOE, **kw)
@@ -103,7 +103,7 @@ def test_parallel_matches_one_process(family, tp, pp):
 
 
 def test_unknown_architecture_is_refused_by_name(tmp_path):
-    from minivllm.model import make_tiny_checkpoint
+    from minivllm.core.model import make_tiny_checkpoint
     make_tiny_checkpoint(tmp_path, "gpt2", vocab_size=256, n_embd=64, n_layer=1, n_head=4)
     with pytest.raises(NotImplementedError, match="architecture 'GPT2LMHeadModel' is not supported"):
         LLMEngine.from_engine_args(EngineArgs(model=str(tmp_path), **ARGS))

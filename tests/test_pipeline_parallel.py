@@ -4,8 +4,8 @@ a tiny random model; the refusals are clear errors; and two `torchrun` "nodes" o
 (external_launcher) give the same tokens on every rank."""
 import json, os, subprocess, sys, textwrap, time
 import psutil, pytest
-from minivllm.config import EngineArgs, SamplingParams, TokensPrompt
-from minivllm.llm_engine import LLMEngine
+from minivllm.core.config import EngineArgs, SamplingParams, TokensPrompt
+from minivllm.core.llm_engine import LLMEngine
 from conftest import free_port
 
 pytestmark = pytest.mark.xdist_group("tp")   # one xdist worker: these tests start processes of their own
@@ -17,7 +17,7 @@ ARGS = dict(dtype="float32", kv_cache_memory_bytes=4 << 20, max_model_len=256)
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory, model_dir):
     "5 layers (stages of 3 + 2), 6 heads in 3 KV groups (TP ranks of 2 + 1 groups), tied embeddings, SmolLM2's tokenizer."
-    from minivllm.model import make_tiny_checkpoint
+    from minivllm.core.model import make_tiny_checkpoint
     d = tmp_path_factory.mktemp("tiny_pp")
     make_tiny_checkpoint(d, "llama", seed=1, tokenizer_from=model_dir, vocab_size=49152, hidden_size=96,
                          num_attention_heads=6, num_key_value_heads=3, intermediate_size=192, num_hidden_layers=5,
@@ -28,7 +28,7 @@ def tiny(tmp_path_factory, model_dir):
 def workers():
     "Processes under this one that run a tensor- or pipeline-parallel worker."
     return [p.pid for p in psutil.Process().children(recursive=True)
-            if "minivllm.parallel" in " ".join(p.cmdline() if p.is_running() else [])]
+            if "minivllm.parallel.tensor" in " ".join(p.cmdline() if p.is_running() else [])]
 
 
 def greedy(engine, prompts, max_tokens=12):
@@ -51,7 +51,7 @@ def reference(tiny):
 @pytest.mark.parametrize("tp,pp,mb", [(1, 2, 1), (1, 2, 2), (2, 2, 2), (1, 2, 3)])
 def test_pipeline_matches_one_process(tiny, reference, tp, pp, mb):
     "PP=2 with one micro-batch (the stages take turns), two and three (they overlap), and TP=2 x PP=2 with two."
-    from minivllm.pipeline import PPModelRunner
+    from minivllm.parallel.pipeline import PPModelRunner
     engine = LLMEngine.from_engine_args(EngineArgs(model=tiny, tensor_parallel_size=tp, pipeline_parallel_size=pp,
                                                    pipeline_micro_batches=mb, **ARGS))
     try:
@@ -134,7 +134,7 @@ def test_refusals(tiny):
 SCRIPT = """
 import json, os, sys
 from minivllm import LLM, SamplingParams
-from minivllm.config import TokensPrompt
+from minivllm.core.config import TokensPrompt
 llm = LLM(model=sys.argv[1], tensor_parallel_size=2, pipeline_parallel_size=2,
           distributed_executor_backend="external_launcher", **json.loads(sys.argv[3]))
 prompts = [TokensPrompt(prompt_token_ids=p) for p in json.loads(sys.argv[4])]

@@ -4,11 +4,11 @@ generates what a dense model with the same (de-quantized) weights generates."""
 import numpy as np, pytest, torch
 import gguf
 from torch import nn
-from minivllm.quantization import (BlockLinear, Int4Linear, Int8Linear, block_gemm, blocks_supported, dequantize,
+from minivllm.kernels.quantization import (BlockLinear, Int4Linear, Int8Linear, block_gemm, blocks_supported, dequantize,
                                    int4_affine, int4_reference, read_gguf, split_blocks, gguf_linear, tiled_gemm,
                                    prompt_logprob_stats, logprob_agreement as agreement)
-from minivllm.config import EngineArgs, embedded_gguf_path
-from minivllm.model_kernels import Linear
+from minivllm.core.config import EngineArgs, embedded_gguf_path
+from minivllm.kernels.model_kernels import Linear
 
 
 def held_weight(m: nn.Module) -> torch.Tensor:

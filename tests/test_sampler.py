@@ -7,11 +7,11 @@ logprobs from the model runner, bad-word tokenization in the processor, and `LLM
 import math, random
 import pytest, torch
 from minivllm import LLM, SamplingParams, TokensPrompt
-from minivllm.request import Request
-from minivllm.config import tokenize_bad_words
-from minivllm.sampler import Sampler, SamplingMetadata, gather_logprobs, compute_logprobs, apply_top_k_top_p
-from minivllm.sampling_more import apply_min_p
-from minivllm.sampling_more import BeamSearchParams, beam_search, prompt_logprobs_from_logits, get_beam_search_score
+from minivllm.core.request import Request
+from minivllm.core.config import tokenize_bad_words
+from minivllm.core.sampler import Sampler, SamplingMetadata, gather_logprobs, compute_logprobs, apply_top_k_top_p
+from minivllm.features.sampling_more import apply_min_p
+from minivllm.features.sampling_more import BeamSearchParams, beam_search, prompt_logprobs_from_logits, get_beam_search_score
 
 EOS = 2
 

@@ -5,10 +5,10 @@ arrival preempting less urgent work), and preemption frees exactly the victim's 
 mixed priorities preempts and still gives the unconstrained greedy tokens."""
 import random
 import pytest
-from minivllm.block_manager import check_invariants
-from minivllm.config import SamplingParams
-from minivllm.request import Request, RequestStatus
-from minivllm.scheduler import make_scheduler, simulate
+from minivllm.core.block_manager import check_invariants
+from minivllm.core.config import SamplingParams
+from minivllm.core.request import Request, RequestStatus
+from minivllm.core.scheduler import make_scheduler, simulate
 
 
 def urgency(r): return (r.priority, r.arrival_time)

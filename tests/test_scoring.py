@@ -10,7 +10,7 @@ DOCS = ["Cats nap in sunny spots.", "Bond yields rose on Tuesday.", "The tax for
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory, model_dir):
     "A tiny random Llama with the embedded model's tokenizer (its vocabulary), so the texts are real texts."
-    from minivllm.model import make_tiny_checkpoint
+    from minivllm.core.model import make_tiny_checkpoint
     d = str(tmp_path_factory.mktemp("tiny"))
     make_tiny_checkpoint(d, "llama", tokenizer_from=model_dir, vocab_size=49152)
     return d
@@ -59,9 +59,9 @@ def test_llm_score_refuses_uneven_sides(llm):
 
 @pytest.fixture(scope="module")
 def client(tiny):
-    from minivllm.async_engine import AsyncLLMEngine
-    from minivllm.config import EngineArgs
-    from minivllm.server import build_app
+    from minivllm.serve.async_engine import AsyncLLMEngine
+    from minivllm.core.config import EngineArgs
+    from minivllm.serve.server import build_app
     engine = AsyncLLMEngine.from_engine_args(EngineArgs(model=tiny, max_model_len=128))
     yield TestClient(build_app(engine, served_model_name="tiny", api_key="k"))
     engine.shutdown()
@@ -131,9 +131,9 @@ def test_token_embed_model_scores_by_late_interaction(tiny):
     """A model that pools for `token_embed` scores as vLLM's late-interaction models do: `LLM.score` and the server's
     `/score` are the MaxSim of the per-token matrices `LLM.encode` returns (not a cosine)."""
     from minivllm import LLM
-    from minivllm.async_engine import AsyncLLMEngine
-    from minivllm.config import EngineArgs
-    from minivllm.server import build_app
+    from minivllm.serve.async_engine import AsyncLLMEngine
+    from minivllm.core.config import EngineArgs
+    from minivllm.serve.server import build_app
     llm = LLM(model=tiny, max_model_len=128, pooler_config={"task": "token_embed"})
     mats = {t: o.outputs.data for t, o in zip([QUERY] + DOCS, llm.encode([QUERY] + DOCS, pooling_task="token_embed",
                                                                          use_tqdm=False))}

@@ -26,7 +26,7 @@ AUTH = {"authorization": f"Bearer {KEY}"}
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, model_dir):
-    from minivllm.model import make_tiny_checkpoint
+    from minivllm.core.model import make_tiny_checkpoint
 
     d = tmp_path_factory.mktemp("tiny_bounds")
     make_tiny_checkpoint(d, "llama", seed=1, tokenizer_from=model_dir, vocab_size=49152, hidden_size=64,
@@ -163,13 +163,13 @@ def test_v2_needs_the_api_key(server):
 
 
 def test_batch_chat_is_bounded(server):
-    from minivllm.server import MAX_BATCH_CONVERSATIONS
+    from minivllm.serve.server import MAX_BATCH_CONVERSATIONS
     convs = [[{"role": "user", "content": "Hi"}]] * (MAX_BATCH_CONVERSATIONS + 1)
     check_400(*post(server, "/v1/chat/completions/batch", dict(model="tiny", messages=convs, max_tokens=1)), "messages",
               f"at most {MAX_BATCH_CONVERSATIONS}")
 
 
 def test_internal_errors_carry_no_internals():
-    from minivllm.server import internal_error
+    from minivllm.serve.server import internal_error
     e = internal_error(RuntimeError("/usr/lib/gloo/something.cpp:42 <object at 0x7f>"))
     assert e.status == 500 and "gloo" not in e.message and "0x7f" not in e.message and "RuntimeError" in e.message

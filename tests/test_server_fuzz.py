@@ -19,7 +19,7 @@ CHECKS = ["--checks", "all", "--exclude-checks", "positive_data_acceptance", "--
 @pytest.fixture(scope="module")
 def tiny_server(tmp_path_factory, model_dir):
     from conftest import running_server
-    from minivllm.model import make_tiny_checkpoint
+    from minivllm.core.model import make_tiny_checkpoint
     d = tmp_path_factory.mktemp("tiny")
     make_tiny_checkpoint(d, "llama", tokenizer_from=model_dir, vocab_size=49152, tie_word_embeddings=True)
     with running_server(str(d), "--max-model-len", "128") as base: yield base

@@ -32,7 +32,7 @@ def rounds(kind: str) -> int:
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory, model_dir):
-    from minivllm.model import make_tiny_checkpoint
+    from minivllm.core.model import make_tiny_checkpoint
 
     d = tmp_path_factory.mktemp("tiny_shutdown")
     make_tiny_checkpoint(d, "llama", seed=1, tokenizer_from=model_dir, vocab_size=49152, hidden_size=64,

@@ -7,10 +7,10 @@ import pytest
 import torch
 from conftest import hf_greedy_refs
 from minivllm import LLM, LLMEngine, EngineArgs, SamplingParams, TokensPrompt
-from minivllm.block_manager import KVCacheManager
-from minivllm.config import resolve_model
-from minivllm.model import make_tiny_checkpoint
-from minivllm.sliding_window import SlidingWindowKVCacheManager, blocks_held, check_window_invariants, layer_windows
+from minivllm.core.block_manager import KVCacheManager
+from minivllm.core.config import resolve_model
+from minivllm.core.model import make_tiny_checkpoint
+from minivllm.features.sliding_window import SlidingWindowKVCacheManager, blocks_held, check_window_invariants, layer_windows
 
 pytestmark = pytest.mark.xdist_group("tp")   # the parallel tests start processes of their own
 

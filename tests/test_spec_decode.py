@@ -6,8 +6,8 @@ configuration errors."""
 import random
 import pytest, torch
 from minivllm import LLM, SamplingParams, EngineArgs
-from minivllm.block_manager import check_invariants
-from minivllm.spec_decode import truncated_draft_model
+from minivllm.core.block_manager import check_invariants
+from minivllm.features.spec_decode import truncated_draft_model
 
 TEXT = ("Speculative decoding lets a cheap proposer guess several tokens, and the model checks all of them in one "
         "forward pass. The quick brown fox jumps over the lazy dog.")
@@ -186,7 +186,7 @@ def test_metrics_names(baseline):
     assert ms["vllm:spec_decode_num_accepted_tokens"].value == st.num_accepted_tokens
     vec = ms["vllm:spec_decode_num_accepted_tokens_per_pos"]
     assert isinstance(vec, Vector) and vec.values == st.num_accepted_tokens_per_pos and len(vec.values) == 2
-    from minivllm.server import Metrics
+    from minivllm.serve.server import Metrics
     class Async: engine = llm.llm_engine
     text = Metrics(Async).render().decode()
     assert f"vllm:spec_decode_num_drafts_total {float(st.num_drafts)}" in text

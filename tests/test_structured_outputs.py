@@ -5,7 +5,7 @@ import json, re
 import jsonschema, pytest
 from conftest import running_server
 from minivllm import LLM, SamplingParams
-from minivllm.config import StructuredOutputsParams
+from minivllm.core.config import StructuredOutputsParams
 
 S = lambda maxlen=10: {"type": "string", "maxLength": maxlen}
 SCHEMAS = [

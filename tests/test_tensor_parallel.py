@@ -3,8 +3,8 @@ tokens as one process; workers never outlive the engine (shutdown, garbage colle
 worker is a clear error in rank 0; a rank started by hand (the multi-machine recipe) joins through MASTER_ADDR/PORT."""
 import gc, os, signal, socket, subprocess, sys, tempfile, textwrap, time
 import psutil, pytest, torch
-from minivllm.config import EngineArgs, SamplingParams, TokensPrompt, resolve_model
-from minivllm.llm_engine import LLMEngine
+from minivllm.core.config import EngineArgs, SamplingParams, TokensPrompt, resolve_model
+from minivllm.core.llm_engine import LLMEngine
 
 pytestmark = pytest.mark.xdist_group("tp")   # one xdist worker: these tests start processes of their own
 
@@ -38,7 +38,7 @@ def wait_gone(pids, timeout=15.0):
 def tp_children():
     "Processes under this one that run a tensor-parallel worker."
     return [p.pid for p in psutil.Process().children(recursive=True)
-            if "minivllm.parallel" in " ".join(p.cmdline() if p.is_running() else [])]
+            if "minivllm.parallel.tensor" in " ".join(p.cmdline() if p.is_running() else [])]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -109,7 +109,7 @@ def test_impossible_split():
 
 @pytest.fixture(scope="module")
 def tiny():
-    from minivllm.model import make_tiny_checkpoint
+    from minivllm.core.model import make_tiny_checkpoint
     d = tempfile.mkdtemp()
     make_tiny_checkpoint(d, "llama", tokenizer_from=resolve_model(None), hidden_size=96, num_attention_heads=6,
                          num_key_value_heads=3, vocab_size=250, intermediate_size=96)
@@ -148,7 +148,7 @@ def test_rank_started_by_hand(tiny, monkeypatch):
     for k, v in dict(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), MINIVLLM_TP_LOCAL_SIZE="1").items(): monkeypatch.setenv(k, v)
     env = dict(os.environ, WORLD_SIZE="2", RANK="1", LOCAL_RANK="0", MINIVLLM_TP_THREADS="1")
     env.pop("MINIVLLM_TP_LOCAL_SIZE")
-    worker = subprocess.Popen([sys.executable, "-c", "from minivllm.parallel import worker_main; worker_main()"], env=env)
+    worker = subprocess.Popen([sys.executable, "-c", "from minivllm.parallel.tensor import worker_main; worker_main()"], env=env)
     try:
         engine = LLMEngine.from_engine_args(EngineArgs(tensor_parallel_size=2, **args))
         assert engine.engine_core.model_runner.worker_pids == []
@@ -164,8 +164,8 @@ def test_workers_die_with_their_parent(tiny):
     args, _, _ = tiny
     code = textwrap.dedent(f"""
         import os, signal
-        from minivllm.config import EngineArgs
-        from minivllm.llm_engine import LLMEngine
+        from minivllm.core.config import EngineArgs
+        from minivllm.core.llm_engine import LLMEngine
         engine = LLMEngine.from_engine_args(EngineArgs(tensor_parallel_size=2, **{args!r}))
         print(*engine.engine_core.model_runner.worker_pids, flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
@@ -184,7 +184,7 @@ def test_parent_watch_without_any_connection():
         kids = []
         for sig in ("1", "0"):
             env = dict(os.environ, MINIVLLM_TP_PARENT_PID=str(os.getpid()), MINIVLLM_TP_PDEATHSIG=sig)
-            kids.append(subprocess.Popen([sys.executable, "-c", "from minivllm.parallel import _die_with_parent; "
+            kids.append(subprocess.Popen([sys.executable, "-c", "from minivllm.parallel.tensor import _die_with_parent; "
                 "_die_with_parent(); print('ready', flush=True); import time; time.sleep(60)"], env=env, stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL, text=True))
         for k in kids: assert k.stdout.readline().strip() == "ready"

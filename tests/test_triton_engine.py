@@ -5,8 +5,8 @@ import json, os, subprocess, sys, textwrap
 
 SCRIPT = textwrap.dedent('''
     import json, sys, tempfile, torch
-    from minivllm.config import resolve_model
-    from minivllm.model import make_tiny_checkpoint
+    from minivllm.core.config import resolve_model
+    from minivllm.core.model import make_tiny_checkpoint
     from minivllm import LLMEngine, EngineArgs, SamplingParams, TokensPrompt
     d = tempfile.mkdtemp()
     make_tiny_checkpoint(d, "llama", vocab_size=49152, hidden_size=64, num_attention_heads=4, num_key_value_heads=BACKEND_KV,

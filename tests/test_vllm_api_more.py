@@ -10,11 +10,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 import pytest, torch
 from minivllm import LLM, LLMEngine, EngineArgs, SamplingParams, TokensPrompt, RequestOutputKind
-from minivllm.async_engine import AsyncLLM, EngineDeadError
-from minivllm.cli import FlexibleArgumentParser
-from minivllm.config import resolve_model
-from minivllm.model import make_tiny_checkpoint
-from minivllm.vllm_compat import dummy_weights
+from minivllm.serve.async_engine import AsyncLLM, EngineDeadError
+from minivllm.serve.cli import FlexibleArgumentParser
+from minivllm.core.config import resolve_model
+from minivllm.core.model import make_tiny_checkpoint
+from minivllm.compat.vllm import dummy_weights
 
 pytestmark = pytest.mark.xdist_group("vllm_api_more")
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
@@ -71,7 +71,7 @@ def test_sharded_state_saved_and_loaded_gives_the_same_tokens(model_dir, tmp_pat
     engine's state saved by `llm.llm_engine.engine_core.save_sharded_state(path=, pattern=, max_size=)` (parts of at
     most 64 MB), the metadata files copied, loaded with `load_format="sharded_state"`: greedy tokens identical to the
     original engine's. Loading reads only this rank's files; a pattern vLLM needs pipeline parallelism for is refused."""
-    from minivllm.vllm_compat import ShardedStateLoader
+    from minivllm.compat.vllm import ShardedStateLoader
     args = EngineArgs(model=str(model_dir), dtype="float32", max_model_len=256, num_gpu_blocks_override=64)
     llm = LLM.from_engine_args(args)
     prompts = ["The capital of France is", "Write a haiku about the sea:", "def fibonacci(n):"]
@@ -248,7 +248,7 @@ def test_pause_and_preemption_refused_with_data_parallelism(bare):
     try:
         with pytest.raises(NotImplementedError, match="pause_generation with data_parallel_size > 1"):
             arun(e.pause_generation())
-        from minivllm.llm_engine import preempt_running
+        from minivllm.core.llm_engine import preempt_running
         with pytest.raises(NotImplementedError, match="data_parallel_size > 1"):
             preempt_running(e.engine)
     finally:

@@ -8,7 +8,7 @@ printed — the greedy request against HF transformers on the same weights."""
 import argparse, difflib, sys, threading
 import pytest, torch
 from minivllm import EngineArgs, RequestOutput
-from minivllm import cli
+from minivllm.serve import cli
 
 pytestmark = pytest.mark.xdist_group("vllm_examples")
 
@@ -245,10 +245,10 @@ if __name__ == "__main__":
 
 # the only edits: the imports, and the model name (None: minivllm's embedded model)
 EDITS = [("from vllm import ", "from minivllm import "),
-         ("from vllm.utils.argparse_utils import FlexibleArgumentParser", "from minivllm.cli import FlexibleArgumentParser"),
-         ("from vllm.engine.arg_utils import AsyncEngineArgs", "from minivllm.async_engine import AsyncEngineArgs"),
-         ("from vllm.sampling_params import RequestOutputKind", "from minivllm.config import RequestOutputKind"),
-         ("from vllm.v1.engine.async_llm import AsyncLLM", "from minivllm.async_engine import AsyncLLM"),
+         ("from vllm.utils.argparse_utils import FlexibleArgumentParser", "from minivllm.serve.cli import FlexibleArgumentParser"),
+         ("from vllm.engine.arg_utils import AsyncEngineArgs", "from minivllm.serve.async_engine import AsyncEngineArgs"),
+         ("from vllm.sampling_params import RequestOutputKind", "from minivllm.core.config import RequestOutputKind"),
+         ("from vllm.v1.engine.async_llm import AsyncLLM", "from minivllm.serve.async_engine import AsyncLLM"),
          ('LLM(model="facebook/opt-125m")', "LLM(model=None)"),
          ('model="meta-llama/Llama-3.2-1B-Instruct",', "model=None,")]
 
@@ -289,12 +289,12 @@ def test_only_imports_and_model_change():
         "-from vllm import EngineArgs, LLMEngine, RequestOutput, SamplingParams",
         "-from vllm.utils.argparse_utils import FlexibleArgumentParser",
         "+from minivllm import EngineArgs, LLMEngine, RequestOutput, SamplingParams",
-        "+from minivllm.cli import FlexibleArgumentParser"]
+        "+from minivllm.serve.cli import FlexibleArgumentParser"]
     assert changed_lines(VLLM_ASYNC_LLM_STREAMING, port(VLLM_ASYNC_LLM_STREAMING)) == [
         "-from vllm import SamplingParams", "-from vllm.engine.arg_utils import AsyncEngineArgs",
         "-from vllm.sampling_params import RequestOutputKind", "-from vllm.v1.engine.async_llm import AsyncLLM",
-        "+from minivllm import SamplingParams", "+from minivllm.async_engine import AsyncEngineArgs",
-        "+from minivllm.config import RequestOutputKind", "+from minivllm.async_engine import AsyncLLM",
+        "+from minivllm import SamplingParams", "+from minivllm.serve.async_engine import AsyncEngineArgs",
+        "+from minivllm.core.config import RequestOutputKind", "+from minivllm.serve.async_engine import AsyncLLM",
         '-        model="meta-llama/Llama-3.2-1B-Instruct",', "+        model=None,"]
 
 
@@ -659,7 +659,7 @@ if __name__ == "__main__":
 '''
 
 
-EDITS += [("from vllm.utils import FlexibleArgumentParser", "from minivllm.cli import FlexibleArgumentParser"),
+EDITS += [("from vllm.utils import FlexibleArgumentParser", "from minivllm.serve.cli import FlexibleArgumentParser"),
           ('set_defaults(model="meta-llama/Llama-3.2-1B-Instruct")', "set_defaults(model=None)")]
 
 
@@ -671,11 +671,11 @@ def port_client(src: str, base_url: str) -> str:
 def test_more_examples_change_only_imports_and_model():
     assert changed_lines(VLLM_GENERATE, port(VLLM_GENERATE)) == [
         "-from vllm import LLM, EngineArgs", "-from vllm.utils import FlexibleArgumentParser",
-        "+from minivllm import LLM, EngineArgs", "+from minivllm.cli import FlexibleArgumentParser",
+        "+from minivllm import LLM, EngineArgs", "+from minivllm.serve.cli import FlexibleArgumentParser",
         '-    engine_group.set_defaults(model="meta-llama/Llama-3.2-1B-Instruct")', "+    engine_group.set_defaults(model=None)"]
     assert changed_lines(VLLM_CHAT, port(VLLM_CHAT)) == [
         "-from vllm import LLM, EngineArgs", "-from vllm.utils.argparse_utils import FlexibleArgumentParser",
-        "+from minivllm import LLM, EngineArgs", "+from minivllm.cli import FlexibleArgumentParser",
+        "+from minivllm import LLM, EngineArgs", "+from minivllm.serve.cli import FlexibleArgumentParser",
         '-    parser.set_defaults(model="meta-llama/Llama-3.2-1B-Instruct")', "+    parser.set_defaults(model=None)"]
     for src in (VLLM_OPENAI_COMPLETION_CLIENT, VLLM_OPENAI_CHAT_CLIENT):
         assert changed_lines(src, port_client(src, "http://127.0.0.1:1")) == [

@@ -16,46 +16,46 @@ HAVE = {
         "AsyncEngineArgs", "AsyncLLMEngine", "CompletionOutput", "EmbeddingOutput", "EmbeddingRequestOutput",
         "EngineArgs", "LLM", "LLMEngine", "PoolingOutput", "PoolingParams", "PoolingRequestOutput", "PromptType",
         "RequestOutput", "SamplingParams", "TextPrompt", "TokensPrompt", "__version__"]},
-    ("vllm.config", "PoolerConfig"): "minivllm.config:PoolerConfig",
-    ("vllm.config", "VllmConfig"): "minivllm.config:EngineConfig",
-    ("vllm.config", "ProfilerConfig"): "minivllm.config:ProfilerConfig",
-    ("vllm.distributed", "cleanup_dist_env_and_memory"): "minivllm.vllm_compat:cleanup_dist_env_and_memory",
-    ("vllm.engine.arg_utils", "AsyncEngineArgs"): "minivllm.async_engine:AsyncEngineArgs",
-    ("vllm.engine.arg_utils", "EngineArgs"): "minivllm.config:EngineArgs",
-    ("vllm.engine.async_llm_engine", "AsyncLLMEngine"): "minivllm.async_engine:AsyncLLMEngine",
-    ("vllm.engine.llm_engine", "LLMEngine"): "minivllm.llm_engine:LLMEngine",
-    ("vllm.entrypoints.llm", "LLM"): "minivllm.llm:LLM",
-    **{("vllm.inputs", n): f"minivllm.config:{n}" for n in ["PromptType", "TextPrompt", "TokensPrompt"]},
-    ("vllm.logger", "init_logger"): "minivllm.vllm_compat:init_logger",
-    ("vllm.model_executor.model_loader", "ShardedStateLoader"): "minivllm.vllm_compat:ShardedStateLoader",
-    ("vllm.lora.request", "LoRARequest"): "minivllm.config:LoRARequest",
-    **{("vllm.outputs", n): f"minivllm.config:{n}" for n in [
+    ("vllm.config", "PoolerConfig"): "minivllm.core.config:PoolerConfig",
+    ("vllm.config", "VllmConfig"): "minivllm.core.config:EngineConfig",
+    ("vllm.config", "ProfilerConfig"): "minivllm.core.config:ProfilerConfig",
+    ("vllm.distributed", "cleanup_dist_env_and_memory"): "minivllm.compat.vllm:cleanup_dist_env_and_memory",
+    ("vllm.engine.arg_utils", "AsyncEngineArgs"): "minivllm.serve.async_engine:AsyncEngineArgs",
+    ("vllm.engine.arg_utils", "EngineArgs"): "minivllm.core.config:EngineArgs",
+    ("vllm.engine.async_llm_engine", "AsyncLLMEngine"): "minivllm.serve.async_engine:AsyncLLMEngine",
+    ("vllm.engine.llm_engine", "LLMEngine"): "minivllm.core.llm_engine:LLMEngine",
+    ("vllm.entrypoints.llm", "LLM"): "minivllm.core.llm:LLM",
+    **{("vllm.inputs", n): f"minivllm.core.config:{n}" for n in ["PromptType", "TextPrompt", "TokensPrompt"]},
+    ("vllm.logger", "init_logger"): "minivllm.compat.vllm:init_logger",
+    ("vllm.model_executor.model_loader", "ShardedStateLoader"): "minivllm.compat.vllm:ShardedStateLoader",
+    ("vllm.lora.request", "LoRARequest"): "minivllm.core.config:LoRARequest",
+    **{("vllm.outputs", n): f"minivllm.core.config:{n}" for n in [
         "CompletionOutput", "EmbeddingOutput", "EmbeddingRequestOutput", "PoolingOutput", "PoolingRequestOutput",
         "RequestOutput"]},
-    ("vllm.pooling_params", "PoolingParams"): "minivllm.config:PoolingParams",
-    **{(m, n): f"minivllm.pooling:{n}" for m in ("vllm", "vllm.outputs")
+    ("vllm.pooling_params", "PoolingParams"): "minivllm.core.config:PoolingParams",
+    **{(m, n): f"minivllm.features.pooling:{n}" for m in ("vllm", "vllm.outputs")
        for n in ["ScoringOutput", "ScoringRequestOutput"]},
-    **{("vllm.outputs", n): f"minivllm.pooling:{n}" for n in ["ClassificationOutput", "ClassificationRequestOutput"]},
-    **{("vllm.sampling_params", n): f"minivllm.config:{n}" for n in [
+    **{("vllm.outputs", n): f"minivllm.features.pooling:{n}" for n in ["ClassificationOutput", "ClassificationRequestOutput"]},
+    **{("vllm.sampling_params", n): f"minivllm.core.config:{n}" for n in [
         "RequestOutputKind", "SamplingParams", "StructuredOutputsParams"]},
-    ("vllm.utils", "random_uuid"): "minivllm.vllm_compat:random_uuid",
-    **{("vllm.utils.serial_utils", n): f"minivllm.pooling:{n}" for n in [
+    ("vllm.utils", "random_uuid"): "minivllm.compat.vllm:random_uuid",
+    **{("vllm.utils.serial_utils", n): f"minivllm.features.pooling:{n}" for n in [
         "EMBED_DTYPES", "ENDIANNESS", "binary2tensor", "tensor2base64"]},
-    ("vllm.utils.print_utils", "print_embeddings"): "minivllm.vllm_compat:print_embeddings",
-    **{("vllm.entrypoints.pooling.utils", n): f"minivllm.pooling:{n}" for n in [
+    ("vllm.utils.print_utils", "print_embeddings"): "minivllm.compat.vllm:print_embeddings",
+    **{("vllm.entrypoints.pooling.utils", n): f"minivllm.features.pooling:{n}" for n in [
         "MetadataItem", "build_metadata_items", "decode_pooling_output"]},
-    ("vllm.utils.argparse_utils", "FlexibleArgumentParser"): "minivllm.cli:FlexibleArgumentParser",
-    ("vllm.v1.engine.async_llm", "AsyncLLM"): "minivllm.async_engine:AsyncLLM",
+    ("vllm.utils.argparse_utils", "FlexibleArgumentParser"): "minivllm.serve.cli:FlexibleArgumentParser",
+    ("vllm.v1.engine.async_llm", "AsyncLLM"): "minivllm.serve.async_engine:AsyncLLM",
     ("vllm.version", "__version__"): "minivllm:__version__",
     **{("vllm.benchmarks.datasets", n): f"minivllm.benchmarks:{n}" for n in ["add_dataset_parser", "get_samples"]},
-    ("vllm.entrypoints.launchers.launcher", "serve_http"): "minivllm.vllm_compat:serve_http",
-    ("vllm.entrypoints.serve.utils.api_utils", "with_cancellation"): "minivllm.vllm_compat:with_cancellation",
-    ("vllm.usage.usage_lib", "UsageContext"): "minivllm.vllm_compat:UsageContext",
-    ("vllm.utils.system_utils", "set_ulimit"): "minivllm.vllm_compat:set_ulimit",
-    **{("vllm.v1.sample.logits_processor", n): f"minivllm.logits_processors:{n}" for n in [
+    ("vllm.entrypoints.launchers.launcher", "serve_http"): "minivllm.compat.vllm:serve_http",
+    ("vllm.entrypoints.serve.utils.api_utils", "with_cancellation"): "minivllm.compat.vllm:with_cancellation",
+    ("vllm.usage.usage_lib", "UsageContext"): "minivllm.compat.vllm:UsageContext",
+    ("vllm.utils.system_utils", "set_ulimit"): "minivllm.compat.vllm:set_ulimit",
+    **{("vllm.v1.sample.logits_processor", n): f"minivllm.features.logits_processors:{n}" for n in [
         "AdapterLogitsProcessor", "BatchUpdate", "LogitsProcessor", "RequestLogitsProcessor"]},
-    ("vllm.v1.sample.logits_processor.builtin", "process_dict_updates"): "minivllm.logits_processors:process_dict_updates",
-    **{("vllm.v1.metrics.reader", n): f"minivllm.metrics:{n}" for n in ["Counter", "Gauge", "Histogram", "Vector"]},
+    ("vllm.v1.sample.logits_processor.builtin", "process_dict_updates"): "minivllm.features.logits_processors:process_dict_updates",
+    **{("vllm.v1.metrics.reader", n): f"minivllm.core.metrics:{n}" for n in ["Counter", "Gauge", "Histogram", "Vector"]},
 }
 
 
@@ -97,7 +97,7 @@ def test_thin_modules_say_what_they_have():
 def test_fresh_interpreter():
     "The paths resolve in a new process whatever is imported first (the package's __init__ registers them)."
     code = ("from minivllm.utils.argparse_utils import FlexibleArgumentParser as F; import minivllm.lora.request as r; "
-            "from minivllm.v1.engine.async_llm import AsyncLLM; from minivllm.cli import FlexibleArgumentParser; "
+            "from minivllm.v1.engine.async_llm import AsyncLLM; from minivllm.serve.cli import FlexibleArgumentParser; "
             "import minivllm; print(F is FlexibleArgumentParser, r.LoRARequest is minivllm.LoRARequest, "
             "AsyncLLM is minivllm.AsyncLLM)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

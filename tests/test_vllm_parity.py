@@ -4,8 +4,8 @@ model's `generation_config.json`, no silent drops, and the import surface."""
 import json, os, shutil, subprocess, sys
 import pytest
 from minivllm import EngineArgs, LLM, SamplingParams
-from minivllm.cli import FlexibleArgumentParser
-from minivllm.vllm_compat import _VLLM_ARGS
+from minivllm.serve.cli import FlexibleArgumentParser
+from minivllm.compat.vllm import _VLLM_ARGS
 
 pytestmark = pytest.mark.xdist_group("vllm_parity")
 
@@ -96,7 +96,7 @@ def test_cli_flags_for_vllm_args():
 @pytest.fixture(scope="module")
 def hub_cache(tmp_path_factory, model_dir):
     "A temporary HF cache in the hub's layout holding `minivllm-test/tiny-llama` at two revisions (main and v1)."
-    from minivllm.model import make_tiny_checkpoint
+    from minivllm.core.model import make_tiny_checkpoint
     cache = tmp_path_factory.mktemp("hf_cache")
     repo = cache / "models--minivllm-test--tiny-llama"
     src = tmp_path_factory.mktemp("tiny")

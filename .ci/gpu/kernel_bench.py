@@ -1,7 +1,7 @@
 "Run the GPU benchmark cells of nbs/04_paged_attention.ipynb for real; print the tables and save them as JSON."
 import json, sys, torch, torch.nn.functional as F
-from minivllm.attention import *
-from minivllm.attention import _decode_config, _launch_decode, _launch_prefill, _causal_mask
+from minivllm.core.attention import *
+from minivllm.core.attention import _decode_config, _launch_decode, _launch_prefill, _causal_mask
 nb = json.load(open("nbs/04_paged_attention.ipynb"))
 cells = ["".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code" and "".join(c["source"]).startswith("#| gpu")
          and 'device="cpu"' not in "".join(c["source"])]

@@ -12,7 +12,7 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$PWD HF_HUB_OFFLINE=1 MINIVLLM_TOKENIZER_DIR=$PWD/.gpu/tok PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 python3 -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__, torch.cuda.get_device_name())"
-MV='import sys; from minivllm.cli import main; sys.exit(main(sys.argv[1:]))'
+MV='import sys; from minivllm.serve.cli import main; sys.exit(main(sys.argv[1:]))'
 has() { [[ ",${STAGE}," == *",$1,"* ]]; }
 has tests && timeout 330 python3 -m pytest -q -rs --timeout 200 tests/test_gpu.py -p no:cacheprovider 2>&1 | tee $OUT/gpu_tests.log | tail -40
 has kernels && timeout 150 python3 .ci/gpu/kernel_bench.py $OUT/kernels_h100.json 2>&1 | tail -30

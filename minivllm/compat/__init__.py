@@ -1,0 +1,1 @@
+"""vLLM compatibility (lesson 95): its other engine arguments, env variables, module paths."""

@@ -1,0 +1,1 @@
+"""Features: lessons that extend the core through its registries (LoRA, grammars, pooling...)."""

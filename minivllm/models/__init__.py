@@ -1,0 +1,1 @@
+"""Model families beyond Llama: mixture of experts (07d), Gemma and Phi (07e)."""
