@@ -72,7 +72,7 @@ class Pooler:
         self.partial.pop(req_id, None)
 
 # %% ../nbs/09b_pooling.ipynb #b9b00006
-@register_extension
+@register_extension(priority=50)
 class PoolingExtension(Pooler, StepExtension):
     """Pooling in the engine: the hidden rows of pooling requests asked of the runner, pooled, and
     the request ended."""
@@ -248,7 +248,6 @@ def score(
 # %% ../nbs/09b_pooling.ipynb #c09b2
 from torch import nn
 from .model import MODEL_RUNNERS, LlamaForCausalLM, ModelRunner, iter_checkpoint_weights
-from . import model_kernels, compilation, parallel, pipeline  # noqa: F401 (their runners first)
 
 
 def is_sequence_classifier(hf_config) -> bool:
@@ -307,7 +306,7 @@ class ClassifierRunner(ModelRunner):
         return load_classifier(mc.model, *args)
 
 
-MODEL_RUNNERS.setdefault(ClassifierRunner.__name__, ClassifierRunner)
+MODEL_RUNNERS[ClassifierRunner.__name__] = (60, ClassifierRunner)  # over the runners of 05a–07c
 
 # %% ../nbs/09b_pooling.ipynb #c09b5
 from fastcore.basics import patch

@@ -51,8 +51,6 @@ from minivllm.config import (
     _json_or_str,
 )
 from .model import MODEL_LOADERS, MODEL_RUNNERS, ROPE_TYPES, LlamaForCausalLM, model_class
-from . import compilation  # noqa: F401 (its runner registered before this lesson's)
-from . import pipeline  # noqa: F401 (its runners registered before this lesson's)
 from .parallel import TPModelRunner, TPWorker, shard_weight, tp_model_class
 from .engine_core import EngineCore
 from .llm_engine import LLMEngine
@@ -310,7 +308,7 @@ class DummyTPModelRunner(_DummyShard, TPModelRunner):
         return config.model_config.load_format == "dummy" and TPModelRunner.enabled(config)
 
 
-MODEL_RUNNERS.setdefault(DummyTPModelRunner.__name__, DummyTPModelRunner)
+MODEL_RUNNERS[DummyTPModelRunner.__name__] = (70, DummyTPModelRunner)  # over TPModelRunner (30)
 
 # %% ../nbs/95_vllm_compat.ipynb #reload95a
 from .model import RUNNER_PREPARERS, ModelRunner
