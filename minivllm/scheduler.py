@@ -233,7 +233,7 @@ def scheduler_stats(self: StepExtension) -> dict:
 STEP_EXTENSIONS: dict[str, tuple[int, type[StepExtension]]] = {}  # name -> (priority, class)
 
 
-def register_extension(priority: int):
+def register_extension(*, priority: int):
     """Class decorator: engines whose config enables the feature build it, and call the hooks of
     their extensions by `priority`, highest first. Registering a `name` again replaces it."""
 
