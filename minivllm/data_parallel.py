@@ -521,7 +521,7 @@ def add_lora(self: DPLLMEngine, lora_request) -> bool:
     raise NotImplementedError("LoRA adapters with data_parallel_size > 1.")
 
 
-ENGINE_FRONT_ENDS[DPLLMEngine.__name__] = (10, DPLLMEngine)  # (priority: the only front end)
+_ = ENGINE_FRONT_ENDS.setdefault(DPLLMEngine.__name__, DPLLMEngine)  # (the package's)
 
 # %% ../nbs/14b_data_parallel.ipynb #a732252f
 class DPCollector:

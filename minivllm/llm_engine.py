@@ -17,7 +17,7 @@ from minivllm.config import (
 )
 from .request import RequestStatus
 from .block_manager import KVCacheManager
-from .scheduler import Scheduler, by_priority
+from .scheduler import Scheduler
 from .processor import Processor
 from .engine_core import EngineCore, StepInfo
 from .output_processor import OutputProcessor
@@ -167,8 +167,7 @@ class _EngineDelegations:
         return self.engine_core.reset_prefix_cache()
 
 # %% ../nbs/12_llm_engine.ipynb #front12cd
-# stand-ins for LLMEngine (lesson 14b's): class name -> (priority, class)
-ENGINE_FRONT_ENDS: dict[str, tuple[int, type]] = {}
+ENGINE_FRONT_ENDS: dict[str, type] = {}  # stand-ins for LLMEngine (lesson 14b's), by class name
 
 # %% ../nbs/12_llm_engine.ipynb #2bb18652
 class LLMEngine(_EngineConfigs, _EngineDelegations):
@@ -215,7 +214,7 @@ class LLMEngine(_EngineConfigs, _EngineDelegations):
         """Build the configs from `engine_args`, load the model, allocate the KV cache.
         (`usage_context` is vLLM's telemetry label and means nothing here.)"""
         _refuse(None, False, stat_loggers, enable_multiprocessing)
-        for front in by_priority(ENGINE_FRONT_ENDS):  # (data parallelism, lesson 14b)
+        for front in reversed(ENGINE_FRONT_ENDS.values()):  # (data parallelism, lesson 14b)
             if cls is LLMEngine and front.enabled(engine_args):
                 return front.from_engine_args(engine_args)
         return cls(engine_args.create_engine_config(), log_stats=not engine_args.disable_log_stats)
