@@ -1581,7 +1581,7 @@ def structured_outputs_cost(
                     structured_outputs=so,
                 ),
             )
-        mgr, acc = eng.engine_core.structured_outputs.manager, accs[mode]
+        mgr, acc = eng.engine_core.extension("structured_outputs").manager, accs[mode]
         probe = lambda: mgr.mask_seconds if mgr is not None else 0.0
         for dt, info, mask in _decode_steps(eng, num_requests, warmup_steps, probe):
             acc["step"].append(dt)
@@ -1687,7 +1687,7 @@ def bench_spec_decode(
     out = {}
     for wl, qs in prompts.items():
         acc = {m: dict(tokens=0, seconds=0.0) for m in engines}
-        sd = engines["spec"].engine_core.spec_decoder.stats.copy()
+        sd = engines["spec"].engine_core.extension("spec_decoder").stats.copy()
         for r in range(rounds):
             for m in list(engines) if r % 2 == 0 else list(engines)[::-1]:
                 for q in qs:
@@ -1698,7 +1698,9 @@ def bench_spec_decode(
         assert acc["plain"]["outputs"] == acc["spec"]["outputs"], (
             "speculation changed a greedy output"
         )
-        out[wl] = r = _spec_result(acc, sd, engines["spec"].engine_core.spec_decoder.stats)
+        out[wl] = r = _spec_result(
+            acc, sd, engines["spec"].engine_core.extension("spec_decoder").stats
+        )
         if log:
             log(
                 f"{wl:>9}: plain {r['plain_tokens_per_s']:.1f} tok/s, speculative "
@@ -1862,7 +1864,7 @@ def lora_swap_cost(
         llm.generate(
             prompts[:2], SamplingParams(temperature=0, max_tokens=2), use_tqdm=False
         )  # warm-up, base model
-        mgr = llm.llm_engine.engine_core.lora_manager
+        mgr = llm.llm_engine.engine_core.extension("lora_manager")
         t = time.perf_counter()
         llm.generate(
             prompts,

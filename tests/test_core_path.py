@@ -58,15 +58,44 @@ def test_the_check_catches_a_planted_lora_branch():
 
 
 def test_every_feature_is_a_registered_extension():
-    from minivllm.core.scheduler import STEP_EXTENSIONS, StepExtension, register_extension
+    from minivllm.core.scheduler import STEP_EXTENSIONS, StepExtension, by_priority, register_extension
     from minivllm.core.model import MODEL_RUNNERS
     assert {"lora_manager", "spec_decoder", "structured_outputs", "pooler", "prompt_logprobs"} <= set(STEP_EXTENSIONS)
-    assert all(issubclass(c, StepExtension) and c.name == n for n, c in STEP_EXTENSIONS.items())
-    # checked last first: the multi-process runners (TP, PP, torchrun's) win over compilation, compilation over 05a's
-    # one-call decode steps; sequence classification's (09b) over those; load_format="dummy"'s runners (lesson 95;
-    # refused with TP/PP) over all
-    assert list(MODEL_RUNNERS) == ["CpuDecodeRunner", "CompiledModelRunner", "TPModelRunner", "PPModelRunner",
-                                   "ExternalLauncherRunner", "ClassifierRunner", "DummyTPModelRunner"]
-    old = STEP_EXTENSIONS["pooler"]      # a class defined again (a notebook re-running its lesson) changes nothing
-    again = register_extension(type("PoolingExtension", (old,), {}))
-    assert STEP_EXTENSIONS["pooler"] is old and again is not old and list(STEP_EXTENSIONS).count("pooler") == 1
+    assert all(issubclass(c, StepExtension) and c.name == n and isinstance(p, int) for n, (p, c) in STEP_EXTENSIONS.items())
+    # by priority: load_format="dummy"'s runners (lesson 95; refused with TP/PP) over all; sequence classification's
+    # (09b) over the multi-process runners (torchrun's, PP, TP); those over compilation, compilation over 05a's
+    # one-call decode steps
+    assert [c.__name__ for c in by_priority(MODEL_RUNNERS)] == [
+        "DummyTPModelRunner", "ClassifierRunner", "ExternalLauncherRunner", "PPModelRunner", "TPModelRunner",
+        "CompiledModelRunner", "CpuDecodeRunner"]
+    names = [c.name for c in by_priority(STEP_EXTENSIONS)]   # the order their hooks are called in
+    assert names.index("structured_outputs") < names.index("logits_processors")  # the grammar's mask first
+    old = STEP_EXTENSIONS["pooler"]      # a class defined again (a notebook re-running its lesson) replaces it
+    try:
+        again = register_extension(priority=old[0])(type("PoolingExtension", (old[1],), {}))
+        assert STEP_EXTENSIONS["pooler"] == (old[0], again) and list(STEP_EXTENSIONS).count("pooler") == 1
+    finally:
+        STEP_EXTENSIONS["pooler"] = old
+
+
+def test_selection_by_priority_not_registration_order():
+    from minivllm.core.scheduler import STEP_EXTENSIONS, by_priority
+    from minivllm.core.model import MODEL_RUNNERS, ModelRunner, model_runner_class
+    for reg in (MODEL_RUNNERS, STEP_EXTENSIONS):    # the package's registries, registered in the other order
+        assert by_priority(dict(reversed(reg.items()))) == by_priority(reg)
+    big = type("BigRunner", (ModelRunner,), {"enabled": classmethod(lambda cls, config: config == "big")})
+    small = type("SmallRunner", (ModelRunner,), {"enabled": classmethod(lambda cls, config: True)})
+    saved = dict(MODEL_RUNNERS)
+    try:
+        for order in ((big, small), (small, big)):
+            MODEL_RUNNERS.clear()
+            for cls in order:
+                MODEL_RUNNERS[cls.__name__] = (2 if cls is big else 1, cls)
+            assert (model_runner_class("big"), model_runner_class("small")) == (big, small)
+        MODEL_RUNNERS["BigRunner"] = (0, big)           # registered again: replaced, and now below SmallRunner
+        assert model_runner_class("big") is small and len(MODEL_RUNNERS) == 2
+        MODEL_RUNNERS["SmallRunner"] = (0, small)       # a tie: by name
+        assert model_runner_class("big") is big
+    finally:
+        MODEL_RUNNERS.clear()
+        MODEL_RUNNERS.update(saved)

@@ -83,7 +83,7 @@ def test_mixed_batch_generate_and_embed(llm, hf_hidden, hf_greedy, tokenizer):
     assert done["g"].outputs[0].token_ids == hf_greedy(tokenizer(PROMPTS[0]).input_ids, 8)
     assert torch.allclose(done["e"].outputs.data, F.normalize(hf_hidden[PROMPTS[1]][-1], dim=-1), atol=ATOL)
     kv = eng.kv_cache_manager
-    assert kv.block_pool.get_num_free_blocks() == 64 and not eng.engine_core.pooler.partial
+    assert kv.block_pool.get_num_free_blocks() == 64 and not eng.engine_core.extension("pooler").partial
 
 
 def test_abort_and_bad_params(llm):
@@ -92,7 +92,7 @@ def test_abort_and_bad_params(llm):
     eng.step()                                   # first chunk read, partial pool kept
     eng.abort_request("a")
     while eng.has_unfinished_requests(): eng.step()
-    assert not eng.engine_core.pooler.partial and eng.kv_cache_manager.block_pool.get_num_free_blocks() == 64
+    assert not eng.engine_core.extension("pooler").partial and eng.kv_cache_manager.block_pool.get_num_free_blocks() == 64
     with pytest.raises(ValueError, match="dimensions"): llm.embed("x", pooling_params=PoolingParams(dimensions=10_000), use_tqdm=False)
     with pytest.raises(NotImplementedError, match="truncate_prompt_tokens"): llm.embed("x", truncate_prompt_tokens=3, use_tqdm=False)
     with pytest.raises(NotImplementedError, match="task"): PoolingParams(task="token_classify")

@@ -92,7 +92,7 @@ def test_swapping_max_loras_2_with_4_adapters_in_flight(tiny):
     hf, path, loras = tiny
     llm = LLM(dtype="float32", model=path, enable_lora=True, max_loras=2, max_cpu_loras=3, max_lora_rank=8, num_gpu_blocks_override=128,
               block_size=4, max_model_len=128)
-    mgr = llm.llm_engine.engine_core.lora_manager
+    mgr = llm.llm_engine.engine_core.extension("lora_manager")
     seen, activate = [], mgr.activate
     mgr.activate = lambda ids: seen.append(len({i for i in ids if i})) or activate(ids)
     plan = [(PROMPTS[k % 4], l) for k, l in enumerate([1, 2, 3, 4, 1, 3, 2, 4, None, 4])]

@@ -58,7 +58,7 @@ def test_greedy_identical(baseline, draft_dir, method, k):
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, sp, use_tqdm=False)] == mixed
     assert core.scheduler.num_preemptions > 0
     assert [o.outputs[0].token_ids for o in llm.generate(prompts[1:2], sp, use_tqdm=False)] == single
-    st = core.spec_decoder.stats
+    st = core.extension("spec_decoder").stats
     assert st.num_drafts > 0 and 0 < st.num_accepted_tokens <= st.num_draft_tokens <= k * st.num_drafts
     assert sum(st.num_accepted_tokens_per_pos) == st.num_accepted_tokens and len(st.num_accepted_tokens_per_pos) == k
     # the verify chunks were budgeted: never more than the token budget, k+1 tokens for a speculating request
@@ -72,7 +72,7 @@ def test_greedy_identical(baseline, draft_dir, method, k):
     check_invariants(kv)
     assert kv.block_pool.get_num_free_blocks() == kv.num_blocks
     if method == "draft_model":   # the draft's private pool: every block either free or held by a request it saw
-        prop = core.spec_decoder.proposer
+        prop = core.extension("spec_decoder").proposer
         held = [b for st in prop.state.values() for b in st.blocks]
         assert len(set(held)) == len(held) and len(held) + len(prop.free) == prop.runner.num_blocks
 
@@ -99,7 +99,7 @@ def test_sampling_params_as_without(baseline):
                 assert all(abs(dx[t].logprob - dy[t].logprob) < 1e-3 and dx[t].rank == dy[t].rank for t in dx)
     assert b[0].outputs[0].finish_reason == "stop" and b[3].outputs[0].finish_reason == "length"
     assert len(b[2].outputs[0].token_ids) >= 25
-    assert spec.llm_engine.engine_core.spec_decoder.stats.num_accepted_tokens > 0
+    assert spec.llm_engine.engine_core.extension("spec_decoder").stats.num_accepted_tokens > 0
 
 
 def test_seeded_sampling_reproducible_and_n(baseline):
@@ -129,7 +129,7 @@ def test_no_block_leaks_after_heavy_rejection(baseline):
     kw = dict(KW, block_size=8, max_model_len=128, num_gpu_blocks_override=16)   # 128 slots for 8 requests: preemptions
     spec = LLM(**kw, speculative_config={"method": "ngram", "num_speculative_tokens": 5})
     core = spec.llm_engine.engine_core
-    core.spec_decoder.proposer = RandomProposer()
+    core.extension("spec_decoder").proposer = RandomProposer()
     eng = spec.llm_engine
     eng.step_observers.append(lambda info: check_invariants(core.kv_cache_manager))
     reqs = []
@@ -149,7 +149,7 @@ def test_no_block_leaks_after_heavy_rejection(baseline):
     kv = core.kv_cache_manager
     check_invariants(kv)
     assert kv.block_pool.get_num_free_blocks() == kv.num_blocks
-    st = core.spec_decoder.stats
+    st = core.extension("spec_decoder").stats
     assert st.num_draft_tokens > 50 and st.acceptance_rate < 0.05 and core.scheduler.num_preemptions > 0
     plain = LLM(**kw)
     for rid, p, sp in reqs:
@@ -199,5 +199,5 @@ def test_draft_equal_to_target_accepts_everything(baseline, model_dir):
     llm = LLM(**KW, speculative_config={"method": "draft_model", "model": str(model_dir), "num_speculative_tokens": 3})
     assert [o.outputs[0].token_ids for o in llm.generate(prompts[1:2], SamplingParams(temperature=0, max_tokens=MAX_TOKENS),
                                                          use_tqdm=False)] == single
-    st = llm.llm_engine.engine_core.spec_decoder.stats
+    st = llm.llm_engine.engine_core.extension("spec_decoder").stats
     assert st.num_drafts >= 2 and st.acceptance_rate > 0.95

@@ -150,7 +150,7 @@ def test_preemption_keeps_constrained_requests_valid():
     for o, s in zip(outs, schemas):
         assert o.outputs[0].finish_reason == "stop", o.outputs[0].text
         jsonschema.validate(json.loads(o.outputs[0].text), s)
-    assert small.llm_engine.engine_core.structured_outputs.manager.states == {}
+    assert small.llm_engine.engine_core.extension("structured_outputs").manager.states == {}
 
 
 def test_server_json_schema_through_openai_client():

@@ -65,8 +65,6 @@ from minivllm.core.model import (
     LlamaForCausalLM,
     model_class,
 )
-from ..kernels import compilation  # noqa: F401 (its runner registered before this lesson's)
-from ..parallel import pipeline  # noqa: F401 (its runners registered before this lesson's)
 from ..parallel.tensor import TPModelRunner, TPWorker, shard_weight, tp_model_class
 from ..core.engine_core import EngineCore
 from ..core.llm_engine import LLMEngine
@@ -316,7 +314,7 @@ class DummyTPModelRunner(_DummyShard, TPModelRunner):
         return config.model_config.load_format == "dummy" and TPModelRunner.enabled(config)
 
 
-MODEL_RUNNERS.setdefault(DummyTPModelRunner.__name__, DummyTPModelRunner)
+MODEL_RUNNERS[DummyTPModelRunner.__name__] = (70, DummyTPModelRunner)  # over TPModelRunner (30)
 
 # %% ../../nbs/95_vllm_compat.ipynb #reload95a
 from ..core.model import RUNNER_PREPARERS, ModelRunner

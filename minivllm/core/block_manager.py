@@ -318,16 +318,16 @@ def rollback_slots(self: KVCacheManager, request: Request, num_tokens: int):
         self.num_cached_block[rid] = keep
 
 # %% ../../nbs/02_block_manager.ipynb #a4ceb95c
-# block managers of later lessons by class name (lesson 05d: sliding windows), each with
-# `enabled(config)` and `from_config(config)`
-KV_CACHE_MANAGERS: dict[str, type] = {}
+# block managers of later lessons (lesson 05d: sliding windows): class name -> (priority, class),
+# each class with `enabled(config)` and `from_config(config)`
+KV_CACHE_MANAGERS: dict[str, tuple[int, type]] = {}
 
 
 def make_kv_cache_manager(config) -> KVCacheManager:
-    """The block manager of an engine with `config` (an `EngineConfig`): the latest registered class
-    that it enables, else a `KVCacheManager`."""
+    """The block manager of an engine with `config` (an `EngineConfig`): of the registered classes
+    that it enables, the one of highest priority (ties by name), else a `KVCacheManager`."""
     cc = config.cache_config
-    for cls in reversed(KV_CACHE_MANAGERS.values()):
+    for _, cls in sorted(KV_CACHE_MANAGERS.values(), key=lambda pc: (-pc[0], pc[1].__name__)):
         if cls.enabled(config):
             return cls.from_config(config)
     return KVCacheManager(cc.num_gpu_blocks, cc.block_size, cc.enable_prefix_caching)

@@ -17,6 +17,7 @@ from minivllm.core.scheduler import (
     SchedulerOutput,
     SchedulerUpdate,
     StepExtension,
+    by_priority,
 )
 from .model import ModelRunnerOutput, StepTimer, model_runner_class
 from .sampler import Sampler, SamplingMetadata, SampledTokens
@@ -97,57 +98,6 @@ class SchedulerStats:
     prefix_cache_hits: int = 0  # tokens found there
     spec_decoding_stats: object | None = None  # vLLM's field: lesson 07b's counters (None: off)
 
-# %% ../../nbs/09_engine_core.ipynb #hooks09code
-@patch
-def add_request(self: StepExtension, request: Request):
-    "A request arrives (checked and tokenized), before it joins the waiting queue."
-
-
-@patch
-def logits_rows(self: StepExtension, out: SchedulerOutput, requests) -> dict[str, tuple[int, int]]:
-    "More logits rows of this step's chunks: request id -> (first token of the chunk, rows)."
-    return {}
-
-
-@patch
-def hidden_rows(self: StepExtension, out: SchedulerOutput, requests) -> set[str]:
-    "Requests whose chunk's hidden rows the runner returns instead of logits (they sample nothing)."
-    return set()
-
-
-@patch
-def process_logits(self: StepExtension, requests: list[Request], logits: torch.Tensor):
-    "The logits of the sampling rows (`requests[i]` ↔ `logits[i]`), changed before sampling."
-    return logits
-
-
-@patch
-def sample(self: StepExtension, sampler, requests, logits, out, result) -> SampledTokens | None:
-    "Sample instead of the core (the first extension to return a record does); None: not this one."
-    return None
-
-
-@patch
-def update(self: StepExtension, scheduler: Scheduler, step: StepResults) -> dict[str, dict]:
-    "After the scheduler's update: end requests (`scheduler.finish_requests`), fill output fields."
-    return {}
-
-
-@patch
-def after_step(self: StepExtension, scheduler: Scheduler, timer: StepTimer):
-    "After the step's outputs are built (work for the next step); may time itself with `timer.lap`."
-
-
-@patch
-def finish(self: StepExtension, request_ids: list[str]):
-    "Requests ended from outside (abort, stop string): forget them."
-
-
-@patch
-def scheduler_stats(self: StepExtension) -> dict:
-    "Fields of the engine's `SchedulerStats` this extension fills in."
-    return {}
-
 # %% ../../nbs/09_engine_core.ipynb #a4ec0eea
 class EngineCore:
     "The inner loop of the engine: schedule → execute → sample → update, on token ids only."
@@ -164,22 +114,21 @@ class EngineCore:
             )
         # lesson 02's plain block manager, unless a lesson registered its own for this config
         self.kv_cache_manager = make_kv_cache_manager(config)
-        self.extensions = [c.from_core(self) for c in STEP_EXTENSIONS.values() if c.enabled(config)]
+        self.extensions = [
+            c.from_core(self) for c in by_priority(STEP_EXTENSIONS) if c.enabled(config)
+        ]
         self.model_runner.extensions = self.extensions  # the runner's hook (`prepare`)
         self.scheduler = Scheduler(config.scheduler_config, self.kv_cache_manager, self.extensions)
         self.sampler = Sampler()
         self.num_steps = 0
         self.sync_phase_timings = False  # exact device time per phase (a GPU sync per phase)
 
-    def __getattr__(self, name: str):
-        """A step extension by its `name` (`core.<name>`); None for a registered one this engine
-        does not use."""
-        for e in self.__dict__.get("extensions", ()):
-            if e.name == name:
-                return e
-        if name in STEP_EXTENSIONS:
-            return None
-        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+    def extension(self, name: str) -> StepExtension | None:
+        """The step extension registered as `name` (lesson 03's `STEP_EXTENSIONS`), None when this
+        engine does not use it; a name nobody registered raises `KeyError`."""
+        if name not in STEP_EXTENSIONS:
+            raise KeyError(f"no step extension is registered as {name!r}")
+        return next((e for e in self.extensions if e.name == name), None)
 
     def add_request(self, request: Request):
         "Queue a request (checked and tokenized by the processor); the extensions see it first."

@@ -132,20 +132,20 @@ class _EngineDelegations:
 
     def add_lora(self, lora_request: LoRARequest) -> bool:
         "Load a LoRA adapter now: later requests with its `lora_int_id` find it loaded."
-        if self.engine_core.lora_manager is None:
+        if (mgr := self.engine_core.extension("lora_manager")) is None:
             raise ValueError(
                 f"LoRA adapter {lora_request.lora_name!r}: LoRA is off (start the engine with "
                 "enable_lora=True)."
             )
-        return self.engine_core.lora_manager.add_lora(lora_request)
+        return mgr.add_lora(lora_request)
 
     def remove_lora(self, lora_id: int) -> bool:
         "Forget an adapter (refused while requests run under it); False if unknown or LoRA is off."
-        mgr = self.engine_core.lora_manager
+        mgr = self.engine_core.extension("lora_manager")
         return False if mgr is None else mgr.remove_lora(lora_id)
 
     def list_loras(self) -> set[int]:
-        mgr = self.engine_core.lora_manager
+        mgr = self.engine_core.extension("lora_manager")
         return set() if mgr is None else mgr.list_loras()
 
     def pin_lora(self, lora_id: int) -> bool:

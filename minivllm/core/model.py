@@ -18,7 +18,7 @@ from fastcore.basics import patch
 from .config import EngineConfig
 from .attention import AttentionMetadata, build_metadata, get_attention_backend
 import minivllm.kernels.attention_kernels  # noqa: F401 (registers lesson 04c's backends: cpu, inductor, triton)
-from .scheduler import ScheduledSeq, SchedulerOutput, StepExtension
+from .scheduler import ScheduledSeq, SchedulerOutput, StepExtension, by_priority
 
 # %% auto #0
 __all__ = ['LAYER_OPS', 'ROPE_TYPES', 'MODEL_HOOKS', 'MODEL_CLASSES', 'MODEL_RUNNERS', 'MODEL_LOADERS', 'RUNNER_PREPARERS',
@@ -55,12 +55,13 @@ class TorchOps:
         return F.silu(gate) * up
 
 
-LAYER_OPS: dict[str, type] = {"torch": TorchOps}  # op tables by name (lesson 05a adds "cpu")
+# op tables: name -> (priority, table); lesson 05a registers "cpu" above torch's
+LAYER_OPS: dict[str, tuple[int, type]] = {"torch": (0, TorchOps)}
 
 
 def layer_ops():
-    "The op table for a new model: the latest registered one that runs here (`available()`)."
-    return next(t for t in reversed(LAYER_OPS.values()) if t.available())
+    "The op table for a new model: the one of highest priority that runs here (`available()`)."
+    return next(t for t in by_priority(LAYER_OPS) if t.available())
 
 
 class RMSNorm(nn.Module):
@@ -404,20 +405,14 @@ class ModelRunnerOutput:
     hidden_states: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
-@patch
-def prepare(self: StepExtension, seqs: list[ScheduledSeq], query_start_loc: list[int]):
-    """Runner hook, before the forward pass: the step's sequences in row order (rows of `seqs[i]`:
-    from `query_start_loc[i]`)."""
-
-
-# runners of later lessons (compiled, tensor-parallel) by class name, each with `enabled(config)`
-MODEL_RUNNERS: dict[str, type] = {}
+# runners of later lessons (compiled, tensor-parallel): class name -> (priority, class)
+MODEL_RUNNERS: dict[str, tuple[int, type]] = {}
 
 
 def model_runner_class(config: EngineConfig) -> type:
-    """The runner an engine with `config` uses: the latest registered one that it enables, else
-    `ModelRunner`."""
-    return next((c for c in reversed(MODEL_RUNNERS.values()) if c.enabled(config)), ModelRunner)
+    """The runner an engine with `config` uses: of the registered ones that it enables
+    (`enabled(config)`), the one of highest priority (ties by name), else `ModelRunner`."""
+    return next((c for c in by_priority(MODEL_RUNNERS) if c.enabled(config)), ModelRunner)
 
 # %% ../../nbs/05_model.ipynb #bf41d8b7
 @patch

@@ -14,7 +14,7 @@ from .block_manager import KVCacheManager
 
 # %% auto #0
 __all__ = ['STEP_EXTENSIONS', 'ScheduledSeq', 'SchedulerOutput', 'SchedulerUpdate', 'StepExtension', 'register_extension',
-           'Scheduler', 'make_scheduler', 'simulate']
+           'by_priority', 'Scheduler', 'make_scheduler', 'simulate']
 
 # %% ../../nbs/03_scheduler.ipynb #cdbe7ba4
 @dataclass
@@ -138,13 +138,14 @@ class _WaitingQueue:
 
 # %% ../../nbs/03_scheduler.ipynb #ext03code
 class StepExtension:
-    "A feature plugged into the step by named hooks (listed in lesson 09); defaults do nothing."
+    """A feature plugged into the step: the core calls its hooks at named points (declared here and
+    in the cells below); every default does nothing."""
 
-    name: str = ""  # the core's attribute that reaches it (`core.<name>`)
+    name: str = ""  # its name in `STEP_EXTENSIONS` and for `EngineCore.extension(name)`
 
     @classmethod
     def enabled(cls, config) -> bool:
-        "Does an engine with this `EngineConfig` use the feature?"
+        "Asked once, when a core is built: does an engine with this `EngineConfig` use the feature?"
         return False
 
     @classmethod
@@ -152,23 +153,100 @@ class StepExtension:
         "Build the extension for an engine core (its config, model runner and KV cache are ready)."
         return cls()
 
+    def add_request(self, request: Request) -> None:
+        """Called by the engine core when `request` arrives (checked and tokenized), before it joins
+        the waiting queue. Returns nothing."""
+
     def can_admit(self, request: Request, running: list[Request]) -> bool:
-        "May waiting `request` join `running` now? False: it waits; those behind it may pass."
+        """Called by the scheduler before it admits waiting `request` beside `running`: False makes
+        it wait (those behind it may pass). Default: True."""
         return True
 
     def lookahead_token_ids(self, request: Request) -> list[int]:
-        "Tokens guessed to follow a decoding request's next one, computed and checked this step."
+        """Called by the scheduler when it schedules a decode of `request`: tokens guessed to follow
+        its next one, computed and checked this step. Default: none."""
         return []
 
+# %% ../../nbs/03_scheduler.ipynb #ext03code2
+@patch
+def logits_rows(self: StepExtension, out: SchedulerOutput, requests) -> dict[str, tuple[int, int]]:
+    """Called by the engine core before the forward pass, with the step's `SchedulerOutput` and the
+    requests by id: more logits rows per request id, `(first token of the chunk, count)`."""
+    return {}
 
-STEP_EXTENSIONS: dict[str, type[StepExtension]] = {}  # name -> class, filled by the feature lessons
+
+@patch
+def hidden_rows(self: StepExtension, out: SchedulerOutput, requests) -> set[str]:
+    """Called by the engine core before the forward pass, like `logits_rows`: the request ids whose
+    chunk's hidden rows the runner returns instead of logits (they sample nothing)."""
+    return set()
 
 
-def register_extension(cls: type[StepExtension]) -> type[StepExtension]:
-    """Class decorator: engines whose config enables the feature build it. The first class of a
-    `name` stays (a lesson's notebook defining it again changes nothing)."""
-    STEP_EXTENSIONS.setdefault(cls.name, cls)
-    return cls
+@patch
+def prepare(self: StepExtension, seqs: list[ScheduledSeq], query_start_loc: list[int]) -> None:
+    """Called by the model runner (lesson 05's `execute_model`) before the forward pass, with the
+    step's sequences in row order (the rows of `seqs[i]` from `query_start_loc[i]`). Returns
+    nothing."""
+
+# %% ../../nbs/03_scheduler.ipynb #ext03code3
+@patch
+def process_logits(self: StepExtension, requests: list[Request], logits):
+    """Called by the engine core before sampling, with the sampling rows' logits (`requests[i]` ↔
+    `logits[i]`, a `[len(requests), vocab]` tensor): the logits to sample from. Default: as they
+    are."""
+    return logits
+
+
+@patch
+def sample(self: StepExtension, sampler, requests, logits, out, result):
+    """Called by the engine core in extension order instead of its `sampler`, with the requests,
+    their logits, the `SchedulerOutput` and the `ModelRunnerOutput`: a `SampledTokens` record (the
+    first extension to return one samples the step), or None to leave it to the next."""
+    return None
+
+# %% ../../nbs/03_scheduler.ipynb #ext03code4
+@patch
+def update(self: StepExtension, scheduler: Scheduler, step) -> dict[str, dict]:
+    """Called by the engine core after the scheduler's update, with the scheduler and the step's
+    records (lesson 09's `StepResults`); may end requests (`scheduler.finish_requests`). Returns
+    more output fields per request id (`{}`: none)."""
+    return {}
+
+
+@patch
+def after_step(self: StepExtension, scheduler: Scheduler, timer) -> None:
+    """Called by the engine core after the step's outputs are built, for work that prepares the
+    next step; may time itself with `timer.lap(phase)`. Returns nothing."""
+
+
+@patch
+def finish(self: StepExtension, request_ids: list[str]) -> None:
+    "Called by the engine core for requests ended from outside (abort, stop string): forget them."
+
+
+@patch
+def scheduler_stats(self: StepExtension) -> dict:
+    "Called by the engine core's `get_scheduler_stats`: the `SchedulerStats` fields it fills in."
+    return {}
+
+# %% ../../nbs/03_scheduler.ipynb #ext03code5
+STEP_EXTENSIONS: dict[str, tuple[int, type[StepExtension]]] = {}  # name -> (priority, class)
+
+
+def register_extension(*, priority: int):
+    """Class decorator: engines whose config enables the feature build it, and call the hooks of
+    their extensions by `priority`, highest first. Registering a `name` again replaces it."""
+
+    def register(cls: type[StepExtension]) -> type[StepExtension]:
+        STEP_EXTENSIONS[cls.name] = (priority, cls)
+        return cls
+
+    return register
+
+
+def by_priority(registry: dict[str, tuple[int, type]]) -> list[type]:
+    "The classes of a `name -> (priority, class)` registry: highest priority first, ties by name."
+    return [c for _, (_, c) in sorted(registry.items(), key=lambda kv: (-kv[1][0], kv[0]))]
 
 # %% ../../nbs/03_scheduler.ipynb #6f88eb7a
 class Scheduler:

@@ -383,7 +383,27 @@ def embed(
 # %% ../../nbs/13b_llm_more.ipynb #score13bcd
 from .pooling import score as _score
 
-LLM.score = _score  # vLLM's `LLM.score` (lesson 09b)
+
+@patch
+def score(
+    self: LLM,
+    data_1,
+    data_2,
+    *,
+    truncate_prompt_tokens: int | None = None,
+    use_tqdm: bool = True,
+    pooling_params=None,
+    lora_request=None,
+    tokenization_kwargs: dict | None = None,
+    chat_template: str | None = None,
+) -> list:
+    """vLLM's `LLM.score` for an embedding model: `data_1` (one text, or one per pair) against
+    `data_2`, each pair scored by the cosine similarity of their embeddings (MaxSim for a
+    token_embed model); `ScoringRequestOutput`s. Lesson 09b's `score` computes them."""
+    kw = dict(truncate_prompt_tokens=truncate_prompt_tokens, use_tqdm=use_tqdm)
+    kw |= dict(pooling_params=pooling_params, lora_request=lora_request)
+    kw |= dict(tokenization_kwargs=tokenization_kwargs, chat_template=chat_template)
+    return _score(self, data_1, data_2, **kw)
 
 # %% ../../nbs/13b_llm_more.ipynb #cls13b
 from .pooling import ClassificationRequestOutput
@@ -447,24 +467,33 @@ def get_metrics(self: LLM) -> list[Metric]:
     return metrics_snapshot(self.llm_engine.get_stats(), labels)  # (lesson 11)
 
 # %% ../../nbs/13b_llm_more.ipynb #45f9ff60
-def _not_here(name: str, why: str):
-    """A method of vLLM's `LLM` that means nothing on minivllm's one process: a clear
-    `NotImplementedError`."""
-
-    def method(self, *args, **kwargs):
-        raise NotImplementedError(f"LLM.{name} is not implemented in minivllm: {why}.")
-
-    method.__name__, method.__doc__ = name, f"Not implemented in minivllm: {why}."
-    return method
+def _not_in_minivllm(name: str, why: str):
+    "Raise the `NotImplementedError` of a method of vLLM's `LLM` that means nothing here."
+    raise NotImplementedError(f"LLM.{name} is not implemented in minivllm: {why}.")
 
 
-for _name, _why in [
-    ("sleep", "there is no GPU memory to release (sleep mode)"),
-    ("wake_up", "there is no sleep mode"),
-    ("apply_model", "the model runs in the engine, not in workers"),
-    ("reward", "no reward models"),
-]:
-    setattr(LLM, _name, _not_here(_name, _why))
+@patch
+def sleep(self: LLM, level: int = 1) -> None:
+    "vLLM's sleep mode (free the GPU's memory): not implemented, `NotImplementedError`."
+    _not_in_minivllm("sleep", "there is no GPU memory to release (sleep mode)")
+
+
+@patch
+def wake_up(self: LLM, tags: list[str] | None = None) -> None:
+    "vLLM's wake-up from sleep mode: not implemented, `NotImplementedError`."
+    _not_in_minivllm("wake_up", "there is no sleep mode")
+
+
+@patch
+def apply_model(self: LLM, func) -> list:
+    "vLLM's call of `func` on the model in each worker: not implemented, `NotImplementedError`."
+    _not_in_minivllm("apply_model", "the model runs in the engine, not in workers")
+
+
+@patch
+def reward(self: LLM, prompts, **kwargs) -> list:
+    "vLLM's reward-model scores: not implemented, `NotImplementedError`."
+    _not_in_minivllm("reward", "no reward models")
 
 # %% ../../nbs/13b_llm_more.ipynb #650fefcb
 @patch
@@ -505,10 +534,14 @@ def stop_profile(self: LLM) -> None:
     self._profiler.stop()
     self._profiler = None
 
+# %% ../../nbs/13b_llm_more.ipynb #rpc13bprop
+@patch(as_prop=True)
+def model_runner(self: ModelRunner) -> ModelRunner:
+    """vLLM's `worker.model_runner`: in one process the runner is its own worker, so the runner
+    itself (vLLM's callables that reach for it run unchanged)."""
+    return self
+
 # %% ../../nbs/13b_llm_more.ipynb #rpc13bcd
-ModelRunner.model_runner = property(lambda self: self)  # vLLM's `worker.model_runner`
-
-
 @patch
 def collective_rpc(
     self: LLMEngine, method, timeout: float | None = None, args: tuple = (), kwargs=None

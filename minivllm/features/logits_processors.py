@@ -201,7 +201,7 @@ def check_logits_processors(classes) -> tuple[type, ...]:
     return tuple(classes)
 
 
-@register_extension
+@register_extension(priority=40)
 class LogitsProcessors(StepExtension):
     "The engine's custom logits processors, run on the sampling rows before the sampler."
 

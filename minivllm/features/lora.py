@@ -380,7 +380,7 @@ def add_lora_layers(
     return out
 
 # %% ../../nbs/05c_lora.ipynb #90bd44c8
-@register_extension
+@register_extension(priority=30)
 class LoRAManager(StepExtension):
     """Adapters known, read (CPU LRU of `max_cpu_loras`) and on the device (LRU slots of
     `max_loras`); sets each step's row slots."""

@@ -72,7 +72,7 @@ class Pooler:
         self.partial.pop(req_id, None)
 
 # %% ../../nbs/09b_pooling.ipynb #b9b00006
-@register_extension
+@register_extension(priority=50)
 class PoolingExtension(Pooler, StepExtension):
     """Pooling in the engine: the hidden rows of pooling requests asked of the runner, pooled, and
     the request ended."""
@@ -253,8 +253,6 @@ from minivllm.core.model import (
     ModelRunner,
     iter_checkpoint_weights,
 )
-from ..kernels import model_kernels, compilation  # noqa: F401 (their runners first)
-from ..parallel import tensor, pipeline  # noqa: F401 (their runners first)
 
 
 def is_sequence_classifier(hf_config) -> bool:
@@ -313,7 +311,7 @@ class ClassifierRunner(ModelRunner):
         return load_classifier(mc.model, *args)
 
 
-MODEL_RUNNERS.setdefault(ClassifierRunner.__name__, ClassifierRunner)
+MODEL_RUNNERS[ClassifierRunner.__name__] = (60, ClassifierRunner)  # over the runners of 05a–07c
 
 # %% ../../nbs/09b_pooling.ipynb #c09b5
 from fastcore.basics import patch

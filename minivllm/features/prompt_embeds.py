@@ -50,7 +50,7 @@ def read_prompt_embeds(processor: Processor, prompt: dict) -> tuple[None, list[i
 PROMPT_READERS["prompt_embeds"] = read_prompt_embeds
 
 # %% ../../nbs/08b_prompt_embeds.ipynb #0552be0b
-@register_extension
+@register_extension(priority=10)
 class PromptEmbeds(StepExtension):
     "Rows of the flat batch whose input vectors a request gave (`Request.prompt_embeds`)."
 

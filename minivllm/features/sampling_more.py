@@ -348,7 +348,7 @@ class PromptLogprobsCollector:
         self.parts.pop(request_id, None)
 
 # %% ../../nbs/06a_sampling_more.ipynb #plp06code
-@register_extension
+@register_extension(priority=70)
 class PromptLogprobs(StepExtension):
     """The engine's prompt logprobs: the prompt rows asked of the runner, collected, handed out once
     per request."""

@@ -176,7 +176,7 @@ class SlidingWindowKVCacheManager(KVCacheManager):
             self.block_pool.free_blocks(out)
 
 
-KV_CACHE_MANAGERS["SlidingWindowKVCacheManager"] = SlidingWindowKVCacheManager
+KV_CACHE_MANAGERS["SlidingWindowKVCacheManager"] = (10, SlidingWindowKVCacheManager)
 
 # %% ../../nbs/05d_sliding_window.ipynb #44128f87
 @patch

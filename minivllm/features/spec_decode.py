@@ -313,7 +313,7 @@ class SpecDecodingStats:
         )
 
 # %% ../../nbs/07b_spec_decode.ipynb #64b0bd7b
-@register_extension
+@register_extension(priority=20)
 class SpecDecoder(StepExtension):
     """Speculative decoding as a step extension: proposes after each step, verifies in the next,
     keeps the counters."""

@@ -289,7 +289,7 @@ from ..core.request import RequestStatus
 from ..core.scheduler import StepExtension, register_extension
 
 
-@register_extension
+@register_extension(priority=60)
 class StructuredOutputs(StepExtension):
     """Structured outputs in the engine: each constrained request's grammar, its mask before
     sampling, advanced after."""

@@ -434,4 +434,7 @@ def enabled(cls: CompiledModelRunner, config: EngineConfig) -> bool:
     return bool(config.compilation_config.level)
 
 
-MODEL_RUNNERS.setdefault(CompiledModelRunner.__name__, CompiledModelRunner)  # (the package's)
+MODEL_RUNNERS[CompiledModelRunner.__name__] = (
+    20,
+    CompiledModelRunner,
+)  # over 05a's CPU runner (10)

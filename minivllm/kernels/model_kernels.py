@@ -367,7 +367,7 @@ class CpuOps(TorchOps):
         return TorchOps.silu_and_mul(x) if out is None else out
 
 
-LAYER_OPS[CpuOps.name] = CpuOps  # a new model takes it where it is available
+LAYER_OPS[CpuOps.name] = (10, CpuOps)  # above torch's (0): a new model takes it where available
 
 # %% ../../nbs/05a_model_kernels.ipynb #b9239934
 def _warm_up_cpu(runner):
@@ -775,4 +775,4 @@ class CpuDecodeRunner(ModelRunner):
         return self.model.norm(x)
 
 
-_ = MODEL_RUNNERS.setdefault(CpuDecodeRunner.__name__, CpuDecodeRunner)  # (the package's)
+MODEL_RUNNERS[CpuDecodeRunner.__name__] = (10, CpuDecodeRunner)  # below the compiled runner (20)

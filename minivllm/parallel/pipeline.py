@@ -347,7 +347,7 @@ class PPModelRunner(TPModelRunner, PPWorker):
         return TPModelRunner.execute_model(self, out, logits_rows, hidden_rows, timer)
 
 
-_ = MODEL_RUNNERS.setdefault(PPModelRunner.__name__, PPModelRunner)  # (the package's)
+MODEL_RUNNERS[PPModelRunner.__name__] = (40, PPModelRunner)  # over tensor parallelism's (30)
 
 # %% ../../nbs/07c_scaling_out.ipynb #787cdcce
 class ExternalLauncherRunner(PPWorker):
@@ -389,4 +389,4 @@ class ExternalLauncherRunner(PPWorker):
             self._own_group = False
 
 
-_ = MODEL_RUNNERS.setdefault(ExternalLauncherRunner.__name__, ExternalLauncherRunner)
+MODEL_RUNNERS[ExternalLauncherRunner.__name__] = (50, ExternalLauncherRunner)  # over PP's (40)

@@ -648,7 +648,7 @@ def enabled(cls: TPModelRunner, config: EngineConfig) -> bool:
     return config.parallel_config.tensor_parallel_size > 1
 
 
-MODEL_RUNNERS.setdefault(TPModelRunner.__name__, TPModelRunner)  # (the package's)
+MODEL_RUNNERS[TPModelRunner.__name__] = (30, TPModelRunner)  # over the compiled runner (20)
 
 
 @patch

@@ -448,8 +448,8 @@ class Metrics:
             g[name] = G(f"minivllm_{name}", doc, registry=r)
             g[name].set_function(fn)
         r.register(_vllm_names(self, g))
-        if getattr(llm.engine_core, "spec_decoder", None) is not None:
-            r.register(_SpecDecodeCollector(llm.engine_core.spec_decoder))
+        if (sd := llm.engine_core.extension("spec_decoder")) is not None:
+            r.register(_SpecDecodeCollector(sd))
 
     def render(self) -> bytes:
         "The metrics in Prometheus' text format."
@@ -754,7 +754,7 @@ async def compile_grammar(app, sp: SamplingParams, param: str = "structured_outp
     if so is None:
         return
     fut = await app.state.engine.run_in_engine(
-        lambda e: e.engine_core.structured_outputs.get_manager().compile(so)
+        lambda e: e.engine_core.extension("structured_outputs").get_manager().compile(so)
     )
     try:  # (shielded: the compilation is shared with later requests of the same schema)
         await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(fut)), app.state.prep_timeout)
