@@ -57,10 +57,11 @@ from minivllm.kernels.quantization import (
 )
 
 # %% auto #0
-__all__ = ['PACKED_CHUNK', 'PACKED_LINEARS', 'AMX_BF16_MAX_ROWS', 'ATTENTION_WARMUPS', 'GGUF_ARCHS', 'row_bucket', 'rows_kind',
-           'c_max_rows', 'Linear', 'pack_weights', 'packed_linear', 'rms_norm_c', 'rotate_c', 'silu_and_mul_c',
-           'CpuOps', 'prepare_attention', 'memory_summary', 'ConcatLinear', 'block_rows', 'BlockEmbedding',
-           'load_gguf_model', 'build_step_kernel', 'decode_step_layers', 'decode_layers_c', 'CpuDecodeRunner']
+__all__ = ['PACKED_CHUNK', 'PACKED_LINEARS', 'AMX_BF16_MAX_ROWS', 'AMX_MIN_NUMEL', 'ATTENTION_WARMUPS', 'GGUF_ARCHS',
+           'row_bucket', 'rows_kind', 'c_max_rows', 'Linear', 'pack_weights', 'packed_linear', 'rms_norm_c', 'rotate_c',
+           'silu_and_mul_c', 'CpuOps', 'prepare_attention', 'memory_summary', 'ConcatLinear', 'block_rows',
+           'BlockEmbedding', 'load_gguf_model', 'build_step_kernel', 'decode_step_layers', 'decode_layers_c',
+           'CpuDecodeRunner']
 
 # %% ../../nbs/05a_model_kernels.ipynb #46773998
 def _can_pack(w: torch.Tensor) -> bool:
@@ -114,19 +115,19 @@ def rows_kind(w: torch.Tensor) -> str | None:
     return kind if _rows_built(w.dtype) else None
 
 # %% ../../nbs/05a_model_kernels.ipynb #0dc44870
-# bfloat16 on a CPU with AMX: calls of up to this many rows take the C kernel (measured below)
-AMX_BF16_MAX_ROWS = 6
+# bfloat16 on a CPU with AMX: a weight of at least AMX_MIN_NUMEL elements takes the C kernel for
+# calls of up to AMX_BF16_MAX_ROWS rows (measured below)
+AMX_BF16_MAX_ROWS, AMX_MIN_NUMEL = 6, 2**21
 
 
-def c_max_rows(dtype) -> int:
+def c_max_rows(dtype, numel: int = AMX_MIN_NUMEL) -> int:
     """The most rows of a call that `Linear` multiplies with `qgemm.c` on this CPU (more go to
-    oneDNN): lesson 04a's `GEMM_MAX_ROWS`, but `AMX_BF16_MAX_ROWS` in bfloat16 on a CPU with AMX,
-    and every call under `VLLM_BATCH_INVARIANT=1` (one kernel, one order of additions)."""
+    oneDNN) by a weight of `numel` elements: lesson 04a's `GEMM_MAX_ROWS`, but `AMX_BF16_MAX_ROWS`
+    for a large weight in bfloat16 on a CPU with AMX; every call under `VLLM_BATCH_INVARIANT=1`."""
     if batch_invariant():
         return 2**62
-    if dtype == torch.bfloat16 and "amx_bf16" in cpu_flags().split():
-        return AMX_BF16_MAX_ROWS
-    return GEMM_MAX_ROWS
+    amx = dtype == torch.bfloat16 and "amx_bf16" in cpu_flags().split()
+    return AMX_BF16_MAX_ROWS if amx and numel >= AMX_MIN_NUMEL else GEMM_MAX_ROWS
 
 # %% ../../nbs/05a_model_kernels.ipynb #91428110
 class Linear(nn.Linear):
@@ -153,7 +154,7 @@ class Linear(nn.Linear):
         if self.packed is not None and (kind := rows_kind(self.packed)) is not None:
             self.gemm_packed = self.packed  # found once: `_gemm_rows` calls the kernel directly
             self.gemm_fn = build_block_kernel(kind, self.packed.dtype)
-        self.gemm_max_rows = c_max_rows(self.weight.dtype)
+        self.gemm_max_rows = c_max_rows(self.weight.dtype, self.weight.numel())
         return self.packed is not None
 
     def unpack(self):
