@@ -206,17 +206,17 @@ def sample(self: StepExtension, sampler, requests, logits, out, result):
 
 # %% ../../nbs/03_scheduler.ipynb #ext03code4
 @patch
-def update(self: StepExtension, scheduler: Scheduler, step) -> dict[str, dict]:
-    """Called by the engine core after the scheduler's update, with the scheduler and the step's
+def update(self: StepExtension, scheduler, step) -> dict[str, dict]:
+    """Called by the engine core after the scheduler's update, with the `Scheduler` and the step's
     records (lesson 09's `StepResults`); may end requests (`scheduler.finish_requests`). Returns
     more output fields per request id (`{}`: none)."""
     return {}
 
 
 @patch
-def after_step(self: StepExtension, scheduler: Scheduler, timer) -> None:
-    """Called by the engine core after the step's outputs are built, for work that prepares the
-    next step; may time itself with `timer.lap(phase)`. Returns nothing."""
+def after_step(self: StepExtension, scheduler, timer) -> None:
+    """Called by the engine core after the step's outputs are built, with the `Scheduler`, for work
+    that prepares the next step; may time itself with `timer.lap(phase)`. Returns nothing."""
 
 
 @patch
