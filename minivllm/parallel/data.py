@@ -219,8 +219,6 @@ class _DPCore:
     """Stands in for `EngineCore` in the front end: the queue lengths and KV numbers summed over
     the engines (what `LLMEngine.scheduler`, `kv_cache_manager` and the server's gauges read)."""
 
-    lora_manager = spec_decoder = None
-
     def __init__(self, front):
         self.front, self.scheduler, self.kv_cache_manager = front, self, self
         self.model_runner = self  # (its `_state` says whether any engine is left)
@@ -237,6 +235,10 @@ class _DPCore:
 
     def get_num_free_blocks(self):
         return self._sum("free_blocks")
+
+    def extension(self, name: str):
+        "None: the engines' step extensions live in their own processes (`EngineCore.extension`)."
+        return None
 
     @property
     def usage(self) -> float:
