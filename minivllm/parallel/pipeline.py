@@ -4,6 +4,7 @@
 
 # %% ../../nbs/07c_scaling_out.ipynb #eaa39981
 from __future__ import annotations
+import atexit
 import copy
 import dataclasses
 import datetime
@@ -375,6 +376,7 @@ class ExternalLauncherRunner(PPWorker):
             timeout = datetime.timedelta(seconds=float(env.get("MINIVLLM_TP_TIMEOUT", 300)))
             backend = "nccl" if device.type == "cuda" else "gloo"
             dist.init_process_group(backend, timeout=timeout)
+            atexit.register(self.shutdown)  # every rank leaves together (below)
         super().__init__(config, dist.get_rank(), n, device)
         self.model.logits_everywhere = True
 
@@ -383,10 +385,13 @@ class ExternalLauncherRunner(PPWorker):
         return config.parallel_config.distributed_executor_backend == "external_launcher"
 
     def shutdown(self):
-        "Leave the process group (if this runner made it)."
+        """Leave the process group (if this runner made it), after a barrier: a rank that exits while
+        another still sends to it would fail that one. Also run at interpreter exit."""
         if self._own_group and dist.is_initialized():
+            dist.barrier()
             dist.destroy_process_group()
             self._own_group = False
+            atexit.unregister(self.shutdown)
 
 
 MODEL_RUNNERS[ExternalLauncherRunner.__name__] = (50, ExternalLauncherRunner)  # over PP's (40)
