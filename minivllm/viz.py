@@ -26,7 +26,7 @@ __all__ = ['PALETTE', 'BASE_COLOR', 'BlockRecord', 'KVRecord', 'kv_record', 'Row
            'record_scheduler', 'EngineRecorder', 'record_engine', 'colors_for', 'record_ids', 'plot_block_grid',
            'plot_batch_composition', 'plot_spec_steps', 'step_table', 'plot_step', 'fig_png', 'pick_frames',
            'player_html', 'StepViewer', 'adapter_colors', 'plot_lora_picture', 'plot_merge_vs_batch',
-           'plot_gather_shrink_expand', 'plot_expert_routing', 'plot_window_blocks', 'plot_softcap']
+           'plot_gather_shrink_expand', 'plot_expert_routing', 'plot_expert_step', 'plot_window_blocks', 'plot_softcap']
 
 # %% ../nbs/90_viz.ipynb #ff2b1261
 @dataclass
@@ -962,6 +962,47 @@ def plot_expert_routing(weights, ids, num_experts: int, tokens=None):
     axes[1, 0].set_ylabel("tokens")
     fig.suptitle("tokens routed to experts (shade: the router's weight)", fontsize=10)
     fig.tight_layout()
+    return fig
+
+# %% ../nbs/90_viz.ipynb #0afc7252
+def plot_expert_step(
+    rec: StepRecord,
+    records: list[StepRecord],
+    fig,
+    routes: dict,
+    num_experts: int,
+    colors: dict | None = None,
+):
+    """One engine step of an MoE model (a `StepViewer` drawing): the batch's tokens per request
+    over the steps, then the experts this step's tokens went to in one layer, stacked by request.
+    `routes[step]` is `(owner, ids)`: that layer's `ids` `[T, k]` and the request of each row."""
+    import numpy as np
+
+    colors = colors if colors is not None else colors_for(record_ids(records))
+    gs = fig.add_gridspec(2, 1, height_ratios=[1, 1.3], hspace=0.55)
+    i = records.index(rec)
+    plot_batch_composition(
+        records, fig.add_subplot(gs[0]), colors, highlight=rec.step, window=(max(0, i - 23), i + 1)
+    )
+    ax, (owner, ids) = fig.add_subplot(gs[1]), routes[rec.step]
+    ids = np.asarray(ids)
+    bottom = np.zeros(num_experts)
+    for rid in dict.fromkeys(owner):  # each request's (token, expert) pairs, stacked
+        mine = ids[[k for k, o in enumerate(owner) if o == rid]].ravel()
+        n = np.bincount(mine, minlength=num_experts)
+        ax.bar(range(num_experts), n, bottom=bottom, color=colors[rid])
+        bottom += n
+    read = int((bottom > 0).sum())
+    ax.set_xticks(range(num_experts))
+    ax.set_xlabel("expert", fontsize=8)
+    ax.set_ylabel("tokens routed", fontsize=8)
+    ax.yaxis.get_major_locator().set_params(integer=True)
+    ax.tick_params(labelsize=7)
+    ax.set_title(
+        f"step {rec.step}: {len(owner)} tokens × top-{ids.shape[1]} → {read} of {num_experts} "
+        "experts' weights read",
+        fontsize=9,
+    )
     return fig
 
 # %% ../nbs/90_viz.ipynb #c1987674
