@@ -26,7 +26,8 @@ __all__ = ['PALETTE', 'BASE_COLOR', 'BlockRecord', 'KVRecord', 'kv_record', 'Row
            'record_scheduler', 'EngineRecorder', 'record_engine', 'colors_for', 'record_ids', 'plot_block_grid',
            'plot_batch_composition', 'plot_spec_steps', 'step_table', 'plot_step', 'fig_png', 'pick_frames',
            'player_html', 'StepViewer', 'adapter_colors', 'plot_lora_picture', 'plot_merge_vs_batch',
-           'plot_gather_shrink_expand', 'plot_expert_routing', 'plot_expert_step', 'plot_window_blocks', 'plot_softcap']
+           'plot_gather_shrink_expand', 'plot_expert_routing', 'plot_expert_step', 'plot_window_blocks',
+           'plot_layer_windows', 'plot_softcap']
 
 # %% ../nbs/90_viz.ipynb #ff2b1261
 @dataclass
@@ -1034,6 +1035,51 @@ def plot_window_blocks(tables: list[list], positions: list[int], block_size: int
     ax.set_title(f"a window of {window} tokens sliding over the block table", fontsize=9)
     for s in ("top", "right", "left"):
         ax.spines[s].set_visible(False)
+    return fig
+
+# %% ../nbs/90_viz.ipynb #615b80a1
+def plot_layer_windows(
+    rec: StepRecord, records: list[StepRecord], fig, windows: list, colors: dict | None = None
+):
+    """One engine step of a model with local and global layers (a `StepViewer` drawing): the
+    batch's tokens per request over the steps, then for each request of the step the keys its last
+    query reads in each layer (`windows[l]`: a window, or None for a global layer)."""
+    import numpy as np
+
+    colors = colors if colors is not None else colors_for(record_ids(records))
+    i = records.index(rec)
+    ctx = {}  # request -> its tokens once this step is computed
+    for r in records[: i + 1]:
+        for row in r.rows:
+            ctx[row.req_id] = ctx.get(row.req_id, 0) + row.num_tokens
+    n = max(1, len(rec.rows))
+    heights = [2.2] + [0.25 + 0.22 * len(windows)] * n
+    gs = fig.add_gridspec(1 + n, 1, height_ratios=heights, hspace=0.8)
+    plot_batch_composition(
+        records, fig.add_subplot(gs[0]), colors, highlight=rec.step, window=(max(0, i - 23), i + 1)
+    )
+    span = max(ctx[row.req_id] for row in rec.rows) if rec.rows else 1
+    for k, row in enumerate(rec.rows):
+        ax, m = fig.add_subplot(gs[1 + k]), ctx[row.req_id]
+        grid = np.zeros((len(windows), span))
+        for l, w in enumerate(windows):
+            grid[l, (0 if w is None else max(0, m - w)) : m] = 1
+        rgba = np.ones((*grid.shape, 4))
+        rgba[grid == 1] = colors[row.req_id]
+        rgba[(grid == 0) & (np.arange(span) < m)] = (0.88, 0.88, 0.88, 1)  # held, not read
+        ax.imshow(rgba, aspect="auto", interpolation="nearest")
+        names = [
+            f"layer {l} ({'global' if w is None else f'window {w}'})" for l, w in enumerate(windows)
+        ]
+        ax.set_yticks(range(len(windows)), names, fontsize=7)
+        ax.set_xticks([])
+        ax.set_title(
+            f"{row.req_id}: the keys its last query reads, positions 0–{m - 1} "
+            "(grey: cached, unread)",
+            fontsize=8,
+            loc="left",
+        )
+    fig.axes[-1].set_xlabel("position", fontsize=8)
     return fig
 
 # %% ../nbs/90_viz.ipynb #4a06139f
