@@ -1038,14 +1038,28 @@ def plot_window_blocks(tables: list[list], positions: list[int], block_size: int
     return fig
 
 # %% ../nbs/90_viz.ipynb #615b80a1
+def _draw_layer_reads(ax, m: int, span: int, windows: list, color):
+    "One request's row per layer: the keys its last query (position `m - 1`) reads, of `span`."
+    import numpy as np
+
+    rgba = np.ones((len(windows), span, 4))
+    rgba[:, :m] = (0.88, 0.88, 0.88, 1)  # held, not read
+    for l, w in enumerate(windows):
+        rgba[l, (0 if w is None else max(0, m - w)) : m] = color
+    ax.imshow(rgba, aspect="auto", interpolation="nearest")
+    names = [
+        f"layer {l} ({'global' if w is None else f'window {w}'})" for l, w in enumerate(windows)
+    ]
+    ax.set_yticks(range(len(windows)), names, fontsize=7)
+    ax.set_xticks([])
+
+# %% ../nbs/90_viz.ipynb #f67f58c4
 def plot_layer_windows(
     rec: StepRecord, records: list[StepRecord], fig, windows: list, colors: dict | None = None
 ):
     """One engine step of a model with local and global layers (a `StepViewer` drawing): the
     batch's tokens per request over the steps, then for each request of the step the keys its last
     query reads in each layer (`windows[l]`: a window, or None for a global layer)."""
-    import numpy as np
-
     colors = colors if colors is not None else colors_for(record_ids(records))
     i = records.index(rec)
     ctx = {}  # request -> its tokens once this step is computed
@@ -1061,18 +1075,7 @@ def plot_layer_windows(
     span = max(ctx[row.req_id] for row in rec.rows) if rec.rows else 1
     for k, row in enumerate(rec.rows):
         ax, m = fig.add_subplot(gs[1 + k]), ctx[row.req_id]
-        grid = np.zeros((len(windows), span))
-        for l, w in enumerate(windows):
-            grid[l, (0 if w is None else max(0, m - w)) : m] = 1
-        rgba = np.ones((*grid.shape, 4))
-        rgba[grid == 1] = colors[row.req_id]
-        rgba[(grid == 0) & (np.arange(span) < m)] = (0.88, 0.88, 0.88, 1)  # held, not read
-        ax.imshow(rgba, aspect="auto", interpolation="nearest")
-        names = [
-            f"layer {l} ({'global' if w is None else f'window {w}'})" for l, w in enumerate(windows)
-        ]
-        ax.set_yticks(range(len(windows)), names, fontsize=7)
-        ax.set_xticks([])
+        _draw_layer_reads(ax, m, span, windows, colors[row.req_id])
         ax.set_title(
             f"{row.req_id}: the keys its last query reads, positions 0–{m - 1} "
             "(grey: cached, unread)",
