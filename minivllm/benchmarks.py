@@ -19,11 +19,11 @@ from pathlib import Path
 import torch
 
 # %% auto #0
-__all__ = ['VLLM_DATASET_NAMES', 'SYSTEMS', 'LOGIT_PROMPTS', 'PHASES', 'OVERHEAD_PHASES', 'SO_SCHEMA', 'SPEC_PROMPTS',
-           'machine_info', 'Workload', 'make_workload', 'SampleRequest', 'random_prompt', 'sample_random',
-           'sample_sharegpt', 'add_dataset_parser', 'get_samples', 'BenchResult', 'run_minivllm', 'load_hf',
-           'run_hf_generate', 'hf_cb_config', 'run_hf_continuous', 'bench_throughput', 'summarize', 'print_summary',
-           'LatencyResult', 'latency_minivllm', 'latency_hf_generate', 'latency_hf_continuous', 'bench_latency',
+__all__ = ['SYSTEMS', 'VLLM_DATASET_NAMES', 'LOGIT_PROMPTS', 'PHASES', 'OVERHEAD_PHASES', 'SO_SCHEMA', 'SPEC_PROMPTS',
+           'machine_info', 'Workload', 'make_workload', 'BenchResult', 'run_minivllm', 'load_hf', 'run_hf_generate',
+           'hf_cb_config', 'run_hf_continuous', 'bench_throughput', 'summarize', 'print_summary', 'LatencyResult',
+           'latency_minivllm', 'latency_hf_generate', 'latency_hf_continuous', 'bench_latency', 'SampleRequest',
+           'random_prompt', 'sample_random', 'sample_sharegpt', 'add_dataset_parser', 'get_samples',
            'ServeRequestResult', 'poisson_arrivals', 'bench_serve', 'summarize_serve', 'print_serve_summary',
            'run_coroutine', 'bench_serve_servers', 'compare_servers', 'print_server_comparison', 'gguf_file_type',
            'llama_server_args', 'LlamaServer', 'run_llamacpp', 'latency_llamacpp', 'compare_top_logprobs',
@@ -117,170 +117,6 @@ def make_workload(
         prompts.append([rng.randrange(low_id, vocab_size) for _ in range(pick(prompt_len))])
         outs.append(pick(output_len))
     return Workload(prompts, outs)
-
-# %% ../nbs/16_benchmarks.ipynb #dscode1
-@dataclass
-class SampleRequest:
-    "One request of a benchmark dataset (vLLM's `SampleRequest`): a prompt text and its lengths."
-
-    prompt: str
-    prompt_len: int
-    expected_output_len: int = 0
-    multi_modal_data: dict | None = None
-    lora_request: object = None
-    request_id: str | None = None
-
-
-def random_prompt(tokenizer, length: int, rng: random.Random, max_retry: int = 10):
-    "A text that encodes to `length` tokens (random non-special ids), and those ids."
-    special = set(tokenizer.all_special_ids)
-    pick = lambda n: [
-        i
-        for i in (rng.randrange(tokenizer.vocab_size) for _ in range(4 * n + 8))
-        if i not in special
-    ][:n]
-    ids = pick(length)
-    for _ in range(max_retry):
-        text = tokenizer.decode(ids)
-        ids = tokenizer.encode(text, add_special_tokens=False)
-        if len(ids) == length:
-            break
-        ids = ids[:length] + pick(length - len(ids))
-    return text, ids
-
-# %% ../nbs/16_benchmarks.ipynb #dscode2
-def sample_random(
-    tokenizer,
-    num_requests: int,
-    input_len: int = 1024,
-    output_len: int = 128,
-    range_ratio: float = 0.0,
-    prefix_len: int = 0,
-    seed: int = 0,
-    request_id_prefix: str = "",
-) -> list[SampleRequest]:
-    "vLLM's `random` dataset: random-token prompts of lengths uniform in `[L(1-r), L(1+r)]`."
-    if not 0 <= range_ratio < 1:
-        raise ValueError(f"random_range_ratio must be in [0, 1), got {range_ratio!r}")
-    rng = random.Random(seed)
-    span = lambda n: (math.floor(n * (1 - range_ratio)), math.ceil(n * (1 + range_ratio)))
-    _, prefix = random_prompt(tokenizer, prefix_len, rng) if prefix_len else ("", [])
-    out = []
-    for i in range(num_requests):
-        _, ids = random_prompt(tokenizer, rng.randint(*span(input_len)), rng)
-        text = tokenizer.decode(prefix + ids)
-        n = len(tokenizer.encode(text, add_special_tokens=False))
-        out.append(
-            SampleRequest(
-                text,
-                n,
-                max(1, rng.randint(*span(output_len))),
-                request_id=f"{request_id_prefix}{i}",
-            )
-        )
-    return out
-
-# %% ../nbs/16_benchmarks.ipynb #dscode3
-def sample_sharegpt(
-    path,
-    tokenizer,
-    num_requests: int,
-    output_len: int | None = None,
-    seed: int = 0,
-    shuffle: bool = True,
-    oversample: bool = True,
-    request_id_prefix: str = "",
-) -> list[SampleRequest]:
-    "vLLM's `sharegpt` dataset from a local JSON file: first turn the prompt, second the reply."
-    convs = [d["conversations"] for d in json.loads(Path(path).read_text())]
-    pairs = [(c[0]["value"], c[1]["value"]) for c in convs if len(c) >= 2]
-    if shuffle:
-        random.Random(seed).shuffle(pairs)
-    out = []
-    for prompt, reply in pairs:
-        n_in = len(tokenizer.encode(prompt))
-        n_out = output_len or len(tokenizer.encode(reply))
-        if n_in < 4 or n_out < 4 or n_in > 1024 or n_in + n_out > 2048:
-            continue  # vLLM's filter (an explicit output_len only needs to be positive)
-        out.append(SampleRequest(prompt, n_in, n_out, request_id=f"{request_id_prefix}{len(out)}"))
-        if len(out) == num_requests:
-            return out
-    if not out:
-        raise ValueError(f"{path}: no conversation of the right lengths in this ShareGPT file")
-    if oversample:  # repeat samples to reach num_requests
-        extra = random.Random(seed).choices(out, k=num_requests - len(out))
-        out += [
-            dataclasses.replace(s, request_id=f"{request_id_prefix}{len(out) + i}")
-            for i, s in enumerate(extra)
-        ]
-    return out
-
-# %% ../nbs/16_benchmarks.ipynb #dscode4
-VLLM_DATASET_NAMES = (
-    "sharegpt",
-    "burstgpt",
-    "random",
-    "random-mm",
-    "random-rerank",
-    "hf",
-    "custom",
-    "custom_audio",
-    "custom_image",
-    "prefix_repetition",
-    "spec_bench",
-    "speed_bench",
-    "timed_trace",
-)  # vLLM 0.33's --dataset-name choices
-
-
-def add_dataset_parser(parser):
-    "vLLM's dataset flags (those of the `random` and `sharegpt` datasets) on `parser`."
-    a = parser.add_argument
-    a("--seed", type=int, default=0)
-    a("--num-prompts", type=int, default=1000, help="Number of prompts to process.")
-    a("--dataset-name", type=str, default="random", choices=VLLM_DATASET_NAMES)
-    a("--dataset-path", type=str, default=None, help="Path to the ShareGPT JSON file.")
-    a("--no-oversample", action="store_true", help="Do not repeat samples to reach --num-prompts.")
-    a("--disable-shuffle", action="store_true", help="Keep the file's order.")
-    a("--random-input-len", type=int, default=1024)
-    a("--random-output-len", type=int, default=128)
-    a("--random-range-ratio", type=float, default=0.0)
-    a("--random-prefix-len", type=int, default=0)
-    a("--sharegpt-output-len", type=int, default=None)
-    return parser
-
-# %% ../nbs/16_benchmarks.ipynb #dscode5
-def get_samples(args, tokenizer) -> list[SampleRequest]:
-    "The `SampleRequest`s of `args.dataset_name` (vLLM's `get_samples`)."
-    name, prefix = args.dataset_name, getattr(args, "request_id_prefix", "")
-    if name == "random":
-        return sample_random(
-            tokenizer,
-            args.num_prompts,
-            args.random_input_len,
-            args.random_output_len,
-            args.random_range_ratio,
-            args.random_prefix_len,
-            args.seed,
-            prefix,
-        )
-    if name == "sharegpt":
-        if not args.dataset_path:
-            raise ValueError("--dataset-name sharegpt needs --dataset-path (a local JSON file)")
-        return sample_sharegpt(
-            args.dataset_path,
-            tokenizer,
-            args.num_prompts,
-            args.sharegpt_output_len,
-            args.seed,
-            not args.disable_shuffle,
-            not args.no_oversample,
-            prefix,
-        )
-    raise NotImplementedError(
-        f"dataset_name={name!r} is not implemented: minivllm samples the "
-        "'random' and 'sharegpt' (a local JSON file) datasets"
-    )
 
 # %% ../nbs/16_benchmarks.ipynb #ffc16989
 @dataclass
@@ -739,6 +575,170 @@ def bench_latency(
                         f"ms   TPOT {res.median_tpot * 1e3:7.1f} ms"
                     )
     return out
+
+# %% ../nbs/16_benchmarks.ipynb #dscode1
+@dataclass
+class SampleRequest:
+    "One request of a benchmark dataset (vLLM's `SampleRequest`): a prompt text and its lengths."
+
+    prompt: str
+    prompt_len: int
+    expected_output_len: int = 0
+    multi_modal_data: dict | None = None
+    lora_request: object = None
+    request_id: str | None = None
+
+
+def random_prompt(tokenizer, length: int, rng: random.Random, max_retry: int = 10):
+    "A text that encodes to `length` tokens (random non-special ids), and those ids."
+    special = set(tokenizer.all_special_ids)
+    pick = lambda n: [
+        i
+        for i in (rng.randrange(tokenizer.vocab_size) for _ in range(4 * n + 8))
+        if i not in special
+    ][:n]
+    ids = pick(length)
+    for _ in range(max_retry):
+        text = tokenizer.decode(ids)
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        if len(ids) == length:
+            break
+        ids = ids[:length] + pick(length - len(ids))
+    return text, ids
+
+# %% ../nbs/16_benchmarks.ipynb #dscode2
+def sample_random(
+    tokenizer,
+    num_requests: int,
+    input_len: int = 1024,
+    output_len: int = 128,
+    range_ratio: float = 0.0,
+    prefix_len: int = 0,
+    seed: int = 0,
+    request_id_prefix: str = "",
+) -> list[SampleRequest]:
+    "vLLM's `random` dataset: random-token prompts of lengths uniform in `[L(1-r), L(1+r)]`."
+    if not 0 <= range_ratio < 1:
+        raise ValueError(f"random_range_ratio must be in [0, 1), got {range_ratio!r}")
+    rng = random.Random(seed)
+    span = lambda n: (math.floor(n * (1 - range_ratio)), math.ceil(n * (1 + range_ratio)))
+    _, prefix = random_prompt(tokenizer, prefix_len, rng) if prefix_len else ("", [])
+    out = []
+    for i in range(num_requests):
+        _, ids = random_prompt(tokenizer, rng.randint(*span(input_len)), rng)
+        text = tokenizer.decode(prefix + ids)
+        n = len(tokenizer.encode(text, add_special_tokens=False))
+        out.append(
+            SampleRequest(
+                text,
+                n,
+                max(1, rng.randint(*span(output_len))),
+                request_id=f"{request_id_prefix}{i}",
+            )
+        )
+    return out
+
+# %% ../nbs/16_benchmarks.ipynb #dscode3
+def sample_sharegpt(
+    path,
+    tokenizer,
+    num_requests: int,
+    output_len: int | None = None,
+    seed: int = 0,
+    shuffle: bool = True,
+    oversample: bool = True,
+    request_id_prefix: str = "",
+) -> list[SampleRequest]:
+    "vLLM's `sharegpt` dataset from a local JSON file: first turn the prompt, second the reply."
+    convs = [d["conversations"] for d in json.loads(Path(path).read_text())]
+    pairs = [(c[0]["value"], c[1]["value"]) for c in convs if len(c) >= 2]
+    if shuffle:
+        random.Random(seed).shuffle(pairs)
+    out = []
+    for prompt, reply in pairs:
+        n_in = len(tokenizer.encode(prompt))
+        n_out = output_len or len(tokenizer.encode(reply))
+        if n_in < 4 or n_out < 4 or n_in > 1024 or n_in + n_out > 2048:
+            continue  # vLLM's filter (an explicit output_len only needs to be positive)
+        out.append(SampleRequest(prompt, n_in, n_out, request_id=f"{request_id_prefix}{len(out)}"))
+        if len(out) == num_requests:
+            return out
+    if not out:
+        raise ValueError(f"{path}: no conversation of the right lengths in this ShareGPT file")
+    if oversample:  # repeat samples to reach num_requests
+        extra = random.Random(seed).choices(out, k=num_requests - len(out))
+        out += [
+            dataclasses.replace(s, request_id=f"{request_id_prefix}{len(out) + i}")
+            for i, s in enumerate(extra)
+        ]
+    return out
+
+# %% ../nbs/16_benchmarks.ipynb #dscode4
+VLLM_DATASET_NAMES = (
+    "sharegpt",
+    "burstgpt",
+    "random",
+    "random-mm",
+    "random-rerank",
+    "hf",
+    "custom",
+    "custom_audio",
+    "custom_image",
+    "prefix_repetition",
+    "spec_bench",
+    "speed_bench",
+    "timed_trace",
+)  # vLLM 0.33's --dataset-name choices
+
+
+def add_dataset_parser(parser):
+    "vLLM's dataset flags (those of the `random` and `sharegpt` datasets) on `parser`."
+    a = parser.add_argument
+    a("--seed", type=int, default=0)
+    a("--num-prompts", type=int, default=1000, help="Number of prompts to process.")
+    a("--dataset-name", type=str, default="random", choices=VLLM_DATASET_NAMES)
+    a("--dataset-path", type=str, default=None, help="Path to the ShareGPT JSON file.")
+    a("--no-oversample", action="store_true", help="Do not repeat samples to reach --num-prompts.")
+    a("--disable-shuffle", action="store_true", help="Keep the file's order.")
+    a("--random-input-len", type=int, default=1024)
+    a("--random-output-len", type=int, default=128)
+    a("--random-range-ratio", type=float, default=0.0)
+    a("--random-prefix-len", type=int, default=0)
+    a("--sharegpt-output-len", type=int, default=None)
+    return parser
+
+# %% ../nbs/16_benchmarks.ipynb #dscode5
+def get_samples(args, tokenizer) -> list[SampleRequest]:
+    "The `SampleRequest`s of `args.dataset_name` (vLLM's `get_samples`)."
+    name, prefix = args.dataset_name, getattr(args, "request_id_prefix", "")
+    if name == "random":
+        return sample_random(
+            tokenizer,
+            args.num_prompts,
+            args.random_input_len,
+            args.random_output_len,
+            args.random_range_ratio,
+            args.random_prefix_len,
+            args.seed,
+            prefix,
+        )
+    if name == "sharegpt":
+        if not args.dataset_path:
+            raise ValueError("--dataset-name sharegpt needs --dataset-path (a local JSON file)")
+        return sample_sharegpt(
+            args.dataset_path,
+            tokenizer,
+            args.num_prompts,
+            args.sharegpt_output_len,
+            args.seed,
+            not args.disable_shuffle,
+            not args.no_oversample,
+            prefix,
+        )
+    raise NotImplementedError(
+        f"dataset_name={name!r} is not implemented: minivllm samples the "
+        "'random' and 'sharegpt' (a local JSON file) datasets"
+    )
 
 # %% ../nbs/16_benchmarks.ipynb #05b81850
 @dataclass

@@ -674,4 +674,95 @@ def my_unfuse_qkv(w, num_heads, num_kv_heads, head_dim):
     return w[kv : kv + q], w[:kv], w[q + kv :]
 '''),
     ],
+    ("16_benchmarks", "my_round_ratios"): [
+        ("the ratio of the medians, not the median of the ratios", '''
+def my_round_ratios(runs, base="minivllm"):
+    values = {}
+    for system, r, value in runs:
+        values.setdefault(system, []).append(value)
+    b = statistics.median(values[base])
+    return {s: b / statistics.median(xs) for s, xs in values.items() if s != base}
+'''),
+        ("every pair of runs, not runs of the same round", '''
+def my_round_ratios(runs, base="minivllm"):
+    ratios = {}
+    for s, _, v in runs:
+        if s != base:
+            ratios.setdefault(s, []).extend(bv / v for bs, _, bv in runs if bs == base)
+    return {s: statistics.median(xs) for s, xs in ratios.items()}
+'''),
+        ("the mean of the round ratios", '''
+def my_round_ratios(runs, base="minivllm"):
+    by_round = {}
+    for system, r, value in runs:
+        by_round.setdefault(r, {})[system] = value
+    ratios = {}
+    for values in by_round.values():
+        if base in values:
+            for system, value in values.items():
+                if system != base:
+                    ratios.setdefault(system, []).append(values[base] / value)
+    return {system: statistics.mean(xs) for system, xs in ratios.items()}
+'''),
+        ("the other system over the base", '''
+def my_round_ratios(runs, base="minivllm"):
+    by_round = {}
+    for system, r, value in runs:
+        by_round.setdefault(r, {})[system] = value
+    ratios = {}
+    for values in by_round.values():
+        if base in values:
+            for system, value in values.items():
+                if system != base:
+                    ratios.setdefault(system, []).append(value / values[base])
+    return {system: statistics.median(xs) for system, xs in ratios.items()}
+'''),
+        ("the base is always minivllm", '''
+def my_round_ratios(runs, base="minivllm"):
+    by_round = {}
+    for system, r, value in runs:
+        by_round.setdefault(r, {})[system] = value
+    ratios = {}
+    for values in by_round.values():
+        if "minivllm" in values:
+            for system, value in values.items():
+                if system != "minivllm":
+                    ratios.setdefault(system, []).append(values["minivllm"] / value)
+    return {system: statistics.median(xs) for system, xs in ratios.items()}
+'''),
+    ],
+    ("00b_config", "my_token_budget"): [
+        ("without chunked prefill, max_model_len even when it is under 2048", '''
+def my_token_budget(max_num_batched_tokens, enable_chunked_prefill, max_model_len):
+    budget = max_num_batched_tokens or (2048 if enable_chunked_prefill else max_model_len)
+    if not enable_chunked_prefill and budget < max_model_len:
+        raise ValueError("max_num_batched_tokens must be at least max_model_len")
+    return budget
+'''),
+        ("2048 by default, chunked prefill or not", '''
+def my_token_budget(max_num_batched_tokens, enable_chunked_prefill, max_model_len):
+    budget = max_num_batched_tokens or 2048
+    if not enable_chunked_prefill and budget < max_model_len:
+        raise ValueError("max_num_batched_tokens must be at least max_model_len")
+    return budget
+'''),
+        ("a budget too small for a prompt is not refused", '''
+def my_token_budget(max_num_batched_tokens, enable_chunked_prefill, max_model_len):
+    return max_num_batched_tokens or (2048 if enable_chunked_prefill else max(max_model_len, 2048))
+'''),
+        ("refused below max_model_len with chunked prefill too", '''
+def my_token_budget(max_num_batched_tokens, enable_chunked_prefill, max_model_len):
+    budget = max_num_batched_tokens or (2048 if enable_chunked_prefill else max(max_model_len, 2048))
+    if budget < max_model_len:
+        raise ValueError("max_num_batched_tokens must be at least max_model_len")
+    return budget
+'''),
+        ("a budget equal to max_model_len refused", '''
+def my_token_budget(max_num_batched_tokens, enable_chunked_prefill, max_model_len):
+    budget = max_num_batched_tokens or (2048 if enable_chunked_prefill else max(max_model_len, 2048))
+    if not enable_chunked_prefill and budget <= max_model_len:
+        raise ValueError("max_num_batched_tokens must be at least max_model_len")
+    return budget
+'''),
+    ],
 }
