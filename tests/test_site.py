@@ -14,8 +14,11 @@ from urllib.parse import urlparse, unquote
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-# a private build per test process: nothing else in the test run rebuilds or deletes it
-SITE = ROOT / ".pytest_cache" / f"site-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"
+# .ci/run builds this checkout's site with .ci/docs just before the tests and names it here: the tests read that
+# one; otherwise a private build per test process (nothing else in the test run rebuilds or deletes either)
+PREBUILT = Path(os.environ.get("MINIVLLM_SITE_PREBUILT") or "/nonexistent")
+SITE = PREBUILT if (PREBUILT / "index.html").exists() else \
+    ROOT / ".pytest_cache" / f"site-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = [pytest.mark.xdist_group("browser"),
               pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (apt-get install chromium; .ci/run installs it)")]
@@ -29,12 +32,14 @@ def free_port() -> int:
 
 @pytest.fixture(scope="session")
 def site():
-    "Build the site (once per test process), serve it on a loopback port; yields the base URL."
-    for attempt in range(2):    # .ci/docs takes a lock; a second try covers a build that something else disturbed
-        r = subprocess.run(["bash", ".ci/docs"], cwd=ROOT, capture_output=True, text=True, timeout=600,
-                           env=dict(os.environ, MINIVLLM_SITE_DIR=str(SITE)))
-        if r.returncode == 0: break
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    """Build the site (once per test process; not when .ci/run has just built it, PREBUILT), serve it on a
+    loopback port; yields the base URL."""
+    if SITE != PREBUILT:
+        for attempt in range(2):    # .ci/docs takes a lock; a second try covers a build that something else disturbed
+            r = subprocess.run(["bash", ".ci/docs"], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                               env=dict(os.environ, MINIVLLM_SITE_DIR=str(SITE)))
+            if r.returncode == 0: break
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     class Quiet(http.server.SimpleHTTPRequestHandler):
         def log_message(self, *a): pass
     handler = functools.partial(Quiet, directory=str(SITE))
