@@ -765,4 +765,73 @@ def my_token_budget(max_num_batched_tokens, enable_chunked_prefill, max_model_le
     return budget
 '''),
     ],
+    ("04c_attention_kernels", "my_merge"): [
+        ("the parts added without rescaling to the common maximum", '''
+def my_merge(m1, l1, acc1, m2, l2, acc2):
+    return torch.maximum(m1, m2), l1 + l2, acc1 + acc2
+'''),
+        ("the sums rescaled, the accumulators not", '''
+def my_merge(m1, l1, acc1, m2, l2, acc2):
+    m = torch.maximum(m1, m2)
+    w1, w2 = torch.exp(m1 - m), torch.exp(m2 - m)
+    return m, l1 * w1 + l2 * w2, acc1 + acc2
+'''),
+        ("the weights inverted: exp(m - m_i)", '''
+def my_merge(m1, l1, acc1, m2, l2, acc2):
+    m = torch.maximum(m1, m2)
+    w1, w2 = torch.exp(m - m1), torch.exp(m - m2)
+    return m, l1 * w1 + l2 * w2, acc1 * w1 + acc2 * w2
+'''),
+        ("only the part with the larger maximum kept", '''
+def my_merge(m1, l1, acc1, m2, l2, acc2):
+    return (m1, l1, acc1) if m1 >= m2 else (m2, l2, acc2)
+'''),
+        ("the two normalised outputs averaged", '''
+def my_merge(m1, l1, acc1, m2, l2, acc2):
+    return torch.maximum(m1, m2), torch.tensor(2.0), acc1 / l1 + acc2 / l2
+'''),
+    ],
+    ("95_vllm_compat", "my_accepted"): [
+        ("`in`: 0 taken for False and True for 1", '''
+def my_accepted(name, value, table):
+    if name not in table:
+        raise TypeError(f"{name!r} is not one of vLLM's engine arguments.")
+    ok = table[name]
+    return ok in ("any value", "any bool") or value in ok
+'''),
+        ("an unknown name refused, not a TypeError", '''
+def my_accepted(name, value, table):
+    ok = table.get(name, ())
+    if ok in ("any value", "any bool"):
+        return True
+    return any(value == o and isinstance(value, bool) == isinstance(o, bool) for o in ok)
+'''),
+        ('"any bool" read as a tuple of accepted values', '''
+def my_accepted(name, value, table):
+    if name not in table:
+        raise TypeError(f"{name!r} is not one of vLLM's engine arguments.")
+    ok = table[name]
+    if ok == "any value":
+        return True
+    return any(value == o and isinstance(value, bool) == isinstance(o, bool) for o in ok)
+'''),
+        ("only the type compared, not the value", '''
+def my_accepted(name, value, table):
+    if name not in table:
+        raise TypeError(f"{name!r} is not one of vLLM's engine arguments.")
+    ok = table[name]
+    if ok in ("any value", "any bool"):
+        return True
+    return any(type(value) is type(o) for o in ok)
+'''),
+        ("the first accepted value only", '''
+def my_accepted(name, value, table):
+    if name not in table:
+        raise TypeError(f"{name!r} is not one of vLLM's engine arguments.")
+    ok = table[name]
+    if ok in ("any value", "any bool"):
+        return True
+    return value == ok[0] and isinstance(value, bool) == isinstance(ok[0], bool)
+'''),
+    ],
 }
