@@ -834,4 +834,110 @@ def my_accepted(name, value, table):
     return value == ok[0] and isinstance(value, bool) == isinstance(ok[0], bool)
 '''),
     ],
+    ("13b_llm_more", "my_next_logprobs"): [
+        ("the whole list of logprob dicts, not the first token's dict", '''
+def my_next_logprobs(llm, seqs, k, temperature):
+    sp = SamplingParams(logprobs=k, max_tokens=1, temperature=temperature)
+    outs = llm.generate([TokensPrompt(prompt_token_ids=s) for s in seqs], sp, use_tqdm=False)
+    return [o.outputs[0].logprobs for o in outs]
+'''),
+        ("the logprobs as floats, not Logprob records", '''
+def my_next_logprobs(llm, seqs, k, temperature):
+    sp = SamplingParams(logprobs=k, max_tokens=1, temperature=temperature)
+    outs = llm.generate([TokensPrompt(prompt_token_ids=s) for s in seqs], sp, use_tqdm=False)
+    return [{t: lp.logprob for t, lp in o.outputs[0].logprobs[0].items()} for o in outs]
+'''),
+        ("one logprob asked for, whatever k", '''
+def my_next_logprobs(llm, seqs, k, temperature):
+    sp = SamplingParams(logprobs=1, max_tokens=1, temperature=temperature)
+    outs = llm.generate([TokensPrompt(prompt_token_ids=s) for s in seqs], sp, use_tqdm=False)
+    return [o.outputs[0].logprobs[0] for o in outs]
+'''),
+        ("the prompt's last token's logprobs (prompt_logprobs), not the next token's", '''
+def my_next_logprobs(llm, seqs, k, temperature):
+    sp = SamplingParams(prompt_logprobs=k, max_tokens=1, temperature=temperature)
+    outs = llm.generate([TokensPrompt(prompt_token_ids=s) for s in seqs], sp, use_tqdm=False)
+    return [o.prompt_logprobs[-1] for o in outs]
+'''),
+    ],
+    ("14_async_engine", "my_run_ops"): [
+        ("an exception raised, not handed to its done: the loop stops", '''
+def my_run_ops(ops):
+    while ops:
+        fn, done = ops.popleft()
+        res = fn()
+        if done is not None:
+            done(True, res)
+'''),
+        ("the newest operation first (pop, not popleft)", '''
+def my_run_ops(ops):
+    while ops:
+        fn, done = ops.pop()
+        try:
+            res, ok = fn(), True
+        except Exception as e:
+            res, ok = e, False
+        if done is not None:
+            done(ok, res)
+'''),
+        ("the queue as it was: an operation queued meanwhile is dropped", '''
+def my_run_ops(ops):
+    for fn, done in list(ops):
+        try:
+            res, ok = fn(), True
+        except Exception as e:
+            res, ok = e, False
+        if done is not None:
+            done(ok, res)
+    ops.clear()
+'''),
+        ("done told only of results, not of exceptions", '''
+def my_run_ops(ops):
+    while ops:
+        fn, done = ops.popleft()
+        try:
+            res = fn()
+        except Exception:
+            continue
+        if done is not None:
+            done(True, res)
+'''),
+        ("done called even when there is none", '''
+def my_run_ops(ops):
+    while ops:
+        fn, done = ops.popleft()
+        try:
+            res, ok = fn(), True
+        except Exception as e:
+            res, ok = e, False
+        done(ok, res)
+'''),
+    ],
+    ("07_tensor_parallel", "my_head_split"): [
+        ("the query heads split evenly, not whole KV groups", '''
+def my_head_split(num_heads, num_kv_heads, world_size):
+    q = [num_heads // world_size + (r < num_heads % world_size) for r in range(world_size)]
+    kv = [num_kv_heads // world_size + (r < num_kv_heads % world_size) for r in range(world_size)]
+    return q, kv
+'''),
+        ("the extra KV group on the last ranks", '''
+def my_head_split(num_heads, num_kv_heads, world_size):
+    group = num_heads // num_kv_heads
+    extra = num_kv_heads % world_size
+    kv = [num_kv_heads // world_size + (r >= world_size - extra) for r in range(world_size)]
+    return [k * group for k in kv], kv
+'''),
+        ("the remainder all on the last rank", '''
+def my_head_split(num_heads, num_kv_heads, world_size):
+    group = num_heads // num_kv_heads
+    kv = [num_kv_heads // world_size] * world_size
+    kv[-1] += num_kv_heads % world_size
+    return [k * group for k in kv], kv
+'''),
+        ("a KV head counted as one query head", '''
+def my_head_split(num_heads, num_kv_heads, world_size):
+    kv = [num_kv_heads // world_size + (r < num_kv_heads % world_size) for r in range(world_size)]
+    return [k + num_heads // world_size - num_kv_heads // world_size for k in kv], kv
+'''),
+    ],
 }
