@@ -2,7 +2,8 @@
 chat template is refused unless the operator trusts them, and trusted ones that would run for minutes are stopped at
 the preparation budget (`--prep-timeout`), free their threads and stall neither `/health` nor other chats; a 50 MB body is refused at once without growing the server's memory; a non-streamed request whose client
 leaves is aborted and its blocks freed; a tensor-parallel worker killed mid-stream ends the stream with an error
-event, turns `/health` to 503 and makes the server exit non-zero. Offline, `LLM` recovers from a step that raised
+event, turns `/health` to 503 and makes the server exit non-zero; a big embedding request is prefilled in token-budget
+chunks, so a stream beside it waits a step at a time. Offline, `LLM` recovers from a step that raised
 (every block back, the next call works) and a dead engine raises `EngineDeadError` at once, leaking nothing."""
 import asyncio, json, os, re, signal, socket, subprocess, tempfile, threading, time
 import httpx, psutil, pytest
@@ -250,3 +251,55 @@ def test_grammar_compile_does_not_stall_other_streams(server):
     assert took > 0.5, f"the grammar compiled in {took:.2f} s: too fast to show a stall"
     assert all(len(g) > 10 for g in gaps)
     assert max(max(g) for g in gaps) < 1.0, [round(max(g), 2) for g in gaps]
+
+
+def _gaps_during(base: str, action) -> list:
+    """Stream a long completion; once it flows, run `action()`. The seconds between the chunks that arrived while it
+    ran (counted from its start and to its end)."""
+    stamps, started, done = [], threading.Event(), threading.Event()
+    def stream():
+        body = {"prompt": "Count slowly:", "max_tokens": 1000, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", base + "/v1/completions", json=body, timeout=120) as r:
+            for line in r.iter_lines():
+                if done.is_set(): break
+                if line.startswith("data: {"): stamps.append(time.perf_counter()); started.set()
+    th = threading.Thread(target=stream); th.start()
+    try:
+        assert started.wait(60)
+        time.sleep(0.2)
+        t0 = time.perf_counter(); action(); t1 = time.perf_counter()
+        while stamps[-1] < t1:          # the stream still runs after the action (it did not end meanwhile)
+            assert th.is_alive() and time.perf_counter() - t1 < 30, "the stream ended before the action did"
+            time.sleep(0.01)
+    finally:
+        done.set(); th.join()
+    points = [t0] + [t for t in stamps if t0 < t < t1] + [t1]
+    return [b - a for a, b in zip(points, points[1:])]
+
+
+@pytest.fixture(scope="module")
+def wide_dir(model_dir):
+    "A random model wide enough that a step's time grows with its tokens (the tiny one's steps cost about the same)."
+    from minivllm.core.model import make_tiny_checkpoint
+    d = tempfile.mkdtemp()
+    make_tiny_checkpoint(d, "llama", tokenizer_from=model_dir, vocab_size=49152, hidden_size=512, intermediate_size=1024,
+                         num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4, tie_word_embeddings=True,
+                         max_position_embeddings=4096)
+    return d
+
+
+def test_a_big_embedding_beside_a_stream_waits_a_step_at_most(wide_dir):
+    """A big `/v1/embeddings` input (~1,900 tokens) is prefilled in chunks of the scheduler's token budget (64 here), a
+    pooling request like any other: a stream running meanwhile waits one step at a time, as it does beside the
+    prefill of a completion's prompt as long. The stream's largest gap beside the embedding stays within a few times
+    its largest gap beside that prefill (a prefill not cut by the budget: a step of the whole input, ~10 times
+    longer)."""
+    with running_server(wide_dir, "--max-model-len", "2048", "--max-num-batched-tokens", "64") as base:
+        text = lambda k: f"{k} " + "word " * 1900     # (not the same prompt twice: no prefix-cache hit)
+        def post(path, body):
+            r = httpx.post(base + path, json=body, timeout=300)
+            assert r.status_code == 200 and r.json()["usage"]["prompt_tokens"] > 1800, r.text[:300]
+        embedding = _gaps_during(base, lambda: post("/v1/embeddings", {"input": text(1)}))
+        prefill = _gaps_during(base, lambda: post("/v1/completions", {"prompt": text(2), "max_tokens": 1}))
+        assert len(embedding) >= 8, f"the stream got {len(embedding) - 1} chunks beside the embedding"
+        assert max(embedding) < 3 * max(prefill), (max(embedding), max(prefill))
