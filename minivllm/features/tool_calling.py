@@ -504,14 +504,14 @@ class RenderTimeout(BaseException):
 def time_budget(seconds: float):
     """Stop the Python code this thread runs inside the block once `seconds` have passed: a trace
     function checks the clock at every call and at every line of template code (`<template>`) and
-    raises `RenderTimeout` there; it also lets other threads run 1 ms in every 5."""
+    raises `RenderTimeout` there; it also lets other threads run 1 ms in every 3."""
     deadline, ran = time.monotonic() + seconds, [time.monotonic()]
 
     def line(frame, event, arg):
         now = time.monotonic()
         if now > deadline:
             raise RenderTimeout(f"took longer than {seconds:.3g} s to render")
-        if now - ran[0] > 0.005:  # every 5 ms, 1 ms for the other threads (a server's event loop)
+        if now - ran[0] > 0.002:  # every 2 ms, 1 ms for the other threads (a server's event loop)
             time.sleep(0.001)
             ran[0] = time.monotonic()
         return line
