@@ -6,7 +6,12 @@
 from __future__ import annotations
 import json
 import re
+import sys
+import threading
+import time
 import uuid
+from collections import OrderedDict
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from fastcore.basics import patch
 from ..core.config import StructuredOutputsParams
@@ -15,8 +20,9 @@ from ..core.config import StructuredOutputsParams
 __all__ = ['TOOLS_PROMPT', 'make_tool_call_id', 'FunctionCall', 'ToolCall', 'ExtractedToolCallInformation', 'DeltaToolCall',
            'DeltaMessage', 'CallView', 'scan_calls', 'ToolParser', 'ToolParserManager', 'Hermes2ProToolParser',
            'RequiredToolParser', 'NamedToolParser', 'tools_prompt', 'as_plain_messages', 'template_renders_tools',
-           'render_chat', 'required_schema', 'ToolPlan', 'plan_tools', 'tool_finish_reason', 'tool_message',
-           'ToolCallStream', 'check_tool_parser_args']
+           'render_chat', 'RenderTimeout', 'time_budget', 'template_reads_tools', 'render_request_chat',
+           'required_schema', 'ToolPlan', 'plan_tools', 'tool_finish_reason', 'tool_message', 'ToolCallStream',
+           'check_tool_parser_args']
 
 # %% ../../nbs/06c_tool_calling.ipynb #72788186
 def make_tool_call_id() -> str:
@@ -429,36 +435,52 @@ def as_plain_messages(messages: list[dict], tools: list[dict] | None) -> list[di
 _PROBE = [
     {"type": "function", "function": {"name": "probe_fn_q7", "parameters": {"type": "object"}}}
 ]
-_renders_tools: dict[str | None, bool] = {}  # template text -> whether it renders tools
+_renders_tools: OrderedDict[str | None, bool] = OrderedDict()  # template text -> renders tools
+_renders_lock = threading.Lock()  # (preparation threads share the cache)
 
 
 def template_renders_tools(tokenizer, chat_template: str | None = None) -> bool:
     """Whether the chat template (the model's if None) writes `tools` into the prompt: a probe
-    tool's name must appear."""
+    tool's name must appear. Kept for the 32 templates asked about last."""
     key = chat_template or tokenizer.chat_template
-    if key not in _renders_tools:
-        try:
-            text = tokenizer.apply_chat_template(
-                [{"role": "user", "content": "hi"}],
-                tools=_PROBE,
-                chat_template=chat_template,
-                tokenize=False,
-            )
-            _renders_tools[key] = "probe_fn_q7" in text
-        except Exception:  # a template that fails on tools cannot render them
-            _renders_tools[key] = False
-    return _renders_tools[key]
+    with _renders_lock:
+        if key in _renders_tools:
+            _renders_tools.move_to_end(key)
+            return _renders_tools[key]
+    try:
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": "hi"}],
+            tools=_PROBE,
+            chat_template=chat_template,
+            tokenize=False,
+        )
+        renders = "probe_fn_q7" in text
+    except Exception:  # a template that fails on tools cannot render them
+        renders = False
+    with _renders_lock:
+        _renders_tools[key] = renders
+        while len(_renders_tools) > 32:
+            _renders_tools.popitem(last=False)
+    return renders
 
-
+# %% ../../nbs/06c_tool_calling.ipynb #rc06c1
 def render_chat(
-    tokenizer, messages: list[dict], tools: list[dict] | None = None, chat_template=None, **kwargs
+    tokenizer,
+    messages: list[dict],
+    tools: list[dict] | None = None,
+    chat_template=None,
+    renders_tools: bool | None = None,
+    **kwargs,
 ) -> str:
     """The prompt of a conversation with tools: through the template's own tool support when it has
     some (calls' arguments given as objects, as HF templates expect), else through
-    `as_plain_messages` and the default tools prompt. `kwargs` go to `apply_chat_template`
-    (add_generation_prompt, continue_final_message, ...)."""
+    `as_plain_messages` and the default tools prompt. `renders_tools`: whether the template has
+    tool support (probed with `template_renders_tools` if None). `kwargs` go to
+    `apply_chat_template` (add_generation_prompt, continue_final_message, ...)."""
     kw = dict(chat_template=chat_template, tokenize=False) | kwargs
-    if template_renders_tools(tokenizer, chat_template):
+    if renders_tools is None:
+        renders_tools = template_renders_tools(tokenizer, chat_template)
+    if renders_tools:
         msgs = [dict(m) for m in messages]
         for m in msgs:
             if m.get("tool_calls"):
@@ -472,6 +494,58 @@ def render_chat(
                 ]
         return tokenizer.apply_chat_template(msgs, tools=tools, **kw)
     return tokenizer.apply_chat_template(as_plain_messages(messages, tools), **kw)
+
+# %% ../../nbs/06c_tool_calling.ipynb #rb06c2
+class RenderTimeout(BaseException):
+    "A chat template's render ran past its time budget (`time_budget`)."
+
+
+@contextmanager
+def time_budget(seconds: float):
+    """Stop the Python code this thread runs inside the block once `seconds` have passed: a trace
+    function checks the clock at every call and at every line of template code (`<template>`) and
+    raises `RenderTimeout` there; it also lets other threads run 1 ms in every 3."""
+    deadline, ran = time.monotonic() + seconds, [time.monotonic()]
+
+    def line(frame, event, arg):
+        now = time.monotonic()
+        if now > deadline:
+            raise RenderTimeout(f"took longer than {seconds:.3g} s to render")
+        if now - ran[0] > 0.002:  # every 2 ms, 1 ms for the other threads (a server's event loop)
+            time.sleep(0.001)
+            ran[0] = time.monotonic()
+        return line
+
+    def call(frame, event, arg):
+        line(frame, event, arg)
+        return line if frame.f_code.co_filename == "<template>" else None
+
+    before = sys.gettrace()
+    sys.settrace(call)
+    try:
+        yield
+    finally:
+        sys.settrace(before)
+
+
+def template_reads_tools(chat_template: str) -> bool:
+    "Whether the template's source reads the `tools` variable (its syntax tree, not a render)."
+    from jinja2.meta import find_undeclared_variables
+    from transformers.utils.chat_template_utils import _compile_jinja_template
+
+    try:  # (transformers' environment, with its extensions; the compiled template is cached there)
+        env = _compile_jinja_template(chat_template).environment
+        return "tools" in find_undeclared_variables(env.parse(chat_template))
+    except Exception:  # a template that does not parse: its render says why
+        return False
+
+
+def render_request_chat(tokenizer, messages, tools, chat_template: str, budget: float, **kwargs):
+    """`render_chat` for a template sent by a request: rendered once (its tool support read from its
+    source) and stopped with `RenderTimeout` past `budget` seconds."""
+    with time_budget(budget):
+        uses = template_reads_tools(chat_template)
+        return render_chat(tokenizer, messages, tools, chat_template, uses, **kwargs)
 
 # %% ../../nbs/06c_tool_calling.ipynb #78c515d5
 def _parameters(tool: dict) -> dict:

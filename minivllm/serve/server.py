@@ -42,7 +42,9 @@ from minivllm.features.tool_calling import (
     ToolPlan,
     check_tool_parser_args,
     plan_tools,
+    RenderTimeout,
     render_chat,
+    render_request_chat,
     tool_message,
 )
 
@@ -52,10 +54,10 @@ __all__ = ['Text', 'Bool', 'INT64', 'TokenId', 'TokenIds', 'OneText', 'OneTokenI
            'StructuralTagItem', 'StructuralTagFormat', 'CompletionRequest', 'ChatMessage', 'ChatCompletionRequest',
            'ErrorInfo', 'ErrorResponse', 'APIError', 'to_sampling_params', 'structural_tag_of', 'structured_outputs_of',
            'Metrics', 'completion_logprobs', 'chat_logprobs', 'internal_error', 'max_token_chars', 'init_prep',
-           'thread_tokenizer', 'offload', 'check_prompt_chars', 'check_prompt_len', 'check_max_tokens', 'tokens_of',
-           'compile_grammar', 'lone_surrogate', 'check_unicode', 'base_app', 'engine_health', 'add_info_routes',
-           'check_model', 'apply_sampling_defaults', 'check_not_paused', 'run_request', 'usage', 'until_gone',
-           'respond', 'Accumulator', 'serve_choices', 'decode_prompt_embeds', 'add_completions_route',
+           'start_threads', 'thread_tokenizer', 'offload', 'check_prompt_chars', 'check_prompt_len', 'check_max_tokens',
+           'tokens_of', 'compile_grammar', 'lone_surrogate', 'check_unicode', 'base_app', 'engine_health',
+           'add_info_routes', 'check_model', 'apply_sampling_defaults', 'check_not_paused', 'run_request', 'usage',
+           'until_gone', 'respond', 'Accumulator', 'serve_choices', 'decode_prompt_embeds', 'add_completions_route',
            'EmbeddingRequest', 'bytes_response', 'chunked_embedding', 'pooled_answer', 'add_embeddings_route',
            'PoolingRequest', 'add_pooling_route', 'prepare_chat', 'add_chat_route', 'LoadLoRAAdapterRequest',
            'add_lora_adapter', 'add_lora_routes', 'BatchChatCompletionRequest', 'add_batch_chat_route',
@@ -666,12 +668,22 @@ def max_token_chars(tokenizer) -> int:
 
 
 def init_prep(app, workers: int = 2, prep_timeout: float = 30.0):
-    """The app's preparation threads (each with its own tokenizer copy), its time limit and its
-    character bound."""
+    """The app's preparation threads (each with its own tokenizer copy; those for requests' own chat
+    templates apart), its time limit and its character bound."""
     s = app.state
-    s.prep_pool = ThreadPoolExecutor(workers, thread_name_prefix="minivllm-prep")
-    s.prep_local, s.prep_timeout = threading.local(), prep_timeout
+    s.prep_local, s.prep_timeout, s.prep_workers = threading.local(), prep_timeout, workers
+    warm = functools.partial(thread_tokenizer, app)  # (each thread copies it as it starts)
+    s.prep_pool = ThreadPoolExecutor(workers, "minivllm-prep", initializer=warm)
+    s.template_pool = ThreadPoolExecutor(workers, "minivllm-template", initializer=warm)
+    start_threads(s.prep_pool, workers)  # (the template threads: when the server trusts them)
     s.max_prompt_chars = s.max_model_len * max_token_chars(s.tokenizer)
+
+
+def start_threads(pool, n: int):
+    """Start `n` threads of `pool` now: each copies the tokenizer as it starts (a tenth of a second
+    holding Python's lock), at startup rather than while a request waits."""
+    for _ in range(n):
+        pool.submit(int)
 
 
 def thread_tokenizer(app):
@@ -681,28 +693,37 @@ def thread_tokenizer(app):
         loc.tokenizer = copy.deepcopy(app.state.tokenizer)
     return loc.tokenizer
 
-
-async def offload(app, fn, what: str, param: str | None = None):
-    """Run `fn()` on a preparation thread and await it. Past `prep_timeout`: a 503 (retryable: the
-    server is busy) if no thread was free to start it (then it never runs), else a 400."""
-    started = threading.Event()
+# %% ../../nbs/15_server.ipynb #fs15g2
+async def offload(app, fn, what: str, param: str | None = None, pool=None, bounded: bool = False):
+    """Run `fn()` on a preparation thread (of `pool`: the app's `prep_pool` unless given) and await
+    it. Past `prep_timeout`: a 503 (retryable: the server is busy) if no thread was free to start it
+    (then it never runs), else a 400 — except that work which stops itself (`bounded`: a request's
+    own template renders within `prep_timeout` of its start) gets until a second after that to give
+    its own answer."""
+    s, started = app.state, []
 
     def run():
-        started.set()
+        started.append(time.monotonic())
         return fn()
 
-    fut = asyncio.get_running_loop().run_in_executor(app.state.prep_pool, run)
+    fut = asyncio.get_running_loop().run_in_executor(pool or s.prep_pool, run)
+    t = s.prep_timeout
     try:
-        return await asyncio.wait_for(fut, app.state.prep_timeout)
-    except asyncio.TimeoutError:
-        t = app.state.prep_timeout
-        if not started.is_set():
-            raise APIError(
-                f"The server is busy: {what} waited {t:g} s for a free preparation thread; "
-                "retry later.",
-                503,
-            )
-        raise APIError(f"{what} took longer than {t:g} s; the request is refused.", param=param)
+        done, _ = await asyncio.wait({fut}, timeout=t)
+        if not done and bounded and started:
+            done, _ = await asyncio.wait({fut}, timeout=started[0] + t + 1 - time.monotonic())
+    finally:
+        if not fut.done():
+            fut.cancel()  # (a job that has not started never runs; a running one ends unread)
+    if done:
+        return fut.result()
+    if not started:
+        raise APIError(
+            f"The server is busy: {what} waited {t:g} s for a free preparation thread; "
+            "retry later.",
+            503,
+        )
+    raise APIError(f"{what} took longer than {t:g} s; the request is refused.", param=param)
 
 # %% ../../nbs/15_server.ipynb #c4507cc2
 def check_prompt_chars(app, n_chars: int, param: str):
@@ -1412,9 +1433,12 @@ def _chat_prompt(
     default_template: str | None = None,
     fmt: str = "auto",
     tools: list[dict] | None = None,
+    budget: float | None = None,
+    max_chars: int | None = None,
 ) -> TokensPrompt:
     """The chat's messages (and `tools`) rendered with the (request's, server's or model's) chat
-    template, as token ids."""
+    template, as token ids. The request's own template renders once, within `budget` seconds (a 400
+    naming `chat_template` past it); a text over `max_chars` characters is not tokenized."""
     from minivllm.features.llm_more import convert_content_parts, resolve_content_format
     from minivllm.features.prompt_embeds import splice_embeds, take_embeds_parts
 
@@ -1426,16 +1450,22 @@ def _chat_prompt(
         msgs = convert_content_parts(
             msgs, resolve_content_format(template or tokenizer.chat_template, fmt)
         )
-        text = render_chat(
-            tokenizer,
-            msgs,
-            tools,
-            chat_template=template,
-            add_generation_prompt=req.add_generation_prompt,
-        )
+        kw = dict(add_generation_prompt=req.add_generation_prompt)
+        if req.chat_template and budget is not None:  # (lesson 06c)
+            text = render_request_chat(tokenizer, msgs, tools, template, budget, **kw)
+        else:
+            text = render_chat(tokenizer, msgs, tools, chat_template=template, **kw)
+    except RenderTimeout as e:
+        raise APIError(f"The chat_template {e}; refused.", param="chat_template") from None
     except Exception as e:
         raise APIError(
             f"messages could not be rendered with the chat template: {e}", param="messages"
+        )
+    if max_chars is not None and len(text) > max_chars:
+        raise APIError(
+            f"The chat template rendered {len(text)} characters, more than the model's context "
+            "can hold.",
+            param="chat_template" if req.chat_template else "messages",
         )
     if embeds:  # the template's tokens around the given vectors
         return splice_embeds(tokenizer, text, embeds)
@@ -1507,9 +1537,13 @@ async def prepare_chat(app, req: ChatCompletionRequest):
     except (ValueError, KeyError) as e:
         raise APIError(e.args[0] if e.args else str(e), param="tool_choice") from e
 
+    own = req.chat_template is not None  # its own threads, and a time budget for its render
+
     def prepare():
-        tmpl, fmt = s.chat_template, s.content_format
-        p = _chat_prompt(thread_tokenizer(app), req, tmpl, fmt, plan.tools)
+        tmpl, fmt, budget = s.chat_template, s.content_format, s.prep_timeout if own else None
+        p = _chat_prompt(
+            thread_tokenizer(app), req, tmpl, fmt, plan.tools, budget, s.max_prompt_chars
+        )
         check_prompt_len(app, len(p["prompt_token_ids"]), "messages")
         name = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
         check_max_tokens(app, len(p["prompt_token_ids"]), max_tokens, name)
@@ -1518,12 +1552,13 @@ async def prepare_chat(app, req: ChatCompletionRequest):
             sp = dataclasses.replace(sp, structured_outputs=plan.structured_outputs)
         return p, sp
 
-    prompt, sp = await offload(app, prepare, "Rendering the chat template", "messages")
+    pool = s.template_pool if own else s.prep_pool
+    prompt, sp = await offload(app, prepare, "Rendering the chat template", "messages", pool, own)
     param = "tool_choice" if plan.structured_outputs is not None else _so_param(req)
     await compile_grammar(app, sp, param)
     return lora, prompt, sp, plan
 
-
+# %% ../../nbs/15_server.ipynb #fs15l2
 def add_chat_route(app):
     """`POST /v1/chat/completions`: messages in, `n` assistant messages out (streamed as deltas, or
     in one JSON)."""
@@ -2302,6 +2337,8 @@ def build_app(
         chat_template_content_format,
     )
     s.trust_request_chat_template, s.prep_timeout = trust_request_chat_template, prep_timeout
+    if trust_request_chat_template:
+        start_threads(s.template_pool, s.prep_workers)
     check_tool_parser_args(enable_auto_tool_choice, tool_call_parser)  # lesson 06c
     s.enable_auto_tool_choice, s.tool_call_parser = enable_auto_tool_choice, tool_call_parser
     for add in (
@@ -2342,19 +2379,7 @@ def serve_parser(sub):
         help="the model name clients use (default: the model path, or 'SmolLM2-135M-Instruct')",
     )
     p.add_argument("--log-level", default="warning")
-    p.add_argument(
-        "--chat-template",
-        default=None,
-        help="a chat template (inline, or a file) instead of the model's",
-    )
-    p.add_argument(
-        "--chat-template-content-format", default="auto", choices=["auto", "string", "openai"]
-    )
-    p.add_argument(
-        "--trust-request-chat-template",
-        action="store_true",
-        help="run chat templates sent in requests (refused otherwise: a template is a program)",
-    )
+    _add_template_args(p)  # (below)
     p.add_argument(
         "--max-request-body-bytes",
         type=int,
@@ -2380,6 +2405,29 @@ def serve_parser(sub):
     )
     _add_dp_node_args(p)  # (below)
     return EngineArgs.add_cli_args(p)
+
+# %% ../../nbs/15_server.ipynb #f16a9ee2
+def _add_template_args(p):
+    "`minivllm serve`'s chat template flags, and the time a request's preparation may take."
+    p.add_argument(
+        "--chat-template",
+        default=None,
+        help="a chat template (inline, or a file) instead of the model's",
+    )
+    p.add_argument(
+        "--chat-template-content-format", default="auto", choices=["auto", "string", "openai"]
+    )
+    p.add_argument(
+        "--trust-request-chat-template",
+        action="store_true",
+        help="run chat templates sent in requests (refused otherwise: a template is a program)",
+    )
+    p.add_argument(
+        "--prep-timeout",
+        type=float,
+        default=30.0,
+        help="seconds a request's preparation (tokenizing, rendering its chat template) may take",
+    )
 
 # %% ../../nbs/15_server.ipynb #fs15o
 def _lora_modules(ns) -> list[tuple[str, str]]:
@@ -2505,6 +2553,7 @@ def cmd_serve(ns) -> int:
         chat_template_content_format=ns.chat_template_content_format,
         trust_request_chat_template=ns.trust_request_chat_template,
         max_body_bytes=ns.max_request_body_bytes,
+        prep_timeout=ns.prep_timeout,
         enable_auto_tool_choice=ns.enable_auto_tool_choice,
         tool_call_parser=ns.tool_call_parser,
         dev_mode=dev_mode(),
