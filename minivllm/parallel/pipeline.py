@@ -385,8 +385,8 @@ class ExternalLauncherRunner(PPWorker):
         return config.parallel_config.distributed_executor_backend == "external_launcher"
 
     def shutdown(self):
-        """Leave the process group (if this runner made it), after a barrier: a rank that exits while
-        another still sends to it would fail that one. Also run at interpreter exit."""
+        """Leave the process group (if this runner made it), after a barrier: a rank that exits
+        while another still sends to it would fail that one. Also run at interpreter exit."""
         if self._own_group and dist.is_initialized():
             dist.barrier()
             dist.destroy_process_group()
