@@ -940,4 +940,211 @@ def my_head_split(num_heads, num_kv_heads, world_size):
     return [k + num_heads // world_size - num_kv_heads // world_size for k in kv], kv
 '''),
     ],
+    ("08_processor", "my_children"): [
+        ("n = 1 also gets a child's name", """
+def my_children(request_id, n, seed):
+    return [(f"{i}_{request_id}", None if seed is None else seed + i) for i in range(n)]
+"""),
+        ("every child keeps the parent's seed", """
+def my_children(request_id, n, seed):
+    if n == 1:
+        return [(request_id, seed)]
+    return [(f"{i}_{request_id}", seed) for i in range(n)]
+"""),
+        ("children numbered from 1", """
+def my_children(request_id, n, seed):
+    if n == 1:
+        return [(request_id, seed)]
+    return [(f"{i + 1}_{request_id}", None if seed is None else seed + i) for i in range(n)]
+"""),
+        ("the index after the id", """
+def my_children(request_id, n, seed):
+    if n == 1:
+        return [(request_id, seed)]
+    return [(f"{request_id}_{i}", None if seed is None else seed + i) for i in range(n)]
+"""),
+        ("seed 0 taken for no seed", """
+def my_children(request_id, n, seed):
+    if n == 1:
+        return [(request_id, seed)]
+    return [(f"{i}_{request_id}", seed + i if seed else None) for i in range(n)]
+"""),
+    ],
+    ("08_processor", "my_max_tokens"): [
+        ("a prompt of exactly max_model_len refused", """
+def my_max_tokens(num_prompt_tokens, max_tokens, max_model_len):
+    if num_prompt_tokens >= max_model_len:
+        raise ValueError("too long")
+    return max(max_model_len - num_prompt_tokens, 1) if max_tokens is None else max_tokens
+"""),
+        ("no floor at one token", """
+def my_max_tokens(num_prompt_tokens, max_tokens, max_model_len):
+    if num_prompt_tokens > max_model_len:
+        raise ValueError("too long")
+    return max_model_len - num_prompt_tokens if max_tokens is None else max_tokens
+"""),
+        ("None becomes the whole model length", """
+def my_max_tokens(num_prompt_tokens, max_tokens, max_model_len):
+    if num_prompt_tokens > max_model_len:
+        raise ValueError("too long")
+    return max_model_len if max_tokens is None else max_tokens
+"""),
+        ("the user's number capped at what is left", """
+def my_max_tokens(num_prompt_tokens, max_tokens, max_model_len):
+    if num_prompt_tokens > max_model_len:
+        raise ValueError("too long")
+    left = max(max_model_len - num_prompt_tokens, 1)
+    return left if max_tokens is None else min(max_tokens, left)
+"""),
+        ("a long prompt gets one token instead of an error", """
+def my_max_tokens(num_prompt_tokens, max_tokens, max_model_len):
+    return max(max_model_len - num_prompt_tokens, 1) if max_tokens is None else max_tokens
+"""),
+    ],
+    ("10_output_processor", "my_decode_step"): [
+        ("each token decoded alone", """
+def my_decode_step(decode, ids, prefix_offset, read_offset):
+    return decode(ids[-1:]), read_offset, len(ids)
+"""),
+        ("no check for a character still incomplete", """
+def my_decode_step(decode, ids, prefix_offset, read_offset):
+    prefix, new = decode(ids[prefix_offset:read_offset]), decode(ids[prefix_offset:])
+    if len(new) <= len(prefix):
+        return "", prefix_offset, read_offset
+    return new[len(prefix) :], read_offset, len(ids)
+"""),
+        ("the offsets move on when nothing is emitted", """
+def my_decode_step(decode, ids, prefix_offset, read_offset):
+    prefix, new = decode(ids[prefix_offset:read_offset]), decode(ids[prefix_offset:])
+    if len(new) <= len(prefix) or new.endswith("\\ufffd"):
+        return "", read_offset, len(ids)
+    return new[len(prefix) :], read_offset, len(ids)
+"""),
+        ("the whole window returned", """
+def my_decode_step(decode, ids, prefix_offset, read_offset):
+    prefix, new = decode(ids[prefix_offset:read_offset]), decode(ids[prefix_offset:])
+    if len(new) <= len(prefix) or new.endswith("\\ufffd"):
+        return "", prefix_offset, read_offset
+    return new, read_offset, len(ids)
+"""),
+        ("the window's start never moves", """
+def my_decode_step(decode, ids, prefix_offset, read_offset):
+    prefix, new = decode(ids[prefix_offset:read_offset]), decode(ids[prefix_offset:])
+    if len(new) <= len(prefix) or new.endswith("\\ufffd"):
+        return "", prefix_offset, read_offset
+    return new[len(prefix) :], prefix_offset, len(ids)
+"""),
+    ],
+    ("10_output_processor", "my_stop"): [
+        ("each token's text checked alone", """
+def my_stop(pieces, stops):
+    text = ""
+    for n, piece in enumerate(pieces, 1):
+        text += piece
+        for s in stops:
+            if s in piece:
+                return text[: text.rfind(s)], s, n
+    return text, None, len(pieces)
+"""),
+        ("the text kept up to the end of the stop string", """
+def my_stop(pieces, stops):
+    text = ""
+    for n, piece in enumerate(pieces, 1):
+        text += piece
+        for s in stops:
+            i = text.find(s, max(0, len(text) - len(piece) - len(s) + 1))
+            if i != -1:
+                return text[: i + len(s)], s, n
+    return text, None, len(pieces)
+"""),
+        ("the stop string found first in the text wins", """
+def my_stop(pieces, stops):
+    text = ""
+    for n, piece in enumerate(pieces, 1):
+        text += piece
+        hits = [(i, s) for s in stops if (i := text.find(s)) != -1]
+        if hits:
+            i, s = min(hits)
+            return text[:i], s, n
+    return text, None, len(pieces)
+"""),
+        ("the token that completes it dropped whole", """
+def my_stop(pieces, stops):
+    text = ""
+    for n, piece in enumerate(pieces, 1):
+        text += piece
+        for s in stops:
+            if s in text:
+                return text[: len(text) - len(piece)], s, n
+    return text, None, len(pieces)
+"""),
+        ("tokens counted from 0", """
+def my_stop(pieces, stops):
+    text = ""
+    for n, piece in enumerate(pieces):
+        text += piece
+        for s in stops:
+            i = text.find(s, max(0, len(text) - len(piece) - len(s) + 1))
+            if i != -1:
+                return text[:i], s, n
+    return text, None, len(pieces)
+"""),
+    ],
+    ("11_metrics", "my_latencies"): [
+        ("time to first token not from the arrival", """
+def my_latencies(arrival_time, token_times):
+    n = len(token_times)
+    itls = [b - a for a, b in zip(token_times, token_times[1:])]
+    return token_times[0], itls, (token_times[-1] - token_times[0]) / (n - 1) if n > 1 else None
+"""),
+        ("TPOT over the number of tokens", """
+def my_latencies(arrival_time, token_times):
+    n = len(token_times)
+    itls = [b - a for a, b in zip(token_times, token_times[1:])]
+    return token_times[0] - arrival_time, itls, (token_times[-1] - token_times[0]) / n if n > 1 else None
+"""),
+        ("TPOT counted from the arrival", """
+def my_latencies(arrival_time, token_times):
+    n = len(token_times)
+    itls = [b - a for a, b in zip(token_times, token_times[1:])]
+    return token_times[0] - arrival_time, itls, (token_times[-1] - arrival_time) / n
+"""),
+        ("one token: a TPOT of 0", """
+def my_latencies(arrival_time, token_times):
+    n = len(token_times)
+    itls = [b - a for a, b in zip(token_times, token_times[1:])]
+    return token_times[0] - arrival_time, itls, (token_times[-1] - token_times[0]) / max(n - 1, 1)
+"""),
+        ("the time to first token counted as a gap", """
+def my_latencies(arrival_time, token_times):
+    n = len(token_times)
+    times = [arrival_time] + list(token_times)
+    itls = [b - a for a, b in zip(times, times[1:])]
+    return token_times[0] - arrival_time, itls, (token_times[-1] - token_times[0]) / (n - 1) if n > 1 else None
+"""),
+    ],
+    ("11_metrics", "my_throughput"): [
+        ("the interval includes its start", """
+def my_throughput(steps, start, end):
+    return sum(n for t, n in steps if start <= t <= end) / (end - start)
+"""),
+        ("the interval excludes its end", """
+def my_throughput(steps, start, end):
+    return sum(n for t, n in steps if start < t < end) / (end - start)
+"""),
+        ("tokens per step, not per second", """
+def my_throughput(steps, start, end):
+    inside = [n for t, n in steps if start < t <= end]
+    return sum(inside) / len(inside) if inside else 0.0
+"""),
+        ("over the steps' own span", """
+def my_throughput(steps, start, end):
+    ts = [t for t, n in steps if start < t <= end]
+    return sum(n for t, n in steps if start < t <= end) / (max(ts) - min(ts))
+"""),
+        ("no division by the length", """
+def my_throughput(steps, start, end):
+    return float(sum(n for t, n in steps if start < t <= end))
+"""),
+    ],
 }
