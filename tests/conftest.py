@@ -1,5 +1,9 @@
 "End-to-end tests share one HF reference model and one tokenizer (the embedded SmolLM2, de-quantized once and cached)."
 import contextlib, os, socket, subprocess, time
+
+# Inductor compiles in a pool of worker processes (one per core by default); on 2 cores, starting that pool beside
+# the other xdist worker costs more than it saves: one thread compiles a test's graphs in half the time.
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 import pytest, torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -115,10 +115,11 @@ def test_auth_and_unknown_model(server, client):
 
 
 def test_load_with_disconnects(server, reference):
-    "100 concurrent streaming clients of mixed lengths, every fifth disconnecting after 2 chunks; bounded in time."
+    "40 concurrent streaming clients of mixed lengths, every fifth disconnecting after 2 chunks; bounded in time."
+    N = 40
     async def one(i, ac):
         usage = None
-        n = 4 + (i * 7) % 37
+        n = 4 + (i * 7) % 23
         prompt = f"Story {i}: " + "once upon a time, " * (1 + i % 12)          # prompts of mixed lengths
         stream = await ac.completions.create(model=NAME, prompt=prompt, max_tokens=n, temperature=0.8, seed=i, stream=True,
                                              stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
@@ -135,11 +136,11 @@ def test_load_with_disconnects(server, reference):
 
     async def main():
         async with openai.AsyncOpenAI(base_url=server + "/v1", api_key=KEY, max_retries=0, timeout=240) as ac:
-            return await asyncio.wait_for(asyncio.gather(*(one(i, ac) for i in range(100))), timeout=400)
+            return await asyncio.wait_for(asyncio.gather(*(one(i, ac) for i in range(N))), timeout=400)
 
     results = asyncio.run(main())
     done = [r for r in results if r[0] != "dropped"]
-    assert len(done) == 80 and all(r[0] == "length" and r[2] == r[1] for r in done)   # each got all its n tokens
+    assert len(done) == N - N // 5 and all(r[0] == "length" and r[2] == r[1] for r in done)   # each got all its n tokens
     # the server is still up, and once idle no request is left running and every KV block is free
     deadline = time.time() + 60
     while time.time() < deadline:
@@ -148,7 +149,7 @@ def test_load_with_disconnects(server, reference):
         time.sleep(0.5)
     assert m["minivllm_num_requests_running"] == 0 and m["minivllm_num_requests_waiting"] == 0
     assert m["minivllm_kv_cache_free_blocks"] == m["minivllm_kv_cache_total_blocks"]
-    assert m['minivllm_requests_total{finish_reason="abort"}'] >= 20
+    assert m['minivllm_requests_total{finish_reason="abort"}'] >= N // 5
     r = httpx.post(server + "/v1/completions", json={"model": NAME, "prompt": reference["prompt"], "max_tokens": 16, "temperature": 0},
                    headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
     assert r.json()["choices"][0]["text"] == reference["completion"]

@@ -154,7 +154,10 @@ def test_step_widgets_play_without_kernel(site, browser):
             assert img.get_attribute("src") != at0, f"{page}: viewer {k}: the next button did not change the picture"
             slider.evaluate("(s) => { s.value = 0; s.dispatchEvent(new Event('input')); }")
             v.locator(".sv-play").click()
-            pg.wait_for_timeout(1600)
+            try:   # the player shows the next frame after its interval (700 ms); wait for that, 5 s at most
+                pg.wait_for_function("(s) => +s.value > 0", arg=slider.element_handle(), timeout=5000)
+            except Exception as e:   # playwright's TimeoutError: the assertion below says what failed
+                if type(e).__name__ != "TimeoutError": raise
             assert slider.evaluate("(s) => +s.value") > 0, f"{page}: viewer {k}: play did not advance"
             v.locator(".sv-play").click()   # pause again (or no-op once it reached the end)
     missing = [p for p in MUST_HAVE_VIEWERS if not seen.get(p)]

@@ -1,5 +1,5 @@
 """Speculative decoding on the embedded SmolLM2 (lesson 07b): greedy outputs token-identical to plain decoding for both
-methods and k = 1…5, in a mixed batch and at batch 1, with chunked prefill, prefix caching and preemption on; stop
+methods and k = 1, 3 and 5, in a mixed batch and at batch 1, with chunked prefill, prefix caching and preemption on; stop
 strings, stop tokens, min_tokens, max_tokens, logprobs and n > 1 as without speculation; seeded sampling reproducible;
 the KV-block invariants after a fuzzed run where almost every guess is rejected; the counters, /metrics and the
 configuration errors."""
@@ -47,7 +47,7 @@ def spec_config(method, k, draft_dir):
 
 
 @pytest.mark.parametrize("method", ["ngram", "draft_model"])
-@pytest.mark.parametrize("k", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("k", [1, 3, 5])   # one guess, an odd middle, the most lesson 07b shows
 def test_greedy_identical(baseline, draft_dir, method, k):
     prompts, mixed, single = baseline
     llm = LLM(**KW, speculative_config=spec_config(method, k, draft_dir))
