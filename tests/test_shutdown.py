@@ -6,9 +6,9 @@ afterwards no child process, no extra Python thread and no open socket may remai
 flat (within 100 MB of what it was after the first round).
 
 Each kind runs in a fresh Python process (this file, run as a script) under a timeout, so a hang fails the test
-instead of stopping the suite. The multi-process kinds start two
-processes that each import torch every round (seconds each on a 2-core machine). By default the single-process
-kinds run 10 rounds and the multi-process ones 4; `MINIVLLM_SHUTDOWN_ROUNDS=20` runs 20 of every kind."""
+instead of stopping the suite. The multi-process kinds start two processes that each import torch every round
+(seconds each on a 2-core machine). By default the single-process kinds run 10 rounds and the multi-process ones
+4; `MINIVLLM_SHUTDOWN_ROUNDS=20` runs 20 of every kind."""
 
 import gc, json, os, subprocess, sys, threading
 

@@ -47,7 +47,7 @@ def spec_config(method, k, draft_dir):
 
 
 @pytest.mark.parametrize("method", ["ngram", "draft_model"])
-@pytest.mark.parametrize("k", [1, 3, 5])   # one guess, an odd middle, the most lesson 07b shows
+@pytest.mark.parametrize("k", [1, 3, 5])   # one guess, a middle, the largest
 def test_greedy_identical(baseline, draft_dir, method, k):
     prompts, mixed, single = baseline
     llm = LLM(**KW, speculative_config=spec_config(method, k, draft_dir))

@@ -102,7 +102,7 @@ class CallView:
     arguments: str = ""
     closed: bool = False  # the call's object is complete
 
-
+# %% ../../nbs/06c_tool_calling.ipynb #f84a3769
 def scan_calls(text: str, depth: int = 1) -> list[CallView]:
     """The calls `{"name": ..., "arguments": {...}}` in `text`, read as far as it goes: the JSON
     objects at nesting `depth` (1: `text` is one object, 2: an array of them). Stops where the
@@ -527,7 +527,7 @@ def time_budget(seconds: float):
     finally:
         sys.settrace(before)
 
-
+# %% ../../nbs/06c_tool_calling.ipynb #7ad3f8e6
 def template_reads_tools(chat_template: str) -> bool:
     "Whether the template's source reads the `tools` variable (its syntax tree, not a render)."
     from jinja2.meta import find_undeclared_variables
@@ -539,7 +539,7 @@ def template_reads_tools(chat_template: str) -> bool:
     except Exception:  # a template that does not parse: its render says why
         return False
 
-
+# %% ../../nbs/06c_tool_calling.ipynb #1ab80e13
 def render_request_chat(tokenizer, messages, tools, chat_template: str, budget: float, **kwargs):
     """`render_chat` for a template sent by a request: rendered once (its tool support read from its
     source) and stopped with `RenderTimeout` past `budget` seconds."""
@@ -768,7 +768,7 @@ class ToolCallStream:
             d[k] = d.get(k, "" if k == "content" else []) + v
         return d, why
 
-
+# %% ../../nbs/06c_tool_calling.ipynb #42aed9c1
 def check_tool_parser_args(enable_auto_tool_choice: bool, tool_call_parser: str | None) -> None:
     """The server's flags checked at start as vLLM does: the flag needs a parser, and the parser
     must be registered."""
