@@ -113,57 +113,76 @@ def test_links_anchors_images(site):
     assert not bad, "\n".join(bad)
 
 
-def test_pages_in_browser(site, browser):
+SIDEWAYS = """() => [...document.querySelectorAll('main pre, main div.sourceCode, main .cell-output, main table')]
+    .filter(e => e.offsetParent !== null && e.scrollWidth > e.clientWidth + 1)
+    .map(e => e.tagName + ' ' + e.scrollWidth + '>' + e.clientWidth + ': ' + e.textContent.slice(0, 50))"""
+BROKEN_IMAGES = "[...document.images].filter(i => i.complete && i.naturalWidth === 0).map(i => i.src.slice(0, 80))"
+FRAME_HEIGHTS = "() => [...document.querySelectorAll('.step-viewer img.sv-frame')].map(i => i.getBoundingClientRect().height)"
+
+
+def play_widgets(pg, page) -> tuple[int, list[str]]:
+    "Move each step widget's slider, press next and play: how many widgets the page has, and what did not work."
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+    n, bad = pg.locator(".step-viewer").count(), []
+    for k in range(n):
+        v = pg.locator(".step-viewer").nth(k)
+        img, slider = v.locator("img.sv-frame"), v.locator("input.sv-slider")
+        if int(slider.get_attribute("max")) == 0: continue
+        before = img.get_attribute("src")
+        slider.evaluate("(s) => { s.value = 0; s.dispatchEvent(new Event('input')); }")
+        at0 = img.get_attribute("src")
+        if at0 == before: bad.append(f"{page}: viewer {k}: moving the slider did not change the picture")
+        v.locator(".sv-next").click()
+        if img.get_attribute("src") == at0: bad.append(f"{page}: viewer {k}: the next button did not change the picture")
+        slider.evaluate("(s) => { s.value = 0; s.dispatchEvent(new Event('input')); }")
+        v.locator(".sv-play").click()
+        try:   # the player shows the next frame after its interval (700 ms); wait for that, 5 s at most
+            pg.wait_for_function("(s) => +s.value > 0", arg=slider.element_handle(), timeout=5000)
+        except PlaywrightTimeout:
+            bad.append(f"{page}: viewer {k}: play did not advance")
+        v.locator(".sv-play").click()   # pause again (or no-op once it reached the end)
+    return n, bad
+
+
+@pytest.fixture(scope="module")
+def sweep(site, browser):
+    """Every page opened once in Chromium at 1400x900 (what the tests below check, read off that one load): failed
+    requests, requests off this machine, script errors, undecoded images, blocks that scroll sideways, step widgets'
+    frame heights, then each widget played."""
+    ctx = browser.new_context(viewport={"width": 1400, "height": 900})
+    seen = {"outside": [], "failed": [], "errors": []}
+    ctx.route(re.compile(r"^(?!http://127\.0\.0\.1)(?!data:)(?!blob:)(?!about:).*"),
+              lambda route: (seen["outside"].append(route.request.url), route.abort()))
+    pg = ctx.new_page()
+    pg.on("requestfailed", lambda r: seen["failed"].append(r.url))
+    pg.on("pageerror", lambda e: seen["errors"].append(str(e)))
+    out = {}
+    for page in pages():
+        for v in seen.values(): v.clear()
+        pg.goto(f"{site}/{page}", wait_until="load")
+        r = dict(broken=pg.evaluate(BROKEN_IMAGES), sideways=pg.evaluate(SIDEWAYS), frames=pg.evaluate(FRAME_HEIGHTS))
+        r["widgets"], r["widget_problems"] = play_widgets(pg, page)
+        out[page] = r | {k: list(v) for k, v in seen.items()}
+    ctx.close()
+    return out
+
+
+def test_pages_in_browser(sweep):
     "Each page loads in Chromium with no failed request, no request off this machine, and every image decoded."
     problems = []
-    for page in pages():
-        ctx = browser.new_context()
-        outside, failed = [], []
-        ctx.route(re.compile(r"^(?!http://127\.0\.0\.1)(?!data:)(?!blob:)(?!about:).*"),
-                  lambda route: (outside.append(route.request.url), route.abort()))
-        pg = ctx.new_page()
-        pg.on("requestfailed", lambda r: failed.append(r.url))
-        pg.on("pageerror", lambda e: problems.append(f"{page}: script error {e}"))
-        pg.goto(f"{site}/{page}", wait_until="load")
-        broken = pg.evaluate("[...document.images].filter(i => i.complete && i.naturalWidth === 0).map(i => i.src.slice(0, 80))")
-        problems += [f"{page}: image did not load: {s}" for s in broken]
-        problems += [f"{page}: fetched from outside the machine: {u}" for u in outside]
-        problems += [f"{page}: request failed: {u}" for u in failed if u not in outside]
-        ctx.close()
+    for page, r in sweep.items():
+        problems += [f"{page}: script error {e}" for e in r["errors"]]
+        problems += [f"{page}: image did not load: {s}" for s in r["broken"]]
+        problems += [f"{page}: fetched from outside the machine: {u}" for u in r["outside"]]
+        problems += [f"{page}: request failed: {u}" for u in r["failed"] if u not in r["outside"]]
     assert not problems, "\n".join(problems)
 
 
-def test_step_widgets_play_without_kernel(site, browser):
+def test_step_widgets_play_without_kernel(sweep):
     "Every step widget on the site changes its picture when its slider moves and when play is pressed."
-    from playwright.sync_api import TimeoutError as PlaywrightTimeout
-    pg = browser.new_page()
-    seen = {}
-    for page in pages():
-        pg.goto(f"{site}/{page}", wait_until="load")
-        n = pg.locator(".step-viewer").count()
-        seen[page[:-5]] = n
-        for k in range(n):
-            v = pg.locator(".step-viewer").nth(k)
-            img, slider = v.locator("img.sv-frame"), v.locator("input.sv-slider")
-            nmax = int(slider.get_attribute("max"))
-            if nmax == 0: continue
-            before = img.get_attribute("src")
-            slider.evaluate("(s) => { s.value = 0; s.dispatchEvent(new Event('input')); }")
-            at0 = img.get_attribute("src")
-            assert at0 != before, f"{page}: viewer {k}: moving the slider did not change the picture"
-            v.locator(".sv-next").click()
-            assert img.get_attribute("src") != at0, f"{page}: viewer {k}: the next button did not change the picture"
-            slider.evaluate("(s) => { s.value = 0; s.dispatchEvent(new Event('input')); }")
-            v.locator(".sv-play").click()
-            try:   # the player shows the next frame after its interval (700 ms); wait for that, 5 s at most
-                pg.wait_for_function("(s) => +s.value > 0", arg=slider.element_handle(), timeout=5000)
-            except PlaywrightTimeout:
-                pass   # the assertion below says what failed
-            assert slider.evaluate("(s) => +s.value") > 0, f"{page}: viewer {k}: play did not advance"
-            v.locator(".sv-play").click()   # pause again (or no-op once it reached the end)
-    missing = [p for p in MUST_HAVE_VIEWERS if not seen.get(p)]
-    assert not missing, f"no step widget on: {missing} (seen: {seen})"
-    pg.close()
+    assert not (bad := [b for r in sweep.values() for b in r["widget_problems"]]), "\n".join(bad)
+    missing = [p for p in MUST_HAVE_VIEWERS if not sweep.get(p + ".html", {}).get("widgets")]
+    assert not missing, f"no step widget on: {missing}"
 
 
 # ---- the site as a course: the code on the page, nothing scrolls sideways, the two paths in the sidebar
@@ -217,18 +236,10 @@ def test_core_pages_show_their_code(site, browser):
     assert all(len(h) <= 4 for h in helpers.values()), f"folded public helpers: {helpers}"
 
 
-SIDEWAYS = """() => [...document.querySelectorAll('main pre, main div.sourceCode, main .cell-output, main table')]
-    .filter(e => e.offsetParent !== null && e.scrollWidth > e.clientWidth + 1)
-    .map(e => e.tagName + ' ' + e.scrollWidth + '>' + e.clientWidth + ': ' + e.textContent.slice(0, 50))"""
-
-
-def test_nothing_scrolls_sideways(site, browser):
+def test_nothing_scrolls_sideways(site, browser, sweep):
     "At a 1400 px window no code block, output or table on any page scrolls sideways, and 100 columns of code fit a line."
+    bad = [f"{page}: {x}" for page, r in sweep.items() for x in r["sideways"]]
     pg = browser.new_page(viewport={"width": 1400, "height": 900})
-    bad = []
-    for page in pages():
-        pg.goto(f"{site}/{page}", wait_until="load")
-        bad += [f"{page}: {x}" for x in pg.evaluate(SIDEWAYS)]
     pg.goto(f"{site}/scheduler.html", wait_until="load")
     fits = pg.evaluate("""() => { const pre = document.querySelector('main pre.sourceCode');
         const s = document.createElement('span'); s.textContent = '0'.repeat(100); s.style.whiteSpace = 'pre';
@@ -240,15 +251,9 @@ def test_nothing_scrolls_sideways(site, browser):
     assert not bad, "\n".join(bad)
 
 
-def test_step_widget_frames_fit_the_screen(site, browser):
+def test_step_widget_frames_fit_the_screen(sweep):
     "A step widget's frame is at most 700 px tall: the slider and the picture fit on one screen."
-    pg = browser.new_page(viewport={"width": 1400, "height": 900})
-    tall = []
-    for page in pages():
-        pg.goto(f"{site}/{page}", wait_until="load")
-        hs = pg.evaluate("() => [...document.querySelectorAll('.step-viewer img.sv-frame')].map(i => i.getBoundingClientRect().height)")
-        tall += [f"{page}: frame {k} is {h:.0f} px tall" for k, h in enumerate(hs) if h > 700]
-    pg.close()
+    tall = [f"{page}: frame {k} is {h:.0f} px tall" for page, r in sweep.items() for k, h in enumerate(r["frames"]) if h > 700]
     assert not tall, "\n".join(tall)
 
 

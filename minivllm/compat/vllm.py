@@ -63,6 +63,7 @@ from minivllm.core.model import (
     MODEL_RUNNERS,
     ROPE_TYPES,
     LlamaForCausalLM,
+    empty_model,
     model_class,
 )
 from ..parallel.tensor import TPModelRunner, TPWorker, shard_weight, tp_model_class
@@ -276,7 +277,7 @@ def dummy_weights(hf_config, seed: int = 0, low: float = -1e-3, high: float = 1e
 
 def load_dummy_model(mc: ModelConfig, device) -> LlamaForCausalLM:
     "The model of `mc.hf_config` with `dummy_weights` seeded by `mc.seed`, on `device`."
-    with torch.device(device):
+    with empty_model(mc.dtype, device):
         model = model_class(mc.hf_config)(mc.hf_config, mc.attention_backend, mc.max_model_len)
     model.load_weights(dummy_weights(mc.hf_config, mc.seed))
     return model.to(device=device, dtype=mc.dtype).eval()
@@ -293,7 +294,7 @@ class _DummyShard:
         if mc.load_format != "dummy":  # real weights (after `update_config`, `reload_weights`)
             return super().load_model()
         args = (self.plan, self.rank, mc.attention_backend, mc.max_model_len)
-        with torch.device(self.device):
+        with empty_model(mc.dtype, self.device):
             model = tp_model_class(model_class(mc.hf_config))(mc.hf_config, *args)
         w = dummy_weights(mc.hf_config, mc.seed)
         model.load_weights((n, shard_weight(n, t, self.plan, self.rank)) for n, t in w)
@@ -438,7 +439,7 @@ def load_weights(cls: ShardedStateLoader, model, path, pattern: str | None = Non
 # %% ../../nbs/95_vllm_compat.ipynb #shard95c
 def load_sharded_state_model(mc: ModelConfig, device) -> LlamaForCausalLM:
     "The model of `mc.hf_config`, in `mc.dtype` on `device`, with the state saved in `mc.model`."
-    with torch.device(device):
+    with empty_model(mc.dtype, device):
         model = model_class(mc.hf_config)(mc.hf_config, mc.attention_backend, mc.max_model_len)
     model = model.to(dtype=mc.dtype)
     ShardedStateLoader.load_weights(model, mc.model)

@@ -4,6 +4,7 @@
 
 # %% ../../nbs/05_model.ipynb #945a8757
 from __future__ import annotations
+import contextlib
 import glob
 import math
 import os
@@ -23,8 +24,8 @@ from .scheduler import ScheduledSeq, SchedulerOutput, StepExtension, by_priority
 # %% auto #0
 __all__ = ['LAYER_OPS', 'ROPE_TYPES', 'MODEL_HOOKS', 'MODEL_CLASSES', 'MODEL_RUNNERS', 'MODEL_LOADERS', 'RUNNER_PREPARERS',
            'TorchOps', 'layer_ops', 'RMSNorm', 'RotaryEmbedding', 'Attention', 'MLP', 'DecoderLayer',
-           'LlamaForCausalLM', 'model_class', 'iter_checkpoint_weights', 'load_model', 'tiny_config',
-           'make_tiny_checkpoint', 'StepTimer', 'ModelRunnerOutput', 'model_runner_class', 'ModelRunner']
+           'LlamaForCausalLM', 'model_class', 'iter_checkpoint_weights', 'NoInit', 'empty_model', 'load_model',
+           'tiny_config', 'make_tiny_checkpoint', 'StepTimer', 'ModelRunnerOutput', 'model_runner_class', 'ModelRunner']
 
 # %% ../../nbs/05_model.ipynb #8283517b
 class TorchOps:
@@ -341,15 +342,37 @@ def iter_checkpoint_weights(path: str | os.PathLike):
             for name in sf.keys():
                 yield name, sf.get_tensor(name)
 
+# %% ../../nbs/05_model.ipynb #empty05c
+class NoInit(torch.overrides.TorchFunctionMode):
+    "While on, `torch.nn.init`'s initialisers (modules call them when made) change nothing."
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if getattr(func, "__module__", None) == "torch.nn.init":
+            return kwargs.get("tensor", args[0] if args else None)
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def empty_model(dtype=torch.float32, device="cpu"):
+    "Modules built inside are on `device`, in `dtype` (if a float one), and not initialised."
+    saved = torch.get_default_dtype()
+    torch.set_default_dtype(dtype if dtype.is_floating_point else saved)
+    try:
+        with torch.device(device), NoInit():
+            yield
+    finally:
+        torch.set_default_dtype(saved)
+
 
 def load_model(
     path, hf_config, dtype=torch.float32, device="cpu", attention_backend="torch", max_pos=None
 ) -> LlamaForCausalLM:
-    "Build the model for `hf_config` and load the checkpoint at `path` into it."
-    with torch.device(device):
+    "Build the model for `hf_config` empty, then load the checkpoint at `path` into it."
+    with empty_model(dtype, device):
         model = model_class(hf_config)(hf_config, attention_backend, max_pos)
     model.load_weights(iter_checkpoint_weights(path))
-    return model.to(device=device, dtype=dtype).eval()
+    return model.to(device=device, dtype=dtype).eval()  # buffers made in float32 (the rope table)
 
 # %% ../../nbs/05_model.ipynb #f627a407
 def tiny_config(model_type="llama", **kw):

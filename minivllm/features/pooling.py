@@ -251,6 +251,7 @@ from minivllm.core.model import (
     MODEL_RUNNERS,
     LlamaForCausalLM,
     ModelRunner,
+    empty_model,
     iter_checkpoint_weights,
 )
 
@@ -262,7 +263,7 @@ def is_sequence_classifier(hf_config) -> bool:
 
 def load_classifier(path, hf_config, dtype, device, attention_backend="torch", max_pos=None):
     "The decoder of a sequence-classification checkpoint, with its head as `model.score`."
-    with torch.device(device):
+    with empty_model(dtype, device):
         model = LlamaForCausalLM(hf_config, attention_backend, max_pos)
     head = []
 

@@ -22,6 +22,7 @@ from minivllm.core.model import (
     MODEL_RUNNERS,
     LlamaForCausalLM,
     ModelRunner,
+    empty_model,
     iter_checkpoint_weights,
     model_class,
 )
@@ -299,7 +300,7 @@ class PPWorker(TPWorker):
         cfg = stage_config(mc.hf_config, len(self.layers), self.layers.start)
         args = (mc.attention_backend, mc.max_model_len)
         cls = pp_model_class(model_class(mc.hf_config), tp > 1)
-        with torch.device(self.device):
+        with empty_model(mc.dtype, self.device):
             if tp > 1:
                 model = cls(cfg, self.plan, self.tp_rank, *args, self.group)
             else:

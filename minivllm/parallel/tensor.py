@@ -28,7 +28,13 @@ import torch.nn.functional as F
 import torch.distributed as dist
 from fastcore.basics import patch
 from ..core.config import EngineConfig
-from ..core.model import MODEL_RUNNERS, LlamaForCausalLM, ModelRunner, model_class
+from minivllm.core.model import (
+    MODEL_RUNNERS,
+    LlamaForCausalLM,
+    ModelRunner,
+    empty_model,
+    model_class,
+)
 from ..kernels.model_kernels import Linear
 from ..core.scheduler import SchedulerOutput
 
@@ -277,7 +283,7 @@ def load_shard(
     max_pos=None,
 ) -> TPLlamaForCausalLM:
     "Build `rank`'s shard and load its slice of the checkpoint at `path` (and nothing else)."
-    with torch.device(device):
+    with empty_model(dtype, device):
         model = tp_model_class(model_class(hf_config))(
             hf_config, plan, rank, attention_backend, max_pos
         )
