@@ -674,6 +674,48 @@ def my_unfuse_qkv(w, num_heads, num_kv_heads, head_dim):
     return w[kv : kv + q], w[:kv], w[q + kv :]
 '''),
     ],
+    ("15_server", "my_key_ok"): [
+        ("the scheme compared case-sensitively", '''
+def my_key_ok(header: str, api_key: str) -> bool:
+    scheme, _, token = header.partition(" ")
+    return scheme == "Bearer" and secrets.compare_digest(token.strip().encode(), api_key.encode())
+'''),
+        ("the key anywhere in the header", '''
+def my_key_ok(header: str, api_key: str) -> bool:
+    return api_key in header
+'''),
+        ("the header only has to end with the key", '''
+def my_key_ok(header: str, api_key: str) -> bool:
+    return header.lower().startswith("bearer") and header.endswith(api_key)
+'''),
+        ("a token that starts with the key is enough", '''
+def my_key_ok(header: str, api_key: str) -> bool:
+    scheme, _, token = header.partition(" ")
+    return scheme.lower() == "bearer" and token.strip().startswith(api_key)
+'''),
+    ],
+    ("15_server", "my_sse_body"): [
+        ("one newline after each event, not a blank line", '''
+def my_sse_body(chunks: list[dict]) -> str:
+    return "".join(f"data: {json.dumps(c)}\\n" for c in chunks) + "data: [DONE]\\n"
+'''),
+        ("no [DONE] at the end", '''
+def my_sse_body(chunks: list[dict]) -> str:
+    return "".join(f"data: {json.dumps(c)}\\n\\n" for c in chunks)
+'''),
+        ("the chunk as Python's repr, not JSON", '''
+def my_sse_body(chunks: list[dict]) -> str:
+    return "".join(f"data: {c}\\n\\n" for c in chunks) + "data: [DONE]\\n\\n"
+'''),
+        ("pretty-printed JSON, over several lines", '''
+def my_sse_body(chunks: list[dict]) -> str:
+    return "".join(f"data: {json.dumps(c, indent=2)}\\n\\n" for c in chunks) + "data: [DONE]\\n\\n"
+'''),
+        ("[DONE] sent as a JSON string", '''
+def my_sse_body(chunks: list[dict]) -> str:
+    return "".join(f"data: {json.dumps(c)}\\n\\n" for c in chunks) + 'data: "[DONE]"\\n\\n'
+'''),
+    ],
     ("16_benchmarks", "my_round_ratios"): [
         ("the ratio of the medians, not the median of the ratios", '''
 def my_round_ratios(runs, base="minivllm"):

@@ -9,6 +9,8 @@ from minivllm.core.block_manager import KVCacheManager, check_invariants, cdiv, 
 from minivllm.core.config import SamplingParams
 from minivllm.core.request import Request
 
+pytestmark = pytest.mark.xdist_group("block_manager")  # one worker builds its module fixtures (engines, checkpoints) once
+
 
 # ---------------------------------------------------------------------------------------------------------------
 # A random driver playing the engine's part. Each step: admit waiting requests (prefix-cache lookup + first

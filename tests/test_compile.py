@@ -10,6 +10,8 @@ from minivllm.core.model import make_tiny_checkpoint
 from minivllm.kernels.model_kernels import CpuDecodeRunner
 from minivllm.kernels.compilation import CompiledModelRunner
 
+pytestmark = pytest.mark.xdist_group("compile")  # one worker builds its module fixtures (engines, checkpoints) once
+
 SLOW = bool(os.environ.get("MINIVLLM_SLOW"))
 
 

@@ -276,3 +276,11 @@ def test_minivllm_course_writes_a_student_copy(tmp_path):
                         "course", "--student", str(dst), "--nbs", str(NBS)], capture_output=True, text=True,
                        timeout=300, cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert r.returncode == 2 and "exists" in r.stderr
+
+
+def test_student_copy_output_counts_todays_exercises():
+    "16b's saved output (the student copy it writes) counts the exercises the notebooks have now."
+    saved = re.findall(r"(\d+) exercises in (\d+) notebooks", (NBS / "16b_course.ipynb").read_text())
+    per_nb = [len(exercises(json.loads(p.read_text()))) for p in NBS.glob("*.ipynb")]
+    want = (sum(per_nb), sum(1 for n in per_nb if n))
+    assert saved and all((int(a), int(b)) == want for a, b in saved), f"saved {saved}, now {want}: run .ci/execute on 16b"

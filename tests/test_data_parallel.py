@@ -116,6 +116,8 @@ def test_dp2_equals_dp1_and_survives_a_dead_engine(tiny, reference, monkeypatch)
         assert [(e["rank"], e["state"], e.get("reason")) for e in body["engines"]] == [
             (0, "alive", None), (1, "dead", "exited with code -9")], body
         assert metric(base, "minivllm_dp_engine_alive", 1) == 0 and metric(base, "minivllm_dp_engine_alive", 0) == 1
+        # the dead engine's gauges read 0 (not its last report, a running request that has failed)
+        assert [metric(base, f"minivllm_dp_{g}", 1) for g in ("num_requests_running", "kv_cache_usage_perc")] == [0, 0]
         assert run_all(base, WORKLOAD[:4]) == reference[:4]   # the server keeps serving, on engine 0
         # the last engine dies while nothing runs: /health says 503 at once, and the server exits with status 1
         server = server_process()

@@ -3,6 +3,8 @@ with continuous batching, with preemption, and with aborts and bad input in the 
 import pytest, torch
 from minivllm import LLM, LLMEngine, EngineArgs, SamplingParams, TokensPrompt
 
+pytestmark = pytest.mark.xdist_group("e2e_hf")  # one worker builds its module fixtures (engines, checkpoints) once
+
 BASE = ("The history of computing is long and full of surprises. Early mechanical calculators gave way to "
         "electronic machines, then to transistors, integrated circuits and the personal computer. ")
 PROMPTS = ["Hi", "The capital of France is", "Write a short poem about the moon:",

@@ -4,6 +4,8 @@ import torch.nn.functional as F
 from minivllm import LLM, SamplingParams, PoolingParams, EmbeddingRequestOutput, PoolingRequestOutput
 from minivllm.core.config import PoolerConfig
 
+pytestmark = pytest.mark.xdist_group("embeddings")  # one worker builds its module fixtures (engines, checkpoints) once
+
 # minivllm and HF both run float32 on the CPU, but batch and order their matmuls differently (and minivllm reads the
 # keys/values back from the paged cache in chunks): the vectors agree to float32 rounding, far below this tolerance.
 ATOL = 1e-5

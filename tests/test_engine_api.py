@@ -5,6 +5,8 @@ import logging, time
 import pytest
 from minivllm import LLMEngine, EngineArgs, SamplingParams, TokensPrompt, TextPrompt, RequestOutputKind
 
+pytestmark = pytest.mark.xdist_group("engine_api")  # one worker builds its module fixtures (engines, checkpoints) once
+
 PARIS = "The capital of France is"
 EMOJI = "🍕🎉🍕🎉🍕🎉🍕🎉🍕🎉"
 CJK = "日本語: こんにちは、世界。日本語のテキストを書きます。"

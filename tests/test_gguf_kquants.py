@@ -10,8 +10,9 @@ from minivllm.core.model import make_tiny_checkpoint
 from minivllm.kernels.quantization import BlockLinear, blocks_supported
 from gguf_files import write_llama_gguf
 
-pytestmark = pytest.mark.skipif(not blocks_supported("cpu", torch.float32),
-                                reason="qgemm.c needs a CPU with AVX-512 (this one has none)")
+pytestmark = [pytest.mark.skipif(not blocks_supported("cpu", torch.float32),
+                                 reason="qgemm.c needs a CPU with AVX-512 (this one has none)"),
+              pytest.mark.xdist_group("gguf_kquants")]  # one worker builds the tiny checkpoint once
 PROMPTS = [[1, 504, 3458, 282], [1, 1206, 16, 2072, 28, 30, 31, 32, 33, 34, 35, 36, 37]]
 
 

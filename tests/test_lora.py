@@ -5,6 +5,8 @@ import copy, json
 import pytest, torch
 from minivllm import LLM, SamplingParams, LoRARequest, TokensPrompt
 
+pytestmark = pytest.mark.xdist_group("lora")  # one worker builds its module fixtures (engines, checkpoints) once
+
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 SPECS = {1: dict(r=4, lora_alpha=8, target_modules=TARGETS), 2: dict(r=8, lora_alpha=16, use_rslora=True, target_modules=TARGETS),
          3: dict(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj", "down_proj"]),

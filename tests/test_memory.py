@@ -8,6 +8,8 @@ import json, os, subprocess, sys
 import pytest, torch
 from minivllm.core.config import embedded_gguf_path, resolve_model
 
+pytestmark = pytest.mark.xdist_group("memory")  # one worker builds its module fixtures (engines, checkpoints) once
+
 CHILD = r"""
 import json, sys
 from minivllm import LLM

@@ -1,20 +1,55 @@
-"""Every notebook's cells are unit tests: run each one with `nbdev_test` (in its own process), so that one pytest
-summary counts them with the end-to-end tests. Cells flagged `#| slow` or `#| gpu` are skipped unless
-MINIVLLM_NB_FLAGS names the flags (e.g. MINIVLLM_NB_FLAGS="slow")."""
-import os, subprocess
+"""Every notebook's cells are unit tests: run each one as `nbdev_test` does (nbdev's `test_nb`, in a process of its
+own), so that one pytest summary counts them with the end-to-end tests. Cells flagged `#| slow` or `#| gpu` are
+skipped unless MINIVLLM_NB_FLAGS names the flags (e.g. MINIVLLM_NB_FLAGS="slow").
+
+Each notebook's process is forked from one that has imported the libraries every notebook imports (torch,
+transformers, matplotlib, IPython, nbdev: about 4 s a notebook otherwise); minivllm itself is imported by the
+notebook, as in `nbdev_test`, and so is Triton (it reads `TRITON_INTERPRET` when imported, and the lessons that
+run its kernels without a GPU set that first)."""
+import multiprocessing, os, sys
 from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted(p.name for p in (ROOT / "nbs").glob("*.ipynb"))
+PRELOAD = ["torch", "numpy", "transformers", "transformers.models.auto.modeling_auto",
+           "transformers.models.auto.tokenization_auto", "tokenizers", "safetensors", "pydantic", "fastapi",
+           "matplotlib.pyplot", "IPython", "execnb.shell", "nbdev.test"]
+
+
+def _run_notebook(path: str, flags: str, log: str):
+    "In the forked process: nbdev_test's own call for one notebook, its prints and errors into `log`."
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    os.dup2(fd, 1); os.dup2(fd, 2)
+    sys.stdout = os.fdopen(1, "w", buffering=1); sys.stderr = os.fdopen(2, "w", buffering=1)
+    os.chdir(ROOT)
+    from nbdev.config import get_config
+    from nbdev.test import test_nb
+    from fastcore.xtras import working_directory
+    cfg = get_config()
+    with working_directory(cfg.nbs_path):
+        ok, _ = test_nb(Path(path), skip_flags=cfg.tst_flags.split(), force_flags=flags.split(), do_print=True,
+                        basepath=cfg.config_path)
+    sys.stdout.flush(); sys.stderr.flush()
+    os._exit(0 if ok else 1)
+
+
+@pytest.fixture(scope="module")
+def forkserver():
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(PRELOAD)
+    return ctx
 
 
 @pytest.mark.parametrize("nb", NOTEBOOKS)
-def test_notebook(nb):
-    cmd = ["nbdev_test", "--path", str(ROOT / "nbs" / nb), "--do_print"]
-    if os.environ.get("MINIVLLM_NB_FLAGS"): cmd += ["--flags", os.environ["MINIVLLM_NB_FLAGS"]]
-    r = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, timeout=1500)
-    assert r.returncode == 0, f"{nb} failed:\n{r.stdout[-6000:]}\n{r.stderr[-6000:]}"
+def test_notebook(nb, forkserver, tmp_path):
+    log = tmp_path / "nbdev_test.log"
+    p = forkserver.Process(target=_run_notebook, args=(str(ROOT / "nbs" / nb),
+                                                       os.environ.get("MINIVLLM_NB_FLAGS", ""), str(log)))
+    p.start(); p.join(1500)
+    if p.exitcode is None: p.kill(); p.join()
+    out = log.read_text(errors="replace") if log.exists() else ""
+    assert p.exitcode == 0, f"{nb} failed (exit code {p.exitcode}):\n{out[-12000:]}"
 
 
 # The saved-notebook checker run by .ci/test (.ci/check_notebooks.py): shown to fail on each defect it is for.

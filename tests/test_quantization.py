@@ -10,6 +10,8 @@ from minivllm.kernels.quantization import (BlockLinear, Int4Linear, Int8Linear, 
 from minivllm.core.config import EngineArgs, embedded_gguf_path
 from minivllm.kernels.model_kernels import Linear
 
+pytestmark = pytest.mark.xdist_group("quantization")  # one worker builds its module fixtures (engines, checkpoints) once
+
 
 def held_weight(m: nn.Module) -> torch.Tensor:
     "The weights a weight-only kernel multiplies by: `I @ W.T`, transposed."

@@ -13,6 +13,8 @@ from minivllm.core.sampler import Sampler, SamplingMetadata, gather_logprobs, co
 from minivllm.features.sampling_more import apply_min_p
 from minivllm.features.sampling_more import BeamSearchParams, beam_search, prompt_logprobs_from_logits, get_beam_search_score
 
+pytestmark = pytest.mark.xdist_group("sampler")  # one worker builds its module fixtures (engines, checkpoints) once
+
 EOS = 2
 
 

@@ -3,6 +3,8 @@ the cosine similarity of the embeddings `LLM.embed` returns, paired 1:1, 1:N or 
 import pytest, torch
 from fastapi.testclient import TestClient
 
+pytestmark = pytest.mark.xdist_group("scoring")  # one worker builds its module fixtures (engines, checkpoints) once
+
 QUERY = "Where do cats sleep?"
 DOCS = ["Cats nap in sunny spots.", "Bond yields rose on Tuesday.", "The tax form is due in May.", "Kittens sleep a lot."]
 

@@ -10,9 +10,12 @@ tiny random model with SmolLM2's tokenizer, through httpx):
   function, on chat and on `/v1/responses`, is a 400 naming `tool_choice` (it was a 500).
 - `max_tokens` (`max_completion_tokens`, `max_output_tokens`) beyond what the context holds after the prompt is a 400
   naming it, as vLLM answers (it was accepted).
-- `/v2` routes ask for the API key, as `/v1` routes do."""
+- `/v2` routes ask for the API key, as `/v1` routes do.
+- A connection whose request line and headers are not all in within `--header-timeout` seconds gets a 408 and is
+  closed (they were held open for as long as the client liked), while `/health` answers."""
 
-import json, threading, time
+import json, socket, threading, time
+from urllib.parse import urlsplit
 
 import httpx, pytest
 from conftest import running_server
@@ -33,7 +36,7 @@ def server(tmp_path_factory, model_dir):
                          num_attention_heads=4, num_key_value_heads=2, intermediate_size=128, num_hidden_layers=2,
                          tie_word_embeddings=True)
     with running_server(str(d), "--served-model-name", "tiny", "--max-model-len", str(MAX_LEN), "--dtype", "float32",
-                        "--kv-cache-memory-bytes", str(8 << 20), "--api-key", KEY) as base:
+                        "--kv-cache-memory-bytes", str(8 << 20), "--api-key", KEY, "--header-timeout", "1") as base:
         yield base
 
 
@@ -173,3 +176,18 @@ def test_internal_errors_carry_no_internals():
     from minivllm.serve.server import internal_error
     e = internal_error(RuntimeError("/usr/lib/gloo/something.cpp:42 <object at 0x7f>"))
     assert e.status == 500 and "gloo" not in e.message and "0x7f" not in e.message and "RuntimeError" in e.message
+
+
+def test_slow_request_heads_are_cut_off(server):
+    "50 clients that never finish their headers: each gets a 408 and is closed after the header timeout (1 s)."
+    addr = urlsplit(server)
+    socks = [socket.create_connection((addr.hostname, addr.port), timeout=10) for _ in range(50)]
+    for s in socks: s.sendall(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n")
+    t0 = time.monotonic()
+    assert httpx.get(server + "/health", timeout=5).status_code == 200   # served meanwhile
+    answers = [s.recv(200) for s in socks]
+    waited = time.monotonic() - t0
+    assert all(a.startswith(b"HTTP/1.1 408 ") for a in answers), {a[:40] for a in answers}
+    assert all(s.recv(10) == b"" for s in socks)   # closed by the server
+    for s in socks: s.close()
+    assert 0.5 < waited < 10, waited

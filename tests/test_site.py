@@ -49,8 +49,9 @@ def site():
     srv.shutdown()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser():
+    "Chromium, for this module's tests only: playwright's sync API keeps an event loop running in this thread while it is open."
     from playwright.sync_api import sync_playwright
     with sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"])

@@ -9,6 +9,8 @@ from minivllm import LLM, SamplingParams, EngineArgs
 from minivllm.core.block_manager import check_invariants
 from minivllm.features.spec_decode import truncated_draft_model
 
+pytestmark = pytest.mark.xdist_group("spec_decode")  # one worker builds its module fixtures (engines, checkpoints) once
+
 TEXT = ("Speculative decoding lets a cheap proposer guess several tokens, and the model checks all of them in one "
         "forward pass. The quick brown fox jumps over the lazy dog.")
 QUESTIONS = ["What is the capital of France?", f"Repeat this text exactly: {TEXT}", "Count from 1 to 12.",

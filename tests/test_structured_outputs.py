@@ -7,6 +7,8 @@ from conftest import running_server
 from minivllm import LLM, SamplingParams
 from minivllm.core.config import StructuredOutputsParams
 
+pytestmark = pytest.mark.xdist_group("structured_outputs")  # one worker builds its module fixtures (engines, checkpoints) once
+
 S = lambda maxlen=10: {"type": "string", "maxLength": maxlen}
 SCHEMAS = [
     {"type": "object", "properties": {"name": S()}, "required": ["name"]},

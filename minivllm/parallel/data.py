@@ -528,7 +528,7 @@ _ = ENGINE_FRONT_ENDS.setdefault(DPLLMEngine.__name__, DPLLMEngine)  # (the pack
 # %% ../../nbs/14b_data_parallel.ipynb #a732252f
 class DPCollector:
     """Prometheus metrics per engine (label `engine`): alive, requests routed there, running,
-    waiting, KV-cache usage."""
+    waiting, KV-cache usage (0 for a dead engine: its requests have failed)."""
 
     def __init__(self, front: DPLLMEngine):
         self.front = front
@@ -554,14 +554,14 @@ class DPCollector:
             ),
         ]
         for e in self.front.engines:
-            g, lab = e.gauges, [str(e.rank)]
+            g, lab = (e.gauges if e.alive else {}), [str(e.rank)]  # a dead one holds nothing
             free, total = g.get("free_blocks", 0), max(g.get("num_blocks", 0), 1)
             vals = [
                 int(e.alive),
                 e.routed,
                 g.get("running", 0),
                 g.get("waiting", 0),
-                1 - free / total,
+                1 - free / total if g else 0.0,
             ]
             for f, v in zip(fams, vals):
                 f.add_metric(lab, v)

@@ -64,8 +64,8 @@ __all__ = ['Text', 'Bool', 'INT64', 'TokenId', 'TokenIds', 'OneText', 'OneTokenI
            'ResponseTextFormat', 'ResponseText', 'ReasoningParams', 'ResponsesRequest', 'text_format_of',
            'input_messages', 'output_items', 'ResponseEvents', 'add_responses_route', 'TokenizeRequest',
            'DetokenizeRequest', 'add_tokenize_routes', 'ScoreRequest', 'RerankRequest', 'score_texts',
-           'add_score_routes', 'add_pause_routes', 'dev_mode', 'build_app', 'serve_parser', 'print_held_memory',
-           'cmd_serve']
+           'add_score_routes', 'add_pause_routes', 'dev_mode', 'build_app', 'serve_parser', 'positive_seconds',
+           'HeaderTimeoutProtocol', 'uvicorn_config', 'print_held_memory', 'cmd_serve']
 
 # %% ../../nbs/15_server.ipynb #738e7691
 class StreamOptions(BaseModel):
@@ -2407,8 +2407,18 @@ def serve_parser(sub):
     return EngineArgs.add_cli_args(p)
 
 # %% ../../nbs/15_server.ipynb #f16a9ee2
+def positive_seconds(text: str) -> float:
+    "An argparse type: a number of seconds above 0 (a time limit of 0 would refuse everything)."
+    import argparse
+
+    x = float(text)  # (not a number: argparse's own "invalid positive_seconds value")
+    if not x > 0:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {text}")
+    return x
+
+
 def _add_template_args(p):
-    "`minivllm serve`'s chat template flags, and the time a request's preparation may take."
+    "`minivllm serve`'s template flags; the times a request's head and its preparation may take."
     p.add_argument(
         "--chat-template",
         default=None,
@@ -2424,9 +2434,15 @@ def _add_template_args(p):
     )
     p.add_argument(
         "--prep-timeout",
-        type=float,
+        type=positive_seconds,
         default=30.0,
         help="seconds a request's preparation (tokenizing, rendering its chat template) may take",
+    )
+    p.add_argument(
+        "--header-timeout",
+        type=positive_seconds,
+        default=10.0,
+        help="seconds a request's line and headers may take to arrive (then a 408)",
     )
 
 # %% ../../nbs/15_server.ipynb #fs15o
@@ -2510,6 +2526,61 @@ def _placement(ns) -> tuple[DPPlacement | None, int]:
         )
     return DPPlacement(local, address, port), start or 0
 
+# %% ../../nbs/15_server.ipynb #ht15a
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+_TIMEOUT_408 = b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+
+
+class HeaderTimeoutProtocol(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol with a time limit on each request's line and headers: a 408 and
+    the connection closed when they are not all in `header_timeout` seconds after it opened (or
+    after its last response)."""
+
+    header_timeout = 10.0
+    _head_timer = None
+
+    def connection_made(self, transport):
+        super().connection_made(transport)
+        self._arm()
+
+    def _arm(self):
+        self._disarm()
+        self._head_timer = self.loop.call_later(self.header_timeout, self._head_too_slow)
+
+    def _disarm(self):
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_too_slow(self):
+        self._head_timer = None
+        in_request = self.cycle is not None and not self.cycle.response_complete
+        if not in_request and not self.transport.is_closing():
+            self.transport.write(_TIMEOUT_408)
+            self.transport.close()
+
+    def handle_events(self):
+        super().handle_events()
+        if self.cycle is not None and not self.cycle.response_complete:
+            self._disarm()  # a whole request head is in
+
+    def on_response_complete(self):
+        self._arm()  # (before uvicorn reads a pipelined request, which disarms it again)
+        super().on_response_complete()
+
+    def connection_lost(self, exc):
+        self._disarm()
+        super().connection_lost(exc)
+
+# %% ../../nbs/15_server.ipynb #ht15b
+def uvicorn_config(app, host: str, ns):
+    "uvicorn's config for `minivllm serve`: host, `--port`, log level and header timeout."
+    import uvicorn
+
+    proto = type("HeaderTimeout", (HeaderTimeoutProtocol,), {"header_timeout": ns.header_timeout})
+    return uvicorn.Config(app, host=host, port=ns.port, log_level=ns.log_level, http=proto)
+
 # %% ../../nbs/15_server.ipynb #93a0b062
 def print_held_memory(engine):
     """Print what the engine's runner holds (weights, KV cache, resident memory now and at its peak:
@@ -2567,8 +2638,7 @@ def cmd_serve(ns) -> int:
     host = ns.host or "127.0.0.1"
     print(f"minivllm: serving {name!r}{served} on http://{host}:{ns.port}/v1", flush=True)
     print_held_memory(engine)
-    config = uvicorn.Config(app, host=host, port=ns.port, log_level=ns.log_level)
-    server = uvicorn.Server(config)
+    server = uvicorn.Server(uvicorn_config(app, host, ns))
     app.state.on_engine_dead = lambda: setattr(server, "should_exit", True)
     app.state.on_shutdown = stop = functools.cache(engine.shutdown)  # once, also on SIGTERM
     try:
