@@ -2526,16 +2526,15 @@ def _placement(ns) -> tuple[DPPlacement | None, int]:
         )
     return DPPlacement(local, address, port), start or 0
 
-# %% ../../nbs/15_server.ipynb #ht15a
+# %% ../../nbs/15_server.ipynb #ht15c
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 _TIMEOUT_408 = b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
 
-
+# %% ../../nbs/15_server.ipynb #ht15a
 class HeaderTimeoutProtocol(H11Protocol):
-    """uvicorn's HTTP/1.1 protocol with a time limit on each request's line and headers: a 408 and
-    the connection closed when they are not all in `header_timeout` seconds after it opened (or
-    after its last response)."""
+    """uvicorn's HTTP/1.1 protocol, and a 408 (then the connection closed) for a request head not
+    all in `header_timeout` seconds after the connection opened or its last response."""
 
     header_timeout = 10.0
     _head_timer = None
