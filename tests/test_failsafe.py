@@ -12,6 +12,8 @@ from conftest import free_port, running_server
 pytestmark = pytest.mark.xdist_group("failsafe")
 
 NESTED = "{% for i in range(15000) %}{% for j in range(15000) %}{% endfor %}{% endfor %}x"
+C_LOOP = "{{ (7 ** 30000000) % 3 }}"  # one operation in C, many seconds long: no trace function sees inside it
+C_MEMORY = '{{ "x" * 10**9 }}'  # a gigabyte-long string in one operation
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +64,9 @@ def test_request_chat_template_refused_by_default(server):
 def test_trusted_slow_templates_stop_at_their_budget(tiny_dir):
     """Trusted request templates that would loop for minutes are stopped at the preparation budget (a 400 naming
     chat_template) and free their threads; a plain chat request sent meanwhile does not wait for them, and /health
-    answers within 100 ms throughout (the median; none over a second)."""
+    answers within 100 ms throughout (the median; none over a second). A template stuck in one C operation is
+    killed with its process at the budget, one that builds a gigabyte string meets its process's memory cap (a
+    400; the server's memory does not grow), and a fresh process renders the next trusted template."""
     budget = 2.0
     with running_server(tiny_dir, "--max-model-len", "512", "--trust-request-chat-template",
                         "--prep-timeout", str(budget)) as base:
@@ -98,6 +102,26 @@ def test_trusted_slow_templates_stop_at_their_budget(tiny_dir):
         # within 100 ms as a rule; a probe that loses the 2 cores to the other test process for a slice may take longer
         lats = sorted(lat["lat"])
         assert len(lats) >= 10 and lats[len(lats) // 2] < 0.1 and lats[-1] < 1.0, lats[-5:]
+        # one long operation in C: its process is killed at the budget; a gigabyte string: the child's memory cap
+        rss0 = psutil.Process(server_pid(base)).memory_info().rss
+        for template, status, param, words in [(C_LOOP, 400, "chat_template", "took longer than 2 s to render"),
+                                               (C_MEMORY, 400, "messages", "MiB to render")]:
+            t = time.perf_counter()
+            r = httpx.post(base + "/v1/chat/completions", json=dict(slow, chat_template=template), timeout=60)
+            took = time.perf_counter() - t
+            assert r.status_code == status and r.json()["error"]["param"] == param, r.text
+            assert words in r.json()["error"]["message"] and took < budget + 1, (r.text, took)
+            assert httpx.post(base + "/v1/chat/completions", json=plain, timeout=60).status_code == 200
+        assert psutil.Process(server_pid(base)).memory_info().rss - rss0 < 200 << 20
+        # the killed process is replaced: a trusted template renders again once the fresh one is up (seconds)
+        good = dict(slow, chat_template="{% for m in messages %}{{ m.content }}{% endfor %}")
+        codes = []
+        for _ in range(30):
+            codes.append(httpx.post(base + "/v1/chat/completions", json=good, timeout=60).status_code)
+            if codes[-1] == 200:
+                break
+            time.sleep(1)
+        assert codes[-1] == 200 and set(codes) <= {200, 400}, codes
 
 
 def test_50mb_body_is_refused_at_once_without_memory(server):

@@ -10,6 +10,8 @@ tiny random model with SmolLM2's tokenizer, through httpx):
   function, on chat and on `/v1/responses`, is a 400 naming `tool_choice` (it was a 500).
 - `max_tokens` (`max_completion_tokens`, `max_output_tokens`) beyond what the context holds after the prompt is a 400
   naming it, as vLLM answers (it was accepted).
+- A structured-outputs grammar that matches no text at all (the regex `[^\\s\\S]`) is a 400 naming the
+  field (`structured_outputs`, `guided_regex`; it was a 200 whose output ended with `finish_reason: "abort"`).
 - `/v2` routes ask for the API key, as `/v1` routes do.
 - A connection whose request line and headers are not all in within `--header-timeout` seconds gets a 408 and is
   closed (they were held open for as long as the client liked), while `/health` answers."""
@@ -120,6 +122,7 @@ def test_lone_surrogate_is_a_400_naming_the_field(server, path, body, param):
     check_400(*post(server, path, body), param, "surrogate", "\\ud800")
 
 
+NOTHING = r"[^\s\S]"  # a character neither space nor not space: a regex no text matches
 BAD_SCHEMAS = [{"type": "bogus"}, {"$ref": "#/nowhere"}]
 
 
@@ -156,6 +159,20 @@ def test_max_tokens_beyond_the_context_is_a_400(server, path, body, param):
     check_400(*post(server, path, body), param, "is too large", f"maximum context length is {MAX_LEN}")
     ok = dict(body, **{k: 2 for k in ("max_tokens", "max_completion_tokens", "max_output_tokens") if k in body})
     r, _ = post(server, path, ok)
+    assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("path,body,param", [
+    ("/v1/completions", dict(model="tiny", prompt="Hi", max_tokens=4, structured_outputs={"regex": NOTHING}),
+     "structured_outputs"),
+    ("/v1/chat/completions", dict(model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=4,
+                                  structured_outputs={"regex": NOTHING}), "structured_outputs"),
+    ("/v1/completions", dict(model="tiny", prompt="Hi", max_tokens=4, guided_regex=NOTHING), "guided_regex"),
+])
+def test_a_grammar_that_matches_nothing_is_a_400(server, path, body, param):
+    check_400(*post(server, path, body), param, "matches no text at all")
+    ok = {k: v for k, v in body.items() if k not in ("structured_outputs", "guided_regex")}
+    r, _ = post(server, path, dict(ok, structured_outputs={"regex": "[ab]"}))
     assert r.status_code == 200, r.text
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+import threading
 import time
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -17,9 +18,9 @@ from ..core.config import StructuredOutputsParams
 from ..core.request import Request
 
 # %% auto #0
-__all__ = ['grammar_key', 'grammar_from_key', 'validate_structured_outputs', 'structural_tag_text', 'structural_tag_grammar',
-           'bitmask_to_bool', 'apply_token_bitmask', 'count_allowed', 'GrammarState', 'StructuredOutputManager',
-           'StructuredOutputs']
+__all__ = ['grammar_key', 'grammar_from_key', 'admits_some_text', 'validate_structured_outputs', 'structural_tag_text',
+           'structural_tag_grammar', 'bitmask_to_bool', 'apply_token_bitmask', 'count_allowed', 'GrammarState',
+           'StructuredOutputManager', 'StructuredOutputs']
 
 # %% ../../nbs/06b_structured_outputs.ipynb #bd8d04b0
 def _xgr():
@@ -77,11 +78,40 @@ def grammar_from_key(key: tuple[str, str, bool]):
     except Exception as e:
         raise ValueError(f"Invalid {kind} for structured outputs: {_clean(e)}") from None
 
+# %% ../../nbs/06b_structured_outputs.ipynb #so06bempty2
+_BYTES_LOCK = threading.Lock()  # xgrammar compilers are not shared between threads here
+
+
+@functools.cache
+def _byte_compiler():
+    "An xgrammar compiler over a vocabulary of the 256 single bytes and one stop token (id 256)."
+    xgr = _xgr()
+    vocab = [bytes([i]) for i in range(256)] + [b"</s>"]
+    info = xgr.TokenizerInfo(vocab, vocab_type=xgr.VocabType.RAW, stop_token_ids=[256])
+    return xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+
+
+@functools.lru_cache(maxsize=512)
+def admits_some_text(key: tuple[str, str, bool]) -> bool:
+    "Whether the grammar of `key` lets the first byte, or the end, be written (memoised)."
+    xgr = _xgr()
+    with _BYTES_LOCK:
+        compiled = _byte_compiler().compile_grammar(grammar_from_key(key))
+    bitmask = xgr.allocate_token_bitmask(1, 257)
+    xgr.GrammarMatcher(compiled).fill_next_token_bitmask(bitmask, 0)
+    return bool(bitmask.ne(0).any())  # the fill clears the bits past the vocabulary too
+
 
 def validate_structured_outputs(so: StructuredOutputsParams) -> None:
     """Raise a `ValueError` naming the problem if `so` cannot be turned into a grammar (the
-    processor calls this when a request arrives)."""
-    grammar_from_key(grammar_key(so))
+    processor calls this when a request arrives), or if its grammar matches no text at all."""
+    key = grammar_key(so)
+    grammar_from_key(key)
+    if not admits_some_text(key):
+        raise ValueError(
+            f"Invalid {key[0]} for structured outputs: it matches no text at all, so no token "
+            "could ever be sampled."
+        )
 
 # %% ../../nbs/06b_structured_outputs.ipynb #st06b2
 def structural_tag_text(tag) -> str:

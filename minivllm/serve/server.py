@@ -44,7 +44,7 @@ from minivllm.features.tool_calling import (
     plan_tools,
     RenderTimeout,
     render_chat,
-    render_request_chat,
+    TemplateWorker,
     tool_message,
 )
 
@@ -54,18 +54,18 @@ __all__ = ['Text', 'Bool', 'INT64', 'TokenId', 'TokenIds', 'OneText', 'OneTokenI
            'StructuralTagItem', 'StructuralTagFormat', 'CompletionRequest', 'ChatMessage', 'ChatCompletionRequest',
            'ErrorInfo', 'ErrorResponse', 'APIError', 'to_sampling_params', 'structural_tag_of', 'structured_outputs_of',
            'Metrics', 'completion_logprobs', 'chat_logprobs', 'internal_error', 'max_token_chars', 'init_prep',
-           'start_threads', 'thread_tokenizer', 'offload', 'check_prompt_chars', 'check_prompt_len', 'check_max_tokens',
-           'tokens_of', 'compile_grammar', 'lone_surrogate', 'check_unicode', 'base_app', 'engine_health',
-           'add_info_routes', 'check_model', 'apply_sampling_defaults', 'check_not_paused', 'run_request', 'usage',
-           'until_gone', 'respond', 'Accumulator', 'serve_choices', 'decode_prompt_embeds', 'add_completions_route',
-           'EmbeddingRequest', 'bytes_response', 'chunked_embedding', 'pooled_answer', 'add_embeddings_route',
-           'PoolingRequest', 'add_pooling_route', 'prepare_chat', 'add_chat_route', 'LoadLoRAAdapterRequest',
-           'add_lora_adapter', 'add_lora_routes', 'BatchChatCompletionRequest', 'add_batch_chat_route',
-           'ResponseTextFormat', 'ResponseText', 'ReasoningParams', 'ResponsesRequest', 'text_format_of',
-           'input_messages', 'output_items', 'ResponseEvents', 'add_responses_route', 'TokenizeRequest',
-           'DetokenizeRequest', 'add_tokenize_routes', 'ScoreRequest', 'RerankRequest', 'score_texts',
-           'add_score_routes', 'add_pause_routes', 'dev_mode', 'build_app', 'serve_parser', 'positive_seconds',
-           'HeaderTimeoutProtocol', 'uvicorn_config', 'print_held_memory', 'cmd_serve']
+           'start_threads', 'thread_tokenizer', 'thread_template_worker', 'offload', 'check_prompt_chars',
+           'check_prompt_len', 'check_max_tokens', 'tokens_of', 'compile_grammar', 'lone_surrogate', 'check_unicode',
+           'base_app', 'engine_health', 'add_info_routes', 'check_model', 'apply_sampling_defaults', 'check_not_paused',
+           'run_request', 'usage', 'until_gone', 'respond', 'Accumulator', 'serve_choices', 'decode_prompt_embeds',
+           'add_completions_route', 'EmbeddingRequest', 'bytes_response', 'chunked_embedding', 'pooled_answer',
+           'add_embeddings_route', 'PoolingRequest', 'add_pooling_route', 'prepare_chat', 'add_chat_route',
+           'LoadLoRAAdapterRequest', 'add_lora_adapter', 'add_lora_routes', 'BatchChatCompletionRequest',
+           'add_batch_chat_route', 'ResponseTextFormat', 'ResponseText', 'ReasoningParams', 'ResponsesRequest',
+           'text_format_of', 'input_messages', 'output_items', 'ResponseEvents', 'add_responses_route',
+           'TokenizeRequest', 'DetokenizeRequest', 'add_tokenize_routes', 'ScoreRequest', 'RerankRequest',
+           'score_texts', 'add_score_routes', 'add_pause_routes', 'dev_mode', 'build_app', 'serve_parser',
+           'positive_seconds', 'HeaderTimeoutProtocol', 'uvicorn_config', 'print_held_memory', 'cmd_serve']
 
 # %% ../../nbs/15_server.ipynb #738e7691
 class StreamOptions(BaseModel):
@@ -674,16 +674,16 @@ def init_prep(app, workers: int = 2, prep_timeout: float = 30.0):
     s.prep_local, s.prep_timeout, s.prep_workers = threading.local(), prep_timeout, workers
     warm = functools.partial(thread_tokenizer, app)  # (each thread copies it as it starts)
     s.prep_pool = ThreadPoolExecutor(workers, "minivllm-prep", initializer=warm)
-    s.template_pool = ThreadPoolExecutor(workers, "minivllm-template", initializer=warm)
+    own = functools.partial(thread_template_worker, app)  # (a template process for each thread)
+    s.template_pool = ThreadPoolExecutor(workers, "minivllm-template", initializer=own)
     start_threads(s.prep_pool, workers)  # (the template threads: when the server trusts them)
     s.max_prompt_chars = s.max_model_len * max_token_chars(s.tokenizer)
 
 
 def start_threads(pool, n: int):
     """Start `n` threads of `pool` now: each copies the tokenizer as it starts (a tenth of a second
-    holding Python's lock), at startup rather than while a request waits."""
-    for _ in range(n):
-        pool.submit(int)
+    holding Python's lock), at startup rather than while a request waits; their futures."""
+    return [pool.submit(int) for _ in range(n)]
 
 
 def thread_tokenizer(app):
@@ -692,6 +692,16 @@ def thread_tokenizer(app):
     if getattr(loc, "tokenizer", None) is None:
         loc.tokenizer = copy.deepcopy(app.state.tokenizer)
     return loc.tokenizer
+
+
+def thread_template_worker(app) -> TemplateWorker:
+    """(template thread) This thread's process for requests' own chat templates (lesson 06c),
+    started with the thread; it answers within half a second of the budget, or is killed."""
+    loc = app.state.prep_local
+    if getattr(loc, "template_worker", None) is None:
+        loc.template_worker = TemplateWorker(thread_tokenizer(app), grace=0.5)
+        loc.template_worker.start()
+    return loc.template_worker
 
 # %% ../../nbs/15_server.ipynb #fs15g2
 async def offload(app, fn, what: str, param: str | None = None, pool=None, bounded: bool = False):
@@ -1435,10 +1445,12 @@ def _chat_prompt(
     tools: list[dict] | None = None,
     budget: float | None = None,
     max_chars: int | None = None,
+    worker: TemplateWorker | None = None,
 ) -> TokensPrompt:
     """The chat's messages (and `tools`) rendered with the (request's, server's or model's) chat
-    template, as token ids. The request's own template renders once, within `budget` seconds (a 400
-    naming `chat_template` past it); a text over `max_chars` characters is not tokenized."""
+    template, as token ids. The request's own template renders once, in `worker`'s process, within
+    `budget` seconds (a 400 naming `chat_template` past it); a text over `max_chars` characters is
+    not tokenized."""
     from minivllm.features.llm_more import convert_content_parts, resolve_content_format
     from minivllm.features.prompt_embeds import splice_embeds, take_embeds_parts
 
@@ -1451,8 +1463,8 @@ def _chat_prompt(
             msgs, resolve_content_format(template or tokenizer.chat_template, fmt)
         )
         kw = dict(add_generation_prompt=req.add_generation_prompt)
-        if req.chat_template and budget is not None:  # (lesson 06c)
-            text = render_request_chat(tokenizer, msgs, tools, template, budget, **kw)
+        if req.chat_template and worker is not None:  # (lesson 06c)
+            text = worker.render(msgs, tools, template, budget, **kw)
         else:
             text = render_chat(tokenizer, msgs, tools, chat_template=template, **kw)
     except RenderTimeout as e:
@@ -1541,9 +1553,9 @@ async def prepare_chat(app, req: ChatCompletionRequest):
 
     def prepare():
         tmpl, fmt, budget = s.chat_template, s.content_format, s.prep_timeout if own else None
-        p = _chat_prompt(
-            thread_tokenizer(app), req, tmpl, fmt, plan.tools, budget, s.max_prompt_chars
-        )
+        worker = thread_template_worker(app) if own else None
+        tok, limit = thread_tokenizer(app), s.max_prompt_chars
+        p = _chat_prompt(tok, req, tmpl, fmt, plan.tools, budget, limit, worker)
         check_prompt_len(app, len(p["prompt_token_ids"]), "messages")
         name = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
         check_max_tokens(app, len(p["prompt_token_ids"]), max_tokens, name)
@@ -2338,7 +2350,8 @@ def build_app(
     )
     s.trust_request_chat_template, s.prep_timeout = trust_request_chat_template, prep_timeout
     if trust_request_chat_template:
-        start_threads(s.template_pool, s.prep_workers)
+        for started in start_threads(s.template_pool, s.prep_workers):
+            started.result()  # (each thread's template process ready: seconds, at startup)
     check_tool_parser_args(enable_auto_tool_choice, tool_call_parser)  # lesson 06c
     s.enable_auto_tool_choice, s.tool_call_parser = enable_auto_tool_choice, tool_call_parser
     for add in (
