@@ -128,8 +128,8 @@ EXAMPLES = [
             check=r"Generated answers are the same: True",
             expect="pass" if not _BF16_CPU else "xfail: in the CPU's default bf16, greedy answers change with prefix-cache hits (the rows left to "
                    "compute run in a batch of another size, through another GEMM kernel, rounding differently) "
-                   "unless VLLM_BATCH_INVARIANT=1, which is not the CPU default (issue 47: its cost not measured on "
-                   "an idle machine)",
+                   "unless VLLM_BATCH_INVARIANT=1, which is off by default: it costs the mixed workload about a fifth of "
+                   "its throughput and a long prompt's first token a quarter (the benchmarks page, batch invariance)",
             match=r"Generated answers are the same: False"),
     Example("rl/batch_invariance/reproducibility_offline.py", models=(OPT,), check=r"Generated text:"),
     Example("features/structured_outputs/structured_outputs_offline.py", models=("Qwen/Qwen2.5-3B-Instruct",)),
