@@ -465,6 +465,16 @@ def test_profiler_writes_a_trace(tmp_path):
     assert any(e.get("name", "").startswith("aten::") for e in events)   # the model's ops are in it
     with pytest.raises(RuntimeError, match="no profile is running"):
         llm.stop_profile()
+    # vLLM's step bounds (run_one_batch_offline.py --profile prefill): the prefill step alone, written when it ends
+    llm.start_profile("prefill", max_iterations=1)
+    llm.generate(PARIS, SamplingParams(temperature=0, max_tokens=3), use_tqdm=False)
+    bounded = list(tmp_path.glob("prefill*.pt.trace.json.gz"))
+    assert len(bounded) == 1                                 # already written: it stopped itself after one step
+    llm.stop_profile()
+    steps = lambda p: sum(e.get("name") == "aten::embedding" for e in json.loads(gzip.decompress(p.read_bytes()))["traceEvents"])
+    assert steps(bounded[0]) == 1 and steps(traces[0]) == 3    # one model forward against three
+    with pytest.raises(ValueError, match="delay_iterations must be"):
+        llm.start_profile(delay_iterations=-1)
     with pytest.raises(RuntimeError, match="profiler_config"):
         LLM(**kw).start_profile()
     with pytest.raises(NotImplementedError, match="profiler='cuda'"):

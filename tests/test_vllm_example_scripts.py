@@ -156,9 +156,11 @@ EXAMPLES = [
             smaller=(("time.sleep(10)", "time.sleep(0)"),), check=r"Generated text:"),
     Example("features/profiling/run_one_batch_offline.py", models=(LLAMA1B,),
             argv=("--prompt-size", "16", "--profile", "prefill", "--profile-dir", "{TMP}/prof"),
-            expect="refused: ProfilerConfig's step-bounded profiles (max_iterations, delay_iterations) are not "
-                   "implemented: a profile spans start_profile() to stop_profile()",
-            match=r"NotImplementedError: profiler_config max_iterations=\d+ is not implemented"),
+            check=r"Generated text:"),
+    # the same with the decode steps profiled (delay_iterations=1, max_iterations=16)
+    Example("features/profiling/run_one_batch_offline.py", models=(LLAMA1B,), variant="decode",
+            argv=("--prompt-size", "16", "--profile", "decode", "--profile-dir", "{TMP}/prof"),
+            check=r"Generated text:"),
     Example("features/context_extension/context_extension_offline.py", models=("Qwen/Qwen3-0.6B",),
             smaller=(("max_tokens=128", "max_tokens=16"),), check=r"Generated text:"),
     Example("features/prompt_embed/prompt_embed_offline.py", models=(LLAMA1B,),

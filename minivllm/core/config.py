@@ -537,8 +537,8 @@ class ProfilerConfig:
     torch_profiler_record_shapes: bool = False
     torch_profiler_with_memory: bool = False
     torch_profiler_use_gzip: bool = True
-    delay_iterations: int = 0  # vLLM's step-counted start and stop: only 0 (off) here
-    max_iterations: int = 0
+    delay_iterations: int = 0  # engine steps skipped after start_profile()
+    max_iterations: int = 0  # engine steps recorded, then it stops itself (0: no limit)
 
     def __post_init__(self):
         if self.profiler not in (None, "torch"):
@@ -549,11 +549,8 @@ class ProfilerConfig:
         if self.profiler and not self.torch_profiler_dir:
             raise ValueError("profiler_config: profiler='torch' needs torch_profiler_dir.")
         for k in ("delay_iterations", "max_iterations"):
-            if getattr(self, k) != 0:
-                raise NotImplementedError(
-                    f"profiler_config {k}={getattr(self, k)!r} is not implemented in minivllm: "
-                    "the profile spans start_profile() to stop_profile()."
-                )
+            if not isinstance(getattr(self, k), int) or getattr(self, k) < 0:
+                raise ValueError(f"profiler_config: {k} must be greater than or equal to 0.")
 
     @classmethod
     def from_value(cls, value) -> "ProfilerConfig | None":

@@ -27,7 +27,7 @@ from ..core.metrics import Metric, metrics_snapshot
 from .pooling import combine_chunks, embed_chunks
 
 # %% auto #0
-__all__ = ['resolve_content_format', 'convert_content_parts']
+__all__ = ['resolve_content_format', 'convert_content_parts', 'StepProfile']
 
 # %% ../../nbs/13b_llm_more.ipynb #ea6c6409
 @patch
@@ -495,10 +495,55 @@ def reward(self: LLM, prompts, **kwargs) -> list:
     "vLLM's reward-model scores: not implemented, `NotImplementedError`."
     _not_in_minivllm("reward", "no reward models")
 
+# %% ../../nbs/13b_llm_more.ipynb #prof13b1
+class StepProfile:
+    """One profiling session: a `torch.profiler` that starts after `delay` engine steps (0: at
+    once) and stops itself after `max_steps` recorded steps (0: at `stop()`); an engine step
+    observer."""
+
+    def __init__(self, make_profiler, delay: int = 0, max_steps: int = 0):
+        for k, v in (("delay_iterations", delay), ("max_iterations", max_steps)):
+            if not isinstance(v, int) or v < 0:
+                raise ValueError(f"{k} must be an integer >= 0, got {v!r}")
+        self.make_profiler, self.delay, self.max_steps = make_profiler, delay, max_steps
+        self.profiler, self.steps, self.recorded, self.done = None, 0, 0, False
+        if delay == 0:
+            self._start()
+
+    def _start(self):
+        self.profiler = self.make_profiler()
+        self.profiler.start()
+
+    def __call__(self, step_info=None):
+        "After each engine step: count it, start after the delay, stop after the last step."
+        if self.done:
+            return
+        self.steps += 1
+        if self.profiler is not None:
+            self.recorded += 1
+            if self.max_steps and self.recorded >= self.max_steps:
+                self.stop()
+        elif self.steps == self.delay:
+            self._start()
+
+    def stop(self):
+        "Stop recording (the trace is written) unless it stopped already."
+        if self.profiler is not None and not self.done:
+            self.profiler.stop()
+        self.done = True
+
 # %% ../../nbs/13b_llm_more.ipynb #650fefcb
 @patch
-def start_profile(self: LLM, profile_prefix: str | None = None) -> None:
-    "Start `torch.profiler` on this process (vLLM's method); `stop_profile` writes the trace."
+def start_profile(
+    self: LLM,
+    profile_prefix: str | None = None,
+    *,
+    delay_iterations: int | None = None,
+    max_iterations: int | None = None,
+    profiler_kwargs: dict | None = None,
+) -> None:
+    """Start `torch.profiler` on this process (vLLM's method), after `delay_iterations` engine
+    steps and for `max_iterations` of them (None: `profiler_config`'s); `stop_profile` ends it."""
     import torch
 
     cfg = self.llm_engine.vllm_config.profiler_config
@@ -507,32 +552,41 @@ def start_profile(self: LLM, profile_prefix: str | None = None) -> None:
             "start_profile needs profiling on: build the LLM with profiler_config="
             "{'profiler': 'torch', 'torch_profiler_dir': DIR} (vLLM's argument)."
         )
-    if getattr(self, "_profiler", None) is not None:
+    if getattr(self, "_profile", None) is not None:
         raise RuntimeError("start_profile: a profile is already running (call stop_profile).")
     acts = [torch.profiler.ProfilerActivity.CPU]
     if self.llm_engine.vllm_config.device_config.device.type == "cuda":
         acts.append(torch.profiler.ProfilerActivity.CUDA)
-    name = profile_prefix or "minivllm"
     handler = torch.profiler.tensorboard_trace_handler(
-        cfg.torch_profiler_dir, worker_name=name, use_gzip=cfg.torch_profiler_use_gzip
+        cfg.torch_profiler_dir,
+        worker_name=profile_prefix or "minivllm",
+        use_gzip=cfg.torch_profiler_use_gzip,
     )
-    self._profiler = torch.profiler.profile(
+    kw = dict(
         activities=acts,
         record_shapes=cfg.torch_profiler_record_shapes,
         with_stack=cfg.torch_profiler_with_stack,
         profile_memory=cfg.torch_profiler_with_memory,
         on_trace_ready=handler,
+    ) | (profiler_kwargs or {})
+    self._profile = StepProfile(
+        lambda: torch.profiler.profile(**kw),
+        cfg.delay_iterations if delay_iterations is None else delay_iterations,
+        cfg.max_iterations if max_iterations is None else max_iterations,
     )
-    self._profiler.start()
+    self.llm_engine.step_observers.append(self._profile)
 
 
 @patch
 def stop_profile(self: LLM) -> None:
-    "Stop the profile `start_profile` began and write its trace to `torch_profiler_dir`."
-    if getattr(self, "_profiler", None) is None:
+    """End the profile `start_profile` began (its trace is written to `torch_profiler_dir`, if it
+    had not stopped itself after `max_iterations` steps)."""
+    prof = getattr(self, "_profile", None)
+    if prof is None:
         raise RuntimeError("stop_profile: no profile is running (call start_profile first).")
-    self._profiler.stop()
-    self._profiler = None
+    prof.stop()
+    self.llm_engine.step_observers.remove(prof)
+    self._profile = None
 
 # %% ../../nbs/13b_llm_more.ipynb #rpc13bprop
 @patch(as_prop=True)
