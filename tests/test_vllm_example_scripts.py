@@ -172,9 +172,7 @@ EXAMPLES = [
     Example("features/sharded_state/load_sharded_state_offline.py",
             argv=("--model", "{SHARED}/sharded", "--max-tokens", "16")),
     Example("generate/trace_replay_offline.py", argv=("--model", M),
-            expect="refused: trace replay (decoding forced to recorded token ids, `enable_trace_replay=True`) is not "
-                   "implemented",
-            match=r"NotImplementedError: .*enable_trace_replay=True"),
+            check=r"(?s)Replayed tokens match the requested trace exactly.*step  7: token_id=\s*\d+  logprob=-?\d"),
     # four ranks, as the script asks: SmolLM2's 3 KV heads copied (query heads 3 + 2 + 2 + 2), dummy weights first,
     # then collective_rpc's update_config and reload_weights on every rank
     Example("rl/skip_loading_weights_in_engine_init.py", models=("Qwen/Qwen3-0.6B",),

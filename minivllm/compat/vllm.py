@@ -169,7 +169,6 @@ _VLLM_ARGS.update(
     async_scheduling=(False,),
     scheduler_cls=(None, "vllm.v1.core.sched.scheduler.Scheduler"),
     external_parameters=(None,),
-    enable_trace_replay=(False,),  # decoding forced to recorded tokens (trace_decode_token_ids)
 )
 
 # %% ../../nbs/95_vllm_compat.ipynb #1f7f10fe

@@ -331,6 +331,7 @@ class ModelConfig:
     # "sharded_state": the state saved by `save_sharded_state` (both lesson 95)
     load_format: str = "auto"
     enable_prompt_embeds: bool = False  # prompts given as embeddings (lesson 08b)
+    enable_trace_replay: bool = False  # requests may give their output tokens (lesson 06a)
 
     def get_vocab_size(self) -> int:
         return self.hf_config.vocab_size
@@ -738,6 +739,7 @@ class _EngineArgsFields:
     hf_overrides: dict | None = None  # vLLM's: a dict or a callable applied to the HF config
     logits_processors: list | None = None  # vLLM's: classes or "module:Class" names (lesson 06d)
     enable_prompt_embeds: bool = False  # vLLM's: accept `{"prompt_embeds": tensor}` (lesson 08b)
+    enable_trace_replay: bool = False  # vLLM's: SamplingParams.trace_decode_token_ids (06a)
 
     def __post_init__(self):
         if self.max_num_seqs is None:
@@ -1200,9 +1202,10 @@ def _model_config(self: EngineArgs, device: torch.device, backend: str) -> Model
         resolve_logits_processors(self.logits_processors),
         self.load_format,
         self.enable_prompt_embeds,
+        self.enable_trace_replay,
     )
 
-
+# %% ../../nbs/00b_config.ipynb #fc00bsplit
 @patch
 def _feature_configs(self: EngineArgs) -> tuple[LoRAConfig | None, SpeculativeConfig | None]:
     "The LoRA and speculative-decoding configs (None: off)."

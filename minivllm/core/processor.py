@@ -125,6 +125,9 @@ def prepare_params(
         validate_structured_outputs(params.structured_outputs)  # a bad schema fails here
     if params.max_tokens is None:
         params.max_tokens = max(self.max_model_len - num_prompt_tokens, 1)
+    if params.trace_decode_token_ids:  # lesson 06a: the given tokens are the output, EOS included
+        params.max_tokens = min(params.max_tokens, len(params.trace_decode_token_ids))
+        params.ignore_eos = True
     if self.extra_stop_ids and not params.ignore_eos:
         params.stop_token_ids = params.stop_token_ids + [
             t for t in self.extra_stop_ids if t not in params.stop_token_ids

@@ -151,6 +151,7 @@ class SamplingParams:
     allowed_token_ids: list[int] | None = None
     extra_args: dict | None = None
     bad_words: list[str] | None = None
+    trace_decode_token_ids: list[int] | None = None  # the output, given (lesson 06a: trace replay)
     # vLLM's hint that the caller will not reuse these params, so its engine may skip copying them;
     # the engine here copies them either way (a copy changes no result)
     skip_clone: bool = False
@@ -322,6 +323,28 @@ def _verify_tokens(self: SamplingParams):
                 f"SamplingParams.{name} is not implemented in minivllm (got "
                 f"{getattr(self, name)!r})."
             )
+    self._verify_trace()
+
+# %% ../../nbs/00_sampling_params.ipynb #trace00v
+@patch
+def _verify_trace(self: SamplingParams):
+    """`trace_decode_token_ids` (lesson 06a's trace replay): a non-empty list of token ids, for one
+    sequence, with none of the options that would change or constrain which tokens come out."""
+    trace = self.trace_decode_token_ids
+    if trace is None:
+        return
+    if not isinstance(trace, (list, tuple)) or not trace:
+        raise ValueError("trace_decode_token_ids must be a non-empty list.")
+    if any(not isinstance(t, int) or isinstance(t, bool) or t < 0 for t in trace):
+        raise ValueError("trace_decode_token_ids must contain non-negative integers.")
+    self.trace_decode_token_ids = list(trace)
+    if self.n != 1:
+        raise ValueError("trace_decode_token_ids requires n=1.")
+    for name in ("prompt_logprobs", "structured_outputs", "guided_decoding"):
+        if getattr(self, name) is not None:
+            raise ValueError(f"trace_decode_token_ids is not supported with {name}.")
+    if self.bad_words:
+        raise ValueError("trace_decode_token_ids is not supported with bad_words.")
 
 # %% ../../nbs/00_sampling_params.ipynb #33a82bb2
 class TextPrompt(TypedDict, total=False):

@@ -27,6 +27,11 @@ def verify(self: SamplingParams, model_config, max_logprobs: int | None = None):
                 f"Requested {what} logprobs of {n}, which is greater than max allowed: {max_lp}"
             )
     self._verify_token_ids(V)
+    if self.trace_decode_token_ids and not getattr(model_config, "enable_trace_replay", False):
+        raise ValueError(
+            "trace_decode_token_ids is set but trace replay is not enabled. Start the engine with "
+            "--enable-trace-replay (enable_trace_replay=True) to use it."
+        )
     for lp in getattr(model_config, "logits_processors", ()):  # custom processors (lesson 06d)
         lp.validate_params(self)
 
@@ -37,6 +42,7 @@ def _verify_token_ids(self: SamplingParams, V: int):
     for name, ids in (
         ("logit_bias", list(self.logit_bias or [])),
         ("stop_token_ids", self.stop_token_ids),
+        ("trace_decode_token_ids", self.trace_decode_token_ids or []),
     ):
         out = [t for t in ids if not 0 <= t < V]
         if out:
