@@ -180,9 +180,9 @@ EXAMPLES = [
     # a model that pools for token_embed: its per-token matrices, and LLM.score by late interaction (MaxSim)
     Example("pooling/token_embed/multi_vector_retrieval_offline.py", models=("BAAI/bge-m3",),
             check=r"(?s)torch\.Size\(\[\d+, \d+\]\).*Score: [0-9.-]"),
+    # one vector per 16-token chunk of each document, and where in the text each chunk comes from
     Example("pooling/token_embed/late_chunking_offline.py", models=("intfloat/multilingual-e5-small",),
-            expect="refused: LateChunkingParams (late chunking) is not implemented",
-            match=r"minivllm does not implement vLLM's LateChunkingParams"),
+            check=r"(?s)Document 1: \d+ input tokens\nChunk vectors: \(\d+, \d+\)\n  Chunk 0: tokens=\(0, 16\)"),
     Example("tool_calling/chat_with_tools_offline.py", models=("mistralai/Mistral-7B-Instruct-v0.3",),
             smaller=(("max_tokens=8192", "max_tokens=64"),),
             expect="refused: Mistral's own tokenizer format (tokenizer_mode='mistral') is not implemented",

@@ -33,6 +33,7 @@ HAVE = {
         "CompletionOutput", "EmbeddingOutput", "EmbeddingRequestOutput", "PoolingOutput", "PoolingRequestOutput",
         "RequestOutput"]},
     ("vllm.pooling_params", "PoolingParams"): "minivllm.core.config:PoolingParams",
+    ("vllm.pooling_params", "LateChunkingParams"): "minivllm.core.config:LateChunkingParams",
     **{(m, n): f"minivllm.features.pooling:{n}" for m in ("vllm", "vllm.outputs")
        for n in ["ScoringOutput", "ScoringRequestOutput"]},
     **{("vllm.outputs", n): f"minivllm.features.pooling:{n}" for n in ["ClassificationOutput", "ClassificationRequestOutput"]},

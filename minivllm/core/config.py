@@ -37,12 +37,13 @@ from minivllm.core.sampling_params import (
 
 # %% auto #0
 __all__ = ['POOLING_TYPES', 'POOLING_TASKS', 'VllmConfig', 'EXTRA_ARGS', 'EMBEDDED_GGUF', 'LoRARequest', 'PoolerConfig',
-           'resolve_pooler_config', 'pooler_settings', 'PoolingParams', 'PoolingOutput', 'EmbeddingOutput',
-           'PoolingRequestOutput', 'EmbeddingRequestOutput', 'ModelConfig', 'CompilationConfig', 'SpeculativeConfig',
-           'ProfilerConfig', 'LoRAConfig', 'CacheConfig', 'SchedulerConfig', 'ParallelConfig', 'DeviceConfig',
-           'EngineConfig', 'register_extra_args', 'check_extra_args', 'EngineArgs', 'resolve_logits_processors',
-           'embedded_gguf_path', 'cache_dir', 'convert_gguf', 'hub_snapshot', 'resolve_model', 'tokenize_bad_words',
-           'cpu_has_bf16', 'apply_hf_overrides', 'engine_args_from_kwargs']
+           'resolve_pooler_config', 'pooler_settings', 'LateChunkingParams', 'PoolingParams', 'LateChunk',
+           'LateChunkingMetadata', 'PoolingOutput', 'EmbeddingOutput', 'PoolingRequestOutput', 'EmbeddingRequestOutput',
+           'ModelConfig', 'CompilationConfig', 'SpeculativeConfig', 'ProfilerConfig', 'LoRAConfig', 'CacheConfig',
+           'SchedulerConfig', 'ParallelConfig', 'DeviceConfig', 'EngineConfig', 'register_extra_args',
+           'check_extra_args', 'EngineArgs', 'resolve_logits_processors', 'embedded_gguf_path', 'cache_dir',
+           'convert_gguf', 'hub_snapshot', 'resolve_model', 'tokenize_bad_words', 'cpu_has_bf16', 'apply_hf_overrides',
+           'engine_args_from_kwargs']
 
 # %% ../../nbs/00b_config.ipynb #a8b80c6b
 @dataclass
@@ -160,6 +161,19 @@ def pooler_settings(pooler_config=None) -> tuple[str, bool]:
     c = resolve_pooler_config(pooler_config)
     return c.pooling_type, c.normalize
 
+# %% ../../nbs/00b_config.ipynb #lc00b1
+@dataclass
+class LateChunkingParams:
+    """vLLM's `LateChunkingParams`: a `token_embed` request's rows mean-pooled in chunks of
+    `chunk_size` tokens, one vector per chunk (lesson 09b)."""
+
+    chunk_size: int
+
+    def __post_init__(self):
+        c = self.chunk_size
+        if not isinstance(c, int) or isinstance(c, bool) or not 0 < c < 2**63:
+            raise ValueError("chunk_size must be a positive integer less than 2**63")
+
 # %% ../../nbs/00b_config.ipynb #p00d
 @dataclass
 class PoolingParams:
@@ -175,8 +189,8 @@ class PoolingParams:
     extra_kwargs: dict | None = None
     output_kind: RequestOutputKind = RequestOutputKind.FINAL_ONLY
     use_activation: bool | None = None  # vLLM's newer name of `normalize` for embeddings
-    # vLLM's, for heads and modes minivllm does not have (must stay None)
-    late_chunking_params: Any = None
+    late_chunking_params: LateChunkingParams | dict | None = None  # task token_embed (09b)
+    # vLLM's, for heads minivllm does not have (must stay None)
     step_tag_id: int | None = None
     returned_token_ids: list | None = None
 
@@ -200,12 +214,13 @@ class PoolingParams:
             or self.dimensions < 1
         ):
             raise ValueError(f"dimensions must be a positive integer, got {self.dimensions!r}.")
-        for k in (
-            "truncate_prompt_tokens",
-            "late_chunking_params",
-            "step_tag_id",
-            "returned_token_ids",
-        ):
+        if isinstance(self.late_chunking_params, dict):
+            self.late_chunking_params = LateChunkingParams(**self.late_chunking_params)
+        if self.late_chunking_params is not None and self.task not in (None, "token_embed"):
+            raise ValueError(
+                f"late_chunking_params needs the task 'token_embed', not {self.task!r}."
+            )
+        for k in ("truncate_prompt_tokens", "step_tag_id", "returned_token_ids"):
             if getattr(self, k) is not None:
                 raise NotImplementedError(f"PoolingParams({k}=...) is not implemented in minivllm.")
         if self.extra_kwargs:
@@ -239,6 +254,24 @@ def verify(self: PoolingParams, model_config):
         raise ValueError(
             f"dimensions={self.dimensions} is larger than the model's hidden size {h}."
         )
+
+# %% ../../nbs/00b_config.ipynb #lc00b2
+@dataclass(frozen=True)
+class LateChunk:
+    "One late chunk: its prompt tokens `[start, end)` and the text they came from (None: none)."
+
+    token_range: tuple[int, int]
+    char_range: tuple[int, int] | None
+
+
+@dataclass(frozen=True)
+class LateChunkingMetadata:
+    "vLLM's `LateChunkingMetadata`: where each row of a late-chunked output comes from."
+
+    chunk_size: int
+    input_tokens: int
+    chunks: list[LateChunk]
+    strategy: str = "fixed_tokens"
 
 # %% ../../nbs/00b_config.ipynb #p00g
 @dataclass
@@ -274,6 +307,7 @@ class PoolingRequestOutput:
     num_cached_tokens: int = 0
     finished: bool = True
     prompt: str | None = None
+    late_chunking: LateChunkingMetadata | None = None  # the chunks' ranges (lesson 09b)
 
 
 @dataclass

@@ -306,6 +306,34 @@ def _chunk_inputs(self: LLM, prompts: list, params: list, loras: list) -> tuple[
         flat += [(TokensPrompt(prompt_token_ids=c), pp, lr) for c in chunks]
     return flat, groups
 
+# %% ../../nbs/13b_llm_more.ipynb #lc13b
+from .pooling import late_chunking_metadata
+
+
+def _late_texts(prompts: list, params: list) -> list[str | None]:
+    "Per prompt, its text when its params ask for late chunking (lesson 09b), else None."
+    texts = []
+    for pr, p in zip(prompts, params):
+        text = pr if isinstance(pr, str) else None
+        if isinstance(pr, dict) and set(pr) <= {"prompt"}:
+            text = pr.get("prompt")
+        if p.late_chunking_params is not None and not (isinstance(text, str) and text):
+            raise ValueError("Late chunking requires nonempty plain-text input")
+        texts.append(text if p.late_chunking_params is not None else None)
+    return texts
+
+
+@patch
+def _attach_late_chunks(self: LLM, outs: list, texts: list, params: list):
+    "Each late-chunked output's `late_chunking`: its chunks' token and text ranges."
+    for o, text, p in zip(outs, texts, params):
+        if text is not None:
+            enc = self.get_tokenizer()(text, return_offsets_mapping=True)
+            if enc.input_ids != list(o.prompt_token_ids):
+                raise ValueError("Late chunking requires a fast tokenizer with aligned offsets")
+            size = p.late_chunking_params.chunk_size
+            o.late_chunking = late_chunking_metadata(text, enc["offset_mapping"], size)
+
 # %% ../../nbs/13b_llm_more.ipynb #p13b
 @patch
 def encode(
@@ -339,6 +367,7 @@ def encode(
     loras = list(lora_request) if isinstance(lora_request, (list, tuple)) else [lora_request] * n
     if not n == len(params) == len(loras):
         raise ValueError(f"got {n} prompts, {len(params)} pooling_params, {len(loras)} loras.")
+    late = _late_texts(prompts, params)  # lesson 09b: text prompts, for their offsets
     flat, groups = self._chunk_inputs(prompts, params, loras)
     f_prompts, f_params, f_loras = (list(x) for x in zip(*flat)) if flat else ([], [], [])
     ids = self._add_requests(f_prompts, f_params, None, f_loras, final_only=False)
@@ -352,6 +381,7 @@ def encode(
             continue
         normalize = default.normalize if g[3].normalize is None else g[3].normalize
         res.append(combine_chunks(outs_g, g[1], normalize, g[2]))
+    self._attach_late_chunks(res, late, params)
     return res
 
 # %% ../../nbs/13b_llm_more.ipynb #p13b2

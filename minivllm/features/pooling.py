@@ -11,16 +11,21 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from ..core.config import pooler_settings, resolve_pooler_config
+from minivllm.core.config import (
+    LateChunk,
+    LateChunkingMetadata,
+    pooler_settings,
+    resolve_pooler_config,
+)
 from ..core.request import RequestStatus
 from ..core.scheduler import StepExtension, register_extension
 
 # %% auto #0
-__all__ = ['EMBED_DTYPES', 'ENDIANNESS', 'Pooler', 'PoolingExtension', 'embed_chunks', 'combine_chunks', 'ScoringOutput',
-           'ScoringRequestOutput', 'check_score_inputs', 'maxsim_score', 'cosine_scores', 'score',
-           'is_sequence_classifier', 'load_classifier', 'ClassifierRunner', 'ClassificationOutput',
-           'ClassificationRequestOutput', 'tensor2binary', 'binary2tensor', 'MetadataItem', 'build_metadata_items',
-           'decode_pooling_output', 'tensor2base64']
+__all__ = ['EMBED_DTYPES', 'ENDIANNESS', 'Pooler', 'PoolingExtension', 'embed_chunks', 'combine_chunks', 'chunk_means',
+           'late_chunking_metadata', 'ScoringOutput', 'ScoringRequestOutput', 'check_score_inputs', 'maxsim_score',
+           'cosine_scores', 'score', 'is_sequence_classifier', 'load_classifier', 'ClassifierRunner',
+           'ClassificationOutput', 'ClassificationRequestOutput', 'tensor2binary', 'binary2tensor', 'MetadataItem',
+           'build_metadata_items', 'decode_pooling_output', 'tensor2base64']
 
 # %% ../../nbs/09b_pooling.ipynb #p09b
 def _fold(kind: str, rows: torch.Tensor, prev: torch.Tensor | None) -> torch.Tensor:
@@ -62,6 +67,8 @@ class Pooler:
         v = acc / (start_pos + len(rows)) if kind == "MEAN" else acc
         if params.task == "classify":
             return self.classify(v, params)  # (classification, below)
+        if params.late_chunking_params is not None:  # (late chunking, below)
+            v = chunk_means(v, params.late_chunking_params.chunk_size)
         if params.dimensions is not None:
             v = v[..., : params.dimensions]
         normalize = self.normalize if params.normalize is None else params.normalize
@@ -137,6 +144,26 @@ def combine_chunks(outputs: list, prompt_token_ids: list[int], normalize: bool, 
         v = F.normalize(v, dim=-1)
     rid = outputs[0].request_id
     return PoolingRequestOutput(rid, PoolingOutput(v), list(prompt_token_ids), 0, True, prompt)
+
+# %% ../../nbs/09b_pooling.ipynb #lc09b2
+def chunk_means(rows: torch.Tensor, chunk_size: int) -> torch.Tensor:
+    "The mean of each run of `chunk_size` rows of `rows` `[n, hidden]` (the last run may be short)."
+    starts = range(0, rows.shape[0], chunk_size)
+    return torch.stack([rows[s : s + chunk_size].mean(0) for s in starts])
+
+
+def late_chunking_metadata(
+    text: str, offsets: list[tuple[int, int]], chunk_size: int
+) -> LateChunkingMetadata:
+    """Each chunk's token range and the span of `text` its tokens came from (the tokenizer's
+    character `offsets`, one pair per prompt token; a chunk of special tokens only has None)."""
+    chunks = []
+    for start in range(0, len(offsets), chunk_size):
+        end = min(start + chunk_size, len(offsets))
+        spans = [(a, b) for a, b in offsets[start:end] if a < b]
+        chars = (min(a for a, _ in spans), max(b for _, b in spans)) if spans else None
+        chunks.append(LateChunk((start, end), chars))
+    return LateChunkingMetadata(chunk_size, len(offsets), chunks)
 
 # %% ../../nbs/09b_pooling.ipynb #p09s2
 from ..core.config import PoolingOutput, PoolingRequestOutput
