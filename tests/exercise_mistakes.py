@@ -982,4 +982,32 @@ def my_head_split(num_heads, num_kv_heads, world_size):
     return [k + num_heads // world_size - num_kv_heads // world_size for k in kv], kv
 '''),
     ],
+    ("06a_sampling_more", "my_answer_logprob"): [
+        ("the greedy reply's logprob, not the given answer's (no trace)", '''
+def my_answer_logprob(llm, prompt_ids, answer_ids):
+    sp = SamplingParams(temperature=0, max_tokens=len(answer_ids), logprobs=0)
+    out = llm.generate({"prompt_token_ids": prompt_ids}, sp, use_tqdm=False)[0].outputs[0]
+    return sum(d[t].logprob for d, t in zip(out.logprobs, out.token_ids))
+'''),
+        ("the last token's logprob only", '''
+def my_answer_logprob(llm, prompt_ids, answer_ids):
+    sp = SamplingParams(temperature=0, trace_decode_token_ids=answer_ids, logprobs=0)
+    out = llm.generate({"prompt_token_ids": prompt_ids}, sp, use_tqdm=False)[0].outputs[0]
+    return out.logprobs[-1][answer_ids[-1]].logprob
+'''),
+        ("the mean logprob per token, not the sum", '''
+def my_answer_logprob(llm, prompt_ids, answer_ids):
+    sp = SamplingParams(temperature=0, trace_decode_token_ids=answer_ids, logprobs=0)
+    out = llm.generate({"prompt_token_ids": prompt_ids}, sp, use_tqdm=False)[0].outputs[0]
+    return sum(d[t].logprob for d, t in zip(out.logprobs, answer_ids)) / len(answer_ids)
+'''),
+        ("the answer cut at its EOS (a plain prompt continued token by token stops there)", '''
+def my_answer_logprob(llm, prompt_ids, answer_ids):
+    eos = llm.llm_engine.processor.eos_token_id
+    ids = answer_ids[: answer_ids.index(eos)] if eos in answer_ids else answer_ids
+    sp = SamplingParams(temperature=0, trace_decode_token_ids=ids, logprobs=0)
+    out = llm.generate({"prompt_token_ids": prompt_ids}, sp, use_tqdm=False)[0].outputs[0]
+    return sum(d[t].logprob for d, t in zip(out.logprobs, ids))
+'''),
+    ],
 }
