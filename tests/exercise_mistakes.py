@@ -1010,4 +1010,48 @@ def my_answer_logprob(llm, prompt_ids, answer_ids):
     return sum(d[t].logprob for d, t in zip(out.logprobs, ids))
 '''),
     ],
+    ("09b_pooling", "my_pool_chunks"): [
+        ("the mean of the chunks' means, whatever their sizes", '''
+def my_pool_chunks(chunks, kind):
+    if kind == "MEAN":
+        return torch.stack([rows.mean(0) for rows in chunks]).mean(0)
+    return chunks[0][0] if kind == "CLS" else chunks[-1][-1]
+'''),
+        ("the running sum divided by the number of chunks, not of rows", '''
+def my_pool_chunks(chunks, kind):
+    acc = None
+    for rows in chunks:
+        if kind == "MEAN":
+            acc = rows.sum(0) if acc is None else acc + rows.sum(0)
+        elif kind == "CLS":
+            acc = rows[0] if acc is None else acc
+        else:
+            acc = rows[-1]
+    return acc / len(chunks) if kind == "MEAN" else acc
+'''),
+        ("CLS: each chunk's first row, the last one kept", '''
+def my_pool_chunks(chunks, kind):
+    acc, n = None, 0
+    for rows in chunks:
+        if kind == "MEAN":
+            acc = rows.sum(0) if acc is None else acc + rows.sum(0)
+        elif kind == "CLS":
+            acc = rows[0]
+        else:
+            acc = rows[-1]
+        n += len(rows)
+    return acc / n if kind == "MEAN" else acc
+'''),
+        ("LAST: the first chunk's last row", '''
+def my_pool_chunks(chunks, kind):
+    acc, n = None, 0
+    for rows in chunks:
+        if kind == "MEAN":
+            acc = rows.sum(0) if acc is None else acc + rows.sum(0)
+        elif acc is None:
+            acc = rows[0] if kind == "CLS" else rows[-1]
+        n += len(rows)
+    return acc / n if kind == "MEAN" else acc
+'''),
+    ],
 }
