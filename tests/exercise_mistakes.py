@@ -1054,4 +1054,34 @@ def my_pool_chunks(chunks, kind):
     return acc / n if kind == "MEAN" else acc
 '''),
     ],
+    ("06b_structured_outputs", "my_bitmask"): [
+        ("the highest bit first: token t at bit 31 - t % 32", '''
+def my_bitmask(allowed, vocab_size):
+    words = [0] * ((vocab_size + 31) // 32)
+    for t in allowed:
+        words[t // 32] |= 1 << (31 - t % 32)
+    return torch.tensor([w - 2**32 if w >= 2**31 else w for w in words], dtype=torch.int32)
+'''),
+        ("one word too few when the vocabulary is not a multiple of 32", '''
+def my_bitmask(allowed, vocab_size):
+    words = [0] * (vocab_size // 32)
+    for t in allowed:
+        words[t // 32] |= 1 << (t % 32)
+    return torch.tensor([w - 2**32 if w >= 2**31 else w for w in words], dtype=torch.int32)
+'''),
+        ("bit 31 kept unsigned: a word of 2**31 or more does not fit an int32", '''
+def my_bitmask(allowed, vocab_size):
+    words = [0] * ((vocab_size + 31) // 32)
+    for t in allowed:
+        words[t // 32] |= 1 << (t % 32)
+    return torch.tensor(words, dtype=torch.int32)
+'''),
+        ("tokens spread over the words by t % W, not t // 32", '''
+def my_bitmask(allowed, vocab_size):
+    words = [0] * ((vocab_size + 31) // 32)
+    for t in allowed:
+        words[t % len(words)] |= 1 << (t % 32)
+    return torch.tensor([w - 2**32 if w >= 2**31 else w for w in words], dtype=torch.int32)
+'''),
+    ],
 }
