@@ -1084,4 +1084,33 @@ def my_bitmask(allowed, vocab_size):
     return torch.tensor([w - 2**32 if w >= 2**31 else w for w in words], dtype=torch.int32)
 '''),
     ],
+    ("11_metrics", "my_cumulative_buckets"): [
+        ("each bucket's own count, not cumulative", '''
+def my_cumulative_buckets(values, bounds):
+    out, lo = {}, float("-inf")
+    for b in bounds:
+        out[str(float(b))] = sum(lo < v <= b for v in values)
+        lo = b
+    return {**out, "+Inf": len(values)}
+'''),
+        ("a value on a bound counted in the next bucket (< instead of <=)", '''
+def my_cumulative_buckets(values, bounds):
+    out = {str(float(b)): sum(v < b for v in values) for b in bounds}
+    return {**out, "+Inf": len(values)}
+'''),
+        ("no +Inf bucket", '''
+def my_cumulative_buckets(values, bounds):
+    return {str(float(b)): sum(v <= b for v in values) for b in bounds}
+'''),
+        ("+Inf counting only the values above the last bound", '''
+def my_cumulative_buckets(values, bounds):
+    out = {str(float(b)): sum(v <= b for v in values) for b in bounds}
+    return {**out, "+Inf": sum(v > bounds[-1] for v in values)}
+'''),
+        ("the bounds as given (1, not 1.0) for keys", '''
+def my_cumulative_buckets(values, bounds):
+    out = {str(b): sum(v <= b for v in values) for b in bounds}
+    return {**out, "+Inf": len(values)}
+'''),
+    ],
 }
