@@ -27,7 +27,7 @@ from ..core.metrics import Metric, metrics_snapshot
 from .pooling import combine_chunks, embed_chunks
 
 # %% auto #0
-__all__ = ['resolve_content_format', 'convert_content_parts', 'StepProfile']
+__all__ = ['resolve_content_format', 'convert_content_parts', 'StepProfile', 'torch_profiler_factory']
 
 # %% ../../nbs/13b_llm_more.ipynb #ea6c6409
 @patch
@@ -562,6 +562,29 @@ class StepProfile:
             self.profiler.stop()
         self.done = True
 
+# %% ../../nbs/13b_llm_more.ipynb #prof13bf
+def torch_profiler_factory(cfg, device_type: str, prefix: str | None, profiler_kwargs=None):
+    """What makes one `torch.profiler.profile` of `cfg` (a `ProfilerConfig`): CPU activity (and
+    CUDA's on a GPU), its trace written to `cfg.torch_profiler_dir`; `profiler_kwargs` override."""
+    import torch
+
+    acts = [torch.profiler.ProfilerActivity.CPU]
+    if device_type == "cuda":
+        acts.append(torch.profiler.ProfilerActivity.CUDA)
+    handler = torch.profiler.tensorboard_trace_handler(
+        cfg.torch_profiler_dir,
+        worker_name=prefix or "minivllm",
+        use_gzip=cfg.torch_profiler_use_gzip,
+    )
+    kw = dict(
+        activities=acts,
+        record_shapes=cfg.torch_profiler_record_shapes,
+        with_stack=cfg.torch_profiler_with_stack,
+        profile_memory=cfg.torch_profiler_with_memory,
+        on_trace_ready=handler,
+    ) | (profiler_kwargs or {})
+    return lambda: torch.profiler.profile(**kw)
+
 # %% ../../nbs/13b_llm_more.ipynb #650fefcb
 @patch
 def start_profile(
@@ -574,8 +597,6 @@ def start_profile(
 ) -> None:
     """Start `torch.profiler` on this process (vLLM's method), after `delay_iterations` engine
     steps and for `max_iterations` of them (None: `profiler_config`'s); `stop_profile` ends it."""
-    import torch
-
     cfg = self.llm_engine.vllm_config.profiler_config
     if cfg is None or cfg.profiler is None:
         raise RuntimeError(
@@ -584,23 +605,9 @@ def start_profile(
         )
     if getattr(self, "_profile", None) is not None:
         raise RuntimeError("start_profile: a profile is already running (call stop_profile).")
-    acts = [torch.profiler.ProfilerActivity.CPU]
-    if self.llm_engine.vllm_config.device_config.device.type == "cuda":
-        acts.append(torch.profiler.ProfilerActivity.CUDA)
-    handler = torch.profiler.tensorboard_trace_handler(
-        cfg.torch_profiler_dir,
-        worker_name=profile_prefix or "minivllm",
-        use_gzip=cfg.torch_profiler_use_gzip,
-    )
-    kw = dict(
-        activities=acts,
-        record_shapes=cfg.torch_profiler_record_shapes,
-        with_stack=cfg.torch_profiler_with_stack,
-        profile_memory=cfg.torch_profiler_with_memory,
-        on_trace_ready=handler,
-    ) | (profiler_kwargs or {})
+    device = self.llm_engine.vllm_config.device_config.device.type
     self._profile = StepProfile(
-        lambda: torch.profiler.profile(**kw),
+        torch_profiler_factory(cfg, device, profile_prefix, profiler_kwargs),
         cfg.delay_iterations if delay_iterations is None else delay_iterations,
         cfg.max_iterations if max_iterations is None else max_iterations,
     )
