@@ -4,6 +4,8 @@
 
 # %% ../../nbs/13_llm.ipynb #96c2adcf
 from __future__ import annotations
+import contextlib
+import gc
 import itertools
 import time
 from pathlib import Path
@@ -21,7 +23,7 @@ from minivllm.core.config import (
 from .llm_engine import LLMEngine
 
 # %% auto #0
-__all__ = ['load_chat_template', 'LLM', 'EngineDeadError', 'engine_failure']
+__all__ = ['load_chat_template', 'LLM', 'frozen_heap', 'EngineDeadError', 'engine_failure']
 
 # %% ../../nbs/13_llm.ipynb #44cd7931
 def load_chat_template(chat_template: str | None) -> str | None:
@@ -132,6 +134,20 @@ def _add_requests(
         raise
     return ids
 
+# %% ../../nbs/13_llm.ipynb #gcfrz13c
+@contextlib.contextmanager
+def frozen_heap():
+    """Keep the objects that exist now out of Python's cycle collector while the block runs
+    (`gc.freeze`), then give them back (`gc.unfreeze`). A heap frozen already stays as it is."""
+    if gc.get_freeze_count():
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
+
 # %% ../../nbs/13_llm.ipynb #a4424d3d
 @patch
 def _run_engine(self: LLM, use_tqdm: bool = True, wanted: int | None = None) -> None:
@@ -145,21 +161,25 @@ def _run_engine(self: LLM, use_tqdm: bool = True, wanted: int | None = None) -> 
     bar = tqdm(total=total, desc="Processed prompts", dynamic_ncols=True, disable=not use_tqdm)
     t0, n_in, n_out = time.perf_counter(), 0, 0
     try:
-        while self.llm_engine.has_unfinished_requests():
-            for o in self.llm_engine.step():
-                if not o.finished:
-                    continue
-                self._done[o.request_id] = o
-                n_in += len(o.prompt_token_ids)
-                n_out += (
-                    sum(len(c.token_ids) for c in o.outputs) if isinstance(o, RequestOutput) else 0
-                )
-                dt = max(time.perf_counter() - t0, 1e-9)
-                bar.set_postfix_str(
-                    f"est. speed input: {n_in / dt:.2f} toks/s, output: {n_out / dt:.2f} toks/s",
-                    refresh=False,
-                )
-                bar.update(1)
+        with frozen_heap():
+            while self.llm_engine.has_unfinished_requests():
+                for o in self.llm_engine.step():
+                    if not o.finished:
+                        continue
+                    self._done[o.request_id] = o
+                    n_in += len(o.prompt_token_ids)
+                    n_out += (
+                        sum(len(c.token_ids) for c in o.outputs)
+                        if isinstance(o, RequestOutput)
+                        else 0
+                    )
+                    dt = max(time.perf_counter() - t0, 1e-9)
+                    bar.set_postfix_str(
+                        f"est. speed input: {n_in / dt:.2f} toks/s, "
+                        f"output: {n_out / dt:.2f} toks/s",
+                        refresh=False,
+                    )
+                    bar.update(1)
     except BaseException as e:
         self._recover(e)
         raise

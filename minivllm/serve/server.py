@@ -11,6 +11,7 @@ import contextlib
 import copy
 import dataclasses
 import functools
+import gc
 import json
 import logging
 import re
@@ -2650,6 +2651,8 @@ def cmd_serve(ns) -> int:
     host = ns.host or "127.0.0.1"
     print(f"minivllm: serving {name!r}{served} on http://{host}:{ns.port}/v1", flush=True)
     print_held_memory(engine)
+    gc.collect()
+    gc.freeze()  # the start-up heap out of the cycle collector's walks (lesson 13), for good
     server = uvicorn.Server(uvicorn_config(app, host, ns))
     app.state.on_engine_dead = lambda: setattr(server, "should_exit", True)
     app.state.on_shutdown = stop = functools.cache(engine.shutdown)  # once, also on SIGTERM
