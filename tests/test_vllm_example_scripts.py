@@ -35,8 +35,8 @@ Left out (they need a model that SmolLM2 cannot stand in for, hardware or servic
   heads and their templates), generate/qwen_1m_offline.py (Qwen's 1M-token dual-chunk attention),
   features/speculative_decoding/mlpspeculator_offline.py (IBM's trained MLP speculator for Llama-2-13B);
 - MoE-only or multi-node: rl/* other than the reproducibility and pause/resume examples (FSDP/EP weight sync,
-  NCCL, routed experts), ray_serving/*, disaggregated/*, features/kv_events/*, features/torchrun/*,
-  features/data_parallel/* (multi-process data parallelism: tests/test_data_parallel.py covers it),
+  NCCL, routed experts), ray_serving/*, disaggregated/*, features/kv_events/*, features/torchrun/torchrun_dp_example_offline.py,
+  features/data_parallel/multi_instance_data_parallel.py (a headless engine of `vllm serve` as its partner),
   scale_out/*, features/tensorize_vllm_model.py (CoreWeave's tensorizer), features/lora/lora_with_quantization_offline.py
   (bitsandbytes/AWQ/GPTQ checkpoints of other models);
 - not an example of the engine: applications/* other than api_server/ (Gradio, Streamlit, LangChain, LlamaIndex
@@ -83,6 +83,7 @@ class Example:
     address: str = ""                            # the server address the script names, if not vLLM's :8000
     variant: str = ""                            # tells two runs of one script apart
     timeout: int = 900                           # seconds (2 busy CPU cores make a 20 s script take minutes)
+    launcher: tuple = ()                         # how the script says to start it, if not `python` (torchrun ...)
 
     @property
     def id(self): return self.path.removesuffix(".py") + (f"[{self.variant}]" if self.variant else "")
@@ -145,13 +146,20 @@ EXAMPLES = [
     Example("features/logits_processor/custom_req.py", models=(OPT,), check=r"Output:\s+'(\w)\1{7,}'"),
     # (this one's processor applies itself only on a CUDA device: on the CPU no output is forced)
     Example("features/logits_processor/custom_req_init.py", models=(OPT,), check=r"Output:\s+' Paris"),
+    # a Model Runner V2 processor (lesson 06d's slots): the two outputs must differ (DRY changed the second)
     Example("features/logits_processor/dry.py", models=(OPT,), smaller=(("max_tokens=64", "max_tokens=24"),),
-            check=r"with DRY",
-            expect="xfail: imports vLLM's GPU-worker internals minivllm lacks: minivllm.utils.gpu_sync_debug "
-                   "(gpu_sync_allowed), minivllm.utils.torch_utils.async_tensor_h2d, "
-                   "minivllm.v1.worker.gpu.sample.logits_processor, minivllm.tokenizers (ModuleNotFoundError at import)",
-            match=r"No module named 'minivllm\.utils\.gpu_sync_debug'"),
+            check=r"without DRY\nOutput:\s+(.+)\n-+\nPrompt:.*with DRY\nOutput:\s+(?!\1\n).+"),
     Example("observability/metrics/offline.py", models=(OPT,), check=r"\(histogram\)"),
+    # two external data-parallel ranks, each a process with VLLM_DP_RANK/VLLM_DP_SIZE set (whole engines here: minivllm
+    # shards nothing over data-parallel ranks); the embedded model is dense, so no expert parallelism
+    Example("features/data_parallel/data_parallel_offline.py", models=("ibm-research/PowerMoE-3b",),
+            smaller=(("] * 100", "] * 4"),), argv=("--data-parallel-size", "2", "--no-enable-expert-parallel"),
+            check=r"(?s)(?=.*DP rank 0, Prompt: '[^']+', Generated text: )(?=.*DP rank 1, Prompt: '[^']+', Generated text: )"),
+    # the way its docstring says to run it: torchrun, 4 processes = TP 2 x PP 2 (lesson 07c's external launcher);
+    # its 32k context is more than the embedded model has
+    Example("features/torchrun/torchrun_example_offline.py", models=("meta-llama/Llama-3.1-8B",),
+            smaller=(("max_model_len=32768", "max_model_len=2048"),), launcher=("torchrun", "--nproc-per-node=4"),
+            check=r"(?s)(Prompt: .*?\nGenerated text: ['\"].+?\n.*?){4}"),
     Example("features/profiling/simple_profiling_offline.py", models=(OPT,),
             smaller=(("time.sleep(10)", "time.sleep(0)"),), check=r"Generated text:"),
     Example("features/profiling/run_one_batch_offline.py", models=(LLAMA1B,),
@@ -448,7 +456,9 @@ def run_example(ex: Example, model_path: str, base_url: str | None, tmp_path: Pa
     for k, v in subst.items(): argv = [a.replace(k, v) for a in argv]
     t0 = time.time()
     try:
-        p = subprocess.run([sys.executable, str(script), *argv], cwd=tmp_path, env=_env(base_url) | extra_env,
+        start = [os.path.join(os.path.dirname(sys.executable), ex.launcher[0]), *ex.launcher[1:]] if ex.launcher \
+            else [sys.executable]
+        p = subprocess.run([*start, str(script), *argv], cwd=tmp_path, env=_env(base_url) | extra_env,
                            capture_output=True, text=True, timeout=ex.timeout)
         rc, out, err = p.returncode, p.stdout, p.stderr
     except subprocess.TimeoutExpired as e:

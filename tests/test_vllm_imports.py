@@ -56,6 +56,14 @@ HAVE = {
     **{("vllm.v1.sample.logits_processor", n): f"minivllm.features.logits_processors:{n}" for n in [
         "AdapterLogitsProcessor", "BatchUpdate", "LogitsProcessor", "RequestLogitsProcessor"]},
     ("vllm.v1.sample.logits_processor.builtin", "process_dict_updates"): "minivllm.features.logits_processors:process_dict_updates",
+    **{("vllm.v1.worker.gpu.sample.logits_processor", n): f"minivllm.features.logits_processors:{m}" for n, m in [
+        ("LogitsProcessor", "SlotLogitsProcessor"), ("LogitsContext", "LogitsContext"),
+        ("LogitsProcRequestState", "LogitsProcRequestState")]},
+    ("vllm.utils.torch_utils", "async_tensor_h2d"): "minivllm.compat.vllm:async_tensor_h2d",
+    ("vllm.utils.gpu_sync_debug", "gpu_sync_allowed"): "minivllm.compat.vllm:gpu_sync_allowed",
+    ("vllm.tokenizers", "cached_tokenizer_from_config"): "minivllm.compat.vllm:cached_tokenizer_from_config",
+    ("vllm.platforms", "current_platform"): "minivllm.compat.vllm:current_platform",
+    ("vllm.utils.network_utils", "get_open_port"): "minivllm.compat.vllm:get_open_port",
     **{("vllm.v1.metrics.reader", n): f"minivllm.core.metrics:{n}" for n in ["Counter", "Gauge", "Histogram", "Vector"]},
 }
 

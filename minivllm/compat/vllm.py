@@ -53,10 +53,11 @@ from minivllm.core.config import (
 )
 
 # %% auto #0
-__all__ = ['VLLM_MODULES', 'VLLM_CONFIG_NAMES', 'VLLM_ALIASES', 'ENV_READ', 'ENV_NO_EFFECT', 'ENV_REFUSED', 'VLLM_API_SERVER',
-           'VLLM_BENCHMARK_MODULES', 'check_vllm_args', 'VllmArgs', 'dummy_weights', 'load_dummy_model',
-           'DummyTPWorker', 'DummyTPModelRunner', 'ShardedStateLoader', 'load_sharded_state_model',
-           'cleanup_dist_env_and_memory', 'init_logger', 'random_uuid', 'print_embeddings', 'register_vllm_modules',
+__all__ = ['VLLM_MODULES', 'current_platform', 'VLLM_CONFIG_NAMES', 'VLLM_ALIASES', 'ENV_READ', 'ENV_NO_EFFECT', 'ENV_REFUSED',
+           'VLLM_API_SERVER', 'VLLM_BENCHMARK_MODULES', 'check_vllm_args', 'VllmArgs', 'dummy_weights',
+           'load_dummy_model', 'DummyTPWorker', 'DummyTPModelRunner', 'ShardedStateLoader', 'load_sharded_state_model',
+           'cleanup_dist_env_and_memory', 'init_logger', 'random_uuid', 'print_embeddings', 'async_tensor_h2d',
+           'gpu_sync_allowed', 'cached_tokenizer_from_config', 'Platform', 'get_open_port', 'register_vllm_modules',
            'register_vllm_aliases', 'keep_alive_timeout', 'read_env', 'check_environment', 'VllmEnvironment',
            'UsageContext', 'set_ulimit', 'with_cancellation', 'serve_http']
 
@@ -592,6 +593,86 @@ VLLM_MODULES["entrypoints.pooling.utils"] = dict(
 )
 VLLM_MODULES["utils.print_utils"] = dict(print_embeddings=print_embeddings)
 
+# %% ../../nbs/95_vllm_compat.ipynb #v2lp95
+import contextlib
+import functools
+
+import numpy as np
+import torch
+
+from ..features import logits_processors as lp
+
+
+def async_tensor_h2d(data, device=None, dtype=None, out=None) -> torch.Tensor:
+    """A list, array or host tensor copied to `device` (or into `out`) without waiting for it
+    (vLLM's `vllm.utils.torch_utils.async_tensor_h2d`)."""
+    t = torch.from_numpy(data) if isinstance(data, np.ndarray) else data
+    t = t if isinstance(t, torch.Tensor) else torch.tensor(data, dtype=dtype)
+    if out is not None:
+        return out.copy_(t, non_blocking=True)
+    return t.to(device=device, dtype=dtype or t.dtype, non_blocking=True)
+
+
+def gpu_sync_allowed(first_only: bool = False):
+    "vLLM's permission to wait for the GPU inside a block under its sync-debug mode: here, none."
+    return contextlib.nullcontext()
+
+
+@functools.lru_cache(maxsize=8)
+def _tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+def cached_tokenizer_from_config(model_config, **kwargs):
+    "The model's tokenizer, loaded once (vLLM's `vllm.tokenizers.cached_tokenizer_from_config`)."
+    return _tokenizer(str(model_config.tokenizer), **kwargs)
+
+
+_SLOTS = dict(
+    LogitsProcessor=lp.SlotLogitsProcessor,
+    LogitsContext=lp.LogitsContext,
+    LogitsProcRequestState=lp.LogitsProcRequestState,
+)
+VLLM_MODULES["v1.worker.gpu.sample.logits_processor"] = _SLOTS
+VLLM_MODULES["v1.worker.gpu.sample.logits_processor.interface"] = _SLOTS
+VLLM_MODULES["utils.torch_utils"] = dict(async_tensor_h2d=async_tensor_h2d)
+VLLM_MODULES["utils.gpu_sync_debug"] = dict(gpu_sync_allowed=gpu_sync_allowed)
+VLLM_MODULES["tokenizers"] = dict(cached_tokenizer_from_config=cached_tokenizer_from_config)
+
+# %% ../../nbs/95_vllm_compat.ipynb #plat95
+import socket
+
+
+class Platform:
+    "vLLM's `current_platform`: which kind of device this process computes on."
+
+    def is_cuda(self) -> bool:
+        return torch.cuda.is_available() and torch.version.hip is None
+
+    def is_rocm(self) -> bool:
+        return torch.cuda.is_available() and torch.version.hip is not None
+
+    def is_cpu(self) -> bool:
+        return not torch.cuda.is_available()
+
+    @property
+    def device_type(self) -> str:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def get_open_port() -> int:
+    "A TCP port free on this machine now (the system's pick)."
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+current_platform = Platform()
+VLLM_MODULES["platforms"] = dict(current_platform=current_platform)
+VLLM_MODULES["utils.network_utils"] = dict(get_open_port=get_open_port)
+
 # %% ../../nbs/95_vllm_compat.ipynb #vllmcfgnames
 # minivllm.core.config is a lesson's own module; these are vLLM's names in vllm.config
 VLLM_CONFIG_NAMES = dict(
@@ -706,6 +787,13 @@ ENV_NO_EFFECT = dict(
     VLLM_NO_USAGE_STATS=(False, _ANY_VALUE),  # minivllm sends no usage statistics
     VLLM_DO_NOT_TRACK=(False, _ANY_VALUE),
     VLLM_USAGE_SOURCE=("production", _ANY_VALUE),
+    # an external data-parallel rank (vLLM's data_parallel_offline.py): minivllm shards nothing over
+    # data-parallel ranks, so each rank is a whole engine whose outputs are one engine's
+    VLLM_DP_RANK=(0, _ANY_VALUE),
+    VLLM_DP_RANK_LOCAL=(0, _ANY_VALUE),
+    VLLM_DP_SIZE=(1, _ANY_VALUE),
+    VLLM_DP_MASTER_IP=("127.0.0.1", _ANY_VALUE),
+    VLLM_DP_MASTER_PORT=(0, _ANY_VALUE),
 )
 # vLLM's variables that would change what vLLM does: (vLLM's default, the values that mean it)
 ENV_REFUSED = dict(

@@ -12,7 +12,9 @@ from enum import Enum, auto
 from functools import partial
 from typing import TypeVar, Union
 
+import numpy as np
 import torch
+from fastcore.basics import patch
 
 from ..core.config import EngineConfig, SamplingParams
 from ..core.request import Request
@@ -20,8 +22,9 @@ from ..core.scheduler import StepExtension, register_extension
 
 # %% auto #0
 __all__ = ['RemovedRequest', 'AddedRequest', 'MovedRequest', 'T', 'RequestLogitsProcessor', 'MoveDirectionality', 'BatchUpdate',
-           'LogitsProcessor', 'process_dict_updates', 'AdapterLogitsProcessor', 'PersistentBatch',
-           'check_logits_processors', 'LogitsProcessors']
+           'LogitsProcessor', 'process_dict_updates', 'AdapterLogitsProcessor', 'PersistentBatch', 'SlotBuffer',
+           'LogitsProcRequestState', 'LogitsContext', 'SlotLogitsProcessor', 'RequestSlots', 'check_logits_processors',
+           'LogitsProcessors']
 
 # %% ../../nbs/06d_logits_processors.ipynb #lp06d06
 class MoveDirectionality(Enum):
@@ -186,17 +189,150 @@ class PersistentBatch:
         row = {r.request_id: k for k, r in enumerate(requests)}
         return [row[rid] for rid in self.slots]
 
+# %% ../../nbs/06d_logits_processors.ipynb #lp06dv2b
+class SlotBuffer:
+    """A per-slot buffer a slot processor reads: `.gpu` on the engine's device (vLLM's name,
+    whatever the device), `.np` the host copy written by the runner, `.cpu` the same as a tensor."""
+
+    def __init__(self, shape, dtype: torch.dtype, device: torch.device):
+        self.cpu = torch.zeros(shape, dtype=dtype)
+        self.np = self.cpu.numpy()
+        self.gpu = self.cpu if torch.device(device).type == "cpu" else self.cpu.to(device)
+
+    def copy_rows(self, rows: list[int]) -> None:
+        "Bring the device copy of `rows` up to date (nothing to do on the CPU)."
+        if rows and self.gpu is not self.cpu:
+            idx = torch.tensor(rows)
+            self.gpu[idx.to(self.gpu.device)] = self.cpu[idx].to(self.gpu.device)
+
+
+@dataclass(frozen=True)
+class LogitsProcRequestState:
+    """What a slot processor may read (vLLM's): per slot, the committed token ids (prompt, then
+    outputs), the prompt's length, the tokens fed at its latest (re)fill, the committed count."""
+
+    device: torch.device
+    max_num_reqs: int
+    vocab_size: int
+    all_token_ids: SlotBuffer  # [max_num_reqs, max_model_len] int32, valid up to total_len
+    prompt_len: SlotBuffer  # [max_num_reqs] int32
+    prefill_len: SlotBuffer  # [max_num_reqs] int32
+    total_len: SlotBuffer  # [max_num_reqs] int32: prompt + outputs so far
+
+    @classmethod
+    def for_engine(cls, config: EngineConfig, device: torch.device) -> LogitsProcRequestState:
+        "Buffers for the engine's `max_num_seqs` slots of `max_model_len` tokens."
+        n, L = config.scheduler_config.max_num_seqs, config.model_config.max_model_len
+        buf = lambda *shape: SlotBuffer(shape, torch.int32, device)
+        vocab = config.model_config.get_vocab_size()
+        return cls(device, n, vocab, buf(n, L), buf(n), buf(n), buf(n))
+
+# %% ../../nbs/06d_logits_processors.ipynb #lp06dv2c
+@dataclass(frozen=True)
+class LogitsContext:
+    """One step's rows, as a slot processor's `apply` gets them (vLLM's): each row's slot (tensor
+    and host array), its offset among its request's rows (0: one row a request here), the token
+    fed there and its position, and the tokens its request has (host)."""
+
+    expanded_idx_mapping: torch.Tensor  # [rows] row -> slot
+    idx_mapping: torch.Tensor  # [requests] -> slot (the same rows here)
+    idx_mapping_np: np.ndarray
+    expanded_local_pos: torch.Tensor
+    input_ids: torch.Tensor
+    pos: torch.Tensor
+    seq_lens_upper_bound_np: np.ndarray
+
+
+class SlotLogitsProcessor(ABC):
+    """vLLM's Model Runner V2 custom logits processor: state per request slot, set up in
+    `add_request` when a request takes the slot; `apply(logits, ctx)` once a step for all rows."""
+
+    def __init__(self, vllm_config: EngineConfig, req_states: LogitsProcRequestState):
+        "Keep what stays constant for the processor's life (`req_states`: read only)."
+
+    @classmethod
+    def validate_params(cls, sampling_params: SamplingParams) -> None:
+        "Raise `ValueError` for bad per-request arguments (when the request is added)."
+
+    def add_request(self, req_idx: int, sampling_params: SamplingParams) -> bool:
+        """(Re)initialise slot `req_idx` for a request entering the batch; whether this processor
+        changes that request's logits."""
+        return True
+
+    def apply_staged_writes(self) -> None:
+        "Copy to the device what `add_request` staged on the host (once a step, before `apply`)."
+
+    @abstractmethod
+    def apply(self, logits: torch.Tensor, ctx: LogitsContext) -> torch.Tensor:
+        "Change `logits` `[rows, vocab]` (float32) in place, or return new ones."
+
+# %% ../../nbs/06d_logits_processors.ipynb #lp06dv2e
+class RequestSlots:
+    "The slots of the V2 interface, and each slot's committed tokens in `state`'s buffers."
+
+    def __init__(self, state: LogitsProcRequestState):
+        self.state, self.slot, self.held = state, {}, {}  # request id -> slot; slot -> Request
+        self.free = list(range(state.max_num_reqs - 1, -1, -1))  # lowest slot first
+
+    def release(self, slot: int) -> None:
+        del self.slot[self.held.pop(slot).request_id]
+        self.free.append(slot)
+
+    def update(self, requests: list[Request]) -> list[tuple[int, Request]]:
+        "Slots for the step's `requests`, tokens written; return the (slot, request) that took one."
+        for s in [s for s, r in self.held.items() if r.is_finished()]:
+            self.release(s)
+        ids, need = (
+            {r.request_id for r in requests},
+            sum(r.request_id not in self.slot for r in requests),
+        )
+        waiting = [s for s, r in self.held.items() if r.request_id not in ids]
+        for s in waiting[
+            : max(0, need - len(self.free))
+        ]:  # slots ran out: waiting ones give theirs
+            self.release(s)
+        st, new, rows = self.state, [], []
+        for r in requests:
+            if r.request_id not in self.slot:
+                s = self.free.pop()
+                self.slot[r.request_id], self.held[s] = s, r
+                st.prompt_len.np[s], st.prefill_len.np[s] = r.num_prompt_tokens, r.num_tokens
+                st.total_len.np[s] = 0
+                new.append((s, r))
+            s, P = self.slot[r.request_id], r.num_prompt_tokens
+            done, n = int(st.total_len.np[s]), r.num_tokens
+            if n > done:
+                toks = r.prompt_token_ids[done:] + r.output_token_ids[max(done - P, 0) :]
+                st.all_token_ids.np[s, done:n], st.total_len.np[s] = toks[: n - done], n
+                rows.append(s)
+        for b in (st.all_token_ids, st.prompt_len, st.prefill_len, st.total_len):
+            b.copy_rows(rows)
+        return new
+
+# %% ../../nbs/06d_logits_processors.ipynb #lp06dv2e2
+@patch
+def context(self: RequestSlots, requests: list[Request]) -> LogitsContext:
+    "The step's `LogitsContext` (row k: `requests[k]`)."
+    slots = np.array([self.slot[r.request_id] for r in requests], dtype=np.int64)
+    total = self.state.total_len.np[slots].astype(np.int64)
+    dev = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(self.state.device)
+    idx, ids = dev(slots), self.state.all_token_ids.np[slots, total - 1].astype(np.int64)
+    zeros = torch.zeros(len(slots), dtype=torch.int64, device=self.state.device)
+    return LogitsContext(idx, idx, slots, zeros, dev(ids), dev(total - 1), total)
+
 # %% ../../nbs/06d_logits_processors.ipynb #lp06d20
 _GREEDY_EPS = 1e-5  # vLLM's: a temperature below it samples greedily
 
 
 def check_logits_processors(classes) -> tuple[type, ...]:
-    "`classes` (the model config's), each a subclass of `LogitsProcessor`, or a clear error."
+    """`classes` (the model config's), each a subclass of `LogitsProcessor` or of
+    `SlotLogitsProcessor`, or a clear error."""
     for c in classes:
-        if not (isinstance(c, type) and issubclass(c, LogitsProcessor)):
+        if not (isinstance(c, type) and issubclass(c, (LogitsProcessor, SlotLogitsProcessor))):
             raise ValueError(
                 f"logits_processors: {c!r} is not a subclass of LogitsProcessor "
-                "(minivllm.v1.sample.logits_processor.LogitsProcessor)."
+                "(minivllm.v1.sample.logits_processor.LogitsProcessor, or Model Runner V2's "
+                "minivllm.v1.worker.gpu.sample.logits_processor.LogitsProcessor)."
             )
     return tuple(classes)
 
@@ -207,8 +343,9 @@ class LogitsProcessors(StepExtension):
 
     name = "logits_processors"
 
-    def __init__(self, processors: list[LogitsProcessor]):
+    def __init__(self, processors: list[LogitsProcessor], slot_processors=(), slots=None):
         self.processors, self.batch = processors, PersistentBatch()
+        self.slot_processors, self.slots = list(slot_processors), slots
 
     @classmethod
     def enabled(cls, config) -> bool:
@@ -217,26 +354,58 @@ class LogitsProcessors(StepExtension):
     @classmethod
     def from_core(cls, core) -> LogitsProcessors:
         classes = check_logits_processors(core.config.model_config.logits_processors)
-        device = core.model_runner.device
-        return cls([c(core.config, device, device.type == "cuda") for c in classes])
+        device, v2 = (
+            core.model_runner.device,
+            [c for c in classes if issubclass(c, SlotLogitsProcessor)],
+        )
+        state = LogitsProcRequestState.for_engine(core.config, device) if v2 else None
+        return cls(
+            [c(core.config, device, device.type == "cuda") for c in classes if c not in v2],
+            [c(core.config, state) for c in v2],
+            RequestSlots(state) if v2 else None,
+        )
 
     def process_logits(self, requests: list[Request], logits: torch.Tensor) -> torch.Tensor:
-        "Engine hook: the batch's changes to every processor, then the processors on the rows."
-        update = self.batch.update(requests)
-        for p in self.processors:
-            p.update_state(update)
-        greedy = all(r.sampling_params.temperature < _GREEDY_EPS for r in requests)
-        active = [p for p in self.processors if not (greedy and p.is_argmax_invariant())]
-        if not active:
-            return logits
-        order = self.batch.rows(requests)
-        same = order == list(range(len(order)))
-        # a float32 copy in batch order (vLLM's processors get float32 logits, change them in place)
-        batch = logits.to(torch.float32, copy=True) if same else logits[order].to(torch.float32)
-        for p in active:
-            batch = p.apply(batch)
-        if same:
-            return batch
-        out = torch.empty_like(batch)
-        out[order] = batch
-        return out
+        "Engine hook: the batch-interface processors, then the slot-interface ones (below)."
+        logits = self._apply_batch(requests, logits) if self.processors else logits
+        return self._apply_slots(requests, logits) if self.slot_processors else logits
+
+# %% ../../nbs/06d_logits_processors.ipynb #lp06dv2g2
+@patch
+def _apply_batch(
+    self: LogitsProcessors, requests: list[Request], logits: torch.Tensor
+) -> torch.Tensor:
+    "The batch's changes to every batch processor, then the processors on the rows."
+    update = self.batch.update(requests)
+    for p in self.processors:
+        p.update_state(update)
+    greedy = all(r.sampling_params.temperature < _GREEDY_EPS for r in requests)
+    active = [p for p in self.processors if not (greedy and p.is_argmax_invariant())]
+    if not active:
+        return logits
+    order = self.batch.rows(requests)
+    same = order == list(range(len(order)))
+    # a float32 copy in batch order (vLLM's processors get float32 logits, change them in place)
+    batch = logits.to(torch.float32, copy=True) if same else logits[order].to(torch.float32)
+    for p in active:
+        batch = p.apply(batch)
+    if same:
+        return batch
+    out = torch.empty_like(batch)
+    out[order] = batch
+    return out
+
+# %% ../../nbs/06d_logits_processors.ipynb #lp06dv2h
+@patch
+def _apply_slots(self: LogitsProcessors, requests: list[Request], logits: torch.Tensor):
+    """The slot processors: new requests set up in each (`add_request`), staged writes flushed, then
+    `apply` on a float32 copy of the rows, in the step's order."""
+    for s, r in self.slots.update(requests):
+        for p in self.slot_processors:
+            p.add_request(s, r.sampling_params)
+    for p in self.slot_processors:
+        p.apply_staged_writes()
+    ctx, rows = self.slots.context(requests), logits.to(torch.float32, copy=True)
+    for p in self.slot_processors:
+        rows = p.apply(rows, ctx)
+    return rows
