@@ -221,8 +221,9 @@ EXAMPLES = [
                    "array (nine in the stream) until the 512-token limit, so the cut array holds no complete reply "
                    "and message.tool_calls is None (vLLM returns [] there): the model's choice, not a gap",
             match=r"\]\nNone\s*$"),
+    # (the draws depend on the logits, so on the dtype: in float32 the model closes the array with one call)
     Example("tool_calling/openai_responses_client_with_tools.py", client=True, check=r"Function call: get_weather",
-            expect="xfail: constrained to the `required` schema (an array of calls: parallel_tool_calls is true), "
+            expect="pass" if not _BF16_CPU else "xfail: in the CPU's default bf16, constrained to the `required` schema (an array of calls: parallel_tool_calls is true), "
                    "SmolLM2-135M keeps adding calls until the token limit, so the cut array gives no function_call "
                    "item and the script's `tool_call` is never set (UnboundLocalError)",
             match=r"cannot access local variable 'tool_call'"),

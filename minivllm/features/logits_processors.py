@@ -282,14 +282,10 @@ class RequestSlots:
         "Slots for the step's `requests`, tokens written; return the (slot, request) that took one."
         for s in [s for s, r in self.held.items() if r.is_finished()]:
             self.release(s)
-        ids, need = (
-            {r.request_id for r in requests},
-            sum(r.request_id not in self.slot for r in requests),
-        )
+        ids = {r.request_id for r in requests}
+        short = sum(rid not in self.slot for rid in ids) - len(self.free)
         waiting = [s for s, r in self.held.items() if r.request_id not in ids]
-        for s in waiting[
-            : max(0, need - len(self.free))
-        ]:  # slots ran out: waiting ones give theirs
+        for s in waiting[: max(short, 0)]:  # slots ran out: requests waiting give theirs up
             self.release(s)
         st, new, rows = self.state, [], []
         for r in requests:
@@ -354,10 +350,8 @@ class LogitsProcessors(StepExtension):
     @classmethod
     def from_core(cls, core) -> LogitsProcessors:
         classes = check_logits_processors(core.config.model_config.logits_processors)
-        device, v2 = (
-            core.model_runner.device,
-            [c for c in classes if issubclass(c, SlotLogitsProcessor)],
-        )
+        device = core.model_runner.device
+        v2 = [c for c in classes if issubclass(c, SlotLogitsProcessor)]
         state = LogitsProcRequestState.for_engine(core.config, device) if v2 else None
         return cls(
             [c(core.config, device, device.type == "cuda") for c in classes if c not in v2],
