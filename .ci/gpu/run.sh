@@ -1,5 +1,6 @@
-# The GPU run (STAGE=tests|kernels|startup|bench): wheels, then the GPU tests, the kernel benchmarks, start-up and
-# end-to-end benchmarks on random SmolLM2-shaped weights (the real weights cannot travel to the GPU machine).
+# The GPU run (STAGE=tests|kernels|startup|bench|real): wheels, then the GPU tests, the kernel benchmarks, start-up and
+# end-to-end benchmarks on random SmolLM2-shaped weights (the real weights cannot travel to the GPU machine); `real`:
+# the Llama-3.2-1B and Llama-3.1-8B shapes (real_size.py, built on the GPU), the 1B batch-1 profile, the collector pair.
 # Not part of CI. Prepared on the CPU machine, in the repo root, both ignored by git and carried to the GPU machine:
 #   .gpu/tok/  the embedded model's tokenizer.json, tokenizer_config.json, chat_template.jinja, config.json and
 #              generation_config.json (from ~/.cache/minivllm/SmolLM2-135M-Instruct.*/)
@@ -23,5 +24,12 @@ timeout 150 python3 -c "$MV" bench throughput --model /tmp/smol --device cuda --
 timeout 150 python3 -c "$MV" bench throughput --model /tmp/smol --device cuda --num-prompts 256 --systems minivllm --no-enforce-eager --json $OUT/throughput_graphs_h100.json 2>&1 | tail -12
 timeout 120 python3 -c "$MV" bench latency --model /tmp/smol --device cuda --concurrency 1 16 --systems minivllm hf-generate --enforce-eager --json $OUT/latency_eager_h100.json 2>&1 | tail -12
 timeout 120 python3 -c "$MV" bench latency --model /tmp/smol --device cuda --concurrency 1 16 --systems minivllm --no-enforce-eager --json $OUT/latency_graphs_h100.json 2>&1 | tail -12
+fi
+if has real; then
+BUILD_ON=cuda python3 .ci/gpu/real_size.py --build /tmp/m1b --shape 1b; BUILD_ON=cuda python3 .ci/gpu/real_size.py --build /tmp/m8b --shape 8b
+timeout 165 python3 .ci/gpu/real_size.py $OUT/rs1b.json compiled --model /tmp/m1b --budget 155
+timeout 75 python3 .ci/gpu/profile_decode.py /tmp/m1b $OUT/prof1b.json
+timeout 195 python3 .ci/gpu/real_size.py $OUT/rs8b.json compiled --model /tmp/m8b --batches 1,8,32,128 --no-nano --budget 185
+GC_FREEZE=0 timeout 75 python3 .ci/gpu/real_size.py $OUT/gc0.json compiled --model /tmp/m1b --batches 1,128,256 --no-nano --budget 70
 fi
 exit 0
