@@ -617,7 +617,7 @@ def gpu_sync_allowed(first_only: bool = False):
     "vLLM's permission to wait for the GPU inside a block under its sync-debug mode: here, none."
     return contextlib.nullcontext()
 
-
+# %% ../../nbs/95_vllm_compat.ipynb #v2lp95b
 @functools.lru_cache(maxsize=8)
 def _tokenizer(path: str):
     from transformers import AutoTokenizer
@@ -626,8 +626,14 @@ def _tokenizer(path: str):
 
 
 def cached_tokenizer_from_config(model_config, **kwargs):
-    "The model's tokenizer, loaded once (vLLM's `vllm.tokenizers.cached_tokenizer_from_config`)."
-    return _tokenizer(str(model_config.tokenizer), **kwargs)
+    """The model's tokenizer, loaded once (vLLM's `vllm.tokenizers.cached_tokenizer_from_config`);
+    vLLM's options for another tokenizer are refused by name."""
+    if kwargs:
+        raise NotImplementedError(
+            "cached_tokenizer_from_config: minivllm loads the model's own tokenizer only; "
+            f"got {sorted(kwargs)}"
+        )
+    return _tokenizer(str(model_config.tokenizer))
 
 
 _SLOTS = dict(

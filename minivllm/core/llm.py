@@ -186,7 +186,7 @@ def _run_engine(self: LLM, use_tqdm: bool = True, wanted: int | None = None) -> 
     finally:
         bar.close()
 
-
+# %% ../../nbs/13_llm.ipynb #collect13
 @patch
 def _collect(self: LLM, ids: list[str]) -> list[RequestOutput]:
     "Hand over (and forget) the finished outputs of `ids`, in that order."
