@@ -195,10 +195,15 @@ def test_engine_matches_dense_reference_and_fp32(quant_llm):
     runner = quant_llm.llm_engine.engine_core.model_runner
     quantized = [m for m in runner.model.modules() if isinstance(m, QUANTIZED)]
     assert len(quantized) == 121                                         # 4 × 30 projections and the LM head
-    assert {type(m) for m in quantized} == ({BlockLinear} if blocks_supported("cpu", torch.bfloat16)
-                                            else {Int4Linear, Int8Linear})
-    assert all(m.max_rows is not None for m in quantized)                # the engine's layers are hybrid
-    assert all([n for n, _ in m.named_buffers()] == ["blocks"] for m in quantized)   # and hold the blocks only
+    blocks = blocks_supported("cpu", torch.bfloat16)
+    assert {type(m) for m in quantized} == ({BlockLinear} if blocks else {Int4Linear, Int8Linear})
+    if blocks:                                                           # qgemm.c (AVX-512): the layers are hybrid
+        assert all(m.max_rows is not None for m in quantized)
+        assert all([n for n, _ in m.named_buffers()] == ["blocks"] for m in quantized)   # and hold the blocks only
+    else:                                  # elsewhere repacked for PyTorch's int4/int8 kernels, with no dense copy
+        assert all(m.dense is None for m in quantized)
+        assert {tuple(n for n, _ in m.named_buffers()) for m in quantized} == {("packed", "scales_and_zeros"),
+                                                                              ("weight", "scales")}
     hybrid = prompt_stats(quant_llm)                                     # prefills: dense tiles
     for m in quantized: _set_limit(m, 10 ** 9)                           # the quantized kernels at every row count
     sq = prompt_stats(quant_llm)

@@ -74,10 +74,24 @@ def _inner_k_tiles(k: int) -> int:
     return next(t for t in (8, 4, 2) if k % (16 * t) == 0)
 
 
+@functools.cache
+def _onednn_runs(dtype: torch.dtype) -> bool:
+    """Whether oneDNN's linear multiplies `dtype` on this CPU (bfloat16 needs AVX-512 or
+    AVX-NE-CONVERT: on an AVX2-only CPU the dense copy goes through `F.linear`)."""
+    if not hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
+        return False
+    try:
+        w = torch.zeros(8, 8, dtype=dtype)
+        torch.ops.mkldnn._linear_pointwise(w, w, None, "none", [], "")
+        return True
+    except RuntimeError:
+        return False
+
+
 def _dense_copy(w: torch.Tensor) -> torch.Tensor:
     """`w` in oneDNN's prepacked layout on CPUs that have it (what `_dense_mm` multiplies by), else
     `w` itself."""
-    if w.device.type != "cpu" or not hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
+    if w.device.type != "cpu" or not _onednn_runs(w.dtype):
         return w
     try:
         p = torch.ops.mkldnn._reorder_linear_weight(w)
@@ -88,7 +102,7 @@ def _dense_copy(w: torch.Tensor) -> torch.Tensor:
     except RuntimeError:
         return w
 
-
+# %% ../../nbs/04b_quantization.ipynb #7a656568
 def _use_dense(m: nn.Module, rows: int, limit: int | None) -> bool:
     """Whether a hybrid layer takes its dense copy: more rows than `limit`, and not inside
     `torch.compile` (opaque copy)."""
@@ -101,11 +115,7 @@ def _dense_mm(x: torch.Tensor, w: torch.Tensor, wc: torch.Tensor | None = None) 
     primitives)."""
     if wc is not None and x.shape[0] <= GEMM_MAX_ROWS and x.device.type == wc.device.type == "cpu":
         return gemm(x, wc)
-    if (
-        w.device.type != "cpu"
-        or not hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-        or w.is_meta
-    ):
+    if w.device.type != "cpu" or w.is_meta or not _onednn_runs(w.dtype):
         return F.linear(x, w)
     m = x.shape[0]
     if m % 32:
