@@ -7,6 +7,35 @@ the reference function in the exercise cell, everything else in the cell (import
 """
 
 MISTAKES = {
+    ("00c_sampling_verify", "my_check_logprobs"): [
+        ('-1 requested taken as a number (always within the limit)', '''
+def my_check_logprobs(n, vocab_size, max_logprobs=20):
+    limit = vocab_size if max_logprobs == -1 else max_logprobs
+    if n and n > limit:
+        raise ValueError(f"Requested logprobs of {n}, which is greater than max allowed: {limit}")
+'''),
+        ('a limit of -1 taken as a number (everything refused)', '''
+def my_check_logprobs(n, vocab_size, max_logprobs=20):
+    limit = max_logprobs
+    n = vocab_size if n == -1 else n
+    if n and n > limit:
+        raise ValueError(f"Requested logprobs of {n}, which is greater than max allowed: {limit}")
+'''),
+        ('the limit itself refused (>= instead of >)', '''
+def my_check_logprobs(n, vocab_size, max_logprobs=20):
+    limit = vocab_size if max_logprobs == -1 else max_logprobs
+    n = vocab_size if n == -1 else n
+    if n and n >= limit:
+        raise ValueError(f"Requested logprobs of {n}, which is greater than max allowed: {limit}")
+'''),
+        ('the vocabulary as the limit whatever max_logprobs says', '''
+def my_check_logprobs(n, vocab_size, max_logprobs=20):
+    limit = vocab_size
+    n = vocab_size if n == -1 else n
+    if n and n > limit:
+        raise ValueError(f"Requested logprobs of {n}, which is greater than max allowed: {limit}")
+'''),
+    ],
     ("01_request", "my_finish"): [
         ("EOS counts before min_tokens", '''
 def my_finish(output_ids, num_prompt_tokens, eos_token_id, sp, max_model_len):
@@ -1082,6 +1111,689 @@ def my_bitmask(allowed, vocab_size):
     for t in allowed:
         words[t % len(words)] |= 1 << (t % 32)
     return torch.tensor([w - 2**32 if w >= 2**31 else w for w in words], dtype=torch.int32)
+'''),
+    ],
+    ("04a_cpu_gemm", "my_packed_matmul"): [
+        ("the packed weight read as if it were [N, K]", '''
+def my_packed_matmul(x, p):
+    return x.float() @ p.float().reshape(-1, x.shape[1]).T
+'''),
+        ("x viewed with the position in K as the slow index ([M, KU, K/KU])", '''
+def my_packed_matmul(x, p):
+    blocks, steps, lanes, ku = p.shape
+    xs = x.float().reshape(len(x), ku, steps).transpose(1, 2)
+    return torch.einsum("mku,bkiu->mbi", xs, p.float()).reshape(len(x), blocks * lanes)
+'''),
+        ("output columns lane-major (lane · blocks + block, not block · 16 + lane)", '''
+def my_packed_matmul(x, p):
+    blocks, steps, lanes, ku = p.shape
+    xs = x.float().reshape(len(x), steps, ku)
+    return torch.einsum("mku,bkiu->mib", xs, p.float()).reshape(len(x), blocks * lanes)
+'''),
+        ("only the first position of each step of K summed", '''
+def my_packed_matmul(x, p):
+    blocks, steps, lanes, ku = p.shape
+    xs = x.float().reshape(len(x), steps, ku)
+    return torch.einsum("mk,bki->mbi", xs[..., 0], p.float()[..., 0]).reshape(len(x), blocks * lanes)
+'''),
+    ],
+    ("04b_quantization", "my_dequantize_q4_0"): [
+        ("codes interleaved (byte j holding codes 2j and 2j + 1)", '''
+def my_dequantize_q4_0(rows):
+    blocks = rows.reshape(len(rows), -1, 18)
+    d = blocks[..., :2].contiguous().view(torch.float16).float()
+    codes = blocks[..., 2:].to(torch.int32)
+    q = torch.stack([codes & 0xF, codes >> 4], dim=-1).reshape(len(rows), -1, 32)
+    return (d * (q - 8)).reshape(len(rows), -1)
+'''),
+        ("no offset of 8 (the codes taken as the weights' multiples)", '''
+def my_dequantize_q4_0(rows):
+    blocks = rows.reshape(len(rows), -1, 18)
+    d = blocks[..., :2].contiguous().view(torch.float16).float()
+    codes = blocks[..., 2:].to(torch.int32)
+    q = torch.cat([codes & 0xF, codes >> 4], dim=-1)
+    return (d * q).reshape(len(rows), -1)
+'''),
+        ("high nibbles first", '''
+def my_dequantize_q4_0(rows):
+    blocks = rows.reshape(len(rows), -1, 18)
+    d = blocks[..., :2].contiguous().view(torch.float16).float()
+    codes = blocks[..., 2:].to(torch.int32)
+    q = torch.cat([codes >> 4, codes & 0xF], dim=-1)
+    return (d * (q - 8)).reshape(len(rows), -1)
+'''),
+        ("the scale's two bytes read big-endian", '''
+def my_dequantize_q4_0(rows):
+    blocks = rows.reshape(len(rows), -1, 18)
+    d = blocks[..., [1, 0]].contiguous().view(torch.float16).float()
+    codes = blocks[..., 2:].to(torch.int32)
+    q = torch.cat([codes & 0xF, codes >> 4], dim=-1)
+    return (d * (q - 8)).reshape(len(rows), -1)
+'''),
+    ],
+    ("05c_lora", "my_merged_weight"): [
+        ("the scale lora_alpha, not divided by the rank", '''
+def my_merged_weight(w, a, b, lora_alpha, use_rslora=False):
+    return w + lora_alpha * (b @ a)
+'''),
+        ("rsLoRA ignored (always lora_alpha / r)", '''
+def my_merged_weight(w, a, b, lora_alpha, use_rslora=False):
+    return w + lora_alpha / a.shape[0] * (b @ a)
+'''),
+        ("the scale inverted (r / lora_alpha)", '''
+def my_merged_weight(w, a, b, lora_alpha, use_rslora=False):
+    r = a.shape[0]
+    s = math.sqrt(r) / lora_alpha if use_rslora else r / lora_alpha
+    return w + s * (b @ a)
+'''),
+        ("the rank read from b's rows (the output size), not a's", '''
+def my_merged_weight(w, a, b, lora_alpha, use_rslora=False):
+    r = b.shape[0]
+    s = lora_alpha / math.sqrt(r) if use_rslora else lora_alpha / r
+    return w + s * (b @ a)
+'''),
+    ],
+    ("07b_spec_decode", "my_recovered"): [
+        ("q − p instead of p − q", '''
+def my_recovered(p, q):
+    resid = (q - p).clamp_min(0)
+    return resid / resid.sum(-1, keepdim=True)
+'''),
+        ("not normalized (Z · r, not r)", '''
+def my_recovered(p, q):
+    return (p - q).clamp_min(0)
+'''),
+        ("normalized over the batch, not over each row", '''
+def my_recovered(p, q):
+    resid = (p - q).clamp_min(0)
+    return resid / resid.sum(0, keepdim=True)
+'''),
+        ("p − q not clamped at zero", '''
+def my_recovered(p, q):
+    resid = p - q
+    return resid / resid.abs().sum(-1, keepdim=True)
+'''),
+        ("p renormalized with q's tokens dropped wherever q > 0", '''
+def my_recovered(p, q):
+    resid = torch.where(q > 0, torch.zeros_like(p), p)
+    return resid / resid.sum(-1, keepdim=True)
+'''),
+    ],
+    ("05a_model_kernels", "my_row_bucket"): [
+        ("rounded down, not up", '''
+def my_row_bucket(m):
+    if m <= 16:
+        return m
+    step = 1 << ((m - 1).bit_length() - 4)
+    return max(16, m // step * step)
+'''),
+        ("sixteen sizes per doubling", '''
+def my_row_bucket(m):
+    if m <= 16:
+        return m
+    step = 1 << ((m - 1).bit_length() - 5)
+    return -(-m // step) * step
+'''),
+        ("the next power of two", '''
+def my_row_bucket(m):
+    return m if m <= 16 else 1 << (m - 1).bit_length()
+'''),
+        ("a fixed step of 2 above 16 (not 8 sizes per doubling)", '''
+def my_row_bucket(m):
+    return m if m <= 16 else -(-m // 2) * 2
+'''),
+    ],
+    ("05b_compile", "my_padded_size"): [
+        ("the first size in the list's order that holds the step, not the smallest", '''
+def my_padded_size(n, sizes, least=2):
+    need = max(n, least)
+    return next((s for s in sizes if s >= need), need)
+'''),
+        ("least ignored", '''
+def my_padded_size(n, sizes, least=2):
+    return min((s for s in sizes if s >= n), default=n)
+'''),
+        ("beyond the largest size, the largest size", '''
+def my_padded_size(n, sizes, least=2):
+    need = max(n, least)
+    return min((s for s in sizes if s >= need), default=max(sizes))
+'''),
+        ("the largest size at or below the step", '''
+def my_padded_size(n, sizes, least=2):
+    need = max(n, least)
+    return max((s for s in sizes if s <= need), default=need)
+'''),
+    ],
+    ("08b_prompt_embeds", "my_embed_rows"): [
+        ("the chunk's rows matched to the prompt's first vectors (start ignored)", '''
+def my_embed_rows(chunks, query_start_loc):
+    out = []
+    for (start, num_tokens, embeds), first in zip(chunks, query_start_loc):
+        if embeds is None:
+            continue
+        for j in range(num_tokens):
+            pos = start + j
+            if pos < len(embeds) and not embeds[pos].isnan().any():
+                out.append((first + j, embeds[j]))
+    return out
+'''),
+        ('NaN rows written too', '''
+def my_embed_rows(chunks, query_start_loc):
+    out = []
+    for (start, num_tokens, embeds), first in zip(chunks, query_start_loc):
+        if embeds is None:
+            continue
+        for j in range(num_tokens):
+            pos = start + j
+            if pos < len(embeds):
+                out.append((first + j, embeds[pos]))
+    return out
+'''),
+        ('rows numbered within the chunk, not within the flat batch', '''
+def my_embed_rows(chunks, query_start_loc):
+    out = []
+    for (start, num_tokens, embeds), first in zip(chunks, query_start_loc):
+        if embeds is None:
+            continue
+        for j in range(num_tokens):
+            pos = start + j
+            if pos < len(embeds) and not embeds[pos].isnan().any():
+                out.append((j, embeds[pos]))
+    return out
+'''),
+        ('rows past the prompt given the last vector (decodes overwritten)', '''
+def my_embed_rows(chunks, query_start_loc):
+    out = []
+    for (start, num_tokens, embeds), first in zip(chunks, query_start_loc):
+        if embeds is None:
+            continue
+        for j in range(num_tokens):
+            pos = start + j
+            pos = min(pos, len(embeds) - 1)
+            if not embeds[pos].isnan().any():
+                out.append((first + j, embeds[pos]))
+    return out
+'''),
+    ],
+    ("10_output_processor", "my_find_stop"): [
+        ("searched in the new characters only (a stop string across the boundary missed)", '''
+def my_find_stop(text, num_new_chars, stops, include):
+    if not num_new_chars:
+        return None
+    for stop in stops:
+        i = text.find(stop, len(text) - num_new_chars)
+        if i != -1:
+            return stop, i + len(stop) if include else i
+    return None
+'''),
+        ("searched in the whole text (an old stop string found again)", '''
+def my_find_stop(text, num_new_chars, stops, include):
+    if not num_new_chars:
+        return None
+    for stop in stops:
+        i = text.find(stop)
+        if i != -1:
+            return stop, i + len(stop) if include else i
+    return None
+'''),
+        ("include ignored: always cut before the stop string", '''
+def my_find_stop(text, num_new_chars, stops, include):
+    if not num_new_chars:
+        return None
+    for stop in stops:
+        i = text.find(stop, max(0, len(text) - num_new_chars - len(stop) + 1))
+        if i != -1:
+            return stop, i
+    return None
+'''),
+        ("the earliest stop string in the text, not the first of `stops`", '''
+def my_find_stop(text, num_new_chars, stops, include):
+    if not num_new_chars:
+        return None
+    found = []
+    for stop in stops:
+        i = text.find(stop, max(0, len(text) - num_new_chars - len(stop) + 1))
+        if i != -1:
+            found.append((i, stop))
+    if not found:
+        return None
+    i, stop = min(found)
+    return stop, i + len(stop) if include else i
+'''),
+        ("the window one character too early (a stop string ending just before the new text)", '''
+def my_find_stop(text, num_new_chars, stops, include):
+    if not num_new_chars:
+        return None
+    for stop in stops:
+        i = text.find(stop, max(0, len(text) - num_new_chars - len(stop)))
+        if i != -1:
+            return stop, i + len(stop) if include else i
+    return None
+'''),
+    ],
+    ("06c_tool_calling", "my_hermes"): [
+        ('malformed calls skipped instead of making the reply content', r'''
+def my_hermes(text):
+    if "<tool_call>" not in text:
+        return text, []
+    bodies = re.findall(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)", text, re.DOTALL)
+    calls = []
+    for closed, unclosed in bodies:
+        try:
+            obj = json.loads(closed or unclosed)
+        except json.JSONDecodeError:
+            return text, []
+        for call in obj if isinstance(obj, list) else [obj]:
+            if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+                continue
+            if not isinstance(call.get("arguments"), dict):
+                continue
+            calls.append((call["name"], call["arguments"]))
+    if not calls:
+        return text, []
+    content = text[: text.find("<tool_call>")]
+    return (content if content.strip() else None), calls
+'''),
+        ('an unclosed last call ignored', r'''
+def my_hermes(text):
+    if "<tool_call>" not in text:
+        return text, []
+    bodies = [(b, "") for b in re.findall(r"<tool_call>(.*?)</tool_call>", text, re.DOTALL)]
+    calls = []
+    for closed, unclosed in bodies:
+        try:
+            obj = json.loads(closed or unclosed)
+        except json.JSONDecodeError:
+            return text, []
+        for call in obj if isinstance(obj, list) else [obj]:
+            if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+                return text, []
+            if not isinstance(call.get("arguments"), dict):
+                return text, []
+            calls.append((call["name"], call["arguments"]))
+    if not calls:
+        return text, []
+    content = text[: text.find("<tool_call>")]
+    return (content if content.strip() else None), calls
+'''),
+        ('whitespace-only content kept as content (not None)', r'''
+def my_hermes(text):
+    if "<tool_call>" not in text:
+        return text, []
+    bodies = re.findall(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)", text, re.DOTALL)
+    calls = []
+    for closed, unclosed in bodies:
+        try:
+            obj = json.loads(closed or unclosed)
+        except json.JSONDecodeError:
+            return text, []
+        for call in obj if isinstance(obj, list) else [obj]:
+            if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+                return text, []
+            if not isinstance(call.get("arguments"), dict):
+                return text, []
+            calls.append((call["name"], call["arguments"]))
+    if not calls:
+        return text, []
+    content = text[: text.find("<tool_call>")]
+    return (content or None), calls
+'''),
+        ('the content is the text outside the calls, not the text before the first', r'''
+def my_hermes(text):
+    if "<tool_call>" not in text:
+        return text, []
+    bodies = re.findall(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)", text, re.DOTALL)
+    calls = []
+    for closed, unclosed in bodies:
+        try:
+            obj = json.loads(closed or unclosed)
+        except json.JSONDecodeError:
+            return text, []
+        for call in obj if isinstance(obj, list) else [obj]:
+            if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+                return text, []
+            if not isinstance(call.get("arguments"), dict):
+                return text, []
+            calls.append((call["name"], call["arguments"]))
+    if not calls:
+        return text, []
+    content = re.sub(r"<tool_call>.*?(</tool_call>|$)", "", text, flags=re.DOTALL)
+    return (content if content.strip() else None), calls
+'''),
+        ('a list of calls in one tag not read', r'''
+def my_hermes(text):
+    if "<tool_call>" not in text:
+        return text, []
+    bodies = re.findall(r"<tool_call>(.*?)</tool_call>|<tool_call>(.*)", text, re.DOTALL)
+    calls = []
+    for closed, unclosed in bodies:
+        try:
+            obj = json.loads(closed or unclosed)
+        except json.JSONDecodeError:
+            return text, []
+        for call in [obj]:
+            if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+                return text, []
+            if not isinstance(call.get("arguments"), dict):
+                return text, []
+            calls.append((call["name"], call["arguments"]))
+    if not calls:
+        return text, []
+    content = text[: text.find("<tool_call>")]
+    return (content if content.strip() else None), calls
+'''),
+        ('a greedy regex (the bodies of several calls run together)', r'''
+def my_hermes(text):
+    if "<tool_call>" not in text:
+        return text, []
+    bodies = re.findall(r"<tool_call>(.*)</tool_call>|<tool_call>(.*)", text, re.DOTALL)
+    calls = []
+    for closed, unclosed in bodies:
+        try:
+            obj = json.loads(closed or unclosed)
+        except json.JSONDecodeError:
+            return text, []
+        for call in obj if isinstance(obj, list) else [obj]:
+            if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+                return text, []
+            if not isinstance(call.get("arguments"), dict):
+                return text, []
+            calls.append((call["name"], call["arguments"]))
+    if not calls:
+        return text, []
+    content = text[: text.find("<tool_call>")]
+    return (content if content.strip() else None), calls
+'''),
+    ],
+    ("06d_logits_processors", "my_dict_updates"): [
+        ('moves applied before the removals and additions', '''
+def my_dict_updates(entries, batch_update, new_state):
+    if not batch_update:
+        return False
+    changed = False
+    for a, b, how in batch_update.moved:
+        at_a, at_b = entries.pop(a, None), entries.pop(b, None)
+        if at_a is not None:
+            entries[b] = at_a
+        if at_b is not None and how == MoveDirectionality.SWAP:
+            entries[a] = at_b
+        changed |= at_a is not None or at_b is not None
+    for i in batch_update.removed:
+        changed |= entries.pop(i, None) is not None
+    for i, params, prompt_ids, output_ids in batch_update.added:
+        state = new_state(params, prompt_ids, output_ids)
+        if state is not None:
+            entries[i], changed = state, True
+        else:
+            changed |= entries.pop(i, None) is not None
+    return changed
+'''),
+        ("a swap treated as a one-way move (b's entry lost)", '''
+def my_dict_updates(entries, batch_update, new_state):
+    if not batch_update:
+        return False
+    changed = False
+    for i in batch_update.removed:
+        changed |= entries.pop(i, None) is not None
+    for i, params, prompt_ids, output_ids in batch_update.added:
+        state = new_state(params, prompt_ids, output_ids)
+        if state is not None:
+            entries[i], changed = state, True
+        else:
+            changed |= entries.pop(i, None) is not None
+    for a, b, how in batch_update.moved:
+        at_a, at_b = entries.pop(a, None), entries.pop(b, None)
+        if at_a is not None:
+            entries[b] = at_a
+        changed |= at_a is not None or at_b is not None
+    return changed
+'''),
+        ('an added request without state leaves the old entry at its index', '''
+def my_dict_updates(entries, batch_update, new_state):
+    if not batch_update:
+        return False
+    changed = False
+    for i in batch_update.removed:
+        changed |= entries.pop(i, None) is not None
+    for i, params, prompt_ids, output_ids in batch_update.added:
+        state = new_state(params, prompt_ids, output_ids)
+        if state is not None:
+            entries[i], changed = state, True
+    for a, b, how in batch_update.moved:
+        at_a, at_b = entries.pop(a, None), entries.pop(b, None)
+        if at_a is not None:
+            entries[b] = at_a
+        if at_b is not None and how == MoveDirectionality.SWAP:
+            entries[a] = at_b
+        changed |= at_a is not None or at_b is not None
+    return changed
+'''),
+        ('a one-way move copies (the entry stays at a too)', '''
+def my_dict_updates(entries, batch_update, new_state):
+    if not batch_update:
+        return False
+    changed = False
+    for i in batch_update.removed:
+        changed |= entries.pop(i, None) is not None
+    for i, params, prompt_ids, output_ids in batch_update.added:
+        state = new_state(params, prompt_ids, output_ids)
+        if state is not None:
+            entries[i], changed = state, True
+        else:
+            changed |= entries.pop(i, None) is not None
+    for a, b, how in batch_update.moved:
+        at_a, at_b = entries.get(a), entries.pop(b, None)
+        if at_a is not None:
+            entries[b] = at_a
+        if at_b is not None and how == MoveDirectionality.SWAP:
+            entries[a] = at_b
+        changed |= at_a is not None or at_b is not None
+    return changed
+'''),
+        ('always reports a change', '''
+def my_dict_updates(entries, batch_update, new_state):
+    if not batch_update:
+        return False
+    changed = False
+    for i in batch_update.removed:
+        changed |= entries.pop(i, None) is not None
+    for i, params, prompt_ids, output_ids in batch_update.added:
+        state = new_state(params, prompt_ids, output_ids)
+        if state is not None:
+            entries[i], changed = state, True
+        else:
+            changed |= entries.pop(i, None) is not None
+    for a, b, how in batch_update.moved:
+        at_a, at_b = entries.pop(a, None), entries.pop(b, None)
+        if at_a is not None:
+            entries[b] = at_a
+        if at_b is not None and how == MoveDirectionality.SWAP:
+            entries[a] = at_b
+        changed |= at_a is not None or at_b is not None
+    return True
+'''),
+    ],
+    ("07c_scaling_out", "my_micro_batches"): [
+        ('cut by request count, not by tokens', '''
+def my_micro_batches(query_start_loc, m):
+    n, total = len(query_start_loc) - 1, query_start_loc[-1]
+    if n <= 1 or m <= 1:
+        return [(0, n)]
+    cuts = {max(1, min(n - 1, round(n * k / m))) for k in range(1, m)}
+    cuts = sorted(cuts)
+    return list(zip([0] + cuts, cuts + [n]))
+'''),
+        ('boundaries 0 and n allowed (empty groups)', '''
+def my_micro_batches(query_start_loc, m):
+    n, total = len(query_start_loc) - 1, query_start_loc[-1]
+    if n <= 1 or m <= 1:
+        return [(0, n)]
+    cuts = set()
+    for k in range(1, m):
+        goal = total * k / m
+        cuts.add(min(range(0, n + 1), key=lambda i: abs(query_start_loc[i] - goal)))
+    cuts = sorted(cuts)
+    return list(zip([0] + cuts, cuts + [n]))
+'''),
+        ('repeated cuts kept (an empty group)', '''
+def my_micro_batches(query_start_loc, m):
+    n, total = len(query_start_loc) - 1, query_start_loc[-1]
+    if n <= 1 or m <= 1:
+        return [(0, n)]
+    cuts = []
+    for k in range(1, m):
+        goal = total * k / m
+        cuts.append(min(range(1, n), key=lambda i: abs(query_start_loc[i] - goal)))
+    cuts = sorted(cuts)
+    return list(zip([0] + cuts, cuts + [n]))
+'''),
+        ('the last boundary at or below the goal, not the nearest', '''
+def my_micro_batches(query_start_loc, m):
+    n, total = len(query_start_loc) - 1, query_start_loc[-1]
+    if n <= 1 or m <= 1:
+        return [(0, n)]
+    cuts = set()
+    for k in range(1, m):
+        goal = total * k / m
+        cuts.add(max([i for i in range(1, n) if query_start_loc[i] <= goal], default=1))
+    cuts = sorted(cuts)
+    return list(zip([0] + cuts, cuts + [n]))
+'''),
+        ('on a tie, the later boundary', '''
+def my_micro_batches(query_start_loc, m):
+    n, total = len(query_start_loc) - 1, query_start_loc[-1]
+    if n <= 1 or m <= 1:
+        return [(0, n)]
+    cuts = set()
+    for k in range(1, m):
+        goal = total * k / m
+        cuts.add(min(range(n - 1, 0, -1), key=lambda i: abs(query_start_loc[i] - goal)))
+    cuts = sorted(cuts)
+    return list(zip([0] + cuts, cuts + [n]))
+'''),
+    ],
+    ("08_processor", "my_children"): [
+        ("the seed the same for every child", '''
+def my_children(request_id, params, in_use):
+    out = []
+    for i in range(params.n):
+        rid, k = f"{i}_{request_id}", 0
+        while rid in in_use:
+            k += 1
+            rid = f"{i}_{request_id}#{k}"
+        p = params.clone()
+        p.n = 1
+        out.append((rid, p))
+    return out
+'''),
+        ("ids in use not avoided", '''
+def my_children(request_id, params, in_use):
+    out = []
+    for i in range(params.n):
+        p = params.clone()
+        p.n = 1
+        if p.seed is not None:
+            p.seed += i
+        out.append((f"{i}_{request_id}", p))
+    return out
+'''),
+        ("the parent's params changed in place (one object for every child)", '''
+def my_children(request_id, params, in_use):
+    out, seed = [], params.seed
+    for i in range(params.n):
+        rid, k = f"{i}_{request_id}", 0
+        while rid in in_use:
+            k += 1
+            rid = f"{i}_{request_id}#{k}"
+        params.n = 1
+        if seed is not None:
+            params.seed = seed + i
+        out.append((rid, params))
+    return out
+'''),
+        ("the index after the id (f'{request_id}_{i}')", '''
+def my_children(request_id, params, in_use):
+    out = []
+    for i in range(params.n):
+        rid, k = f"{request_id}_{i}", 0
+        while rid in in_use:
+            k += 1
+            rid = f"{request_id}_{i}#{k}"
+        p = params.clone()
+        p.n = 1
+        if p.seed is not None:
+            p.seed += i
+        out.append((rid, p))
+    return out
+'''),
+        ("only one retry suffix tried (#1)", '''
+def my_children(request_id, params, in_use):
+    out = []
+    for i in range(params.n):
+        rid = f"{i}_{request_id}"
+        if rid in in_use:
+            rid += "#1"
+        p = params.clone()
+        p.n = 1
+        if p.seed is not None:
+            p.seed += i
+        out.append((rid, p))
+    return out
+'''),
+    ],
+    ("17_cli", "my_nested"): [
+        ("values kept as strings (no JSON)", '''
+def my_nested(pairs):
+    out = {}
+    for name, text in pairs:
+        flag, *keys = name.split(".")
+        d = out.setdefault(flag, {})
+        for k in keys[:-1]:
+            d = d.setdefault(k, {})
+        d[keys[-1]] = text
+    return out
+'''),
+        ("each pair starts its flag's dict afresh (earlier keys lost)", '''
+def my_nested(pairs):
+    out = {}
+    for name, text in pairs:
+        flag, *keys = name.split(".")
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            value = text
+        d = out[flag] = {}
+        for k in keys[:-1]:
+            d = d.setdefault(k, {})
+        d[keys[-1]] = value
+    return out
+'''),
+        ("one level only: the rest of the name as one key", '''
+def my_nested(pairs):
+    out = {}
+    for name, text in pairs:
+        flag, key = name.split(".", 1)
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            value = text
+        out.setdefault(flag, {})[key] = value
+    return out
+'''),
+        ("the first value for a key kept", '''
+def my_nested(pairs):
+    out = {}
+    for name, text in pairs:
+        flag, *keys = name.split(".")
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            value = text
+        d = out.setdefault(flag, {})
+        for k in keys[:-1]:
+            d = d.setdefault(k, {})
+        d.setdefault(keys[-1], value)
+    return out
 '''),
     ],
     ("11_metrics", "my_cumulative_buckets"): [
