@@ -1741,6 +1741,28 @@ def my_children(request_id, params, in_use):
     return out
 '''),
     ],
+    ("14b_data_parallel", "my_front_end_usage"): [
+        ("the mean of the engines' own usages (engines of different sizes weigh the same)", '''
+def my_front_end_usage(engines):
+    live = [g for g, dead in engines if not dead]
+    return sum(g["kv_cache_usage"] for g in live) / len(live)
+'''),
+        ("dead engines' last reports counted", '''
+def my_front_end_usage(engines):
+    total = sum(g["num_blocks"] for g, _ in engines)
+    free = sum(g["free_blocks"] for g, _ in engines)
+    return 1 - free / total
+'''),
+        ('the free share, not the used share', '''
+def my_front_end_usage(engines):
+    live = [g for g, dead in engines if not dead]
+    return sum(g["free_blocks"] for g in live) / sum(g["num_blocks"] for g in live)
+'''),
+        ("the busiest live engine's usage", '''
+def my_front_end_usage(engines):
+    return max(1 - g["free_blocks"] / g["num_blocks"] for g, dead in engines if not dead)
+'''),
+    ],
     ("17_cli", "my_nested"): [
         ("values kept as strings (no JSON)", '''
 def my_nested(pairs):
