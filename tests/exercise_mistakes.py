@@ -7,6 +7,57 @@ the reference function in the exercise cell, everything else in the cell (import
 """
 
 MISTAKES = {
+    ("00_sampling_params", "my_accepted"): [
+        ('top_p = 0 accepted', '''
+def my_accepted(temperature, top_p, top_k, min_p):
+    return (
+        math.isfinite(temperature)
+        and temperature >= 0
+        and 0 <= top_p <= 1
+        and top_k >= -1
+        and 0 <= min_p <= 1
+    )
+'''),
+        ('top_k = -1 refused (only 0 for no cut)', '''
+def my_accepted(temperature, top_p, top_k, min_p):
+    return (
+        math.isfinite(temperature)
+        and temperature >= 0
+        and 0 < top_p <= 1
+        and top_k >= 0
+        and 0 <= min_p <= 1
+    )
+'''),
+        ('temperature = 0 refused (greedy is temperature 0)', '''
+def my_accepted(temperature, top_p, top_k, min_p):
+    return (
+        math.isfinite(temperature)
+        and temperature > 0
+        and 0 < top_p <= 1
+        and top_k >= -1
+        and 0 <= min_p <= 1
+    )
+'''),
+        ('an infinite temperature accepted', '''
+def my_accepted(temperature, top_p, top_k, min_p):
+    return (
+        temperature >= 0
+        and 0 < top_p <= 1
+        and top_k >= -1
+        and 0 <= min_p <= 1
+    )
+'''),
+        ('min_p = 1 refused', '''
+def my_accepted(temperature, top_p, top_k, min_p):
+    return (
+        math.isfinite(temperature)
+        and temperature >= 0
+        and 0 < top_p <= 1
+        and top_k >= -1
+        and 0 <= min_p < 1
+    )
+'''),
+    ],
     ("00c_sampling_verify", "my_check_logprobs"): [
         ('-1 requested taken as a number (always within the limit)', '''
 def my_check_logprobs(n, vocab_size, max_logprobs=20):
