@@ -1898,4 +1898,116 @@ def my_cumulative_buckets(values, bounds):
     return {**out, "+Inf": len(values)}
 '''),
     ],
+    ("16b_course", "my_blank"): [
+        ("the docstring blanked with the body", """
+def my_blank(src, hint):
+    lines = src.splitlines()
+    funcs = [n for n in ast.parse(src).body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    for f in reversed(funcs):
+        indent = " " * f.body[0].col_offset
+        lines[f.body[0].lineno - 1 : f.end_lineno] = [f"{indent}raise NotImplementedError({repr('hint: ' + hint)})"]
+    return "\\n".join(lines) + "\\n"
+"""),
+        ("the first function first: the line numbers of the next ones have moved", """
+def my_blank(src, hint):
+    lines = src.splitlines()
+    funcs = [n for n in ast.parse(src).body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    for f in funcs:
+        body = f.body[1:] if ast.get_docstring(f) is not None else f.body
+        indent = " " * body[0].col_offset
+        lines[body[0].lineno - 1 : f.end_lineno] = [f"{indent}raise NotImplementedError({repr('hint: ' + hint)})"]
+    return "\\n".join(lines) + "\\n"
+"""),
+        ("indented by four spaces, whatever the body's indent", """
+def my_blank(src, hint):
+    lines = src.splitlines()
+    funcs = [n for n in ast.parse(src).body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    for f in reversed(funcs):
+        body = f.body[1:] if ast.get_docstring(f) is not None else f.body
+        lines[body[0].lineno - 1 : f.end_lineno] = [f"    raise NotImplementedError({repr('hint: ' + hint)})"]
+    return "\\n".join(lines) + "\\n"
+"""),
+        ("every function of the tree (ast.walk): a class's methods blanked too", """
+def my_blank(src, hint):
+    lines = src.splitlines()
+    funcs = [n for n in ast.walk(ast.parse(src)) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    for f in sorted(funcs, key=lambda f: f.lineno, reverse=True):
+        body = f.body[1:] if ast.get_docstring(f) is not None else f.body
+        indent = " " * body[0].col_offset
+        lines[body[0].lineno - 1 : f.end_lineno] = [f"{indent}raise NotImplementedError({repr('hint: ' + hint)})"]
+    return "\\n".join(lines) + "\\n"
+"""),
+        ("up to the last statement's first line, not the function's last line", """
+def my_blank(src, hint):
+    lines = src.splitlines()
+    funcs = [n for n in ast.parse(src).body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    for f in reversed(funcs):
+        body = f.body[1:] if ast.get_docstring(f) is not None else f.body
+        indent = " " * body[0].col_offset
+        lines[body[0].lineno - 1 : body[-1].lineno] = [f"{indent}raise NotImplementedError({repr('hint: ' + hint)})"]
+    return "\\n".join(lines) + "\\n"
+"""),
+        ("the hint alone, without 'hint: '", """
+def my_blank(src, hint):
+    lines = src.splitlines()
+    funcs = [n for n in ast.parse(src).body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    for f in reversed(funcs):
+        body = f.body[1:] if ast.get_docstring(f) is not None else f.body
+        indent = " " * body[0].col_offset
+        lines[body[0].lineno - 1 : f.end_lineno] = [f"{indent}raise NotImplementedError({hint!r})"]
+    return "\\n".join(lines) + "\\n"
+"""),
+    ],
+    ("90_viz", "my_block_view"): [
+        ("not clipped to a block: a full block counts every slot after it", """
+def my_block_view(tables, num_slots, block_size, num_blocks):
+    view = [([], 0) for _ in range(num_blocks)]
+    for rid, table in tables.items():
+        for j, b in enumerate(table):
+            owners, filled = view[b]
+            view[b] = (owners + [rid], max(filled, max(0, num_slots[rid] - j * block_size)))
+    return view
+"""),
+        ("not clipped at 0: a block past the tokens counts less than none", """
+def my_block_view(tables, num_slots, block_size, num_blocks):
+    owners, filled = {}, {}
+    for rid, table in tables.items():
+        for j, b in enumerate(table):
+            owners.setdefault(b, []).append(rid)
+            held = min(block_size, num_slots[rid] - j * block_size)
+            filled[b] = max(filled.get(b, held), held)
+    return [(owners.get(b, []), filled.get(b, 0)) for b in range(num_blocks)]
+"""),
+        ("a shared block: the first owner's count, not the most", """
+def my_block_view(tables, num_slots, block_size, num_blocks):
+    view = [([], 0) for _ in range(num_blocks)]
+    for rid, table in tables.items():
+        for j, b in enumerate(table):
+            owners, filled = view[b]
+            held = max(0, min(block_size, num_slots[rid] - j * block_size))
+            view[b] = (owners + [rid], filled if owners else held)
+    return view
+"""),
+        ("the owners sorted, not in the order of the tables", """
+def my_block_view(tables, num_slots, block_size, num_blocks):
+    view = [([], 0) for _ in range(num_blocks)]
+    for rid, table in tables.items():
+        for j, b in enumerate(table):
+            owners, filled = view[b]
+            held = max(0, min(block_size, num_slots[rid] - j * block_size))
+            view[b] = (sorted(owners + [rid]), max(filled, held))
+    return view
+"""),
+        ("every block but the last counted full, the last n % block_size", """
+def my_block_view(tables, num_slots, block_size, num_blocks):
+    view = [([], 0) for _ in range(num_blocks)]
+    for rid, table in tables.items():
+        for j, b in enumerate(table):
+            owners, filled = view[b]
+            n = num_slots[rid]
+            held = block_size if j < len(table) - 1 else n % block_size or block_size
+            view[b] = (owners + [rid], max(filled, held))
+    return view
+"""),
+    ],
 }
