@@ -22,6 +22,17 @@ from fastcore.basics import patch
 
 import minivllm
 from ..core import config
+
+# %% auto #0
+__all__ = ['VLLM_MODULES', 'current_platform', 'VLLM_CONFIG_NAMES', 'VLLM_ALIASES', 'ENV_READ', 'ENV_NO_EFFECT', 'ENV_REFUSED',
+           'VLLM_API_SERVER', 'VLLM_BENCHMARK_MODULES', 'check_vllm_args', 'VllmArgs', 'dummy_weights',
+           'load_dummy_model', 'DummyTPWorker', 'DummyTPModelRunner', 'ShardedStateLoader', 'load_sharded_state_model',
+           'cleanup_dist_env_and_memory', 'init_logger', 'random_uuid', 'print_embeddings', 'async_tensor_h2d',
+           'gpu_sync_allowed', 'cached_tokenizer_from_config', 'Platform', 'get_open_port', 'register_vllm_modules',
+           'register_vllm_aliases', 'keep_alive_timeout', 'read_env', 'check_environment', 'VllmEnvironment',
+           'UsageContext', 'set_ulimit', 'with_cancellation', 'serve_http']
+
+# %% ../../nbs/95_vllm_compat.ipynb #cc95a01
 from minivllm.core.config import (
     CacheConfig,
     CompilationConfig,
@@ -51,15 +62,6 @@ from minivllm.core.config import (
     TokensPrompt,
     _json_or_str,
 )
-
-# %% auto #0
-__all__ = ['VLLM_MODULES', 'current_platform', 'VLLM_CONFIG_NAMES', 'VLLM_ALIASES', 'ENV_READ', 'ENV_NO_EFFECT', 'ENV_REFUSED',
-           'VLLM_API_SERVER', 'VLLM_BENCHMARK_MODULES', 'check_vllm_args', 'VllmArgs', 'dummy_weights',
-           'load_dummy_model', 'DummyTPWorker', 'DummyTPModelRunner', 'ShardedStateLoader', 'load_sharded_state_model',
-           'cleanup_dist_env_and_memory', 'init_logger', 'random_uuid', 'print_embeddings', 'async_tensor_h2d',
-           'gpu_sync_allowed', 'cached_tokenizer_from_config', 'Platform', 'get_open_port', 'register_vllm_modules',
-           'register_vllm_aliases', 'keep_alive_timeout', 'read_env', 'check_environment', 'VllmEnvironment',
-           'UsageContext', 'set_ulimit', 'with_cancellation', 'serve_http']
 
 # %% ../../nbs/95_vllm_compat.ipynb #imports95b
 from minivllm.core.model import (
@@ -116,6 +118,10 @@ _VLLM_ARGS: dict = dict(  # what changes nothing, per vLLM argument
     ignore_patterns=_ANY,
     use_tqdm_on_load=_ANY_BOOL,
     pt_load_map_location=_ANY,
+)
+
+# %% ../../nbs/95_vllm_compat.ipynb #cc95a02
+_VLLM_ARGS.update(
     # KV cache
     kv_cache_dtype=("auto",),
     swap_space=_ANY,
@@ -163,6 +169,10 @@ _VLLM_ARGS.update(
     ray_workers_use_nsight=_ANY_BOOL,
     worker_cls=("auto",),
     worker_extension_cls=("",),
+)
+
+# %% ../../nbs/95_vllm_compat.ipynb #cc95a03
+_VLLM_ARGS.update(
     # scheduling
     max_num_partial_prefills=(1,),
     max_long_partial_prefills=(1,),
@@ -413,7 +423,7 @@ def save_model(
         save_file(part, os.path.join(path, name))
     return names
 
-
+# %% ../../nbs/95_vllm_compat.ipynb #cc95a06
 @patch(cls_method=True)
 def load_weights(cls: ShardedStateLoader, model, path, pattern: str | None = None) -> None:
     """Copy this rank's files (and no other's) into `model`'s state dict; a missing, unexpected or
@@ -553,33 +563,39 @@ VLLM_MODULES: dict[str, dict] = {
     "entrypoints.openai.tool_parsers": dict(
         ToolParser=ToolParser, ToolParserManager=ToolParserManager
     ),
-    "v1.engine.async_llm": dict(AsyncLLM=AsyncLLM),
-    "v1.engine.llm_engine": dict(LLMEngine=LLMEngine),
-    "v1.engine.exceptions": dict(EngineDeadError=EngineDeadError),
-    "v1.metrics.reader": dict(
-        Metric=Metric, Counter=Counter, Gauge=Gauge, Histogram=Histogram, Vector=Vector
-    ),
-    "v1.sample.logits_processor": dict(
-        LogitsProcessor=lp.LogitsProcessor,
-        BatchUpdate=lp.BatchUpdate,
-        MoveDirectionality=lp.MoveDirectionality,
-        AdapterLogitsProcessor=lp.AdapterLogitsProcessor,
-        RequestLogitsProcessor=lp.RequestLogitsProcessor,
-    ),
-    "v1.sample.logits_processor.interface": dict(
-        LogitsProcessor=lp.LogitsProcessor,
-        BatchUpdate=lp.BatchUpdate,
-        MoveDirectionality=lp.MoveDirectionality,
-    ),
-    "v1.sample.logits_processor.builtin": dict(process_dict_updates=lp.process_dict_updates),
-    "logits_process": dict(LogitsProcessor=lp.RequestLogitsProcessor),
-    "utils": dict(FlexibleArgumentParser=FlexibleArgumentParser, random_uuid=random_uuid),
-    "utils.argparse_utils": dict(FlexibleArgumentParser=FlexibleArgumentParser),
-    "distributed": dict(cleanup_dist_env_and_memory=cleanup_dist_env_and_memory),
-    "logger": dict(init_logger=init_logger),
-    "model_executor.model_loader": dict(ShardedStateLoader=ShardedStateLoader),
-    "version": dict(__version__=minivllm.__version__),
 }
+
+# %% ../../nbs/95_vllm_compat.ipynb #cc95a08
+VLLM_MODULES.update(
+    {
+        "v1.engine.async_llm": dict(AsyncLLM=AsyncLLM),
+        "v1.engine.llm_engine": dict(LLMEngine=LLMEngine),
+        "v1.engine.exceptions": dict(EngineDeadError=EngineDeadError),
+        "v1.metrics.reader": dict(
+            Metric=Metric, Counter=Counter, Gauge=Gauge, Histogram=Histogram, Vector=Vector
+        ),
+        "v1.sample.logits_processor": dict(
+            LogitsProcessor=lp.LogitsProcessor,
+            BatchUpdate=lp.BatchUpdate,
+            MoveDirectionality=lp.MoveDirectionality,
+            AdapterLogitsProcessor=lp.AdapterLogitsProcessor,
+            RequestLogitsProcessor=lp.RequestLogitsProcessor,
+        ),
+        "v1.sample.logits_processor.interface": dict(
+            LogitsProcessor=lp.LogitsProcessor,
+            BatchUpdate=lp.BatchUpdate,
+            MoveDirectionality=lp.MoveDirectionality,
+        ),
+        "v1.sample.logits_processor.builtin": dict(process_dict_updates=lp.process_dict_updates),
+        "logits_process": dict(LogitsProcessor=lp.RequestLogitsProcessor),
+        "utils": dict(FlexibleArgumentParser=FlexibleArgumentParser, random_uuid=random_uuid),
+        "utils.argparse_utils": dict(FlexibleArgumentParser=FlexibleArgumentParser),
+        "distributed": dict(cleanup_dist_env_and_memory=cleanup_dist_env_and_memory),
+        "logger": dict(init_logger=init_logger),
+        "model_executor.model_loader": dict(ShardedStateLoader=ShardedStateLoader),
+        "version": dict(__version__=minivllm.__version__),
+    }
+)
 
 # %% ../../nbs/95_vllm_compat.ipynb #wire95
 from ..features import pooling

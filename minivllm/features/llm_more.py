@@ -84,7 +84,7 @@ def resolve_content_format(chat_template: str | None, fmt: str = "auto") -> str:
         else "string"
     )
 
-
+# %% ../../nbs/13b_llm_more.ipynb #cc13b03
 def convert_content_parts(messages: list[dict], fmt: str) -> list[dict]:
     """OpenAI content-part lists (`[{'type': 'text', 'text': ...}]`) as the template wants them: one
     string, or text parts."""
@@ -184,7 +184,7 @@ def enqueue_chat(
     )
     return self.enqueue(prompts, sampling_params, lora_request=lora_request, priority=priority)
 
-
+# %% ../../nbs/13b_llm_more.ipynb #cc13b07
 @patch
 def chat(
     self: LLM,

@@ -43,7 +43,7 @@ def _gauges(engine: LLMEngine) -> dict:
         num_blocks=kv.num_blocks,
     )
 
-
+# %% ../../nbs/14b_data_parallel.ipynb #cc14b02
 def _take_messages(engine: LLMEngine, inp, out, rank: int) -> bool:
     "Apply every pending message (add, abort); True when one says stop."
     import zmq
@@ -63,7 +63,7 @@ def _take_messages(engine: LLMEngine, inp, out, rank: int) -> bool:
             except Exception as e:  # bad input fails this request alone
                 out.send_pyobj(("failed", rank, msg[1][0], e))
 
-
+# %% ../../nbs/14b_data_parallel.ipynb #cc14b05
 def _serve(engine: LLMEngine, inp, out, rank: int, monitor=None) -> str:
     """Take requests and aborts from `inp`, step while there is work, send each step's outputs.
     Returns "stop" when the front end says so, "lost" when `monitor` (a remote engine's socket
@@ -132,7 +132,7 @@ def engine_main():
     out.close(linger=1000)
     os._exit(0)
 
-
+# %% ../../nbs/14b_data_parallel.ipynb #cc14b07
 def _front_end_lost(rank: int, addr: str):
     "Say why on stderr, then exit with status 1: nobody is left to send this engine requests."
     print(
@@ -263,14 +263,6 @@ class DPLLMEngine(LLMEngine):
     flight (its running + waiting queue); outputs come back over ZeroMQ. With a `placement`, some
     engines run on other machines (see "Several machines")."""
 
-    @classmethod
-    def enabled(cls, engine_args: EngineArgs) -> bool:
-        return engine_args.data_parallel_size > 1
-
-    @classmethod
-    def from_engine_args(cls, engine_args: EngineArgs, *args, **kwargs) -> "DPLLMEngine":
-        return cls(engine_args, log_stats=not engine_args.disable_log_stats)
-
     def __init__(self, engine_args: EngineArgs, log_stats: bool = False, placement=None):
         import zmq
         from transformers import AutoTokenizer
@@ -305,6 +297,16 @@ class DPLLMEngine(LLMEngine):
             raise
         self.metrics_collectors = [DPCollector(self)]
 
+# %% ../../nbs/14b_data_parallel.ipynb #cc14b09
+@patch(cls_method=True)
+def enabled(cls: DPLLMEngine, engine_args: EngineArgs) -> bool:
+    return engine_args.data_parallel_size > 1
+
+
+@patch(cls_method=True)
+def from_engine_args(cls: DPLLMEngine, engine_args: EngineArgs, *args, **kwargs) -> "DPLLMEngine":
+    return cls(engine_args, log_stats=not engine_args.disable_log_stats)
+
 # %% ../../nbs/14b_data_parallel.ipynb #5a5695d1
 @patch
 def _address(self: DPLLMEngine, rank: int | None = None) -> str:
@@ -314,7 +316,7 @@ def _address(self: DPLLMEngine, rank: int | None = None) -> str:
         return f"ipc://{self._dir.name}/" + ("out" if rank is None else f"in{rank}")
     return f"tcp://{p.address}:{p.rpc_port + (0 if rank is None else 1 + rank)}"
 
-
+# %% ../../nbs/14b_data_parallel.ipynb #cc14b13
 @patch
 def _launch(self: DPLLMEngine, rank: int) -> EngineHandle:
     "Start engine `rank` (if it runs on this machine) with its own ZeroMQ socket."
@@ -332,7 +334,7 @@ def _launch(self: DPLLMEngine, rank: int) -> EngineHandle:
     proc = start_engine(rank, self._address(rank), self._address(), args, self._n_local)
     return EngineHandle(rank, proc, sock, pid=proc.pid)
 
-
+# %% ../../nbs/14b_data_parallel.ipynb #cc14b15
 @patch
 def _wait_ready(self: DPLLMEngine, timeout: float = 600):
     "Wait for every engine's `ready`; an engine that fails to start is an error with its traceback."
@@ -421,7 +423,7 @@ def add_request(
     self.children[request_id], self._owner[request_id] = [request_id], e
     return request_id
 
-
+# %% ../../nbs/14b_data_parallel.ipynb #cc14b17
 @patch
 def abort_request(self: DPLLMEngine, request_id, *, final_output: bool = True) -> None:
     """Abort requests in the engines that hold them; with `final_output`, their final outputs come
@@ -472,7 +474,7 @@ def _check_engines(self: DPLLMEngine):
             e.requests.discard(rid)  # unknown now: the caller ends it
         raise err
 
-
+# %% ../../nbs/14b_data_parallel.ipynb #cc14b19
 @patch
 def step(self: DPLLMEngine) -> list:
     "The outputs the engines sent since the last call (waits up to 20 ms for the first)."

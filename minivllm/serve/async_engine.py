@@ -144,35 +144,40 @@ class AsyncLLMEngine:
             maxlen=100_000
         )  # (start, end, number of outputs) of each step, perf_counter seconds
 
-    @classmethod
-    def from_engine_args(
-        cls,
-        engine_args: EngineArgs,
-        start_engine_loop: bool = True,
-        usage_context=None,
-        stat_loggers=None,
-        **kwargs,
-    ) -> "AsyncLLMEngine":
-        """Build the engine (load the model, allocate the KV cache); its thread starts with the
-        first request. (`usage_context` is vLLM's telemetry label; vLLM v1's other options are
-        refused by `LLMEngine.from_engine_args`.)"""
-        return cls(
-            LLMEngine.from_engine_args(engine_args, usage_context, stat_loggers, **kwargs),
-            start_engine_loop,
-        )
-
     async def __aenter__(self) -> "AsyncLLMEngine":
         return self
 
     async def __aexit__(self, *exc) -> None:
         self.shutdown()
 
-    @classmethod
-    def from_vllm_config(
-        cls, vllm_config: EngineConfig, start_engine_loop: bool = True, log_stats: bool = False
-    ) -> "AsyncLLMEngine":
-        "Build the engine from a whole engine config (vLLM's entry point for servers)."
-        return cls(LLMEngine(vllm_config, log_stats=log_stats), start_engine_loop)
+# %% ../../nbs/14_async_engine.ipynb #cc14a02
+@patch(cls_method=True)
+def from_engine_args(
+    cls: AsyncLLMEngine,
+    engine_args: EngineArgs,
+    start_engine_loop: bool = True,
+    usage_context=None,
+    stat_loggers=None,
+    **kwargs,
+) -> "AsyncLLMEngine":
+    """Build the engine (load the model, allocate the KV cache); its thread starts with the
+    first request. (`usage_context` is vLLM's telemetry label; vLLM v1's other options are
+    refused by `LLMEngine.from_engine_args`.)"""
+    return cls(
+        LLMEngine.from_engine_args(engine_args, usage_context, stat_loggers, **kwargs),
+        start_engine_loop,
+    )
+
+
+@patch(cls_method=True)
+def from_vllm_config(
+    cls: AsyncLLMEngine,
+    vllm_config: EngineConfig,
+    start_engine_loop: bool = True,
+    log_stats: bool = False,
+) -> "AsyncLLMEngine":
+    "Build the engine from a whole engine config (vLLM's entry point for servers)."
+    return cls(LLMEngine(vllm_config, log_stats=log_stats), start_engine_loop)
 
 # %% ../../nbs/14_async_engine.ipynb #34b43b67
 @patch(as_prop=True)
@@ -255,7 +260,23 @@ def start_background_loop(self: AsyncLLMEngine):
         weakref.finalize(self, _stop_thread, self._thread, self._wake, self._quit)
         self._thread.start()
 
+# %% ../../nbs/14_async_engine.ipynb #cc14a05
+@patch
+def _run_ops(self: AsyncLLMEngine):
+    "(engine thread) Run the queued operations in order, handing each its result or exception."
+    while self._ops:
+        fn, done = self._ops.popleft()
+        if self._pause_mode is not None and getattr(fn, "adds", None) is not None:
+            self._held.append((fn, done))  # a new request waits while paused
+            continue
+        try:
+            res, ok = fn(), True
+        except Exception as e:
+            res, ok = e, False
+        if done is not None:
+            done(ok, res)
 
+# %% ../../nbs/14_async_engine.ipynb #cc14a07
 @patch
 def _turn(self: AsyncLLMEngine) -> bool | None:
     """(engine thread) One turn of the loop: run the queued operations, then a step if there is
@@ -273,22 +294,6 @@ def _turn(self: AsyncLLMEngine) -> bool | None:
         logger.exception("AsyncLLMEngine: the engine loop failed")
     self._close()
     return None
-
-
-@patch
-def _run_ops(self: AsyncLLMEngine):
-    "(engine thread) Run the queued operations in order, handing each its result or exception."
-    while self._ops:
-        fn, done = self._ops.popleft()
-        if self._pause_mode is not None and getattr(fn, "adds", None) is not None:
-            self._held.append((fn, done))  # a new request waits while paused
-            continue
-        try:
-            res, ok = fn(), True
-        except Exception as e:
-            res, ok = e, False
-        if done is not None:
-            done(ok, res)
 
 # %% ../../nbs/14_async_engine.ipynb #fs14a
 @patch
@@ -607,7 +612,7 @@ async def collective_rpc(
     "Call `method` on every worker, in the engine thread (lesson 13b); their results."
     return await self.run_in_engine(lambda e: e.collective_rpc(method, timeout, args, kwargs))
 
-
+# %% ../../nbs/14_async_engine.ipynb #cc14a10
 @patch
 async def add_lora(self: AsyncLLMEngine, lora_request) -> bool:
     "Load a LoRA adapter (in the engine's thread; a bad one raises here)."

@@ -164,7 +164,7 @@ def _bench_common(p: argparse.ArgumentParser, systems_default) -> argparse.Argum
     )
     return EngineArgs.add_cli_args(p)
 
-
+# %% ../../nbs/17_cli.ipynb #cc17a03
 def _throughput_parser(bsub):
     "`bench throughput`: an offline workload of random prompt and output lengths."
     from minivllm.benchmarks import SYSTEMS
@@ -256,7 +256,7 @@ def _serve_bench_parser(bsub):
     )
     return v
 
-
+# %% ../../nbs/17_cli.ipynb #cc17a05
 def bench_parser(sub) -> argparse._SubParsersAction:
     "The `bench` subcommand and its own subcommands (returned, so that more can be added)."
     b = sub.add_parser("bench", help="benchmarks against HF transformers (and llama.cpp)")
@@ -327,7 +327,7 @@ def _llama_info(srv) -> dict:
         )
     )
 
-
+# %% ../../nbs/17_cli.ipynb #cc17a08
 def cmd_bench_throughput(ns) -> int:
     "Run `minivllm bench throughput` (with llama.cpp's server too when `--llama-server` is given)."
     import contextlib
@@ -405,7 +405,7 @@ def cmd_bench_latency(ns) -> int:
     _save(ns, "latency", dict(results=[r.as_dict() for r in res]) | _llama_info(srv))
     return 0
 
-
+# %% ../../nbs/17_cli.ipynb #cc17a10
 def _bench_spec(ns) -> int:
     """`bench latency --speculative-config ...`: speculative decoding against plain decoding at
     batch 1."""
