@@ -20,8 +20,8 @@ from ..core.config import StructuredOutputsParams
 __all__ = ['TOOLS_PROMPT', 'make_tool_call_id', 'FunctionCall', 'ToolCall', 'ExtractedToolCallInformation', 'DeltaToolCall',
            'DeltaMessage', 'CallView', 'scan_calls', 'ToolParser', 'ToolParserManager', 'Hermes2ProToolParser',
            'RequiredToolParser', 'NamedToolParser', 'tools_prompt', 'as_plain_messages', 'template_renders_tools',
-           'render_chat', 'RenderTimeout', 'time_budget', 'template_reads_tools', 'render_request_chat',
-           'TemplateWorker', 'required_schema', 'ToolPlan', 'plan_tools', 'tool_finish_reason', 'tool_message',
+           'render_chat', 'required_schema', 'ToolPlan', 'plan_tools', 'tool_finish_reason', 'tool_message',
+           'RenderTimeout', 'time_budget', 'template_reads_tools', 'render_request_chat', 'TemplateWorker',
            'ToolCallStream', 'check_tool_parser_args']
 
 # %% ../../nbs/06c_tool_calling.ipynb #72788186
@@ -495,162 +495,6 @@ def render_chat(
         return tokenizer.apply_chat_template(msgs, tools=tools, **kw)
     return tokenizer.apply_chat_template(as_plain_messages(messages, tools), **kw)
 
-# %% ../../nbs/06c_tool_calling.ipynb #rb06c2
-class RenderTimeout(BaseException):
-    "A chat template's render ran past its time budget (`time_budget`)."
-
-
-@contextmanager
-def time_budget(seconds: float):
-    """Stop the Python code this thread runs inside the block once `seconds` have passed: a trace
-    function checks the clock at every call and at every line of template code (`<template>`) and
-    raises `RenderTimeout` there; it also lets other threads run 1 ms in every 3."""
-    deadline, ran = time.monotonic() + seconds, [time.monotonic()]
-
-    def line(frame, event, arg):
-        now = time.monotonic()
-        if now > deadline:
-            raise RenderTimeout(f"took longer than {seconds:.3g} s to render")
-        if now - ran[0] > 0.002:  # every 2 ms, 1 ms for the other threads (a server's event loop)
-            time.sleep(0.001)
-            ran[0] = time.monotonic()
-        return line
-
-    def call(frame, event, arg):
-        line(frame, event, arg)
-        return line if frame.f_code.co_filename == "<template>" else None
-
-    before = sys.gettrace()
-    sys.settrace(call)
-    try:
-        yield
-    finally:
-        sys.settrace(before)
-
-# %% ../../nbs/06c_tool_calling.ipynb #7ad3f8e6
-def template_reads_tools(chat_template: str) -> bool:
-    "Whether the template's source reads the `tools` variable (its syntax tree, not a render)."
-    from jinja2.meta import find_undeclared_variables
-    from transformers.utils.chat_template_utils import _compile_jinja_template
-
-    try:  # (transformers' environment, with its extensions; the compiled template is cached there)
-        env = _compile_jinja_template(chat_template).environment
-        return "tools" in find_undeclared_variables(env.parse(chat_template))
-    except Exception:  # a template that does not parse: its render says why
-        return False
-
-# %% ../../nbs/06c_tool_calling.ipynb #1ab80e13
-def render_request_chat(tokenizer, messages, tools, chat_template: str, budget: float, **kwargs):
-    """`render_chat` for a template sent by a request: rendered once (its tool support read from its
-    source) and stopped with `RenderTimeout` past `budget` seconds."""
-    with time_budget(budget):
-        uses = template_reads_tools(chat_template)
-        return render_chat(tokenizer, messages, tools, chat_template, uses, **kwargs)
-
-# %% ../../nbs/06c_tool_calling.ipynb #tw06c2
-import multiprocessing
-import multiprocessing.connection
-import resource
-
-
-def _data_bytes() -> int:
-    "This process's data segment (`VmData`: heap and private memory), in bytes."
-    with open("/proc/self/status") as f:
-        return next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith("VmData:"))
-
-
-def _template_child(conn, max_bytes: int):
-    """(child process) Take the tokenizer from the pipe, then render what it sends, with memory
-    capped, until the pipe closes."""
-    tokenizer = conn.recv()
-    cap = _data_bytes() + max_bytes
-    resource.setrlimit(resource.RLIMIT_DATA, (cap, cap))
-    conn.send("ready")
-    while True:
-        try:
-            messages, tools, template, budget, kwargs = conn.recv()
-        except EOFError:  # the parent is gone
-            return
-        try:
-            out = (
-                "ok",
-                render_request_chat(tokenizer, messages, tools, template, budget, **kwargs),
-            )
-        except RenderTimeout as e:
-            out = ("timeout", str(e))
-        except MemoryError:
-            out = ("error", f"the chat template needed more than {max_bytes >> 20} MiB to render")
-        except Exception as e:
-            out = ("error", f"{type(e).__name__}: {e}")
-        conn.send(out)
-
-# %% ../../nbs/06c_tool_calling.ipynb #tw06c3
-class TemplateWorker:
-    """Renders requests' chat templates in a child process: killed (and replaced) when a render
-    outlives its budget by `grace` seconds; its memory capped `max_bytes` over its start."""
-
-    def __init__(self, tokenizer, max_bytes: int = 512 << 20, grace: float = 1.0):
-        self.tokenizer, self.max_bytes, self.grace = tokenizer, max_bytes, grace
-        self.proc, self.lock = None, threading.Lock()
-
-    def start(self, timeout: float = 120.0):
-        "Start the child and wait until it is ready (its imports take seconds)."
-        from minivllm.features.tool_calling import _template_child  # (the package's: a notebook's
-        # own functions live in `__main__`, which the child cannot import)
-
-        ctx = multiprocessing.get_context("spawn")
-        self.conn, theirs = ctx.Pipe()
-        self.proc = ctx.Process(target=_template_child, args=(theirs, self.max_bytes), daemon=True)
-        self.proc.start()
-        theirs.close()
-        try:  # (down the pipe, not in `args`: a child that dies at start breaks the pipe at once)
-            self.conn.send(self.tokenizer)
-        except OSError:
-            pass
-        ready = multiprocessing.connection.wait([self.conn, self.proc.sentinel], timeout)
-        try:
-            ok = self.conn in ready and self.conn.recv() == "ready"
-        except EOFError:  # it died while starting
-            ok = False
-        if not ok:
-            self.close()
-            raise RuntimeError("the template process did not start")
-
-    def restart(self):
-        "Start a fresh child now, unless one runs (the next `render` waits for it)."
-        with self.lock:
-            if self.proc is None:
-                self.start()
-
-    def close(self):
-        "Kill the child (a later `render` starts a new one)."
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.join()
-            self.conn.close()
-            self.proc = None
-
-# %% ../../nbs/06c_tool_calling.ipynb #tw06c3b
-@patch
-def render(
-    self: TemplateWorker, messages, tools, chat_template: str, budget: float, **kwargs
-) -> str:
-    "`render_request_chat` in the child: `RenderTimeout` past the budget, else `ValueError`s."
-    with self.lock:
-        if self.proc is None or not self.proc.is_alive():
-            self.start()
-        self.conn.send((messages, tools, chat_template, budget, kwargs))
-        if not self.conn.poll(budget + self.grace):  # stuck in C: only a kill stops it
-            self.close()
-            threading.Thread(target=self.restart, daemon=True).start()  # (once we let go)
-            raise RenderTimeout(f"took longer than {budget:.3g} s to render")
-        kind, value = self.conn.recv()
-    if kind == "timeout":
-        raise RenderTimeout(value)
-    if kind == "error":
-        raise ValueError(value)
-    return value
-
 # %% ../../nbs/06c_tool_calling.ipynb #78c515d5
 def _parameters(tool: dict) -> dict:
     "A tool's parameters schema (an empty object schema if it has none)."
@@ -825,6 +669,162 @@ def tool_message(
         calls = info.tool_calls if plan.parallel_tool_calls else info.tool_calls[:1]
         msg["tool_calls"] = [c.to_dict() for c in calls]
     return msg, tool_finish_reason(plan, info.tools_called, finish_reason)
+
+# %% ../../nbs/06c_tool_calling.ipynb #rb06c2
+class RenderTimeout(BaseException):
+    "A chat template's render ran past its time budget (`time_budget`)."
+
+
+@contextmanager
+def time_budget(seconds: float):
+    """Stop the Python code this thread runs inside the block once `seconds` have passed: a trace
+    function checks the clock at every call and at every line of template code (`<template>`) and
+    raises `RenderTimeout` there; it also lets other threads run 1 ms in every 3."""
+    deadline, ran = time.monotonic() + seconds, [time.monotonic()]
+
+    def line(frame, event, arg):
+        now = time.monotonic()
+        if now > deadline:
+            raise RenderTimeout(f"took longer than {seconds:.3g} s to render")
+        if now - ran[0] > 0.002:  # every 2 ms, 1 ms for the other threads (a server's event loop)
+            time.sleep(0.001)
+            ran[0] = time.monotonic()
+        return line
+
+    def call(frame, event, arg):
+        line(frame, event, arg)
+        return line if frame.f_code.co_filename == "<template>" else None
+
+    before = sys.gettrace()
+    sys.settrace(call)
+    try:
+        yield
+    finally:
+        sys.settrace(before)
+
+# %% ../../nbs/06c_tool_calling.ipynb #7ad3f8e6
+def template_reads_tools(chat_template: str) -> bool:
+    "Whether the template's source reads the `tools` variable (its syntax tree, not a render)."
+    from jinja2.meta import find_undeclared_variables
+    from transformers.utils.chat_template_utils import _compile_jinja_template
+
+    try:  # (transformers' environment, with its extensions; the compiled template is cached there)
+        env = _compile_jinja_template(chat_template).environment
+        return "tools" in find_undeclared_variables(env.parse(chat_template))
+    except Exception:  # a template that does not parse: its render says why
+        return False
+
+# %% ../../nbs/06c_tool_calling.ipynb #1ab80e13
+def render_request_chat(tokenizer, messages, tools, chat_template: str, budget: float, **kwargs):
+    """`render_chat` for a template sent by a request: rendered once (its tool support read from its
+    source) and stopped with `RenderTimeout` past `budget` seconds."""
+    with time_budget(budget):
+        uses = template_reads_tools(chat_template)
+        return render_chat(tokenizer, messages, tools, chat_template, uses, **kwargs)
+
+# %% ../../nbs/06c_tool_calling.ipynb #tw06c2
+import multiprocessing
+import multiprocessing.connection
+import resource
+
+
+def _data_bytes() -> int:
+    "This process's data segment (`VmData`: heap and private memory), in bytes."
+    with open("/proc/self/status") as f:
+        return next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith("VmData:"))
+
+
+def _template_child(conn, max_bytes: int):
+    """(child process) Take the tokenizer from the pipe, then render what it sends, with memory
+    capped, until the pipe closes."""
+    tokenizer = conn.recv()
+    cap = _data_bytes() + max_bytes
+    resource.setrlimit(resource.RLIMIT_DATA, (cap, cap))
+    conn.send("ready")
+    while True:
+        try:
+            messages, tools, template, budget, kwargs = conn.recv()
+        except EOFError:  # the parent is gone
+            return
+        try:
+            out = (
+                "ok",
+                render_request_chat(tokenizer, messages, tools, template, budget, **kwargs),
+            )
+        except RenderTimeout as e:
+            out = ("timeout", str(e))
+        except MemoryError:
+            out = ("error", f"the chat template needed more than {max_bytes >> 20} MiB to render")
+        except Exception as e:
+            out = ("error", f"{type(e).__name__}: {e}")
+        conn.send(out)
+
+# %% ../../nbs/06c_tool_calling.ipynb #tw06c3
+class TemplateWorker:
+    """Renders requests' chat templates in a child process: killed (and replaced) when a render
+    outlives its budget by `grace` seconds; its memory capped `max_bytes` over its start."""
+
+    def __init__(self, tokenizer, max_bytes: int = 512 << 20, grace: float = 1.0):
+        self.tokenizer, self.max_bytes, self.grace = tokenizer, max_bytes, grace
+        self.proc, self.lock = None, threading.Lock()
+
+    def start(self, timeout: float = 120.0):
+        "Start the child and wait until it is ready (its imports take seconds)."
+        from minivllm.features.tool_calling import _template_child  # (the package's: a notebook's
+        # own functions live in `__main__`, which the child cannot import)
+
+        ctx = multiprocessing.get_context("spawn")
+        self.conn, theirs = ctx.Pipe()
+        self.proc = ctx.Process(target=_template_child, args=(theirs, self.max_bytes), daemon=True)
+        self.proc.start()
+        theirs.close()
+        try:  # (down the pipe, not in `args`: a child that dies at start breaks the pipe at once)
+            self.conn.send(self.tokenizer)
+        except OSError:
+            pass
+        ready = multiprocessing.connection.wait([self.conn, self.proc.sentinel], timeout)
+        try:
+            ok = self.conn in ready and self.conn.recv() == "ready"
+        except EOFError:  # it died while starting
+            ok = False
+        if not ok:
+            self.close()
+            raise RuntimeError("the template process did not start")
+
+    def restart(self):
+        "Start a fresh child now, unless one runs (the next `render` waits for it)."
+        with self.lock:
+            if self.proc is None:
+                self.start()
+
+    def close(self):
+        "Kill the child (a later `render` starts a new one)."
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.join()
+            self.conn.close()
+            self.proc = None
+
+# %% ../../nbs/06c_tool_calling.ipynb #tw06c3b
+@patch
+def render(
+    self: TemplateWorker, messages, tools, chat_template: str, budget: float, **kwargs
+) -> str:
+    "`render_request_chat` in the child: `RenderTimeout` past the budget, else `ValueError`s."
+    with self.lock:
+        if self.proc is None or not self.proc.is_alive():
+            self.start()
+        self.conn.send((messages, tools, chat_template, budget, kwargs))
+        if not self.conn.poll(budget + self.grace):  # stuck in C: only a kill stops it
+            self.close()
+            threading.Thread(target=self.restart, daemon=True).start()  # (once we let go)
+            raise RenderTimeout(f"took longer than {budget:.3g} s to render")
+        kind, value = self.conn.recv()
+    if kind == "timeout":
+        raise RenderTimeout(value)
+    if kind == "error":
+        raise ValueError(value)
+    return value
 
 # %% ../../nbs/06c_tool_calling.ipynb #ee27ca75
 class ToolCallStream:

@@ -58,10 +58,10 @@ from minivllm.kernels.quantization import (
 
 # %% auto #0
 __all__ = ['PACKED_CHUNK', 'PACKED_LINEARS', 'AMX_BF16_MAX_ROWS', 'AMX_MIN_NUMEL', 'ATTENTION_WARMUPS', 'GGUF_ARCHS',
-           'row_bucket', 'rows_kind', 'c_max_rows', 'Linear', 'pack_weights', 'packed_linear', 'rms_norm_c', 'rotate_c',
+           'row_bucket', 'rows_kind', 'c_max_rows', 'Linear', 'pack_weights', 'rms_norm_c', 'rotate_c',
            'silu_and_mul_c', 'CpuOps', 'prepare_attention', 'memory_summary', 'ConcatLinear', 'block_rows',
            'BlockEmbedding', 'load_gguf_model', 'build_step_kernel', 'decode_step_layers', 'decode_layers_c',
-           'CpuDecodeRunner']
+           'CpuDecodeRunner', 'packed_linear']
 
 # %% ../../nbs/05a_model_kernels.ipynb #46773998
 def _can_pack(w: torch.Tensor) -> bool:
@@ -238,24 +238,6 @@ def _pack_on_cpu(runner):
 
 
 RUNNER_PREPARERS["pack_weights"] = _pack_on_cpu
-
-# %% ../../nbs/05a_model_kernels.ipynb #b7e2f9c3
-@torch.library.custom_op(
-    "minivllm::packed_linear",
-    mutates_args=(),
-    schema="(Tensor x, Tensor weight, Tensor? bias, int key) -> Tensor",
-)
-def packed_linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, key: int
-) -> torch.Tensor:
-    """`x @ W.T + b` with the oneDNN-packed weight of the `Linear` registered under `key` (what a
-    compiled graph calls)."""
-    return PACKED_LINEARS[key]._packed(x)
-
-
-@packed_linear.register_fake
-def _(x, weight, bias, key):
-    return x.new_empty(*x.shape[:-1], weight.shape[0])
 
 # %% ../../nbs/05a_model_kernels.ipynb #f5c8c328
 _GLUE_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
@@ -777,3 +759,21 @@ class CpuDecodeRunner(ModelRunner):
 
 
 MODEL_RUNNERS[CpuDecodeRunner.__name__] = (10, CpuDecodeRunner)  # below the compiled runner (20)
+
+# %% ../../nbs/05a_model_kernels.ipynb #b7e2f9c3
+@torch.library.custom_op(
+    "minivllm::packed_linear",
+    mutates_args=(),
+    schema="(Tensor x, Tensor weight, Tensor? bias, int key) -> Tensor",
+)
+def packed_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, key: int
+) -> torch.Tensor:
+    """`x @ W.T + b` with the oneDNN-packed weight of the `Linear` registered under `key` (what a
+    compiled graph calls)."""
+    return PACKED_LINEARS[key]._packed(x)
+
+
+@packed_linear.register_fake
+def _(x, weight, bias, key):
+    return x.new_empty(*x.shape[:-1], weight.shape[0])
