@@ -252,6 +252,40 @@ def test_nothing_scrolls_sideways(site, browser, sweep):
     assert not bad, "\n".join(bad)
 
 
+# every matplotlib picture of a page: the figures in cell outputs as shown, and every frame of each step widget (the
+# player shows one at a time, at most the widget's inner width)
+FIGURE_WIDTHS = """async () => {
+    const out = [];
+    for (const i of document.querySelectorAll('main .cell-output-display img:not(.sv-frame)'))
+        if (i.offsetParent !== null && i.naturalWidth) out.push(['figure', i.clientWidth, i.naturalWidth]);
+    for (const v of document.querySelectorAll('main .step-viewer')) {
+        if (v.offsetParent === null) continue;
+        const cs = getComputedStyle(v), room = v.clientWidth - parseFloat(cs.paddingLeft) - parseFloat(cs.paddingRight);
+        for (const [step, png] of JSON.parse(v.querySelector('script.sv-frames').textContent)) {
+            const im = new Image(); im.src = 'data:image/png;base64,' + png; await im.decode();
+            out.push([`step widget frame (step ${step})`, Math.min(room, im.naturalWidth), im.naturalWidth]);
+        }
+    }
+    return out; }"""
+
+
+def test_core_figures_are_not_scaled_down(site, browser):
+    """At a 1280 px window (a text column about 748 px wide) every figure and step-widget frame of a core lesson is
+    shown at 0.9 of the width it was drawn at or more: one drawn wider than the column is scaled down, its text with
+    it (an 8 pt label drawn at 100 dpi is 11 px tall; scaled to 0.8, under 9)."""
+    pg = browser.new_page(viewport={"width": 1280, "height": 900})
+    bad, seen = [], 0
+    for e in core_lessons():
+        pg.goto(f"{site}/{page_of(e['nb'])}", wait_until="load")
+        for k, (what, shown, natural) in enumerate(pg.evaluate(FIGURE_WIDTHS)):
+            seen += 1
+            if shown < 0.9 * natural:
+                bad.append(f"{e['nb']}: {what} #{k} drawn {natural} px wide, shown {shown} px ({shown / natural:.2f})")
+    pg.close()
+    assert seen, "no figure on the core pages"
+    assert not bad, "\n".join(bad)
+
+
 def test_step_widget_frames_fit_the_screen(sweep):
     "A step widget's frame is at most 700 px tall: the slider and the picture fit on one screen."
     tall = [f"{page}: frame {k} is {h:.0f} px tall" for page, r in sweep.items() for k, h in enumerate(r["frames"]) if h > 700]
