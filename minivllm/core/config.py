@@ -335,7 +335,7 @@ _DTYPES = {
     "bfloat16": torch.bfloat16,
 }
 
-
+# %% ../../nbs/00b_config.ipynb #e48582bas1
 @dataclass
 class ModelConfig:
     "What the model is: its checkpoint, tokenizer, dtype and length limit."
@@ -632,7 +632,7 @@ class SchedulerConfig:
         0  # with LoRA on: the most distinct adapters one step may hold (0: LoRA off, no limit)
     )
 
-
+# %% ../../nbs/00b_config.ipynb #e894980ds1
 @dataclass
 class ParallelConfig:
     """How many processes the model is split over (tensor parallelism, lesson 07; pipeline
@@ -644,7 +644,7 @@ class ParallelConfig:
     distributed_executor_backend: str | None = None  # None/"mp": the engine starts its ranks
     pipeline_micro_batches: int = 1  # micro-batches each step is cut into (07c)
 
-
+# %% ../../nbs/00b_config.ipynb #e894980ds2
 @dataclass
 class DeviceConfig:
     "Where the model runs."
@@ -854,7 +854,7 @@ def _check_parallel(self: EngineArgs):
             "distributed_executor_backend='external_launcher' needs a model split over ranks."
         )
 
-
+# %% ../../nbs/00b_config.ipynb #par00b01s1
 @patch
 def _parallel_config(self: EngineArgs, mc: ModelConfig) -> ParallelConfig:
     "The `ParallelConfig`; a clear error when the pipeline has more stages than the model layers."
@@ -1133,7 +1133,7 @@ def cpu_has_bf16() -> bool:
     except OSError:
         return False
 
-
+# %% ../../nbs/00b_config.ipynb #29d76311s1
 @patch
 def _dtype_and_quantization(
     self: EngineArgs, device: torch.device

@@ -23,7 +23,29 @@ from concurrent.futures import ThreadPoolExecutor
 from http import HTTPStatus
 from typing import Annotated, Any, Literal, Optional, Union
 from starlette.requests import Request
+from fastcore.basics import patch
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt
+
+# %% auto #0
+__all__ = ['Text', 'Bool', 'INT64', 'TokenId', 'TokenIds', 'OneText', 'OneTokenIds', 'ERROR_RESPONSES', 'DEFAULT_MAX_BODY_BYTES',
+           'logger', 'MAX_BATCH_CONVERSATIONS', 'Texts', 'StreamOptions', 'JsonSchemaFormat', 'ResponseFormat',
+           'StructuralTagItem', 'StructuralTagFormat', 'CompletionRequest', 'ChatMessage', 'ChatCompletionRequest',
+           'ErrorInfo', 'ErrorResponse', 'APIError', 'to_sampling_params', 'structural_tag_of', 'structured_outputs_of',
+           'Metrics', 'completion_logprobs', 'chat_logprobs', 'internal_error', 'max_token_chars', 'init_prep',
+           'start_threads', 'thread_tokenizer', 'thread_template_worker', 'offload', 'check_prompt_chars',
+           'check_prompt_len', 'check_max_tokens', 'tokens_of', 'compile_grammar', 'lone_surrogate', 'check_unicode',
+           'base_app', 'engine_health', 'add_info_routes', 'check_model', 'apply_sampling_defaults', 'check_not_paused',
+           'run_request', 'usage', 'until_gone', 'respond', 'Accumulator', 'serve_choices', 'decode_prompt_embeds',
+           'add_completions_route', 'EmbeddingRequest', 'bytes_response', 'chunked_embedding', 'pooled_answer',
+           'add_embeddings_route', 'PoolingRequest', 'add_pooling_route', 'prepare_chat', 'add_chat_route',
+           'LoadLoRAAdapterRequest', 'add_lora_adapter', 'add_lora_routes', 'BatchChatCompletionRequest',
+           'add_batch_chat_route', 'ResponseTextFormat', 'ResponseText', 'ReasoningParams', 'ResponsesRequest',
+           'text_format_of', 'input_messages', 'output_items', 'ResponseEvents', 'add_responses_route',
+           'TokenizeRequest', 'DetokenizeRequest', 'add_tokenize_routes', 'ScoreRequest', 'RerankRequest',
+           'score_texts', 'add_score_routes', 'add_pause_routes', 'dev_mode', 'build_app', 'serve_parser',
+           'positive_seconds', 'HeaderTimeoutProtocol', 'uvicorn_config', 'print_held_memory', 'cmd_serve']
+
+# %% ../../nbs/15_server.ipynb #766a2348s1
 from minivllm.core.config import (
     EngineArgs,
     SamplingParams,
@@ -48,25 +70,6 @@ from minivllm.features.tool_calling import (
     TemplateWorker,
     tool_message,
 )
-
-# %% auto #0
-__all__ = ['Text', 'Bool', 'INT64', 'TokenId', 'TokenIds', 'OneText', 'OneTokenIds', 'ERROR_RESPONSES', 'DEFAULT_MAX_BODY_BYTES',
-           'logger', 'MAX_BATCH_CONVERSATIONS', 'Texts', 'StreamOptions', 'JsonSchemaFormat', 'ResponseFormat',
-           'StructuralTagItem', 'StructuralTagFormat', 'CompletionRequest', 'ChatMessage', 'ChatCompletionRequest',
-           'ErrorInfo', 'ErrorResponse', 'APIError', 'to_sampling_params', 'structural_tag_of', 'structured_outputs_of',
-           'Metrics', 'completion_logprobs', 'chat_logprobs', 'internal_error', 'max_token_chars', 'init_prep',
-           'start_threads', 'thread_tokenizer', 'thread_template_worker', 'offload', 'check_prompt_chars',
-           'check_prompt_len', 'check_max_tokens', 'tokens_of', 'compile_grammar', 'lone_surrogate', 'check_unicode',
-           'base_app', 'engine_health', 'add_info_routes', 'check_model', 'apply_sampling_defaults', 'check_not_paused',
-           'run_request', 'usage', 'until_gone', 'respond', 'Accumulator', 'serve_choices', 'decode_prompt_embeds',
-           'add_completions_route', 'EmbeddingRequest', 'bytes_response', 'chunked_embedding', 'pooled_answer',
-           'add_embeddings_route', 'PoolingRequest', 'add_pooling_route', 'prepare_chat', 'add_chat_route',
-           'LoadLoRAAdapterRequest', 'add_lora_adapter', 'add_lora_routes', 'BatchChatCompletionRequest',
-           'add_batch_chat_route', 'ResponseTextFormat', 'ResponseText', 'ReasoningParams', 'ResponsesRequest',
-           'text_format_of', 'input_messages', 'output_items', 'ResponseEvents', 'add_responses_route',
-           'TokenizeRequest', 'DetokenizeRequest', 'add_tokenize_routes', 'ScoreRequest', 'RerankRequest',
-           'score_texts', 'add_score_routes', 'add_pause_routes', 'dev_mode', 'build_app', 'serve_parser',
-           'positive_seconds', 'HeaderTimeoutProtocol', 'uvicorn_config', 'print_held_memory', 'cmd_serve']
 
 # %% ../../nbs/15_server.ipynb #738e7691
 class StreamOptions(BaseModel):
@@ -253,7 +256,7 @@ _ERROR_TYPES = {
     500: "InternalServerError",
 }
 
-
+# %% ../../nbs/15_server.ipynb #5483cdfcs1
 class APIError(Exception):
     "An error returned to the client as OpenAI's error JSON."
 
@@ -327,8 +330,7 @@ def structural_tag_of(rf: StructuralTagFormat) -> str:
         )
     return json.dumps(rf.model_dump(by_alias=True, exclude_none=True))
 
-
-#| export
+# %% ../../nbs/15_server.ipynb #9bb2a6bas1
 def structured_outputs_of(req: _SamplingFields) -> StructuredOutputsParams | None:
     """The request's structured-outputs constraint (from `response_format`, `structured_outputs` or
     `guided_*`), checked; an `APIError` if invalid."""
@@ -510,7 +512,7 @@ def completion_logprobs(
         offset += len(s)
     return out
 
-
+# %% ../../nbs/15_server.ipynb #87cfea0as1
 def chat_logprobs(tokenizer, token_ids: list[int], logprobs: list | None, top: int) -> dict | None:
     "The `logprobs` object of the chat API."
     if logprobs is None:
@@ -614,7 +616,7 @@ def _key_ok(header: str, api_key: str) -> bool:
         token.strip().encode(), api_key.encode()
     )
 
-
+# %% ../../nbs/15_server.ipynb #fs15ds1
 class _Guard:
     """ASGI middleware: the API key on `/v1` and `/v2` paths, and the body size limit (413), before
     any route runs."""
@@ -648,17 +650,23 @@ class _Guard:
 
         await self.asgi(scope, counted, send)
 
-    def _too_large(self) -> str:
-        return f"The request body is larger than the server's limit of {self.limit} bytes."
+# %% ../../nbs/15_server.ipynb #fs15ds1p1
+@patch
+def _too_large(self: _Guard) -> str:
+    return f"The request body is larger than the server's limit of {self.limit} bytes."
 
-    async def _drain(self, receive, m):
-        "Read the rest of the body, keeping none of it (so the client gets its answer)."
-        while m.get("type") == "http.request" and m.get("more_body"):
-            m = await receive()
 
-    async def _refuse(self, scope, receive, send):
-        await self._drain(receive, {"type": "http.request", "more_body": True})
-        await _error(self.owner, APIError(self._too_large(), 413))(scope, receive, send)
+@patch
+async def _drain(self: _Guard, receive, m):
+    "Read the rest of the body, keeping none of it (so the client gets its answer)."
+    while m.get("type") == "http.request" and m.get("more_body"):
+        m = await receive()
+
+
+@patch
+async def _refuse(self: _Guard, scope, receive, send):
+    await self._drain(receive, {"type": "http.request", "more_body": True})
+    await _error(self.owner, APIError(self._too_large(), 413))(scope, receive, send)
 
 # %% ../../nbs/15_server.ipynb #fs15g
 def max_token_chars(tokenizer) -> int:
@@ -1023,7 +1031,7 @@ async def run_request(
             else:
                 metrics.requests.labels("abort").inc()
 
-
+# %% ../../nbs/15_server.ipynb #0e10d7fbs1
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
     "OpenAI's `usage` object."
     return dict(
@@ -1049,7 +1057,7 @@ async def until_gone(request, aw, every: float = 0.2):
     finally:
         task.cancel()  # (a no-op when it is done; the handler itself may have been cancelled)
 
-
+# %% ../../nbs/15_server.ipynb #fs15is1
 async def _drain(gen):
     async for _ in gen:
         pass
@@ -1172,7 +1180,7 @@ def _completion_prompt(req: CompletionRequest):
         p = p[0]  # a list of one prompt (the schema allows no more)
     return TokensPrompt(prompt_token_ids=p) if isinstance(p, list) else p
 
-
+# %% ../../nbs/15_server.ipynb #fs15js1
 def _so_param(req) -> str:
     "The field that carries the request's structured-outputs constraint (for errors)."
     names = ("response_format", "structured_outputs", "guided_json", "guided_regex")
@@ -1210,7 +1218,7 @@ _STREAMED = {
     }
 }
 
-
+# %% ../../nbs/15_server.ipynb #fs15ks1
 def add_completions_route(app):
     """`POST /v1/completions`: a prompt in, `n` completions out (streamed as SSE chunks, or in one
     JSON)."""
@@ -1403,7 +1411,7 @@ async def pooled_answer(app, req: EmbeddingRequest, request: Request, task: str,
     ]
     return dict(head, data=data)
 
-
+# %% ../../nbs/15_server.ipynb #s27f4d6f0s1
 def add_embeddings_route(app):
     """`POST /v1/embeddings`: one pooled (by default normalised) vector per input, in OpenAI's
     response shape."""
@@ -1835,7 +1843,7 @@ def input_messages(items) -> list[dict]:
         raise APIError(f"An input item lacks a field or is not an object: {e}", param="input")
     return msgs
 
-
+# %% ../../nbs/15_server.ipynb #r15cs1
 def _chat_tools(tools, choice):
     "Responses' flat function tools and `tool_choice` in the chat API's nested form."
     if tools is not None:
@@ -1878,7 +1886,7 @@ def _as_chat(req: ResponsesRequest, history: list[dict], response_format: dict |
         msg, param = _validation_message(e.errors())
         raise APIError(msg, param="input" if param and param.startswith("messages") else param)
 
-
+# %% ../../nbs/15_server.ipynb #r15ds1
 def _message_item(text: str) -> dict:
     part = dict(type="output_text", text=text, annotations=[])
     return dict(
@@ -1948,44 +1956,46 @@ class ResponseEvents(_EventLog):
         super().__init__()
         self.text, self.calls = None, {}
 
-    def delta(self, d: dict) -> list[str]:
-        "The events for one chat delta (`content` and/or `tool_calls`)."
-        out = []
-        if d.get("content"):
-            if self.text is None:
-                self.text = _message_item("")
-                out += self.add(self.text)
-            self.text["content"][0]["text"] += d["content"]
-            kw = dict(content_index=0, delta=d["content"], logprobs=[])
-            out.append(self.on("output_text.delta", self.text, **kw))
-        for tc in d.get("tool_calls") or []:
-            fn = tc.get("function") or {}
-            if tc.get("id"):  # the first piece of a call: its id and name
-                self.calls[tc["index"]] = item = _call_item(tc["id"], fn.get("name"), "")
-                out += self.add(item)
-            item = self.calls[tc["index"]]
-            if fn.get("arguments"):
-                item["arguments"] += fn["arguments"]
-                out.append(self.on("function_call_arguments.delta", item, delta=fn["arguments"]))
-        return out
+# %% ../../nbs/15_server.ipynb #r15f2p1
+@patch
+def delta(self: ResponseEvents, d: dict) -> list[str]:
+    "The events for one chat delta (`content` and/or `tool_calls`)."
+    out = []
+    if d.get("content"):
+        if self.text is None:
+            self.text = _message_item("")
+            out += self.add(self.text)
+        self.text["content"][0]["text"] += d["content"]
+        kw = dict(content_index=0, delta=d["content"], logprobs=[])
+        out.append(self.on("output_text.delta", self.text, **kw))
+    for tc in d.get("tool_calls") or []:
+        fn = tc.get("function") or {}
+        if tc.get("id"):  # the first piece of a call: its id and name
+            self.calls[tc["index"]] = item = _call_item(tc["id"], fn.get("name"), "")
+            out += self.add(item)
+        item = self.calls[tc["index"]]
+        if fn.get("arguments"):
+            item["arguments"] += fn["arguments"]
+            out.append(self.on("function_call_arguments.delta", item, delta=fn["arguments"]))
+    return out
 
-    def close(self) -> list[str]:
-        "Every item's closing events (an empty message if the reply had nothing)."
-        out = [] if self.items else self.add(_message_item(""))
-        for k, item in enumerate(self.items):
-            if item["type"] == "message":
-                part = item["content"][0]
-                out.append(
-                    self.on(
-                        "output_text.done", item, content_index=0, text=part["text"], logprobs=[]
-                    )
-                )
-                out.append(self.on("content_part.done", item, content_index=0, part=part))
-            else:
-                kw = dict(name=item["name"], arguments=item["arguments"])
-                out.append(self.on("function_call_arguments.done", item, **kw))
-            out.append(self.event("response.output_item.done", output_index=k, item=item))
-        return out
+# %% ../../nbs/15_server.ipynb #r15f2p2
+@patch
+def close(self: ResponseEvents) -> list[str]:
+    "Every item's closing events (an empty message if the reply had nothing)."
+    out = [] if self.items else self.add(_message_item(""))
+    for k, item in enumerate(self.items):
+        if item["type"] == "message":
+            part = item["content"][0]
+            out.append(
+                self.on("output_text.done", item, content_index=0, text=part["text"], logprobs=[])
+            )
+            out.append(self.on("content_part.done", item, content_index=0, part=part))
+        else:
+            kw = dict(name=item["name"], arguments=item["arguments"])
+            out.append(self.on("function_call_arguments.done", item, **kw))
+        out.append(self.event("response.output_item.done", output_index=k, item=item))
+    return out
 
 # %% ../../nbs/15_server.ipynb #r15g
 def _stored(app, rid: str, param: str) -> tuple:
@@ -2000,7 +2010,7 @@ def _format_json(req) -> dict:
     f = req.text.format if req.text else None
     return f.model_dump(by_alias=True, exclude_none=True) if f else dict(type="text")
 
-
+# %% ../../nbs/15_server.ipynb #r15gs1
 def _response_json(req, chat, rid: str, created: int, model: str, status: str, items, acc) -> dict:
     "OpenAI's `Response` object (usage from the `Accumulator`, once the reply is done)."
     n_in, n_out = acc.prompt_tokens, len(acc.toks[0])
@@ -2118,6 +2128,26 @@ class DetokenizeRequest(BaseModel):
     model: Optional[str] = None
     tokens: list[TokenId]
 
+# %% ../../nbs/15_server.ipynb #t15b3
+def _add_detokenize_route(app):
+    "vLLM's `POST /detokenize` (`prompt`): token ids back into text."
+    s = app.state
+
+    @app.post("/detokenize")
+    async def detokenize(req: DetokenizeRequest):
+        check_model(app, req.model)
+        check_prompt_len(app, len(req.tokens), "tokens")
+        if max(req.tokens, default=0) >= len(s.tokenizer):  # (one pass in C, not a Python loop)
+            raise APIError(
+                f"Token ids must be below the vocabulary size {len(s.tokenizer)}.", param="tokens"
+            )
+        text = await offload(
+            app, lambda: thread_tokenizer(app).decode(req.tokens), "Detokenizing", "tokens"
+        )
+        return dict(prompt=text)
+
+    return app
+
 # %% ../../nbs/15_server.ipynb #t15b2
 def add_tokenize_routes(app):
     "vLLM's `POST /tokenize` (ids, `count`, `max_model_len`) and `POST /detokenize` (`prompt`)."
@@ -2156,18 +2186,7 @@ def add_tokenize_routes(app):
         toks, strs = await offload(app, ids, "Tokenizing", param)
         return dict(count=len(toks), max_model_len=s.max_model_len, tokens=toks, token_strs=strs)
 
-    @app.post("/detokenize")
-    async def detokenize(req: DetokenizeRequest):
-        check_model(app, req.model)
-        check_prompt_len(app, len(req.tokens), "tokens")
-        if max(req.tokens, default=0) >= len(s.tokenizer):  # (one pass in C, not a Python loop)
-            raise APIError(
-                f"Token ids must be below the vocabulary size {len(s.tokenizer)}.", param="tokens"
-            )
-        text = await offload(
-            app, lambda: thread_tokenizer(app).decode(req.tokens), "Detokenizing", "tokens"
-        )
-        return dict(prompt=text)
+    _add_detokenize_route(app)
 
     return app
 
@@ -2241,28 +2260,12 @@ async def score_texts(app, request, left: list, right: list, rid: str, param: st
     pad = getattr(app.state.tokenizer, "pad_token_id", None)
     return cosine_scores(outs[: len(left)], outs[len(left) :], pad, late)
 
-# %% ../../nbs/15_server.ipynb #s15c
-def add_score_routes(app):
-    "vLLM's `POST /score` and `POST /rerank` for an embedding model (also under `/v1`, `/v2`)."
+# %% ../../nbs/15_server.ipynb #s15c2
+def _add_rerank_route(app):
+    "vLLM's `POST /rerank` (also under `/v1`, `/v2`): documents by their score against a query."
     from fastapi.responses import Response
 
     s = app.state
-
-    @app.post("/score")
-    @app.post("/v1/score")
-    async def score(req: ScoreRequest, request: Request):
-        check_model(app, req.model)
-        param, left, right = req.sides()
-        rid = f"score-{uuid.uuid4().hex}"
-        scores = await score_texts(app, request, left, right, rid, param)
-        if scores is None:
-            return Response(status_code=499)
-        n = sum(len(o.prompt_token_ids) for o in scores)
-        data = [dict(index=i, object="score", score=o.outputs.score) for i, o in enumerate(scores)]
-        head = dict(id=rid, object="list", created=_now(), model=s.served_model_name)
-        return dict(
-            head, data=data, usage=dict(prompt_tokens=n, total_tokens=n, completion_tokens=0)
-        )
 
     @app.post("/rerank")
     @app.post("/v1/rerank")
@@ -2286,6 +2289,33 @@ def add_score_routes(app):
             usage=dict(prompt_tokens=n, total_tokens=n),
             results=results[: req.top_n or None],
         )
+
+    return app
+
+# %% ../../nbs/15_server.ipynb #s15c
+def add_score_routes(app):
+    "vLLM's `POST /score` and `POST /rerank` for an embedding model (also under `/v1`, `/v2`)."
+    from fastapi.responses import Response
+
+    s = app.state
+
+    @app.post("/score")
+    @app.post("/v1/score")
+    async def score(req: ScoreRequest, request: Request):
+        check_model(app, req.model)
+        param, left, right = req.sides()
+        rid = f"score-{uuid.uuid4().hex}"
+        scores = await score_texts(app, request, left, right, rid, param)
+        if scores is None:
+            return Response(status_code=499)
+        n = sum(len(o.prompt_token_ids) for o in scores)
+        data = [dict(index=i, object="score", score=o.outputs.score) for i, o in enumerate(scores)]
+        head = dict(id=rid, object="list", created=_now(), model=s.served_model_name)
+        return dict(
+            head, data=data, usage=dict(prompt_tokens=n, total_tokens=n, completion_tokens=0)
+        )
+
+    _add_rerank_route(app)
 
     return app
 
@@ -2400,23 +2430,7 @@ def serve_parser(sub):
         default=DEFAULT_MAX_BODY_BYTES,
         help="refuse larger request bodies with 413 (default: 16 MiB)",
     )
-    p.add_argument(
-        "--enable-auto-tool-choice",
-        action="store_true",
-        help='the model decides when to call tools (tool_choice="auto"); needs --tool-call-parser',
-    )
-    p.add_argument(
-        "--tool-call-parser",
-        default=None,
-        help="the format the model writes tool calls in, read back into tool_calls (e.g. hermes)",
-    )
-    p.add_argument(
-        "--lora-modules",
-        nargs="+",
-        default=None,
-        metavar="NAME=PATH",
-        help="LoRA adapters to serve, each selected by model=NAME (turns on --enable-lora)",
-    )
+    _add_tool_lora_args(p)  # (below)
     _add_dp_node_args(p)  # (below)
     return EngineArgs.add_cli_args(p)
 
@@ -2457,6 +2471,27 @@ def _add_template_args(p):
         type=positive_seconds,
         default=10.0,
         help="seconds a request's line and headers may take to arrive (then a 408)",
+    )
+
+# %% ../../nbs/15_server.ipynb #f16a9ee4
+def _add_tool_lora_args(p):
+    "`minivllm serve`'s tool-calling flags and its `--lora-modules`."
+    p.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help='the model decides when to call tools (tool_choice="auto"); needs --tool-call-parser',
+    )
+    p.add_argument(
+        "--tool-call-parser",
+        default=None,
+        help="the format the model writes tool calls in, read back into tool_calls (e.g. hermes)",
+    )
+    p.add_argument(
+        "--lora-modules",
+        nargs="+",
+        default=None,
+        metavar="NAME=PATH",
+        help="LoRA adapters to serve, each selected by model=NAME (turns on --enable-lora)",
     )
 
 # %% ../../nbs/15_server.ipynb #fs15o
@@ -2503,7 +2538,7 @@ def _add_dp_node_args(p):
         help="the front end's port for the engines (and the next --data-parallel-size ports)",
     )
 
-
+# %% ../../nbs/15_server.ipynb #28c7ce16s1
 _DP_FLAGS = (
     "data_parallel_size_local",
     "data_parallel_start_rank",
@@ -2605,6 +2640,39 @@ def print_held_memory(engine):
         held = ", ".join(f"{k} {v / 2**30:.2f} GiB" for k, v in memory_summary(runner).items())
         print(f"minivllm: holding {held}", flush=True)
 
+# %% ../../nbs/15_server.ipynb #88d954b3
+def _app_of(ns, engine, name: str):
+    "The app of `minivllm serve`'s flags: `build_app` over `engine`, serving it as `name`."
+    return build_app(
+        engine,
+        served_model_name=name,
+        api_key=ns.api_key,
+        chat_template=ns.chat_template,
+        chat_template_content_format=ns.chat_template_content_format,
+        trust_request_chat_template=ns.trust_request_chat_template,
+        max_body_bytes=ns.max_request_body_bytes,
+        prep_timeout=ns.prep_timeout,
+        enable_auto_tool_choice=ns.enable_auto_tool_choice,
+        tool_call_parser=ns.tool_call_parser,
+        dev_mode=dev_mode(),
+    )
+
+# %% ../../nbs/15_server.ipynb #88d954b4
+def _serve_until_exit(server, app, engine) -> int:
+    "Run `server` until interrupted (status 0) or until the engine dies (status 1)."
+    app.state.on_engine_dead = lambda: setattr(server, "should_exit", True)
+    app.state.on_shutdown = stop = functools.cache(engine.shutdown)  # once, also on SIGTERM
+    try:
+        server.run()
+    except KeyboardInterrupt:  # uvicorn raises Ctrl-C again after its clean shutdown
+        pass
+    finally:
+        stop()
+    if app.state.engine_dead:
+        print("minivllm: the engine died; exiting with status 1.", flush=True)
+        return 1
+    return 0
+
 # %% ../../nbs/15_server.ipynb #88d954b2
 def cmd_serve(ns) -> int:
     "Run `minivllm serve` until interrupted (status 0) or until the engine dies (status 1)."
@@ -2629,19 +2697,7 @@ def cmd_serve(ns) -> int:
         print(f"minivllm: waiting for the engines at {placement.address}", flush=True)
         log = not ea.disable_log_stats
         engine = AsyncLLMEngine(DPLLMEngine(ea, log_stats=log, placement=placement))
-    app = build_app(
-        engine,
-        served_model_name=name,
-        api_key=ns.api_key,
-        chat_template=ns.chat_template,
-        chat_template_content_format=ns.chat_template_content_format,
-        trust_request_chat_template=ns.trust_request_chat_template,
-        max_body_bytes=ns.max_request_body_bytes,
-        prep_timeout=ns.prep_timeout,
-        enable_auto_tool_choice=ns.enable_auto_tool_choice,
-        tool_call_parser=ns.tool_call_parser,
-        dev_mode=dev_mode(),
-    )
+    app = _app_of(ns, engine, name)
     for c in getattr(engine.engine, "metrics_collectors", ()):  # per engine (lesson 14b)
         app.state.metrics.registry.register(c)
     for k, (n, path) in enumerate(loras, 1):  # read and checked now: a bad adapter stops here
@@ -2654,15 +2710,4 @@ def cmd_serve(ns) -> int:
     gc.collect()
     gc.freeze()  # the start-up heap out of the cycle collector's walks (lesson 13), for good
     server = uvicorn.Server(uvicorn_config(app, host, ns))
-    app.state.on_engine_dead = lambda: setattr(server, "should_exit", True)
-    app.state.on_shutdown = stop = functools.cache(engine.shutdown)  # once, also on SIGTERM
-    try:
-        server.run()
-    except KeyboardInterrupt:  # uvicorn raises Ctrl-C again after its clean shutdown
-        pass
-    finally:
-        stop()
-    if app.state.engine_dead:
-        print("minivllm: the engine died; exiting with status 1.", flush=True)
-        return 1
-    return 0
+    return _serve_until_exit(server, app, engine)
