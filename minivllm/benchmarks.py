@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 import torch
+from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['SYSTEMS', 'VLLM_DATASET_NAMES', 'LOGIT_PROMPTS', 'PHASES', 'OVERHEAD_PHASES', 'SO_SCHEMA', 'SPEC_PROMPTS',
@@ -137,13 +138,13 @@ class BenchResult:
     def as_dict(self) -> dict:
         return dataclasses.asdict(self) | dict(tokens_per_s=self.tokens_per_s)
 
-
+# %% ../nbs/16_benchmarks.ipynb #c3chkl16
 def _check_lengths(system, got: list[int], want: list[int]):
     bad = [(i, g, w) for i, (g, w) in enumerate(zip(got, want)) if g != w]
     if bad or len(got) != len(want):
         raise RuntimeError(f"{system}: wrong output lengths (request, got, wanted): {bad[:5]}")
 
-
+# %% ../nbs/16_benchmarks.ipynb #c3rmv16
 def run_minivllm(llm, wl: Workload) -> BenchResult:
     "The workload through `LLM.generate` (greedy, ignore_eos, exact lengths)."
     from minivllm.core.config import SamplingParams, TokensPrompt
@@ -178,7 +179,7 @@ def load_hf(model_dir, dtype=torch.float32, device="cpu"):
 
     return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
 
-
+# %% ../nbs/16_benchmarks.ipynb #c3rhfg16
 @torch.inference_mode()
 def run_hf_generate(
     model, wl: Workload, batch_size: int = 16, sort: bool = False, pad_id: int | None = None
@@ -974,7 +975,7 @@ def print_serve_summary(s: dict, file=None):
     for e in s["errors"]:
         p(f"error: {e}")
 
-
+# %% ../nbs/16_benchmarks.ipynb #c3rcor16
 def run_coroutine(coro):
     """Run `coro` to completion, also from inside a running event loop (a notebook): then in a
     thread of its own."""
@@ -1004,7 +1005,7 @@ async def bench_serve_servers(
             runs[name].append(out["summary"])
     return runs
 
-
+# %% ../nbs/16_benchmarks.ipynb #c3cmps16
 def compare_servers(runs: dict, base: str | None = None) -> dict:
     """Per server: mean output tokens/s, TTFT and TPOT (ms) over its rounds, failed requests, and
     its throughput and decode speed against `base` (default: the first server)."""
@@ -1025,7 +1026,7 @@ def compare_servers(runs: dict, base: str | None = None) -> dict:
         row["decode_speed_vs_base"] = b["tpot_ms"] / row["tpot_ms"]
     return rows
 
-
+# %% ../nbs/16_benchmarks.ipynb #c3psvc16
 def print_server_comparison(rows: dict, base: str | None = None, file=None):
     "A `compare_servers` table, one line per server."
     base = base or next(iter(rows))
@@ -1176,46 +1177,54 @@ class LlamaServer:
         self.threads, self.startup_timeout = threads, startup_timeout
         self.proc = self.url = self.log = None
 
-    def start(self) -> "LlamaServer":
-        "Start the server; return once its `/health` answers 200 (the model is loaded)."
-        port = _free_port()
-        self.args = llama_server_args(
-            self.binary, self.gguf, port, self.n_parallel, self.ctx_per_slot, self.threads
-        )
-        self.log = tempfile.NamedTemporaryFile("w+", prefix="llama-server-", delete=False)
-        self.proc = subprocess.Popen(
-            self.args, stdout=self.log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
-        )
-        self.url = f"http://127.0.0.1:{port}"
-        if _wait_healthy(self.url, self.proc, self.startup_timeout):
-            return self
-        self.stop()
-        raise RuntimeError(
-            f"llama-server did not start ({' '.join(self.args)}); its log ends:\n{self.log_tail()}"
-        )
-
-    def log_tail(self, n: int = 2000) -> str:
-        "The end of the server's output."
-        self.log.flush()
-        return Path(self.log.name).read_text(errors="replace")[-n:]
-
-    def stop(self):
-        "Terminate the server (kill it if it has not exited after 10 s)."
-        if self.proc is not None:
-            _terminate(self.proc)
-        self.proc = None
-
-    def version(self) -> str:
-        "The `version: ...` line of `llama-server --version` (build and commit), for the results."
-        r = subprocess.run([self.binary, "--version"], capture_output=True, text=True, timeout=60)
-        lines = (r.stdout + r.stderr).splitlines()
-        return next((l for l in lines if l.startswith("version")), lines[0] if lines else "")
-
     def __enter__(self):
         return self.start()
 
     def __exit__(self, *exc):
         self.stop()
+
+# %% ../nbs/16_benchmarks.ipynb #c3lslt16
+@patch
+def log_tail(self: LlamaServer, n: int = 2000) -> str:
+    "The end of the server's output."
+    self.log.flush()
+    return Path(self.log.name).read_text(errors="replace")[-n:]
+
+# %% ../nbs/16_benchmarks.ipynb #c3lssp16
+@patch
+def stop(self: LlamaServer):
+    "Terminate the server (kill it if it has not exited after 10 s)."
+    if self.proc is not None:
+        _terminate(self.proc)
+    self.proc = None
+
+# %% ../nbs/16_benchmarks.ipynb #c3lsst16
+@patch
+def start(self: LlamaServer) -> "LlamaServer":
+    "Start the server; return once its `/health` answers 200 (the model is loaded)."
+    port = _free_port()
+    self.args = llama_server_args(
+        self.binary, self.gguf, port, self.n_parallel, self.ctx_per_slot, self.threads
+    )
+    self.log = tempfile.NamedTemporaryFile("w+", prefix="llama-server-", delete=False)
+    self.proc = subprocess.Popen(
+        self.args, stdout=self.log, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
+    )
+    self.url = f"http://127.0.0.1:{port}"
+    if _wait_healthy(self.url, self.proc, self.startup_timeout):
+        return self
+    self.stop()
+    raise RuntimeError(
+        f"llama-server did not start ({' '.join(self.args)}); its log ends:\n{self.log_tail()}"
+    )
+
+# %% ../nbs/16_benchmarks.ipynb #c3lsvr16
+@patch
+def version(self: LlamaServer) -> str:
+    "The `version: ...` line of `llama-server --version` (build and commit), for the results."
+    r = subprocess.run([self.binary, "--version"], capture_output=True, text=True, timeout=60)
+    lines = (r.stdout + r.stderr).splitlines()
+    return next((l for l in lines if l.startswith("version")), lines[0] if lines else "")
 
 # %% ../nbs/16_benchmarks.ipynb #93916469
 def _llama_body(prompt, n: int, **kw) -> dict:
@@ -1233,7 +1242,7 @@ def _llama_body(prompt, n: int, **kw) -> dict:
         | kw
     )
 
-
+# %% ../nbs/16_benchmarks.ipynb #c3llun16
 def _llama_url_name(server, name=None) -> tuple[str, str]:
     "Base URL and system name of a `LlamaServer` or of a URL."
     return (
@@ -1242,11 +1251,11 @@ def _llama_url_name(server, name=None) -> tuple[str, str]:
         else (server.url, name or server.name)
     )
 
-
+# %% ../nbs/16_benchmarks.ipynb #c3llerr16
 def _llama_error(r_status, text) -> RuntimeError:
     return RuntimeError(f"llama.cpp /completion: HTTP {r_status}: {text[:300]}")
 
-
+# %% ../nbs/16_benchmarks.ipynb #c3llrq16
 async def _llama_request(client, url: str, prompt, n: int, stream: bool = False, **kw) -> dict:
     """One `/completion` call: the final JSON object, plus `t_send` and, streamed, `t_first` (first
     token) and `t_last` (final chunk)."""
@@ -1301,7 +1310,7 @@ def _check_llama(name: str, outs: list[dict], wl: Workload):
             f"{bad[:5]}"
         )
 
-
+# %% ../nbs/16_benchmarks.ipynb #c3rllc16
 def run_llamacpp(server, wl: Workload, name: str | None = None) -> BenchResult:
     """The workload through llama.cpp's server (a `LlamaServer` or a base URL): all requests at
     once, greedy, exact lengths."""
@@ -1319,7 +1328,7 @@ def run_llamacpp(server, wl: Workload, name: str | None = None) -> BenchResult:
         dict(tokens=[o["tokens"] for o in outs]),
     )
 
-
+# %% ../nbs/16_benchmarks.ipynb #c3lllc16
 def latency_llamacpp(server, wl: Workload, name: str | None = None) -> LatencyResult:
     "TTFT/TPOT of the workload's requests sent at once to llama.cpp's server, streamed."
     url, name = _llama_url_name(server, name)

@@ -79,7 +79,7 @@ def _check_device(t: torch.Tensor):
             "imported (CPU interpreter); otherwise use torch_paged_attention."
         )
 
-
+# %% ../../nbs/04c_attention_kernels.ipynb #c3chkc04
 def _check_cache(kv_cache):
     """kv_cache: a `[2, blocks, block_size, kv_heads, head_dim]` float tensor, contiguous in
     head_dim, where a kernel can run."""
@@ -306,7 +306,7 @@ def _launch_write(k, v, kv_cache, slot_mapping):
         BLOCK_D=triton.next_power_of_2(d),
     )
 
-
+# %% ../../nbs/04c_attention_kernels.ipynb #c3twkv04
 def triton_write_kv_cache(
     key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
 ):
@@ -653,7 +653,7 @@ def _prefill_config(group, head_dim, interp, block_m=None, block_n=None, dtype=t
     block_m = max(block_m or bm, triton.next_power_of_2(group))
     return block_m, block_m // group, block_n or bn, warps, stages
 
-
+# %% ../../nbs/04c_attention_kernels.ipynb #c3lpre04
 def _launch_prefill(q, kv_cache, md, plan, scale, out, block_m=None, block_n=None):
     """Launch the prefill kernel over the chunks `md.num_decodes:`, one program per (chunk, query
     tile, KV head)."""
@@ -816,7 +816,7 @@ def _inplace_plan(md: AttentionMetadata, kv_cache: torch.Tensor) -> _InplacePlan
     plan = md._inplace_plan = _InplacePlan(key, bt, sl, pre)
     return plan
 
-
+# %% ../../nbs/04c_attention_kernels.ipynb #c3aip04
 def _attend_in_place(
     q, k, v, kv_cache, md: AttentionMetadata, scale: float, decode
 ) -> torch.Tensor:
@@ -834,7 +834,7 @@ def _attend_in_place(
         )
     return out
 
-
+# %% ../../nbs/04c_attention_kernels.ipynb #c3ipa04
 def inductor_paged_attention(
     q, k, v, kv_cache, md: AttentionMetadata, scale: float
 ) -> torch.Tensor:
@@ -917,7 +917,7 @@ def _check_decode_tables(block_tables, seq_lens, num_blocks: int, block_size: in
             f"{int(block_tables.min())}..{int(block_tables.max())}"
         )
 
-
+# %% ../../nbs/04c_attention_kernels.ipynb #c3dipc04
 def decode_in_place_c(
     q, kv_cache, block_tables, seq_lens, scale: float, out=None, checked: bool = False
 ) -> torch.Tensor:

@@ -101,21 +101,23 @@ class TPPlan:
         inter, vocab = (split_evenly(n, world_size) for n in (c.intermediate_size, c.vocab_size))
         return cls(world_size, head_dim, [len(k) for k in held], q, inter, vocab, held)
 
-    def span(self, what: str, rank: int, n: int | None = None) -> tuple[int, int]:
-        """`[start, stop)` of `rank`'s slice of a weight's rows: `what` is 'q', 'kv' (in features:
-        heads × head_dim; its KV heads must be consecutive, held once), 'inter' (of `n` features:
-        an MLP's, or an expert's) or 'vocab'."""
-        if what == "kv":
-            k = self.kv_index[rank]
-            if k != list(range(k[0], k[0] + len(k))):
-                raise ValueError(f"rank {rank} holds KV heads {k}: not one consecutive slice")
-            return k[0] * self.head_dim, (k[-1] + 1) * self.head_dim
-        sizes = {"q": self.q_heads, "inter": self.inter, "vocab": self.vocab}[what]
-        if what == "inter" and n is not None:
-            sizes = split_evenly(n, self.world_size)
-        unit = self.head_dim if what == "q" else 1
-        start = sum(sizes[:rank])
-        return start * unit, (start + sizes[rank]) * unit
+# %% ../../nbs/07_tensor_parallel.ipynb #c3span07
+@patch
+def span(self: TPPlan, what: str, rank: int, n: int | None = None) -> tuple[int, int]:
+    """`[start, stop)` of `rank`'s slice of a weight's rows: `what` is 'q', 'kv' (in features:
+    heads × head_dim; its KV heads must be consecutive, held once), 'inter' (of `n` features:
+    an MLP's, or an expert's) or 'vocab'."""
+    if what == "kv":
+        k = self.kv_index[rank]
+        if k != list(range(k[0], k[0] + len(k))):
+            raise ValueError(f"rank {rank} holds KV heads {k}: not one consecutive slice")
+        return k[0] * self.head_dim, (k[-1] + 1) * self.head_dim
+    sizes = {"q": self.q_heads, "inter": self.inter, "vocab": self.vocab}[what]
+    if what == "inter" and n is not None:
+        sizes = split_evenly(n, self.world_size)
+    unit = self.head_dim if what == "q" else 1
+    start = sum(sizes[:rank])
+    return start * unit, (start + sizes[rank]) * unit
 
 # %% ../../nbs/07_tensor_parallel.ipynb #1b4dbb4f
 # weight's module name → the span its rows (TP_COLUMN) or columns (TP_ROW) are split by (07d adds
@@ -336,49 +338,57 @@ class TPWorker(ModelRunner):
             dataclasses.replace(config, model_config=shard_mc), device
         )  # ModelRunner's helpers see this rank's heads
 
-    def load_model(self):
-        "This rank's shard only (`load_shard`), instead of the whole model."
-        mc = self.full_model_config
-        return load_shard(
-            mc.model,
-            mc.hf_config,
-            self.plan,
-            self.rank,
-            mc.dtype,
-            self.device,
-            mc.attention_backend,
-            mc.max_model_len,
-        )
+# %% ../../nbs/07_tensor_parallel.ipynb #c3lmod07
+@patch
+def load_model(self: TPWorker):
+    "This rank's shard only (`load_shard`), instead of the whole model."
+    mc = self.full_model_config
+    return load_shard(
+        mc.model,
+        mc.hf_config,
+        self.plan,
+        self.rank,
+        mc.dtype,
+        self.device,
+        mc.attention_backend,
+        mc.max_model_len,
+    )
 
-    def agree_num_blocks(self, n: int) -> int:
-        "The smallest number of KV blocks any rank can hold."
-        t = torch.tensor([n], device=self.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MIN)  # block ids must exist on every rank
-        return int(t.item())
+# %% ../../nbs/07_tensor_parallel.ipynb #c3kvsh07
+@patch
+def kv_cache_shape(self: TPWorker) -> tuple[int, ...]:
+    "Per layer: K and V of every block, for this rank's KV heads only."
+    return (
+        2,
+        self.num_blocks,
+        self.block_size,
+        self.plan.kv_heads[self.rank],
+        self.plan.head_dim,
+    )
 
-    def kv_cache_shape(self) -> tuple[int, ...]:
-        "Per layer: K and V of every block, for this rank's KV heads only."
-        return (
-            2,
-            self.num_blocks,
-            self.block_size,
-            self.plan.kv_heads[self.rank],
-            self.plan.head_dim,
-        )
+# %% ../../nbs/07_tensor_parallel.ipynb #c3agnb07
+@patch
+def agree_num_blocks(self: TPWorker, n: int) -> int:
+    "The smallest number of KV blocks any rank can hold."
+    t = torch.tensor([n], device=self.device)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)  # block ids must exist on every rank
+    return int(t.item())
 
-    def serve(self, ctrl):
-        "Worker loop: run the steps rank 0 broadcasts until it says stop."
-        while True:
-            msg = [None]
-            dist.broadcast_object_list(msg, src=0, group=ctrl)
-            cmd, arg = msg[0]
-            if cmd == "stop":
-                return
-            if cmd == "step":
-                self.execute_model(*arg[0], **arg[1])
-            if cmd == "rpc":  # a method of every rank (`collective_rpc`, below)
-                res = getattr(self, arg[0])(*arg[1], **arg[2])
-                dist.gather_object(res, None, dst=0, group=ctrl)
+# %% ../../nbs/07_tensor_parallel.ipynb #c3serv07
+@patch
+def serve(self: TPWorker, ctrl):
+    "Worker loop: run the steps rank 0 broadcasts until it says stop."
+    while True:
+        msg = [None]
+        dist.broadcast_object_list(msg, src=0, group=ctrl)
+        cmd, arg = msg[0]
+        if cmd == "stop":
+            return
+        if cmd == "step":
+            self.execute_model(*arg[0], **arg[1])
+        if cmd == "rpc":  # a method of every rank (`collective_rpc`, below)
+            res = getattr(self, arg[0])(*arg[1], **arg[2])
+            dist.gather_object(res, None, dst=0, group=ctrl)
 
 # %% ../../nbs/07_tensor_parallel.ipynb #a5e10de8
 def worker_main():
@@ -449,7 +459,7 @@ class _TPState:
     closed: bool = False
     error: str = ""
 
-
+# %% ../../nbs/07_tensor_parallel.ipynb #c3werr07
 def _worker_errors(st: _TPState, wait: float = 2.0) -> str:
     """The tracebacks the workers left in the store, and the exit codes of local workers that ended
     (waits up to `wait` s)."""
@@ -468,7 +478,7 @@ def _worker_errors(st: _TPState, wait: float = 2.0) -> str:
     dead = [(r, p.returncode) for r, p in st.procs if r not in found and p.poll() is not None]
     return msg + "".join(f"\n--- worker rank {r} exited with code {c}" for r, c in dead)
 
-
+# %% ../../nbs/07_tensor_parallel.ipynb #c3shut07
 def _shutdown(st: _TPState):
     """Stop the workers (politely if they are listening), reap them, destroy the process group.
     Idempotent."""
@@ -647,7 +657,7 @@ def execute_model(
     st.busy = False
     return res
 
-
+# %% ../../nbs/07_tensor_parallel.ipynb #c3enab07
 @patch(cls_method=True)
 def enabled(cls: TPModelRunner, config: EngineConfig) -> bool:
     "Does the engine core (lesson 09) pick this runner? Yes when the model is split over processes."
@@ -656,7 +666,7 @@ def enabled(cls: TPModelRunner, config: EngineConfig) -> bool:
 
 MODEL_RUNNERS[TPModelRunner.__name__] = (30, TPModelRunner)  # over the compiled runner (20)
 
-
+# %% ../../nbs/07_tensor_parallel.ipynb #c3shdn07
 @patch
 def shutdown(self: TPModelRunner):
     "Stop the workers and leave the process group (also done on garbage collection and at exit)."
