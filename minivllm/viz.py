@@ -9,9 +9,12 @@ import html
 import io
 import json
 import os
+import textwrap
 import uuid
 from dataclasses import dataclass, field
 from typing import Callable
+
+from fastcore.basics import patch
 
 try:
     import matplotlib.pyplot as plt
@@ -234,20 +237,24 @@ class EngineRecorder:
         )
         self.records[-1].spec = dict(info.lookahead)
 
-    def add_outputs(self, outputs):
-        """Remember the text of each `RequestOutput` (call with what `step()` returned; shown from
-        the next record on)."""
-        for o in outputs:
-            for c in o.outputs:
-                key = o.request_id if len(o.outputs) == 1 else f"{o.request_id}[{c.index}]"
-                self.texts[key] = c.text
-        if self.records:
-            self.records[-1].texts = dict(self.texts)
+# %% ../nbs/90_viz.ipynb #erec90b
+@patch
+def add_outputs(self: EngineRecorder, outputs):
+    """Remember the text of each `RequestOutput` (call with what `step()` returned; shown from
+    the next record on)."""
+    for o in outputs:
+        for c in o.outputs:
+            key = o.request_id if len(o.outputs) == 1 else f"{o.request_id}[{c.index}]"
+            self.texts[key] = c.text
+    if self.records:
+        self.records[-1].texts = dict(self.texts)
 
-    def close(self):
-        "Stop recording."
-        if self in self.engine.step_observers:
-            self.engine.step_observers.remove(self)
+
+@patch
+def close(self: EngineRecorder):
+    "Stop recording."
+    if self in self.engine.step_observers:
+        self.engine.step_observers.remove(self)
 
 # %% ../nbs/90_viz.ipynb #8678092d
 def record_engine(
@@ -338,7 +345,7 @@ def _block_legend(ax, shown: list, colors: dict, read: bool):
         handles.append(Rectangle((0, 0), 1, 1, fc="none", ec="black", lw=2))
         labels.append("read this step")
     ax.legend(
-        handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=7.5, frameon=False
+        handles, labels, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8, frameon=False
     )
 
 # %% ../nbs/90_viz.ipynb #f8341985
@@ -417,7 +424,7 @@ def _batch_legend(ax, ids: list, colors: dict):
     ]
     labels = ids + ["decode (hatched)", "preempted"]
     ax.legend(
-        handles, labels, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False
+        handles, labels, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False
     )
 
 # %% ../nbs/90_viz.ipynb #2ae83b73
@@ -454,11 +461,11 @@ def plot_batch_composition(
     steps = [r.step for r in recs]
     if steps:
         ax.set_xlim(min(steps) - 0.6, max(steps) + 0.6)
-    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.xaxis.get_major_locator().set_params(integer=True, min_n_ticks=1)  # one step: one tick
     ax.yaxis.get_major_locator().set_params(integer=True)
     ax.set_xlabel("engine step", fontsize=8)
     ax.set_ylabel("tokens computed", fontsize=8)
-    ax.tick_params(labelsize=7)
+    ax.tick_params(labelsize=8)
     if legend:
         ids = [i for i in colors if any(row.req_id == i for r in recs for row in r.rows)][:14]
         _batch_legend(ax, ids, colors)
@@ -516,88 +523,104 @@ def plot_spec_steps(
     return fig
 
 # %% ../nbs/90_viz.ipynb #b79ea667
-def _wrap(s: str, width: int) -> str:
+def _wrap(s: str, width: int, indent: int = 0) -> list[str]:
+    """`s` on lines of at most `width` characters, broken between words; the lines after the first
+    indented by `indent` spaces."""
     # a byte of an unfinished UTF-8 character decodes to U+FFFD, which the plot's font cannot draw
     s = s.replace("\n", "⏎ ").replace("\ufffd", "?")
-    return s if len(s) <= width else s[: width - 1] + "…"
+    w = textwrap.TextWrapper(width, subsequent_indent=" " * indent, break_on_hyphens=False)
+    return w.wrap(s) or [""]
 
 
-def step_table(rec: StepRecord, width: int = 100) -> list[str]:
-    """The lines of text under a step's picture: one per batch row (tokens, kind, label), then the
-    note and texts."""
-    lines = [
-        _wrap(
-            f"step {rec.step}: {rec.num_tokens} token{'s' if rec.num_tokens != 1 else ''} for "
-            f"{len(rec.rows)} "
-            f"request{'s' if len(rec.rows) != 1 else ''}, {rec.num_waiting} waiting"
-            + (f"; preempted {', '.join(rec.preempted)}" if rec.preempted else "")
-            + (f"; finished {', '.join(rec.finished)}" if rec.finished else ""),
-            width,
-        )
-    ]
+def step_table(rec: StepRecord, width: int = 100, text_lines: int = 3) -> list[str]:
+    """The lines of text under a step's picture, wrapped to `width` characters: the step, one line
+    per batch row (tokens, kind, label), the note, then each request's text so far (its last
+    `text_lines` lines' worth, the start marked "…")."""
+    head = (
+        f"step {rec.step}: {rec.num_tokens} token{'s' if rec.num_tokens != 1 else ''} for "
+        f"{len(rec.rows)} request{'s' if len(rec.rows) != 1 else ''}, {rec.num_waiting} waiting"
+        + (f"; preempted {', '.join(rec.preempted)}" if rec.preempted else "")
+        + (f"; finished {', '.join(rec.finished)}" if rec.finished else "")
+    )
+    lines = _wrap(head, width, 2)
     for row in rec.rows[:12]:
         kind = "prefill" if row.is_prefill else "decode"
-        lines.append(_wrap(f"{row.req_id:>8} {row.num_tokens:>4} {kind:<7} {row.label}", width))
+        lines += _wrap(f"{row.req_id:>8} {row.num_tokens:>4} {kind:<7} {row.label}", width, 22)
     if len(rec.rows) > 12:
         lines.append(f"   … and {len(rec.rows) - 12} more rows")
     if rec.note:
-        lines.append(_wrap(rec.note, width))
+        lines += _wrap(rec.note, width, 2)
+    room = text_lines * (width - 11) - 12  # characters that fit the lines (less a word's slack)
     for k, v in list(rec.texts.items())[:6]:
-        lines.append(_wrap(f"{k:>8} ▸ {v if len(v) < 80 else '…' + v[-80:]}", width))
+        if len(v) > room:
+            v = "…" + v[-room:].split(" ", 1)[-1]
+        lines += _wrap(f"{k:>8} ▸ {v}", width, 11)
     return lines
 
 # %% ../nbs/90_viz.ipynb #846dbccd
+def _stack_axes(fig, parts: list[tuple[float, float, float, float]]) -> list:
+    """Axes stacked down `fig`, whose height is set to hold them: each part is `(gap above,
+    height, left margin, right margin)` in inches."""
+    W, H = fig.get_figwidth(), sum(g + h for g, h, _, _ in parts) + 0.05
+    fig.set_size_inches(W, H)
+    axes, top = [], H
+    for gap, h, left, right in parts:
+        top -= gap + h
+        axes.append(fig.add_axes((left / W, top / H, (W - left - right) / W, h / H)))
+    return axes
+
+# %% ../nbs/90_viz.ipynb #sgrid90
+def _step_grid(rec: StepRecord, ax, colors: dict, ncols: int):
+    "A frame's KV grid: the blocks after step `rec`, those its attention read outlined."
+    plot_block_grid(
+        rec.kv,
+        ax,
+        colors,
+        rec.reads,
+        ncols=ncols,
+        legend=False,
+        title=f"KV blocks after step "
+        f"{rec.step}: {rec.kv.num_used}/{rec.kv.num_blocks} used, {rec.kv.num_cached_free} "
+        "free but cached" + (" (outlined: read this step)" if rec.reads else ""),
+    )
+
+# %% ../nbs/90_viz.ipynb #pstep90
 def plot_step(
     records: list[StepRecord], i: int, fig=None, colors: dict | None = None, history: int = 24
 ):
     """Step `i` of `records`, stacked to fit a page column: batch bars up to it, the KV grid after
-    it, its rows' labels."""
-    rec = records[i]
+    it, its rows' labels. Text is 8 pt or more: 10 px in a `StepViewer` frame (90 dpi)."""
+    rec, lo = records[i], max(0, i - history + 1)
     colors = colors if colors is not None else colors_for(record_ids(records))
-    lines = step_table(rec)
-    ncols = min(20, _grid_cols(rec.kv.num_blocks)) if rec.kv is not None else 1
-    grid_h = (0.36 * -(-rec.kv.num_blocks // ncols) + 0.45) if rec.kv is not None else 0.01
-    text_h = 0.16 * len(lines) + 0.1
-    fig = fig or plt.figure(figsize=(7.6, 2.4 + grid_h + text_h))
-    gs = fig.add_gridspec(3, 1, height_ratios=[2.4, grid_h, text_h], hspace=0.55)
-    lo = max(0, i - history + 1)
-    axb = plot_batch_composition(
+    fig = fig or plt.figure(figsize=(7.6, 6))
+    # 8.5 pt monospace at a frame's 90 dpi: 7 px a character (glyphs advance by whole pixels)
+    text_pt, chars = 8.5, int((fig.get_figwidth() - 0.3) * 90 / 7)
+    lines = step_table(rec, width=chars)
+    shown = {row.req_id for r in records[lo : i + 1] for row in r.rows}
+    bars_h = max(1.45, 0.17 * (min(len(shown), 14) + 2))  # room for the legend's entries
+    parts = [(0.3, bars_h, 0.6, 1.65)]  # (gap above, height, left, right) in inches
+    if rec.kv is not None:
+        ncols = min(20, _grid_cols(rec.kv.num_blocks))
+        parts.append((0.55, 0.36 * -(-rec.kv.num_blocks // ncols), 0, 0))
+    parts.append((0.15, len(lines) * 1.2 * text_pt / 72 + 0.05, 0.1, 0.1))
+    axes = _stack_axes(fig, parts)
+    plot_batch_composition(
         records,
-        fig.add_subplot(gs[0]),
+        axes[0],
         colors,
         highlight=rec.step,
         window=(lo, i + 1),
-        title=f"tokens per request in engine steps {records[lo].step}–{rec.step}"
-        " (this step highlighted)",
+        title="tokens per request in engine step"
+        + (
+            f"s {records[lo].step}–{rec.step} (this step highlighted)" if lo < i else f" {rec.step}"
+        ),
     )
-    axb.set_xlabel("")
-    ax = fig.add_subplot(gs[1])
+    axes[0].set_xlabel("")
     if rec.kv is not None:
-        plot_block_grid(
-            rec.kv,
-            ax,
-            colors,
-            rec.reads,
-            ncols=ncols,
-            legend=False,
-            title=f"KV blocks after step "
-            f"{rec.step}: {rec.kv.num_used}/{rec.kv.num_blocks} used, {rec.kv.num_cached_free} "
-            "free but cached" + (" (outlined: read this step)" if rec.reads else ""),
-        )
-    else:
-        ax.axis("off")
-    axt = fig.add_subplot(gs[2])
-    axt.axis("off")
-    axt.text(
-        0,
-        1,
-        "\n".join(lines),
-        va="top",
-        ha="left",
-        family="monospace",
-        fontsize=8,
-        transform=axt.transAxes,
-    )
+        _step_grid(rec, axes[1], colors, ncols)
+    axes[-1].axis("off")
+    mono = dict(va="top", ha="left", family="monospace", fontsize=text_pt)
+    axes[-1].text(0, 1, "\n".join(lines), transform=axes[-1].transAxes, **mono)
     return fig
 
 # %% ../nbs/90_viz.ipynb #0177b16e
@@ -642,7 +665,7 @@ u275A pause";
 t=setInterval(function(){if(+s.value>=f.length-1){stop();return;}show(+s.value+1);},%(interval)d);};
 show(%(start)d);})();"""
 
-
+# %% ../nbs/90_viz.ipynb #phtml90
 def player_html(
     frames: list[tuple[int, bytes]], title: str = "", interval: int = 700, start: int | None = None
 ) -> str:
@@ -719,21 +742,26 @@ class StepViewer:
         colors = self.colors or colors_for(record_ids(self.records))
         return plot_step(self.records, i, colors=colors)
 
-    def png(self, i: int) -> bytes:
-        "Record `i`'s frame as PNG bytes (rendered once)."
-        if i not in self._png:
-            self._png[i] = fig_png(self.figure(i))
-        return self._png[i]
+# %% ../nbs/90_viz.ipynb #sview90b
+@patch
+def png(self: StepViewer, i: int) -> bytes:
+    "Record `i`'s frame as PNG bytes (rendered once)."
+    if i not in self._png:
+        self._png[i] = fig_png(self.figure(i))
+    return self._png[i]
 
-    def html(self, frames: list[int] | None = None) -> str:
-        "The self-contained player with every frame (or the records `frames`)."
-        frames = self.frames if frames is None else frames
-        return player_html(
-            [(self.records[i].step, self.png(i)) for i in frames], self.title, self.interval
-        )
+
+@patch
+def html(self: StepViewer, frames: list[int] | None = None) -> str:
+    "The self-contained player with every frame (or the records `frames`)."
+    frames = self.frames if frames is None else frames
+    return player_html(
+        [(self.records[i].step, self.png(i)) for i in frames], self.title, self.interval
+    )
 
 # %% ../nbs/90_viz.ipynb #a70cda92
-def _widget(self: StepViewer):
+@patch
+def widget(self: StepViewer):
     "Build the ipywidgets view (Play, ◀, ▶, slider, frame)."
     import ipywidgets as W
 
@@ -770,14 +798,16 @@ def _widget(self: StepViewer):
     self._show(last)
     return self._w
 
-
+# %% ../nbs/90_viz.ipynb #wshow90
+@patch
 def _show(self: StepViewer, k: int):
     "Show frame `k` in the live widget."
     i = self._idx[k]
     self.image.value = self.png(i)
     self.label.value = f"step {self.records[i].step}  ({k + 1}/{len(self._idx)})"
 
-
+# %% ../nbs/90_viz.ipynb #wgrow90
+@patch
 def _grow(self: StepViewer):
     "Step the engine through `step=` and show the newest record."
     new = self.step_fn() or []
@@ -786,9 +816,6 @@ def _grow(self: StepViewer):
     self.slider.max = self.play.max = len(self._idx) - 1
     self.slider.value = len(self._idx) - 1
     self._show(self.slider.value)
-
-
-StepViewer.widget, StepViewer._show, StepViewer._grow = _widget, _show, _grow
 
 # %% ../nbs/90_viz.ipynb #5ac7fbf7
 def _mimebundle(self: StepViewer, include=None, exclude=None) -> dict:
@@ -822,7 +849,7 @@ def adapter_colors(adapter_of: dict) -> dict:
     pal = {a: PALETTE[k % len(PALETTE)] for k, a in enumerate(keys)}
     return {r: pal[a] if a else BASE_COLOR for r, a in adapter_of.items()}
 
-
+# %% ../nbs/90_viz.ipynb #lorap90
 def plot_lora_picture(W, A, B, scaling: float = 1.0):
     """A weight `W` (out × in), an adapter's `B` (out × r) and `A` (r × in), and the product `s·B·A`
     they stand for."""
