@@ -2,6 +2,7 @@
 embedded model's tokenizer metadata, the checkpoint's config, its weights in a chosen block type per tensor. The `gguf`
 package quantizes Q4_0/Q4_1/Q8_0 but not the K-quants; a K-quant tensor gets random blocks of realistic scales instead
 (its weights are then what those blocks de-quantize to, which is what a test compares with)."""
+import functools
 import numpy as np, torch
 import gguf
 from minivllm.core.config import embedded_gguf_path
@@ -94,3 +95,87 @@ def write_llama_gguf(path, hf_dir, mix: str = "Q4_0", seed: int = 0, k_scale: fl
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+@functools.cache
+def _embedded_fields() -> list:
+    "The tokenizer and general fields of the embedded model's GGUF file: `(key, value, (type, array type))`."
+    fields = []
+    for key, f in gguf.GGUFReader(embedded_gguf_path()).fields.items():
+        if key.startswith(("GGUF.", "llama.")) or key in ("general.architecture", "general.file_type"):
+            continue
+        types = [gguf.GGUFValueType(t) for t in f.types]
+        fields.append((key, f.contents(), (types[0], types[-1] if types[0] == gguf.GGUFValueType.ARRAY else None)))
+    return fields
+
+
+MOE_NAMES = {"mlp.gate": "ffn_gate_inp", "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
+             "mlp.shared_expert.up_proj": "ffn_up_shexp", "mlp.shared_expert.down_proj": "ffn_down_shexp",
+             "mlp.shared_expert_gate": "ffn_gate_inp_shexp"}
+MOE_ARCHS = {"qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe"}
+
+
+def write_moe_gguf(path, hf, kind="Q8_0", expert_kind=None, embed_kind="Q8_0", arch=None):
+    """Write the HF MoE model `hf` (Qwen2-MoE, Qwen3-MoE) as llama.cpp does: the stacked experts as 3-D tensors
+    `ffn_{gate,up,down}_exps` `[E, N, K]`, the router (and the shared expert's gate, 1-D) in float32, the other
+    matrices in `kind` and the experts' in `expert_kind` (default `kind`), embedding and LM head in
+    `embed_kind`; `arch`: the file's architecture name (default llama.cpp's for the family). Returns `{HF name:
+    (block type, what the file de-quantizes it to)}` (the `gguf` package's de-quantization), HF's names and shapes."""
+    c, sd = hf.config, hf.state_dict()
+    arch = arch or MOE_ARCHS[c.model_type]
+    w = gguf.GGUFWriter(str(path), arch)
+    for key, value, types in _embedded_fields():
+        w.add_key_value(key, value, *types)
+    hd = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    for add, v in [(w.add_block_count, c.num_hidden_layers), (w.add_context_length, c.max_position_embeddings),
+                   (w.add_embedding_length, c.hidden_size), (w.add_feed_forward_length, c.intermediate_size),
+                   (w.add_head_count, c.num_attention_heads), (w.add_head_count_kv, c.num_key_value_heads),
+                   (w.add_key_length, hd), (w.add_value_length, hd), (w.add_rope_dimension_count, hd),
+                   (w.add_layer_norm_rms_eps, c.rms_norm_eps), (w.add_vocab_size, c.vocab_size),
+                   (w.add_expert_count, c.num_experts), (w.add_expert_used_count, c.num_experts_per_tok),
+                   (w.add_expert_feed_forward_length, c.moe_intermediate_size)]:
+        add(v)
+    w.add_rope_freq_base(float(getattr(c, "rope_theta", None) or c.rope_parameters["rope_theta"]))
+    if getattr(c, "shared_expert_intermediate_size", 0):
+        w.add_expert_shared_feed_forward_length(c.shared_expert_intermediate_size)
+    out = {}
+
+    def put(gname, t, k):   # write `t` (float, [..., K]) as type `k`; return what the file de-quantizes to
+        t = t.float().numpy()
+        if k == "F32":
+            w.add_tensor(gname, t.astype(np.float32))
+            return torch.from_numpy(t.astype(np.float32))
+        qt = gguf.GGMLQuantizationType[k]
+        raw = gguf.quants.quantize(t, qt)
+        w.add_tensor(gname, raw, raw_shape=raw.shape, raw_dtype=qt)
+        return torch.from_numpy(gguf.quants.dequantize(raw, qt).reshape(t.shape))
+
+    for name, t in sd.items():
+        parts = name.removeprefix("model.").split(".")
+        if parts[0] != "layers":
+            short = {"embed_tokens": "token_embd", "norm": "output_norm", "lm_head": "output"}[parts[0]]
+            k = "F32" if t.ndim == 1 else embed_kind
+            out[name] = k, put(f"{short}.weight", t, k)
+            continue
+        b, mid = f"blk.{parts[1]}.", ".".join(parts[2:-1])
+        if mid == "mlp.experts":       # HF's stacked experts: gate_up [E, 2I, H] -> gate, up; down [E, H, I]
+            k = expert_kind or kind
+            if parts[-1] == "gate_up_proj":
+                gate, up = t.chunk(2, dim=1)
+                halves = [put(b + f"ffn_{x}_exps.weight", h, k) for x, h in (("gate", gate), ("up", up))]
+                out[name] = k, torch.cat(halves, 1)
+            else:
+                out[name] = k, put(b + "ffn_down_exps.weight", t, k)
+            continue
+        short = MOE_NAMES.get(mid) or NAMES[mid]
+        gname = f"{b}{short}.{parts[-1]}"
+        if short == "ffn_gate_inp_shexp":   # llama.cpp's shared-expert gate: a vector [H]
+            out[name] = "F32", put(gname, t.reshape(-1), "F32").reshape(t.shape)
+        else:
+            k = "F32" if t.ndim == 1 or short == "ffn_gate_inp" else kind
+            out[name] = k, put(gname, t, k)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return out

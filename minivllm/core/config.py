@@ -1004,6 +1004,15 @@ def convert_gguf(gguf: str | os.PathLike) -> Path:
             return out
         import safetensors.torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
+
+        for family in ("qwen2_moe", "qwen3_moe"):  # the experts' sizes, missing from its table
+            GGUF_CONFIG_MAPPING[family].setdefault(
+                "expert_feed_forward_length", "moe_intermediate_size"
+            )
+            GGUF_CONFIG_MAPPING[family].setdefault(
+                "expert_shared_feed_forward_length", "shared_expert_intermediate_size"
+            )
 
         tmp = out.with_name(out.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)

@@ -37,6 +37,7 @@ from minivllm.core.model import (
     LlamaForCausalLM,
     RotaryEmbedding,
     TorchOps,
+    model_class,
 )
 from minivllm.kernels.quantization import (
     GGUF_BLOCK_BYTES,
@@ -58,8 +59,8 @@ from minivllm.kernels.quantization import (
 
 # %% auto #0
 __all__ = ['PACKED_CHUNK', 'PACKED_LINEARS', 'AMX_BF16_MAX_ROWS', 'AMX_MIN_NUMEL', 'ATTENTION_WARMUPS', 'GGUF_ARCHS',
-           'row_bucket', 'rows_kind', 'c_max_rows', 'Linear', 'pack_weights', 'rms_norm_c', 'rotate_c',
-           'silu_and_mul_c', 'CpuOps', 'prepare_attention', 'memory_summary', 'ConcatLinear', 'block_rows',
+           'GGUF_MOE_BLOCKS', 'row_bucket', 'rows_kind', 'c_max_rows', 'Linear', 'pack_weights', 'rms_norm_c',
+           'rotate_c', 'silu_and_mul_c', 'CpuOps', 'prepare_attention', 'memory_summary', 'ConcatLinear', 'block_rows',
            'BlockEmbedding', 'load_gguf_model', 'build_step_kernel', 'decode_step_layers', 'decode_layers_c',
            'CpuDecodeRunner', 'packed_linear']
 
@@ -512,6 +513,7 @@ class BlockEmbedding(nn.Module):
 
 # %% ../../nbs/05a_model_kernels.ipynb #f0617892
 GGUF_ARCHS = ("llama", "mistral", "qwen2", "qwen3")  # the GGUF architectures it loads
+GGUF_MOE_BLOCKS = {}  # GGUF architecture -> loader of a layer's MoE block (lesson 07d fills it)
 
 
 def _set_bias(lin: nn.Module, bias: torch.Tensor):
@@ -535,6 +537,32 @@ def _attention_extras(attn, b: str, ts: dict, param):
                 _gguf_float(*ts.pop(b + f"attn_{x}_norm.weight"))
             )
 
+# %% ../../nbs/05a_model_kernels.ipynb #gm05a001
+def _moe_loader(arch: str, ts: dict):
+    """`arch`'s loader of MoE blocks in `GGUF_MOE_BLOCKS` (None for a dense file); an architecture,
+    or a file with experts, that nothing loads is refused by name."""
+    moe = GGUF_MOE_BLOCKS.get(arch)
+    if arch not in GGUF_ARCHS and moe is None:
+        archs = ", ".join((*GGUF_ARCHS, *GGUF_MOE_BLOCKS))
+        raise NotImplementedError(f"quantization='gguf' runs GGUF files of {archs}, not {arch!r}.")
+    if moe is None and any(n.endswith(".ffn_gate_inp.weight") for n in ts):
+        moes = ", ".join(GGUF_MOE_BLOCKS) or "none"
+        raise NotImplementedError(
+            f"quantization='gguf' runs no MoE GGUF file (a router and experts: ffn_gate_inp, "
+            f"ffn_*_exps) of {arch!r}; its MoE architectures: {moes}."
+        )
+    return moe
+
+
+def _load_mlp(layer, b: str, ts: dict, module, make, moe):
+    """Layer `b`'s MLP: a dense one's fused gate/up and down (`module` of their names), or, where
+    the file has a router, the MoE block that `moe` builds with `make` (GGUF rows -> module)."""
+    if b + "ffn_gate_inp.weight" in ts:
+        layer.mlp = moe(layer.mlp, b, ts, make)
+    else:
+        layer.mlp.gate_up_proj = module(b + "ffn_gate.weight", b + "ffn_up.weight")
+        layer.mlp.down_proj = module(b + "ffn_down.weight")
+
 # %% ../../nbs/05a_model_kernels.ipynb #ccae8fb6
 def load_gguf_model(
     gguf_file,
@@ -546,13 +574,11 @@ def load_gguf_model(
     max_int4_rows: int | None = INT4_MAX_ROWS,
     max_int8_rows: int | None = INT8_MAX_ROWS,
 ) -> LlamaForCausalLM:
-    """The model of a GGUF file of `GGUF_ARCHS`, its linear weights in the file's blocks (lesson
-    04b): the block kernel up to `max_int4_rows` rows (Q8_0: `max_int8_rows`), dense tiles above."""
+    """The model of a GGUF file of `GGUF_ARCHS` (or of `GGUF_MOE_BLOCKS`, its MoE layers built by
+    the loader registered there), its linear weights in the file's blocks (lesson 04b): the block
+    kernel up to `max_int4_rows` rows (Q8_0: `max_int8_rows`), dense tiles above."""
     arch, ts = read_gguf(gguf_file)
-    if arch not in GGUF_ARCHS:
-        raise NotImplementedError(
-            f"quantization='gguf' runs GGUF files of {', '.join(GGUF_ARCHS)}, not {arch!r}."
-        )
+    moe = _moe_loader(arch, ts)
     c, device = hf_config, torch.device(device)
     heads = {"attn_q": c.num_attention_heads, "attn_k": c.num_key_value_heads}
     heads = heads if arch in ("llama", "mistral") else {}  # (llama.cpp reorders only their q/k)
@@ -562,21 +588,23 @@ def load_gguf_model(
         short = name.split(".")[-2]
         return kind, (unpermute_rows(t, heads[short]) if short in heads else t)
 
+    def make(parts):  # one linear module of GGUF `(kind, rows)` parts
+        return _gguf_module(parts, dtype, device, max_int4_rows, max_int8_rows)
+
     def module(*names):
-        return _gguf_module([rows(n) for n in names], dtype, device, max_int4_rows, max_int8_rows)
+        return make([rows(n) for n in names])
 
     def param(t):
         return nn.Parameter(t.to(device=device, dtype=dtype), requires_grad=False)
 
-    with torch.device("meta"):
-        model = LlamaForCausalLM(c, attention_backend, max_pos)  # no memory, no random init
+    with torch.device("meta"):  # no memory, no random init; an MoE family's class (lesson 07d)
+        model = (model_class(c) if moe else LlamaForCausalLM)(c, attention_backend, max_pos)
     for i, layer in enumerate(model.layers):
         b = f"blk.{i}."
         layer.self_attn.qkv_proj = module(*(b + f"attn_{x}.weight" for x in "qkv"))
         _attention_extras(layer.self_attn, b, ts, param)
         layer.self_attn.o_proj = module(b + "attn_output.weight")
-        layer.mlp.gate_up_proj = module(b + "ffn_gate.weight", b + "ffn_up.weight")
-        layer.mlp.down_proj = module(b + "ffn_down.weight")
+        _load_mlp(layer, b, ts, module, make, moe)
         layer.input_layernorm.weight = param(_gguf_float(*ts.pop(b + "attn_norm.weight")))
         layer.post_attention_layernorm.weight = param(_gguf_float(*ts.pop(b + "ffn_norm.weight")))
     kind, emb = ts["token_embd.weight"]

@@ -5,8 +5,8 @@
 # %% auto #0
 __all__ = ['route', 'group_by_expert', 'grouped_experts', 'Experts', 'MoESpec', 'SparseMoeBlock', 'MoEDecoderLayer',
            'MoEForCausalLM', 'MixtralForCausalLM', 'Qwen2MoeAttention', 'Qwen2MoeForCausalLM', 'Qwen3MoeAttention',
-           'Qwen3MoeForCausalLM', 'ProjectionNorm', 'OlmoeAttention', 'OlmoeForCausalLM', 'align_by_expert',
-           'fused_moe']
+           'Qwen3MoeForCausalLM', 'ProjectionNorm', 'OlmoeAttention', 'OlmoeForCausalLM', 'ModuleExperts',
+           'load_gguf_moe_block', 'align_by_expert', 'fused_moe']
 
 # %% ../../nbs/07d_moe.ipynb #baea35eb
 import re
@@ -22,6 +22,7 @@ from minivllm.kernels.attention_kernels import (
     triton,
 )  # (04c's: a stand-in without Triton)
 from ..core.model import MLP, MODEL_CLASSES, Attention, LlamaForCausalLM, RMSNorm, TorchOps
+from ..kernels.model_kernels import GGUF_MOE_BLOCKS
 from fastcore.basics import patch
 from ..parallel.tensor import TP_COLUMN, TP_MODULES, TP_ROW, TP_SPLIT_SIZES
 
@@ -338,6 +339,56 @@ def _tp_projection_norm(norm: ProjectionNorm, model) -> ProjectionNorm:
 
 TP_MODULES[Experts] = _tp_experts
 TP_MODULES[ProjectionNorm] = _tp_projection_norm
+
+# %% ../../nbs/07d_moe.ipynb #gguf7d02
+class ModuleExperts(nn.Module):
+    """A layer's routed experts as one linear module per expert and projection (`gate_up[e]`,
+    `down[e]`: a GGUF file's blocks), run grouped as `grouped_experts` runs stacked tensors."""
+
+    ops = TorchOps
+
+    def __init__(self, gate_up: list[nn.Module], down: list[nn.Module]):
+        super().__init__()
+        self.gate_up, self.down = nn.ModuleList(gate_up), nn.ModuleList(down)
+        self.num_experts = len(gate_up)
+
+    def forward(self, x, weights, ids):
+        order, counts = group_by_expert(ids, self.num_experts)
+        tokens, w = order // ids.shape[1], weights.flatten()[order]
+        out, start = torch.zeros_like(x), 0
+        for e, n in enumerate(counts.tolist()):
+            if n:
+                rows = tokens[start : start + n]
+                h = self.down[e](self.ops.silu_and_mul(self.gate_up[e](x[rows])))
+                out.index_add_(0, rows, (h * w[start : start + n, None]).to(x.dtype))
+                start += n
+        return out
+
+
+def load_gguf_moe_block(mlp: SparseMoeBlock, b: str, ts: dict, make) -> SparseMoeBlock:
+    """Layer `b`'s MoE block from the GGUF tensors `ts` (`{name: (kind, rows)}`, taken out of it):
+    router, each expert's slice of the 3-D `ffn_*_exps` tensors, shared expert; `make(parts)`
+    builds one linear module of `(kind, rows)` parts (lesson 05a's loader gives it)."""
+    E = mlp.spec.num_experts
+
+    def experts(x):  # expert e's rows of `ffn_{x}_exps` (`[E * N, bytes]` as read)
+        kind, t = ts.pop(f"{b}ffn_{x}_exps.weight")
+        return [(kind, s) for s in t.view(E, -1, t.shape[-1]).unbind(0)]
+
+    gate, up, down = experts("gate"), experts("up"), experts("down")
+    mlp.gate = make([ts.pop(b + "ffn_gate_inp.weight")])
+    gate_up = [make([g, u]) for g, u in zip(gate, up)]
+    mlp.experts = ModuleExperts(gate_up, [make([d]) for d in down])
+    if mlp.shared_expert is not None:
+        shexp = [ts.pop(b + f"ffn_{x}_shexp.weight") for x in ("gate", "up", "down")]
+        mlp.shared_expert.gate_up_proj = make(shexp[:2])
+        mlp.shared_expert.down_proj = make(shexp[2:])
+        kind, g = ts.pop(b + "ffn_gate_inp_shexp.weight")  # (a vector [H] in the file)
+        mlp.shared_expert_gate = make([(kind, g.reshape(1, -1))])
+    return mlp
+
+
+GGUF_MOE_BLOCKS.update(qwen2moe=load_gguf_moe_block, qwen3moe=load_gguf_moe_block)
 
 # %% ../../nbs/07d_moe.ipynb #aca9704d
 def align_by_expert(ids, num_experts: int, block_m: int):
