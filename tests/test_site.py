@@ -302,18 +302,21 @@ def test_no_link_to_a_repository_that_does_not_exist(site):
 
 
 PAGE_COUNTS = """() => {
-    const shown = [...document.querySelectorAll('main pre.sourceCode')].filter(p => p.offsetParent !== null);
+    const ref = e => e.closest('section[id^="reference"]');   // a "Reference: ..." section is not read
+    const shown = [...document.querySelectorAll('main pre.sourceCode')].filter(p => p.offsetParent !== null && !ref(p));
     const lines = shown.map(p => p.innerText.split('\\n').filter(l => l.trim()).length).reduce((a, b) => a + b, 0);
     const prose = document.querySelector('main').cloneNode(true);
-    prose.querySelectorAll('pre, script, style, .cell-output, .cell-output-display, details, .step-viewer')
-        .forEach(e => e.remove());
+    prose.querySelectorAll('pre, script, style, .cell-output, .cell-output-display, details, .step-viewer, '
+                           + 'section[id^="reference"]').forEach(e => e.remove());
     const words = prose.innerText.split(/\\s+/).filter(w => w).length;
-    return [words, lines, document.querySelectorAll('main .step-viewer, main .widget-static').length]; }"""
+    const widgets = [...document.querySelectorAll('main .step-viewer, main .widget-static')].filter(w => !ref(w));
+    return [words, lines, widgets.length]; }"""
 
 
 def test_core_path_reading_time_from_the_built_pages(site, browser):
-    """The core path read off the built pages (prose words, code lines a reader sees unfolded, widgets; the rates of
-    .ci/reading_time) takes at most 3 h 15 min, and each lesson within 2 minutes of the time the sidebar shows."""
+    """The core path read off the built pages (prose words, code lines a reader sees unfolded, widgets, none of a
+    "Reference: ..." section; the rates of .ci/reading_time) takes at most its limit (3 h 30 min), and each lesson
+    within 2 minutes of the time the sidebar shows."""
     rt = runpy.run_path(str(ROOT / ".ci" / "reading_time"))
     pg = browser.new_page(viewport={"width": 1400, "height": 900})
     total, off = 0.0, []

@@ -55,7 +55,7 @@ class TorchOps:
         gate, up = x.chunk(2, -1)
         return F.silu(gate) * up
 
-
+# %% ../../nbs/05_model.ipynb #ops05tab
 # op tables: name -> (priority, table); lesson 05a registers "cpu" above torch's
 LAYER_OPS: dict[str, tuple[int, type]] = {"torch": (0, TorchOps)}
 
@@ -64,7 +64,7 @@ def layer_ops():
     "The op table for a new model: the one of highest priority that runs here (`available()`)."
     return next(t for t in by_priority(LAYER_OPS) if t.available())
 
-
+# %% ../../nbs/05_model.ipynb #norm05c
 class RMSNorm(nn.Module):
     "Root-mean-square normalisation with a learned scale, computed in float32."
 

@@ -300,11 +300,13 @@ class DPLLMEngine(LLMEngine):
 # %% ../../nbs/14b_data_parallel.ipynb #cc14b09
 @patch(cls_method=True)
 def enabled(cls: DPLLMEngine, engine_args: EngineArgs) -> bool:
+    "Whether `LLMEngine.from_engine_args` builds this front end: more than one engine asked for."
     return engine_args.data_parallel_size > 1
 
 
 @patch(cls_method=True)
 def from_engine_args(cls: DPLLMEngine, engine_args: EngineArgs, *args, **kwargs) -> "DPLLMEngine":
+    "The front end and its `data_parallel_size` engines, each in its own process."
     return cls(engine_args, log_stats=not engine_args.disable_log_stats)
 
 # %% ../../nbs/14b_data_parallel.ipynb #5a5695d1
