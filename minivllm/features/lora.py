@@ -181,7 +181,32 @@ def _bgmv_shrink_kernel(
         acc += tl.sum(av * xv[None, :], axis=1)
     tl.store(out_ptr + t * stride_o + rr, acc, mask=rr < R)
 
+# %% ../../nbs/05c_lora.ipynb #c376cf99
+def triton_bgmv_shrink(x: torch.Tensor, a: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """Triton `bgmv_shrink`: x `[T, in]`, a `[slots, r, in]`, idx `[T]` → `[T, r]` (float32
+    accumulation, x's dtype out)."""
+    _check_device(x)
+    x, a = x.contiguous(), a.contiguous()
+    T, R, IN = x.shape[0], a.shape[1], a.shape[2]
+    out = torch.empty(T, R, dtype=torch.float32, device=x.device)
+    if T:
+        _bgmv_shrink_kernel[(T,)](
+            x,
+            a,
+            idx.contiguous(),
+            out,
+            IN,
+            R,
+            x.stride(0),
+            a.stride(0),
+            a.stride(1),
+            out.stride(0),
+            BLOCK_IN=min(128, triton.next_power_of_2(IN)),
+            BLOCK_R=triton.next_power_of_2(R),
+        )
+    return out.to(x.dtype)
 
+# %% ../../nbs/05c_lora.ipynb #c05cexpk
 @triton.jit
 def _bgmv_expand_kernel(
     h_ptr,
@@ -208,32 +233,7 @@ def _bgmv_expand_kernel(
     ).to(tl.float32)
     tl.store(out_ptr + t * stride_o + oo, tl.sum(bv * hv[None, :], axis=1), mask=oo < OUT)
 
-# %% ../../nbs/05c_lora.ipynb #c376cf99
-def triton_bgmv_shrink(x: torch.Tensor, a: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    """Triton `bgmv_shrink`: x `[T, in]`, a `[slots, r, in]`, idx `[T]` → `[T, r]` (float32
-    accumulation, x's dtype out)."""
-    _check_device(x)
-    x, a = x.contiguous(), a.contiguous()
-    T, R, IN = x.shape[0], a.shape[1], a.shape[2]
-    out = torch.empty(T, R, dtype=torch.float32, device=x.device)
-    if T:
-        _bgmv_shrink_kernel[(T,)](
-            x,
-            a,
-            idx.contiguous(),
-            out,
-            IN,
-            R,
-            x.stride(0),
-            a.stride(0),
-            a.stride(1),
-            out.stride(0),
-            BLOCK_IN=min(128, triton.next_power_of_2(IN)),
-            BLOCK_R=triton.next_power_of_2(R),
-        )
-    return out.to(x.dtype)
-
-
+# %% ../../nbs/05c_lora.ipynb #c05cexpw
 def triton_bgmv_expand(h: torch.Tensor, b: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     "Triton `bgmv_expand`: h `[T, r]`, b `[slots, out, r]`, idx `[T]` → `[T, out]`."
     _check_device(h)
@@ -278,7 +278,7 @@ class LoRAStepState:
             else segments_of(idx, skip=base_slot)
         )
 
-
+# %% ../../nbs/05c_lora.ipynb #c05clinear
 class LoRALinear(nn.Module):
     """`base(x)` plus the LoRA delta of each row's adapter; `slices`: the output sizes of the fused
     projections (q, k, v)."""
@@ -418,22 +418,24 @@ class LoRAManager(StepExtension):
         "The engine's manager: wrappers around the runner's model, the config's slots."
         return cls(core.model_runner.model, core.config.lora_config)
 
-    def add_lora(self, lora_request: LoRARequest) -> bool:
-        """Register an adapter (read and checked now, so a bad one fails here). Re-adding a known id
-        is a no-op."""
-        old = self.requests.get(lora_request.lora_int_id)
-        if old is not None:
-            if old.lora_path != lora_request.lora_path:
-                raise ValueError(
-                    f"lora_int_id {lora_request.lora_int_id} is already used by adapter "
-                    f"{old.lora_name!r} ({old.lora_path})."
-                )
-            return True
-        self._remember(
-            load_peft_adapter(lora_request.lora_path, lora_request.lora_int_id, self.max_rank)
-        )
-        self.requests[lora_request.lora_int_id] = lora_request
+# %% ../../nbs/05c_lora.ipynb #c05caddl
+@patch
+def add_lora(self: LoRAManager, lora_request: LoRARequest) -> bool:
+    """Register an adapter (read and checked now, so a bad one fails here). Re-adding a known id
+    is a no-op."""
+    old = self.requests.get(lora_request.lora_int_id)
+    if old is not None:
+        if old.lora_path != lora_request.lora_path:
+            raise ValueError(
+                f"lora_int_id {lora_request.lora_int_id} is already used by adapter "
+                f"{old.lora_name!r} ({old.lora_path})."
+            )
         return True
+    self._remember(
+        load_peft_adapter(lora_request.lora_path, lora_request.lora_int_id, self.max_rank)
+    )
+    self.requests[lora_request.lora_int_id] = lora_request
+    return True
 
 # %% ../../nbs/05c_lora.ipynb #f57d47ac
 @patch
@@ -515,31 +517,7 @@ def prepare(self: LoRAManager, seqs, query_start_loc) -> None:
     per_seq = torch.tensor([slot_of[i] if i else self.base_slot for i in ids])
     self.state.set(torch.repeat_interleave(per_seq, counts).to(self.device), self.base_slot)
 
-# %% ../../nbs/05c_lora.ipynb #835ef5dc
-@patch
-def remove_lora(self: LoRAManager, lora_id: int) -> bool:
-    """Forget an adapter (its slot freed, its weights dropped); refused while a request runs under
-    it. False if unknown."""
-    if lora_id not in self.requests:
-        return False
-    if lora_id in self.lora_of.values():
-        raise ValueError(f"LoRA adapter {lora_id} is in use by unfinished requests.")
-    del self.requests[lora_id]
-    self.cpu.pop(lora_id, None)
-    slot = self.slots.pop(lora_id, None)
-    if slot is not None:
-        for w in self.layers.values():
-            w.lora_a[slot].zero_()
-            w.lora_b[slot].zero_()
-    return True
-
-
-@patch
-def list_loras(self: LoRAManager) -> set[int]:
-    "The ids of the adapters added."
-    return set(self.requests)
-
-
+# %% ../../nbs/05c_lora.ipynb #c05chooks
 @patch
 def add_request(self: LoRAManager, request) -> None:
     "Engine hook: note the adapter of a request that has one."
@@ -569,3 +547,27 @@ def finish(self: LoRAManager, request_ids) -> None:
     "Engine hook: forget requests ended from outside."
     for rid in request_ids:
         self.lora_of.pop(rid, None)
+
+# %% ../../nbs/05c_lora.ipynb #835ef5dc
+@patch
+def remove_lora(self: LoRAManager, lora_id: int) -> bool:
+    """Forget an adapter (its slot freed, its weights dropped); refused while a request runs under
+    it. False if unknown."""
+    if lora_id not in self.requests:
+        return False
+    if lora_id in self.lora_of.values():
+        raise ValueError(f"LoRA adapter {lora_id} is in use by unfinished requests.")
+    del self.requests[lora_id]
+    self.cpu.pop(lora_id, None)
+    slot = self.slots.pop(lora_id, None)
+    if slot is not None:
+        for w in self.layers.values():
+            w.lora_a[slot].zero_()
+            w.lora_b[slot].zero_()
+    return True
+
+
+@patch
+def list_loras(self: LoRAManager) -> set[int]:
+    "The ids of the adapters added."
+    return set(self.requests)

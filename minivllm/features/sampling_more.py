@@ -9,6 +9,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 import torch
+from fastcore.basics import patch
 from ..core.request import Request
 from minivllm.core.sampler import (
     Logprob,
@@ -242,7 +243,7 @@ class PenaltiesTransform(LogitsTransform):
     def apply(self, logits, pen):
         return apply_penalties(logits, pen)
 
-
+# %% ../../nbs/06a_sampling_more.ipynb #c06aminp
 class MinP(LogitsTransform):
     "`min_p`, after the temperature, on the rows that have it."
 
@@ -327,25 +328,29 @@ class PromptLogprobsCollector:
                 done[s.req_id] = [None] + lists
         return done
 
-    def _add(self, requests, prompt_logits):
-        "All requests' rows in one batched computation, then split back per request."
-        reqs = [requests[r] for r in prompt_logits]
-        ks = [r.sampling_params.prompt_logprobs for r in reqs]
-        starts = [(r, p0, l.shape[0]) for r, (p0, l) in zip(reqs, prompt_logits.values())]
-        nxt = [t for r, p0, n in starts for t in r.prompt_token_ids[p0 + 1 : p0 + 1 + n]]
-        lt = prompt_logprobs_from_logits(
-            torch.cat([l for _, l in prompt_logits.values()]),
-            torch.tensor(nxt, dtype=torch.int64),
-            -1 if -1 in ks else max(ks),
-        )
-        lt, j = LogprobsTensors(*(x.cpu() for x in lt)), 0
-        for rid, (p0, l) in prompt_logits.items():
-            self.parts[rid].append((p0, LogprobsTensors(*(x[j : j + l.shape[0]] for x in lt))))
-            j += l.shape[0]
+# %% ../../nbs/06a_sampling_more.ipynb #c06aplcadd
+@patch
+def _add(self: PromptLogprobsCollector, requests, prompt_logits):
+    "All requests' rows in one batched computation, then split back per request."
+    reqs = [requests[r] for r in prompt_logits]
+    ks = [r.sampling_params.prompt_logprobs for r in reqs]
+    starts = [(r, p0, l.shape[0]) for r, (p0, l) in zip(reqs, prompt_logits.values())]
+    nxt = [t for r, p0, n in starts for t in r.prompt_token_ids[p0 + 1 : p0 + 1 + n]]
+    lt = prompt_logprobs_from_logits(
+        torch.cat([l for _, l in prompt_logits.values()]),
+        torch.tensor(nxt, dtype=torch.int64),
+        -1 if -1 in ks else max(ks),
+    )
+    lt, j = LogprobsTensors(*(x.cpu() for x in lt)), 0
+    for rid, (p0, l) in prompt_logits.items():
+        self.parts[rid].append((p0, LogprobsTensors(*(x[j : j + l.shape[0]] for x in lt))))
+        j += l.shape[0]
 
-    def discard(self, request_id: str):
-        "Forget a request's rows (it ended, or was aborted, before its prompt was done)."
-        self.parts.pop(request_id, None)
+
+@patch
+def discard(self: PromptLogprobsCollector, request_id: str):
+    "Forget a request's rows (it ended, or was aborted, before its prompt was done)."
+    self.parts.pop(request_id, None)
 
 # %% ../../nbs/06a_sampling_more.ipynb #plp06code
 @register_extension(priority=70)

@@ -51,7 +51,7 @@ def grammar_key(so: StructuredOutputsParams) -> tuple[str, str, bool]:
         v = structural_tag_text(v)
     return kind, v, not so.disable_any_whitespace
 
-
+# %% ../../nbs/06b_structured_outputs.ipynb #c06bgfk
 def _clean(e: Exception) -> str:
     "xgrammar's error message without the C++ source location in front of it."
     return re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", str(e)).strip()
@@ -178,7 +178,7 @@ class GrammarState:
     num_accepted: int = 0  # the request's output tokens the matcher has accepted
     failed: bool = False  # a token the grammar rejects was appended (nothing should cause this)
 
-
+# %% ../../nbs/06b_structured_outputs.ipynb #c06bmgr
 class StructuredOutputManager:
     """Compiles each distinct structured-output spec once, keeps one matcher per constrained
     request, and masks the logits of the rows that need it."""
@@ -216,16 +216,20 @@ class StructuredOutputManager:
             self.compiled[key] = self.executor.submit(self.compiler.compile_grammar, grammar)
         return self.compiled[key]
 
-    def add_request(self, request: Request):
-        """Start tracking a request that has `structured_outputs` (its grammar compiles in the
-        background)."""
-        so = request.sampling_params.structured_outputs
-        self.states[request.request_id] = GrammarState(grammar_key(so), self.compile(so))
+# %% ../../nbs/06b_structured_outputs.ipynb #c06bmgradd
+@patch
+def add_request(self: StructuredOutputManager, request: Request):
+    """Start tracking a request that has `structured_outputs` (its grammar compiles in the
+    background)."""
+    so = request.sampling_params.structured_outputs
+    self.states[request.request_id] = GrammarState(grammar_key(so), self.compile(so))
 
-    def remove_requests(self, request_ids):
-        "Forget finished or aborted requests."
-        for rid in request_ids:
-            self.states.pop(rid, None)
+
+@patch
+def remove_requests(self: StructuredOutputManager, request_ids):
+    "Forget finished or aborted requests."
+    for rid in request_ids:
+        self.states.pop(rid, None)
 
 # %% ../../nbs/06b_structured_outputs.ipynb #e2a9ebc7
 @patch
@@ -296,7 +300,7 @@ def mask_logits(
     self.mask_seconds += time.perf_counter() - t0
     return logits
 
-
+# %% ../../nbs/06b_structured_outputs.ipynb #c06badv
 @patch
 def advance(
     self: StructuredOutputManager, requests: list[Request]

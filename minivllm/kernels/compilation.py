@@ -255,7 +255,7 @@ def warm_up(self: CompiledModelRunner):
                 out = self.compiled(ids, pos)
         self.graphs[b] = (g, out)
 
-
+# %% ../../nbs/05b_compile.ipynb #cmr05brun
 @patch
 def run_model(
     self: CompiledModelRunner, input_ids, positions, md: AttentionMetadata
@@ -426,7 +426,7 @@ def execute_model(
     timer.lap("forward")
     return ModelRunnerOutput([s.req_id for s in seqs], logits)
 
-
+# %% ../../nbs/05b_compile.ipynb #cmr05benab
 @patch(cls_method=True)
 def enabled(cls: CompiledModelRunner, config: EngineConfig) -> bool:
     """Does the engine core (lesson 09) pick this runner? Yes when the config asks for a compilation
