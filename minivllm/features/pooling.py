@@ -39,7 +39,7 @@ def _fold(kind: str, rows: torch.Tensor, prev: torch.Tensor | None) -> torch.Ten
         return rows if prev is None else torch.cat([prev, rows])
     return rows[-1]
 
-
+# %% ../../nbs/09b_pooling.ipynb #p09b2
 class Pooler:
     """Pools each pooling request's final-norm hidden rows into one vector (`pooler_config`: LAST,
     MEAN or CLS) or, for the task `token_embed`, one vector per prompt token; then keeps the first
@@ -234,7 +234,7 @@ def cosine_scores(
         out.append(ScoringRequestOutput(rid, ScoringOutput(s.item()), ids))
     return out
 
-
+# %% ../../nbs/09b_pooling.ipynb #p09s3b
 def _prompts(data) -> list:
     "One side of a score call as a list (a text or a prompt dict is a list of one)."
     return [data] if isinstance(data, (str, dict)) else list(data)

@@ -115,7 +115,7 @@ class _AtDraft:
     def num_output_tokens(self) -> int:
         return len(self.output_token_ids)
 
-
+# %% ../../nbs/07b_spec_decode.ipynb #sd07bvfy
 def verify_drafts(
     sampler: Sampler,
     requests: list[Request],
@@ -160,7 +160,7 @@ class _DraftState:
     )  # the tokens whose K/V are in the draft's cache, in order
     blocks: list[int] = field(default_factory=list)  # the draft cache's block table for the request
 
-
+# %% ../../nbs/07b_spec_decode.ipynb #sd07bdmp
 class DraftModelProposer:
     """vLLM's `draft_model` method: a small model with the same tokenizer, on its own paged KV
     cache, proposing greedily."""
@@ -200,7 +200,7 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
     n = min(len(a), len(b))
     return next((i for i in range(n) if a[i] != b[i]), n)
 
-
+# %% ../../nbs/07b_spec_decode.ipynb #sd07bprp
 @patch
 def release(self: DraftModelProposer, alive):
     "Give back the draft blocks of requests that are gone."
@@ -340,27 +340,29 @@ class SpecDecoder(StepExtension):
     def from_core(cls, core) -> SpecDecoder:
         return cls(core.config)
 
-    def propose(self, scheduler: Scheduler):
-        "Guesses for every running request whose next step is a decode (the others get none)."
-        reqs, ks, self.drafts = [], [], {}
-        for r in scheduler.running:
-            k = (
-                num_draft_tokens(r, self.k, self.max_model_len)
-                if r.num_computed_tokens == r.num_tokens - 1
-                else 0
-            )
-            if k:
-                reqs.append(r)
-                ks.append(k)
-        for r, d in zip(reqs, self.proposer.propose(reqs, ks, alive=scheduler.requests)):
-            self.drafts[r.request_id] = d
-
     def after_step(self, scheduler: Scheduler, timer):
         self.propose(scheduler)
         timer.lap("propose")
 
     def lookahead_token_ids(self, request: Request) -> list[int]:
         return self.drafts.get(request.request_id, [])
+
+# %% ../../nbs/07b_spec_decode.ipynb #sd07bspr
+@patch
+def propose(self: SpecDecoder, scheduler: Scheduler):
+    "Guesses for every running request whose next step is a decode (the others get none)."
+    reqs, ks, self.drafts = [], [], {}
+    for r in scheduler.running:
+        k = (
+            num_draft_tokens(r, self.k, self.max_model_len)
+            if r.num_computed_tokens == r.num_tokens - 1
+            else 0
+        )
+        if k:
+            reqs.append(r)
+            ks.append(k)
+    for r, d in zip(reqs, self.proposer.propose(reqs, ks, alive=scheduler.requests)):
+        self.drafts[r.request_id] = d
 
 # %% ../../nbs/07b_spec_decode.ipynb #sd07bhooks
 @patch
