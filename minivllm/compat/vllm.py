@@ -332,6 +332,7 @@ MODEL_RUNNERS[DummyTPModelRunner.__name__] = (70, DummyTPModelRunner)  # over TP
 
 # %% ../../nbs/95_vllm_compat.ipynb #reload95a
 from ..core.model import RUNNER_PREPARERS, ModelRunner
+from ..core.scheduler import by_priority
 
 
 @patch
@@ -352,7 +353,7 @@ def reload_weights(self: ModelRunner) -> None:
     "Load the weights of the (updated) load format into the running model, in place."
     with torch.no_grad():
         self.model.load_state_dict(self.load_model().state_dict())
-    for prepare in RUNNER_PREPARERS.values():  # again, for the new weights (05a packs them)
+    for prepare in by_priority(RUNNER_PREPARERS):  # again, for the new weights (05a packs them)
         prepare(self)
 
 # %% ../../nbs/95_vllm_compat.ipynb #shard95a

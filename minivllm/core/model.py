@@ -449,8 +449,9 @@ def __repr__(self: ModelRunnerOutput):
 # %% ../../nbs/05_model.ipynb #906320f1
 # quantization → loader `(model_config, device) → model` (lesson 05a registers "gguf")
 MODEL_LOADERS: dict[str, Callable] = {}
-# name → `(runner) → None`, run once the model is loaded (lesson 05a: packed weights, kernels)
-RUNNER_PREPARERS: dict[str, Callable] = {}
+# name → `(priority, (runner) → None)`, run once the model is loaded, highest priority first
+# (lesson 05a: packed weights, the attention kernel)
+RUNNER_PREPARERS: dict[str, tuple[int, Callable]] = {}
 
 # %% ../../nbs/05_model.ipynb #1af1ae43
 class ModelRunner:
@@ -464,7 +465,7 @@ class ModelRunner:
         torch.manual_seed(mc.seed)
         self.model = self.load_model()
         self.attention_backend = mc.attention_backend  # the model's layers attend with it
-        for prepare_runner in RUNNER_PREPARERS.values():
+        for prepare_runner in by_priority(RUNNER_PREPARERS):
             prepare_runner(self)
         self.num_blocks = self.agree_num_blocks(self.determine_num_blocks())  # (below)
         cc.num_gpu_blocks = self.num_blocks

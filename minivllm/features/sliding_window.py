@@ -11,13 +11,12 @@ import torch.nn.functional as F
 from fastcore.basics import patch
 from ..core.attention import AttentionMetadata, build_metadata, write_kv_cache
 from ..core.block_manager import KV_CACHE_MANAGERS, KVCacheManager, cdiv, check_invariants
-from ..core.model import MODEL_HOOKS, RUNNER_PREPARERS
-from ..kernels.compilation import CompiledModelRunner
+from ..core.model import MODEL_HOOKS
 
 # %% auto #0
 __all__ = ['LAYER_KINDS', 'layer_windows', 'uniform_window', 'window_mask', 'first_key', 'window_attention',
-           'reference_window_attention', 'make_window_case', 'use_windows', 'prepare_windows',
-           'SlidingWindowKVCacheManager', 'blocks_held', 'check_window_invariants']
+           'reference_window_attention', 'make_window_case', 'use_windows', 'SlidingWindowKVCacheManager',
+           'blocks_held', 'check_window_invariants']
 
 # %% ../../nbs/05d_sliding_window.ipynb #31c02ec8
 LAYER_KINDS = {"full_attention": False, "sliding_attention": True}  # layer type → has a window
@@ -124,21 +123,7 @@ def use_windows(model):
             layer.self_attn.attn_fn = functools.partial(window_attention, window=w)
 
 
-def prepare_windows(runner):
-    """Runner preparer: the windows again, after lesson 05a's preparer may have changed the layers'
-    attention backend; a compiled runner is refused."""
-    if set(layer_windows(runner.model.config)) == {None}:
-        return
-    if isinstance(runner, CompiledModelRunner):
-        raise NotImplementedError(
-            "sliding-window attention runs eagerly: pass enforce_eager=True (the compiled "
-            "runner attends with one function for every layer)."
-        )
-    use_windows(runner.model)
-
-
 MODEL_HOOKS["sliding_window"] = use_windows
-RUNNER_PREPARERS["sliding_window"] = prepare_windows
 
 # %% ../../nbs/05d_sliding_window.ipynb #adb5e3f4
 class SlidingWindowKVCacheManager(KVCacheManager):

@@ -166,6 +166,9 @@ def _cache_dir(cc: CompilationConfig) -> str:
     return d
 
 # %% ../../nbs/05b_compile.ipynb #86392bff
+from ..core.attention import get_attention_backend
+
+
 class CompiledModelRunner(ModelRunner):
     """A `ModelRunner` whose forward is compiled with `torch.compile`; on CUDA, decode steps replay
     CUDA graphs."""
@@ -174,7 +177,12 @@ class CompiledModelRunner(ModelRunner):
         super().__init__(config, device)
         cc = self.cc = config.compilation_config
         # the attention kernel chosen when the runner was built (lesson 05): the op below calls it
-        self.attn_fn = self.model.layers[0].self_attn.attn_fn
+        self.attn_fn = get_attention_backend(self.attention_backend)
+        if any(layer.self_attn.attn_fn is not self.attn_fn for layer in self.model.layers):
+            raise NotImplementedError(
+                "some layers attend with a function of their own (05d's sliding windows): pass "
+                "enforce_eager=True (the compiled runner attends with one backend for every layer)."
+            )
         for layer in self.model.layers:
             layer.self_attn.attn_fn = attention_op
         # CPU: oneDNN's packed GEMM is quickest at 4 rows (see below)

@@ -238,7 +238,7 @@ def _pack_on_cpu(runner):
         pack_weights(runner.model)
 
 
-RUNNER_PREPARERS["pack_weights"] = _pack_on_cpu
+RUNNER_PREPARERS["pack_weights"] = (20, _pack_on_cpu)  # before the attention warm-up (10)
 
 # %% ../../nbs/05a_model_kernels.ipynb #f5c8c328
 _GLUE_DTYPES = {torch.float32: 0, torch.bfloat16: 1}
@@ -392,12 +392,14 @@ def prepare_attention(runner) -> str:
                 *(backend, type(e).__name__, str(e)[:300]),
             )
             runner.attention_backend = "torch"
-            for layer in runner.model.layers:
-                layer.self_attn.attn_fn = get_attention_backend("torch")
+            failed = get_attention_backend(backend)
+            for layer in runner.model.layers:  # a layer with a function of its own (05d) keeps it
+                if layer.self_attn.attn_fn is failed:
+                    layer.self_attn.attn_fn = get_attention_backend("torch")
     return runner.attention_backend
 
 
-RUNNER_PREPARERS["attention"] = prepare_attention
+RUNNER_PREPARERS["attention"] = (10, prepare_attention)
 
 # %% ../../nbs/05a_model_kernels.ipynb #dafa9c16
 def _status_bytes(key: str) -> int:
