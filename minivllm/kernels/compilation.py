@@ -166,9 +166,6 @@ def _cache_dir(cc: CompilationConfig) -> str:
     return d
 
 # %% ../../nbs/05b_compile.ipynb #86392bff
-from ..core.attention import get_attention_backend
-
-
 class CompiledModelRunner(ModelRunner):
     """A `ModelRunner` whose forward is compiled with `torch.compile`; on CUDA, decode steps replay
     CUDA graphs."""
@@ -176,13 +173,7 @@ class CompiledModelRunner(ModelRunner):
     def __init__(self, config: EngineConfig, device: torch.device | None = None):
         super().__init__(config, device)
         cc = self.cc = config.compilation_config
-        # the attention kernel chosen when the runner was built (lesson 05): the op below calls it
-        self.attn_fn = get_attention_backend(self.attention_backend)
-        if any(layer.self_attn.attn_fn is not self.attn_fn for layer in self.model.layers):
-            raise NotImplementedError(
-                "some layers attend with a function of their own (05d's sliding windows): pass "
-                "enforce_eager=True (the compiled runner attends with one backend for every layer)."
-            )
+        self.attn_fn = self.one_attention_function()  # the op below calls it
         for layer in self.model.layers:
             layer.self_attn.attn_fn = attention_op
         # CPU: oneDNN's packed GEMM is quickest at 4 rows (see below)
@@ -230,10 +221,28 @@ class CompiledModelRunner(ModelRunner):
             f"; decode graphs of {self.size_graphs} sequences" if self.size_graphs else "",
         )
 
-    def kv_cache_shape(self) -> tuple[int, ...]:
-        "One more block than the scheduler knows of: the scratch block that padding rows write to."
-        s = super().kv_cache_shape()
-        return (s[0], s[1] + 1, *s[2:])
+# %% ../../nbs/05b_compile.ipynb #86392bffs1
+from ..core.attention import get_attention_backend
+
+
+@patch
+def one_attention_function(self: CompiledModelRunner):
+    """The attention backend chosen when the runner was built (lesson 05), which every layer must
+    attend with: a layer with a function of its own (05d's sliding windows) is refused."""
+    fn = get_attention_backend(self.attention_backend)
+    if any(layer.self_attn.attn_fn is not fn for layer in self.model.layers):
+        raise NotImplementedError(
+            "some layers attend with a function of their own (05d's sliding windows): pass "
+            "enforce_eager=True (the compiled runner attends with one backend for every layer)."
+        )
+    return fn
+
+
+@patch
+def kv_cache_shape(self: CompiledModelRunner) -> tuple[int, ...]:
+    "One more block than the scheduler knows of: the scratch block that padding rows write to."
+    s = ModelRunner.kv_cache_shape(self)
+    return (s[0], s[1] + 1, *s[2:])
 
 # %% ../../nbs/05b_compile.ipynb #28214a2e
 @patch
