@@ -1,16 +1,18 @@
 """Sliding-window attention (lesson 05d) end to end, on tiny random models built here: HF transformers' greedy tokens
 and logprobs with the CPU's default attention backend, under preemption, after aborts; the same tokens under
 tensor parallelism (TP=2) and pipeline parallelism (PP=2) as in one process, for a model whose every layer has a
-window (Mistral) and for one that mixes full and windowed layers (Qwen2 with `max_window_layers`)."""
+window (Mistral) and for one that mixes full and windowed layers (Qwen2 with `max_window_layers`), whose two KV cache
+groups hold the whole sequence (global) and the window (local)."""
 import tempfile
 import pytest
 import torch
 from conftest import hf_greedy_refs
 from minivllm import LLM, LLMEngine, EngineArgs, SamplingParams, TokensPrompt
-from minivllm.core.block_manager import KVCacheManager
 from minivllm.core.config import resolve_model
 from minivllm.core.model import make_tiny_checkpoint
-from minivllm.features.sliding_window import SlidingWindowKVCacheManager, blocks_held, check_window_invariants, layer_windows
+from minivllm.core.block_manager import check_invariants
+from minivllm.features.sliding_window import (HybridKVCacheManager, SlidingWindowKVCacheManager, blocks_held,
+                                             check_window_invariants, layer_windows)
 
 pytestmark = pytest.mark.xdist_group("tp")   # the parallel tests start processes of their own
 
@@ -67,7 +69,7 @@ def test_default_backend_matches_hf(model):
     assert runner.attention_backend == "cpu"
     check(run(engine), refs)
     kv = engine.kv_cache_manager
-    assert type(kv) is (SlidingWindowKVCacheManager if kind == "mistral" else KVCacheManager)
+    assert type(kv) is (SlidingWindowKVCacheManager if kind == "mistral" else HybridKVCacheManager)
 
 
 def test_preemption_and_abort_free_blocks(model):
@@ -84,9 +86,37 @@ def test_preemption_and_abort_free_blocks(model):
     if kind == "mistral":
         assert blocks_held(kv, "long") <= 3 < len(kv.req_to_blocks["long"])
         check_window_invariants(kv)
+    else:
+        assert blocks_held(kv.local, "long") <= 3 < len(kv.req_to_blocks["long"])
+        check_invariants(kv), check_window_invariants(kv.local)
     engine.abort_request("long")
     spare = 1 if kind == "mistral" else 0   # the placeholder block
     assert kv.block_pool.get_num_free_blocks() == kv.num_blocks - spare
+    if kind == "qwen2":
+        assert kv.local.block_pool.get_num_free_blocks() == kv.local.num_blocks - 1
+
+
+def test_groups_hold_sequence_and_window(model):
+    "The mixed model's groups after every step of a 60-token conversation: global = the sequence, local <= the window + 1."
+    kind, d, _, _ = model
+    if kind != "qwen2":
+        pytest.skip("one group: every layer of the Mistral model has the window")
+    engine = LLMEngine.from_engine_args(EngineArgs(model=d, max_num_batched_tokens=16, **ARGS))
+    kv, runner = engine.kv_cache_manager, engine.engine_core.model_runner
+    assert [c.shape[1] for c in runner.kv_caches] == [kv.num_blocks, kv.local.num_blocks, kv.local.num_blocks]
+    engine.add_request("talk", TokensPrompt(prompt_token_ids=PROMPTS[0]), SamplingParams(max_tokens=30, ignore_eos=True))
+    glob, loc = [], []
+    while engine.has_unfinished_requests():
+        engine.step()
+        if "talk" in kv.req_to_blocks:
+            glob.append(len(kv.req_to_blocks["talk"]))
+            loc.append(blocks_held(kv.local, "talk"))
+            check_invariants(kv), check_window_invariants(kv.local)
+    req_tokens = [min(16 * (i + 1), 30) if i < 2 else 30 + i - 1 for i in range(len(glob))]
+    assert glob == [-(-n // 4) for n in req_tokens]   # every block of the sequence
+    assert max(loc[2:]) <= 3 < glob[-1]                  # the window's 2 blocks + the one being filled
+    assert kv.block_pool.get_num_free_blocks() == kv.num_blocks
+    assert kv.local.block_pool.get_num_free_blocks() == kv.local.num_blocks - 1
 
 
 @pytest.mark.parametrize("tp,pp", [(2, 1), (1, 2)])
