@@ -40,6 +40,11 @@ def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+def _permute_back(w: np.ndarray, n_head: int) -> np.ndarray:
+    "HF's q/k row order of rows in llama.cpp's (the inverse of `_permute`)."
+    return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
 def write_llama_gguf(path, hf_dir, mix: str = "Q4_0", seed: int = 0, k_scale: float = 2e-4):
     "Write the checkpoint `hf_dir` (llama, mistral, qwen2, qwen3) as a GGUF file of the block types of `MIXES[mix]`."
     from safetensors import safe_open
@@ -112,17 +117,19 @@ def _embedded_fields() -> list:
 MOE_NAMES = {"mlp.gate": "ffn_gate_inp", "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
              "mlp.shared_expert.up_proj": "ffn_up_shexp", "mlp.shared_expert.down_proj": "ffn_down_shexp",
              "mlp.shared_expert_gate": "ffn_gate_inp_shexp"}
-MOE_ARCHS = {"qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe"}
+MOE_ARCHS = {"qwen2_moe": "qwen2moe", "qwen3_moe": "qwen3moe", "mixtral": "llama"}  # (llama.cpp: Mixtral is llama)
 
 
 def write_moe_gguf(path, hf, kind="Q8_0", expert_kind=None, embed_kind="Q8_0", arch=None):
-    """Write the HF MoE model `hf` (Qwen2-MoE, Qwen3-MoE) as llama.cpp does: the stacked experts as 3-D tensors
-    `ffn_{gate,up,down}_exps` `[E, N, K]`, the router (and the shared expert's gate, 1-D) in float32, the other
+    """Write the HF MoE model `hf` (Qwen2-MoE, Qwen3-MoE, Mixtral) as llama.cpp does: the stacked experts as 3-D
+    tensors `ffn_{gate,up,down}_exps` `[E, N, K]`, the router (and the shared expert's gate, 1-D) in float32, the other
     matrices in `kind` and the experts' in `expert_kind` (default `kind`), embedding and LM head in
-    `embed_kind`; `arch`: the file's architecture name (default llama.cpp's for the family). Returns `{HF name:
-    (block type, what the file de-quantizes it to)}` (the `gguf` package's de-quantization), HF's names and shapes."""
+    `embed_kind`; `arch`: the file's architecture name (default llama.cpp's for the family: Mixtral's is `llama`, its
+    q/k rows in llama.cpp's order, no expert size of its own: `feed_forward_length` is each expert's). Returns `{HF
+    name: (block type, what the file de-quantizes it to)}` (the `gguf` package's de-quantization), HF's names and
+    shapes."""
     c, sd = hf.config, hf.state_dict()
-    arch = arch or MOE_ARCHS[c.model_type]
+    arch, mixtral = arch or MOE_ARCHS[c.model_type], c.model_type == "mixtral"
     w = gguf.GGUFWriter(str(path), arch)
     for key, value, types in _embedded_fields():
         w.add_key_value(key, value, *types)
@@ -132,9 +139,11 @@ def write_moe_gguf(path, hf, kind="Q8_0", expert_kind=None, embed_kind="Q8_0", a
                    (w.add_head_count, c.num_attention_heads), (w.add_head_count_kv, c.num_key_value_heads),
                    (w.add_key_length, hd), (w.add_value_length, hd), (w.add_rope_dimension_count, hd),
                    (w.add_layer_norm_rms_eps, c.rms_norm_eps), (w.add_vocab_size, c.vocab_size),
-                   (w.add_expert_count, c.num_experts), (w.add_expert_used_count, c.num_experts_per_tok),
-                   (w.add_expert_feed_forward_length, c.moe_intermediate_size)]:
+                   (w.add_expert_count, c.num_local_experts if mixtral else c.num_experts),
+                   (w.add_expert_used_count, c.num_experts_per_tok)]:
         add(v)
+    if not mixtral:   # (Mixtral's experts' features: feed_forward_length)
+        w.add_expert_feed_forward_length(c.moe_intermediate_size)
     w.add_rope_freq_base(float(getattr(c, "rope_theta", None) or c.rope_parameters["rope_theta"]))
     if getattr(c, "shared_expert_intermediate_size", 0):
         w.add_expert_shared_feed_forward_length(c.shared_expert_intermediate_size)
@@ -173,7 +182,12 @@ def write_moe_gguf(path, hf, kind="Q8_0", expert_kind=None, embed_kind="Q8_0", a
             out[name] = "F32", put(gname, t.reshape(-1), "F32").reshape(t.shape)
         else:
             k = "F32" if t.ndim == 1 or short == "ffn_gate_inp" else kind
-            out[name] = k, put(gname, t, k)
+            if short in ("attn_q", "attn_k") and arch in ("llama", "mistral"):   # llama.cpp's q/k row order
+                heads = c.num_attention_heads if short == "attn_q" else c.num_key_value_heads
+                p = torch.from_numpy(_permute(t.numpy(), heads))
+                out[name] = k, torch.from_numpy(_permute_back(put(gname, p, k).numpy(), heads))
+            else:
+                out[name] = k, put(gname, t, k)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

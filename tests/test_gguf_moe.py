@@ -1,9 +1,10 @@
-"""MoE GGUF files (lesson 07d): tiny random Qwen2-MoE and Qwen3-MoE models written as llama.cpp writes them (3-D
-expert tensors, float32 router; Q8_0 and Q4_0 blocks; tests/gguf_files.py) run with `quantization="gguf"` from the
-file's blocks, through qgemm.c where it runs and through PyTorch's int4/int8 kernels (forced here); greedy tokens
-equal HF transformers' on the weights each path multiplies by (what the `gguf` package de-quantizes the file to; on
-the PyTorch path Q8_0 is held as per-row int8, lesson 04b's `Int8Linear`), logprobs within 1e-3. An MoE GGUF file of
-an architecture no MoE loader is registered for is refused by name."""
+"""MoE GGUF files (lesson 07d): tiny random Qwen2-MoE, Qwen3-MoE and Mixtral models written as llama.cpp writes them
+(3-D expert tensors, float32 router; Q8_0 and Q4_0 blocks; Mixtral as `llama`; tests/gguf_files.py) run with
+`quantization="gguf"` from the file's blocks, through qgemm.c where it runs and through PyTorch's int4/int8 kernels
+(forced here); greedy tokens equal HF transformers' on the weights each path multiplies by (what the `gguf` package
+de-quantizes the file to; on the PyTorch path Q8_0 is held as per-row int8, lesson 04b's `Int8Linear`), logprobs
+within 1e-3 (Mixtral on the blocks' path only: the other path's modules are those the Qwen families test). An MoE GGUF
+file of an architecture no MoE loader is registered for is refused by name."""
 import os
 import pytest, torch
 from minivllm import LLM, SamplingParams
@@ -22,19 +23,21 @@ MOE = dict(vocab_size=49152, hidden_size=64, num_hidden_layers=2, num_attention_
 FAMILIES = {  # model type: (extra config, the other matrices' block type, the experts')
     "qwen2_moe": ({}, "Q8_0", "Q4_0"),                       # shared expert, q/k/v biases, raw top-k weights
     "qwen3_moe": (dict(norm_topk_prob=True), "Q4_0", "Q8_0"),  # q/k norms, renormalised (llama.cpp's Qwen3-MoE)
+    "mixtral": (dict(num_local_experts=4, intermediate_size=32), "Q8_0", "Q4_0"),  # `llama`: q/k rows permuted
 }
+CASES = [(f, p) for f in FAMILIES for p in ("blocks", "torch") if (f, p) != ("mixtral", "torch")]
 KERNELS = {"Q4_0": "Int4Linear", "Q8_0": "Int8Linear"}  # the PyTorch path's module of each block type
 PROMPTS = [[1, 504, 3458, 282], [1, 1206, 16, 2072, 28, 30, 31, 32, 33, 34, 35, 36, 37]]
 ARGS = dict(dtype="float32", max_model_len=128, num_gpu_blocks_override=32, enable_prefix_caching=False)
 
 
-@pytest.fixture(scope="module", params=list(FAMILIES))
+@pytest.fixture(scope="module")
 def family(request, tmp_path_factory):
     """(GGUF file, HF model, `{HF name: (block type, de-quantized weight)}`, experts' block type) of one family;
     a converted-checkpoint cache of its own (the compiled kernels shared with the usual one)."""
     d = tmp_path_factory.mktemp(request.param)
     kw, kind, expert_kind = FAMILIES[request.param]
-    hf = make_tiny_checkpoint(d / "hf", request.param, seed=1, tokenizer_from=resolve_model(None), **MOE, **kw)
+    hf = make_tiny_checkpoint(d / "hf", request.param, seed=1, tokenizer_from=resolve_model(None), **{**MOE, **kw})
     weights = write_moe_gguf(d / "tiny.gguf", hf, kind, expert_kind)
     (d / "cache").mkdir()
     os.symlink(cache_dir() / "kernels", d / "cache" / "kernels")
@@ -51,7 +54,7 @@ def held(name: str, kind: str, w: torch.Tensor, path: str) -> torch.Tensor:
     return (lin.weight.float() * lin.scales[:, None]).reshape(w.shape)
 
 
-@pytest.mark.parametrize("path", ["blocks", "torch"])
+@pytest.mark.parametrize("family,path", CASES, indirect=["family"])
 def test_moe_gguf_runs_from_its_blocks(family, path, monkeypatch):
     gguf_file, hf, weights, expert_kind = family
     if path == "torch":   # the path of a CPU without AVX-512: PyTorch's int4/int8 kernels
@@ -77,10 +80,13 @@ def test_moe_gguf_runs_from_its_blocks(family, path, monkeypatch):
         assert torch.allclose(got, ref[torch.arange(len(tokens)), tokens], atol=1e-3), (got, ref.max(-1).values)
 
 
-def test_moe_gguf_of_other_arch_is_refused_by_name(tmp_path):
-    "llama.cpp writes Mixtral as `llama` with expert tensors: no MoE loader for it, as none for DeepSeek's."
+def test_moe_gguf_of_other_arch_is_refused_by_name(tmp_path, monkeypatch):
+    "No MoE loader for DeepSeek's `deepseek2`; nor for a `llama` file with experts (Mixtral) where none is registered."
     hf = make_tiny_checkpoint(tmp_path / "hf", "qwen3_moe", **{**MOE, "vocab_size": 256})
-    for arch in ("llama", "deepseek2"):
-        write_moe_gguf(tmp_path / f"{arch}.gguf", hf, arch=arch)
-        with pytest.raises(NotImplementedError, match=repr(arch)):
-            load_gguf_model(tmp_path / f"{arch}.gguf", hf.config, torch.float32)
+    write_moe_gguf(tmp_path / "deepseek2.gguf", hf, arch="deepseek2")
+    with pytest.raises(NotImplementedError, match="'deepseek2'"):
+        load_gguf_model(tmp_path / "deepseek2.gguf", hf.config, torch.float32)
+    monkeypatch.delitem(model_kernels.GGUF_MOE_BLOCKS, "mixtral")
+    write_moe_gguf(tmp_path / "llama.gguf", hf, arch="llama")
+    with pytest.raises(NotImplementedError, match="'mixtral' \\(architecture 'llama'\\)"):
+        load_gguf_model(tmp_path / "llama.gguf", hf.config, torch.float32)

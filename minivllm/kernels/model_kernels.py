@@ -59,10 +59,10 @@ from minivllm.kernels.quantization import (
 
 # %% auto #0
 __all__ = ['PACKED_CHUNK', 'PACKED_LINEARS', 'AMX_BF16_MAX_ROWS', 'AMX_MIN_NUMEL', 'ATTENTION_WARMUPS', 'GGUF_ARCHS',
-           'GGUF_MOE_BLOCKS', 'row_bucket', 'rows_kind', 'c_max_rows', 'Linear', 'pack_weights', 'rms_norm_c',
-           'rotate_c', 'silu_and_mul_c', 'CpuOps', 'prepare_attention', 'memory_summary', 'ConcatLinear', 'block_rows',
-           'BlockEmbedding', 'load_gguf_model', 'build_step_kernel', 'decode_step_layers', 'decode_layers_c',
-           'CpuDecodeRunner', 'packed_linear']
+           'GGUF_MOE_BLOCKS', 'GGUF_MOE_CONFIGS', 'GGUF_MOE_OF', 'row_bucket', 'rows_kind', 'c_max_rows', 'Linear',
+           'pack_weights', 'rms_norm_c', 'rotate_c', 'silu_and_mul_c', 'CpuOps', 'prepare_attention', 'memory_summary',
+           'ConcatLinear', 'block_rows', 'BlockEmbedding', 'load_gguf_model', 'build_step_kernel', 'decode_step_layers',
+           'decode_layers_c', 'CpuDecodeRunner', 'packed_linear']
 
 # %% ../../nbs/05a_model_kernels.ipynb #46773998
 def _can_pack(w: torch.Tensor) -> bool:
@@ -515,7 +515,9 @@ class BlockEmbedding(nn.Module):
 
 # %% ../../nbs/05a_model_kernels.ipynb #f0617892
 GGUF_ARCHS = ("llama", "mistral", "qwen2", "qwen3")  # the GGUF architectures it loads
-GGUF_MOE_BLOCKS = {}  # GGUF architecture -> loader of a layer's MoE block (lesson 07d fills it)
+GGUF_MOE_BLOCKS = {}  # GGUF MoE family -> loader of a layer's MoE block (lesson 07d fills it)
+GGUF_MOE_CONFIGS = {}  # GGUF MoE family -> its config of the one transformers reads (07d)
+GGUF_MOE_OF = {"llama": "mixtral"}  # the MoE family of an architecture's file with experts
 
 
 def _set_bias(lin: nn.Module, bias: torch.Tensor):
@@ -540,20 +542,24 @@ def _attention_extras(attn, b: str, ts: dict, param):
             )
 
 # %% ../../nbs/05a_model_kernels.ipynb #gm05a001
-def _moe_loader(arch: str, ts: dict):
-    """`arch`'s loader of MoE blocks in `GGUF_MOE_BLOCKS` (None for a dense file); an architecture,
-    or a file with experts, that nothing loads is refused by name."""
-    moe = GGUF_MOE_BLOCKS.get(arch)
+def _moe_loader(arch: str, ts: dict, config) -> tuple[object, object]:
+    """The loader of MoE blocks in `GGUF_MOE_BLOCKS` of a GGUF file of `arch` (None for a dense
+    file) and the model's config (`config`, or its family's of `GGUF_MOE_CONFIGS`). The family is
+    `arch` but for `GGUF_MOE_OF` (a `llama` file with experts is Mixtral); an architecture, or a
+    file with experts, that nothing loads is refused by name."""
+    experts = any(n.endswith(".ffn_gate_inp.weight") for n in ts)
+    family = GGUF_MOE_OF.get(arch, arch) if experts else arch
+    moe = GGUF_MOE_BLOCKS.get(family)
     if arch not in GGUF_ARCHS and moe is None:
-        archs = ", ".join((*GGUF_ARCHS, *GGUF_MOE_BLOCKS))
+        archs = ", ".join(dict.fromkeys((*GGUF_ARCHS, *GGUF_MOE_BLOCKS)))
         raise NotImplementedError(f"quantization='gguf' runs GGUF files of {archs}, not {arch!r}.")
-    if moe is None and any(n.endswith(".ffn_gate_inp.weight") for n in ts):
+    if moe is None and experts:
         moes = ", ".join(GGUF_MOE_BLOCKS) or "none"
         raise NotImplementedError(
             f"quantization='gguf' runs no MoE GGUF file (a router and experts: ffn_gate_inp, "
-            f"ffn_*_exps) of {arch!r}; its MoE architectures: {moes}."
+            f"ffn_*_exps) of {family!r} (architecture {arch!r}); its MoE families: {moes}."
         )
-    return moe
+    return moe, GGUF_MOE_CONFIGS.get(family, lambda c: c)(config)
 
 
 def _load_mlp(layer, b: str, ts: dict, module, make, moe):
@@ -576,12 +582,12 @@ def load_gguf_model(
     max_int4_rows: int | None = INT4_MAX_ROWS,
     max_int8_rows: int | None = INT8_MAX_ROWS,
 ) -> LlamaForCausalLM:
-    """The model of a GGUF file of `GGUF_ARCHS` (or of `GGUF_MOE_BLOCKS`, its MoE layers built by
-    the loader registered there), its linear weights in the file's blocks (lesson 04b): the block
-    kernel up to `max_int4_rows` rows (Q8_0: `max_int8_rows`), dense tiles above."""
+    """The model of a GGUF file of `GGUF_ARCHS` (or of a family of `GGUF_MOE_BLOCKS`, its MoE
+    layers built by the loader registered there), its linear weights in the file's blocks (lesson
+    04b): the block kernel up to `max_int4_rows` rows (Q8_0: `max_int8_rows`), dense tiles above."""
     arch, ts = read_gguf(gguf_file)
-    moe = _moe_loader(arch, ts)
-    c, device = hf_config, torch.device(device)
+    moe, c = _moe_loader(arch, ts, hf_config)
+    device = torch.device(device)
     heads = {"attn_q": c.num_attention_heads, "attn_k": c.num_key_value_heads}
     heads = heads if arch in ("llama", "mistral") else {}  # (llama.cpp reorders only their q/k)
 

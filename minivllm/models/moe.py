@@ -6,7 +6,7 @@
 __all__ = ['route', 'group_by_expert', 'grouped_experts', 'Experts', 'MoESpec', 'SparseMoeBlock', 'MoEDecoderLayer',
            'MoEForCausalLM', 'MixtralForCausalLM', 'Qwen2MoeAttention', 'Qwen2MoeForCausalLM', 'Qwen3MoeAttention',
            'Qwen3MoeForCausalLM', 'ProjectionNorm', 'OlmoeAttention', 'OlmoeForCausalLM', 'ModuleExperts',
-           'load_gguf_moe_block', 'align_by_expert', 'fused_moe']
+           'load_gguf_moe_block', 'mixtral_gguf_config', 'align_by_expert', 'fused_moe']
 
 # %% ../../nbs/07d_moe.ipynb #baea35eb
 import re
@@ -389,6 +389,34 @@ def load_gguf_moe_block(mlp: SparseMoeBlock, b: str, ts: dict, make) -> SparseMo
 
 
 GGUF_MOE_BLOCKS.update(qwen2moe=load_gguf_moe_block, qwen3moe=load_gguf_moe_block)
+
+# %% ../../nbs/07d_moe.ipynb #gguf7d02c
+from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
+from ..kernels.model_kernels import GGUF_MOE_CONFIGS
+
+# a `llama` file's expert counts (Mixtral's), read into the config by transformers' GGUF loader
+GGUF_CONFIG_MAPPING["llama"].setdefault("expert_count", "num_local_experts")
+GGUF_CONFIG_MAPPING["llama"].setdefault("expert_used_count", "num_experts_per_tok")
+
+
+def mixtral_gguf_config(c):
+    """The Mixtral config of a `llama` GGUF file with experts, from the Llama config `c` that
+    transformers reads of it: its fields, with the file's expert count and top k (each expert's
+    features: the file's `feed_forward_length`, already `c.intermediate_size`)."""
+    from transformers import MixtralConfig
+
+    if getattr(c, "num_local_experts", None) is None:
+        raise ValueError(
+            "this GGUF file's config has no expert count: it was converted without lesson 07d's "
+            "table (minivllm.models.moe); delete its converted copy in the cache and load it again"
+        )
+    skip = ("model_type", "architectures", "transformers_version")
+    fields = {k: v for k, v in c.to_dict().items() if k not in skip}
+    return MixtralConfig(**fields, architectures=["MixtralForCausalLM"])
+
+
+GGUF_MOE_BLOCKS["mixtral"] = load_gguf_moe_block  # (the same blocks as the Qwen families')
+GGUF_MOE_CONFIGS["mixtral"] = mixtral_gguf_config
 
 # %% ../../nbs/07d_moe.ipynb #aca9704d
 def align_by_expert(ids, num_experts: int, block_m: int):
