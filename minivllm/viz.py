@@ -934,16 +934,31 @@ def plot_merge_vs_batch(rows: list[str], merged: str):
     return fig
 
 # %% ../nbs/90_viz.ipynb #gs90a
-def _draw_slot_weights(ax, n_slots: int, T: int, col: dict):
+def _draw_slot_weights(ax, T: int, col: dict, base_slot: int):
     "The stacked `A` (left) and `B` (right) of each slot, spread over the height of `T` rows."
-    for s in range(n_slots):
+    n_slots = base_slot + 1
+    for s in range(n_slots):  # the stacked weights
         y = T - 1 - s * T / n_slots
-        for x, name in ((0, "A"), (9.4, "B")):
-            ax.add_patch(Rectangle((x, y - 0.8), 1.6, 0.8, fc=col[s]))
-            label = f"{name}[{s}]" + (" = 0" if s == n_slots - 1 else "")
-            ax.text(x + 0.8, y - 0.4, label, ha="center", va="center", fontsize=8)
+        ax.add_patch(Rectangle((0, y - 0.8), 1.6, 0.8, fc=col[s]))
+        ax.text(
+            0.8,
+            y - 0.4,
+            f"A[{s}]" + (" = 0" if s == base_slot else ""),
+            ha="center",
+            va="center",
+            fontsize=8,
+        )
+        ax.add_patch(Rectangle((9.4, y - 0.8), 1.6, 0.8, fc=col[s]))
+        ax.text(
+            10.2,
+            y - 0.4,
+            f"B[{s}]" + (" = 0" if s == base_slot else ""),
+            ha="center",
+            va="center",
+            fontsize=8,
+        )
 
-
+# %% ../nbs/90_viz.ipynb #gs90b
 def _draw_token_rows(ax, slots: list[int], n_slots: int, col: dict):
     "Each token row `x[t]`, its `h` and its `Δ`, with arrows from its slot's `A` and to its `B`."
     T = len(slots)
@@ -955,9 +970,12 @@ def _draw_token_rows(ax, slots: list[int], n_slots: int, col: dict):
         ax.add_patch(Rectangle((6.8, y), 1.6, 0.8, fc=col[s], alpha=0.35))
         ax.text(7.6, y + 0.4, f"Δ[{t}]", ha="center", va="center", fontsize=8)
         ys = T - 1 - s * T / n_slots - 0.4
-        arrow = lambda: dict(arrowstyle="->", color=col[s], lw=0.8)
-        ax.annotate("", (3, y + 0.4), (1.6, ys), arrowprops=arrow())
-        ax.annotate("", (8.4, y + 0.4), (9.4, ys), arrowprops=arrow())
+        ax.annotate(
+            "", (3, y + 0.4), (1.6, ys), arrowprops=dict(arrowstyle="->", color=col[s], lw=0.8)
+        )
+        ax.annotate(
+            "", (8.4, y + 0.4), (9.4, ys), arrowprops=dict(arrowstyle="->", color=col[s], lw=0.8)
+        )
 
 # %% ../nbs/90_viz.ipynb #45d7bec3
 def plot_gather_shrink_expand(slots: list[int], base_slot: int):
@@ -966,7 +984,7 @@ def plot_gather_shrink_expand(slots: list[int], base_slot: int):
     fig, ax = plt.subplots(figsize=(9, 0.42 * len(slots) + 1.4))
     n_slots = base_slot + 1
     col = {s: PALETTE[s % len(PALETTE)] for s in range(base_slot)} | {base_slot: BASE_COLOR}
-    _draw_slot_weights(ax, n_slots, len(slots), col)
+    _draw_slot_weights(ax, len(slots), col, base_slot)
     _draw_token_rows(ax, slots, n_slots, col)
     T = len(slots)
     ax.text(5.7, T + 0.2, "shrink: h = A[s]·x   (r numbers)", ha="center", fontsize=8)
