@@ -427,6 +427,28 @@ def _batch_legend(ax, ids: list, colors: dict):
         handles, labels, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False
     )
 
+# %% ../nbs/90_viz.ipynb #bc90a
+def _batch_y_range(ax, recs: list[StepRecord], budget: int, top: int):
+    "The budget's dashed line, or (a budget over 1.5 × the tallest bar `top`) the bars' own range."
+    if budget and budget <= 1.5 * top:  # (a budget far above the bars would squash them)
+        ax.axhline(budget, color="0.3", ls="--", lw=1)
+    else:
+        ax.set_ylim(
+            -0.08 * top * (1 + max((len(r.preempted) for r in recs), default=0)), top * 1.12
+        )
+
+
+def _step_axes(ax, recs: list[StepRecord]):
+    "The x axis: one whole-numbered tick per step shown (at least one), and both axes' labels."
+    steps = [r.step for r in recs]
+    if steps:
+        ax.set_xlim(min(steps) - 0.6, max(steps) + 0.6)
+    ax.xaxis.get_major_locator().set_params(integer=True, min_n_ticks=1)  # one step: one tick
+    ax.yaxis.get_major_locator().set_params(integer=True)
+    ax.set_xlabel("engine step", fontsize=8)
+    ax.set_ylabel("tokens computed", fontsize=8)
+    ax.tick_params(labelsize=8)
+
 # %% ../nbs/90_viz.ipynb #2ae83b73
 def plot_batch_composition(
     records: list[StepRecord],
@@ -450,22 +472,10 @@ def plot_batch_composition(
     scale = budget if budget and budget <= 1.5 * top else top
     for rec in recs:
         _draw_step_bar(ax, rec, colors, scale)
-    if budget and budget <= 1.5 * top:  # (a budget far above the bars would squash them)
-        ax.axhline(budget, color="0.3", ls="--", lw=1)
-    else:
-        ax.set_ylim(
-            -0.08 * top * (1 + max((len(r.preempted) for r in recs), default=0)), top * 1.12
-        )
+    _batch_y_range(ax, recs, budget, top)
     if highlight is not None:
         ax.axvspan(highlight - 0.5, highlight + 0.5, color="gold", alpha=0.35, zorder=0)
-    steps = [r.step for r in recs]
-    if steps:
-        ax.set_xlim(min(steps) - 0.6, max(steps) + 0.6)
-    ax.xaxis.get_major_locator().set_params(integer=True, min_n_ticks=1)  # one step: one tick
-    ax.yaxis.get_major_locator().set_params(integer=True)
-    ax.set_xlabel("engine step", fontsize=8)
-    ax.set_ylabel("tokens computed", fontsize=8)
-    ax.tick_params(labelsize=8)
+    _step_axes(ax, recs)
     if legend:
         ids = [i for i in colors if any(row.req_id == i for r in recs for row in r.rows)][:14]
         _batch_legend(ax, ids, colors)
@@ -476,6 +486,34 @@ def plot_batch_composition(
         fontsize=9,
     )
     return ax
+
+# %% ../nbs/90_viz.ipynb #sp90a
+def _spec_strip(ax, records: list[StepRecord], rid, color, name, kmax: int):
+    """One request's strip: per step, the guesses verified (light) and kept (dark), a dot where it
+    decoded without guessing, and its share kept at the right."""
+    xs = [rec.step for rec in records if rid in rec.spec]
+    ps = [rec.spec[rid][0] for rec in records if rid in rec.spec]
+    acc = [rec.spec[rid][1] for rec in records if rid in rec.spec]
+    ax.bar(xs, ps, color=color, alpha=0.3, width=0.8)
+    ax.bar(xs, acc, color=color, width=0.8)
+    plain = [
+        rec.step
+        for rec in records
+        if rid not in rec.spec and any(r.req_id == rid for r in rec.rows)
+    ]
+    ax.plot(plain, [0.1] * len(plain), ".", color="grey", ms=3)
+    tot_p, tot_a = sum(ps), sum(acc)
+    ax.set_ylim(0, kmax + 0.5)
+    ax.set_yticks(range(kmax + 1))
+    ax.set_ylabel(str(name), rotation=0, ha="right", va="center", fontsize=9)
+    ax.text(
+        1.005,
+        0.5,
+        f"kept {tot_a}/{tot_p}" + (f" ({tot_a / tot_p:.0%})" if tot_p else ""),
+        transform=ax.transAxes,
+        fontsize=8,
+        va="center",
+    )
 
 # %% ../nbs/90_viz.ipynb #216eb4b8
 def plot_spec_steps(
@@ -490,29 +528,7 @@ def plot_spec_steps(
     fig = fig or plt.figure(figsize=(12, 1.1 + 1.0 * len(ids)))
     axes = fig.subplots(len(ids), 1, sharex=True, squeeze=False)[:, 0]
     for ax, rid in zip(axes, ids):
-        xs = [rec.step for rec in records if rid in rec.spec]
-        ps = [rec.spec[rid][0] for rec in records if rid in rec.spec]
-        acc = [rec.spec[rid][1] for rec in records if rid in rec.spec]
-        ax.bar(xs, ps, color=colors.get(rid, "grey"), alpha=0.3, width=0.8)
-        ax.bar(xs, acc, color=colors.get(rid, "grey"), width=0.8)
-        plain = [
-            rec.step
-            for rec in records
-            if rid not in rec.spec and any(r.req_id == rid for r in rec.rows)
-        ]
-        ax.plot(plain, [0.1] * len(plain), ".", color="grey", ms=3)
-        tot_p, tot_a = sum(ps), sum(acc)
-        ax.set_ylim(0, kmax + 0.5)
-        ax.set_yticks(range(kmax + 1))
-        ax.set_ylabel(str(names.get(rid, rid)), rotation=0, ha="right", va="center", fontsize=9)
-        ax.text(
-            1.005,
-            0.5,
-            f"kept {tot_a}/{tot_p}" + (f" ({tot_a / tot_p:.0%})" if tot_p else ""),
-            transform=ax.transAxes,
-            fontsize=8,
-            va="center",
-        )
+        _spec_strip(ax, records, rid, colors.get(rid, "grey"), names.get(rid, rid), kmax)
     axes[-1].set_xlabel("engine step")
     axes[0].set_title(
         "guesses verified (light) and kept (dark) per request per step; dots: a step without "
@@ -917,14 +933,10 @@ def plot_merge_vs_batch(rows: list[str], merged: str):
         ax.set_title(title, fontsize=9)
     return fig
 
-# %% ../nbs/90_viz.ipynb #45d7bec3
-def plot_gather_shrink_expand(slots: list[int], base_slot: int):
-    """One step: each token row's slot (`base_slot`: the zero slot of the base model) gathers its
-    `A` to shrink and its `B` to expand."""
-    fig, ax = plt.subplots(figsize=(9, 0.42 * len(slots) + 1.4))
+# %% ../nbs/90_viz.ipynb #gs90a
+def _draw_slot_weights(ax, T: int, col: dict, base_slot: int):
+    "The stacked `A` (left) and `B` (right) of each slot, spread over the height of `T` rows."
     n_slots = base_slot + 1
-    col = {s: PALETTE[s % len(PALETTE)] for s in range(base_slot)} | {base_slot: BASE_COLOR}
-    T = len(slots)
     for s in range(n_slots):  # the stacked weights
         y = T - 1 - s * T / n_slots
         ax.add_patch(Rectangle((0, y - 0.8), 1.6, 0.8, fc=col[s]))
@@ -945,6 +957,11 @@ def plot_gather_shrink_expand(slots: list[int], base_slot: int):
             va="center",
             fontsize=8,
         )
+
+# %% ../nbs/90_viz.ipynb #gs90b
+def _draw_token_rows(ax, slots: list[int], n_slots: int, col: dict):
+    "Each token row `x[t]`, its `h` and its `Δ`, with arrows from its slot's `A` and to its `B`."
+    T = len(slots)
     for t, s in enumerate(slots):
         y = T - 1 - t
         ax.add_patch(Rectangle((3, y), 1.6, 0.8, fc=col[s]))
@@ -959,6 +976,17 @@ def plot_gather_shrink_expand(slots: list[int], base_slot: int):
         ax.annotate(
             "", (8.4, y + 0.4), (9.4, ys), arrowprops=dict(arrowstyle="->", color=col[s], lw=0.8)
         )
+
+# %% ../nbs/90_viz.ipynb #45d7bec3
+def plot_gather_shrink_expand(slots: list[int], base_slot: int):
+    """One step: each token row's slot (`base_slot`: the zero slot of the base model) gathers its
+    `A` to shrink and its `B` to expand."""
+    fig, ax = plt.subplots(figsize=(9, 0.42 * len(slots) + 1.4))
+    n_slots = base_slot + 1
+    col = {s: PALETTE[s % len(PALETTE)] for s in range(base_slot)} | {base_slot: BASE_COLOR}
+    _draw_slot_weights(ax, len(slots), col, base_slot)
+    _draw_token_rows(ax, slots, n_slots, col)
+    T = len(slots)
     ax.text(5.7, T + 0.2, "shrink: h = A[s]·x   (r numbers)", ha="center", fontsize=8)
     ax.text(7.6, T + 0.8, "expand: Δ = B[s]·h", ha="center", fontsize=8)
     ax.set_xlim(-0.2, 11.2)

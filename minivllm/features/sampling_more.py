@@ -496,6 +496,36 @@ def beam_search_step(
     key = lambda b: get_beam_search_score(b.tokens, b.cum_logprob, eos_token_id, length_penalty)
     return sorted(live, key=key, reverse=True)[:beam_width], done
 
+# %% ../../nbs/06a_sampling_more.ipynb #bs06r
+def _beam_search_round(
+    state: list[tuple[list[BeamSearchSequence], list[BeamSearchSequence]]],
+    lps: list[dict[int, Logprob] | None],
+    params: BeamSearchParams,
+    eos_token_id: int | None,
+) -> list[tuple[list[BeamSearchSequence], list[BeamSearchSequence]]]:
+    "One step of each prompt's `(live beams, completed)`; `lps`: a dict per live beam, in order."
+    i, new = 0, []
+    for live, completed in state:
+        kept, done = beam_search_step(
+            live,
+            lps[i : i + len(live)],
+            params.beam_width,
+            eos_token_id,
+            params.ignore_eos,
+            params.length_penalty,
+        )
+        i += len(live)
+        new.append((kept, completed + done))
+    return new
+
+# %% ../../nbs/06a_sampling_more.ipynb #bs06x
+def _beam_text(
+    b: BeamSearchSequence, n_prompt: int, eos_token_id: int | None, ignore_eos: bool, decode
+) -> str:
+    "`decode` of the beam's generated tokens, without a final EOS."
+    ends_eos = b.tokens[-1] == eos_token_id and not ignore_eos and len(b.tokens) > n_prompt
+    return decode(b.tokens[n_prompt : -1 if ends_eos else None])
+
 # %% ../../nbs/06a_sampling_more.ipynb #0618ab54
 def beam_search(
     next_logprobs: Callable[[list[list[int]], int, float], list[dict[int, Logprob] | None]],
@@ -519,46 +549,25 @@ def beam_search(
         seqs = [b.tokens for live, _ in state for b in live]
         if not seqs:
             break
-        lps, i, new = next_logprobs(seqs, 2 * params.beam_width, params.temperature), 0, []
-        for live, completed in state:
-            kept, done = beam_search_step(
-                live,
-                lps[i : i + len(live)],
-                params.beam_width,
-                eos_token_id,
-                params.ignore_eos,
-                params.length_penalty,
-            )
-            i += len(live)
-            new.append((kept, completed + done))
-        state = new
+        lps = next_logprobs(seqs, 2 * params.beam_width, params.temperature)
+        state = _beam_search_round(state, lps, params, eos_token_id)
     outs = []
     for live, completed in state:
         best = sorted(completed + live, key=key, reverse=True)[: params.beam_width]
         if decode is not None:
             n = len(prompts[len(outs)])
             for b in best:
-                end = (
-                    -1
-                    if b.tokens[-1] == eos_token_id and not params.ignore_eos and len(b.tokens) > n
-                    else None
-                )
-                b.text = decode(b.tokens[n:end])
+                b.text = _beam_text(b, n, eos_token_id, params.ignore_eos, decode)
         outs.append(BeamSearchOutput(best))
     return outs
 
-# %% ../../nbs/06a_sampling_more.ipynb #58fba77c
-def sampling_stages(
-    logits: torch.Tensor, params, output_token_ids=(), prompt_token_ids=(0,)
-) -> list[tuple[str, torch.Tensor]]:
-    """The logits of one row after each step of the sampler (masks and bias, penalties, temperature,
-    min-p, top-k, top-p)."""
-    r = Request("stages", list(prompt_token_ids), params)
-    r.append_output_token_ids(list(output_token_ids))
-    md = SamplingMetadata.from_requests([r])
-    l = logits.float()[None].clone()
-    stages = [("model logits", l[0].clone())]
-    before = [(f, x) for f, x in md.transforms if not f.after_temperature]
+# %% ../../nbs/06a_sampling_more.ipynb #ss06b
+def _stages_before_temperature(
+    l: torch.Tensor, md: SamplingMetadata, params
+) -> tuple[torch.Tensor, list[tuple[str, torch.Tensor]]]:
+    """The transforms before temperature on a batch of one row: the masks and logit bias as one
+    stage, then the penalties. Returns the logits after them and the stages."""
+    before, stages = [(f, x) for f, x in md.transforms if not f.after_temperature], []
     for f, x in before:
         if f.name != "penalties":
             l = f.apply(l, x)
@@ -574,11 +583,14 @@ def sampling_stages(
                     l[0].clone(),
                 )
             )
-    if params.greedy:
-        return stages + [("greedy: argmax", torch.where(l[0] == l[0].max(), 0.0, float("-inf")))]
-    l = apply_temperature(l, md.temperature)
-    stages.append((f"temperature {params.temperature}", l[0].clone()))
-    inputs = {f.name: x for f, x in md.transforms}
+    return l, stages
+
+# %% ../../nbs/06a_sampling_more.ipynb #ss06c
+def _truncation_stages(
+    l: torch.Tensor, md: SamplingMetadata, params
+) -> list[tuple[str, torch.Tensor]]:
+    "The min-p, top-k and top-p stages of a batch of one row (after temperature), those it sets."
+    inputs, stages = {f.name: x for f, x in md.transforms}, []
     for name, on, f in [
         (f"min-p {params.min_p}", params.min_p > 0, lambda l: MinP().apply(l, inputs["min_p"])),
         (
@@ -596,3 +608,22 @@ def sampling_stages(
             l = f(l)
             stages.append((name, l[0].clone()))
     return stages
+
+# %% ../../nbs/06a_sampling_more.ipynb #58fba77c
+def sampling_stages(
+    logits: torch.Tensor, params, output_token_ids=(), prompt_token_ids=(0,)
+) -> list[tuple[str, torch.Tensor]]:
+    """The logits of one row after each step of the sampler (masks and bias, penalties, temperature,
+    min-p, top-k, top-p)."""
+    r = Request("stages", list(prompt_token_ids), params)
+    r.append_output_token_ids(list(output_token_ids))
+    md = SamplingMetadata.from_requests([r])
+    l = logits.float()[None].clone()
+    stages = [("model logits", l[0].clone())]
+    l, before = _stages_before_temperature(l, md, params)
+    stages += before
+    if params.greedy:
+        return stages + [("greedy: argmax", torch.where(l[0] == l[0].max(), 0.0, float("-inf")))]
+    l = apply_temperature(l, md.temperature)
+    stages.append((f"temperature {params.temperature}", l[0].clone()))
+    return stages + _truncation_stages(l, md, params)

@@ -102,30 +102,39 @@ class CallView:
     arguments: str = ""
     closed: bool = False  # the call's object is complete
 
+# %% ../../nbs/06c_tool_calling.ipynb #tc06s1
+def _string_end(text: str, start: int) -> int | None:
+    "Where the JSON string opening at `text[start]` closes (its quote's index); None if not yet."
+    esc = False
+    for i in range(start + 1, len(text)):
+        if esc:
+            esc = False
+        elif text[i] == "\\":
+            esc = True
+        elif text[i] == '"':
+            return i
+    return None
+
 # %% ../../nbs/06c_tool_calling.ipynb #f84a3769
 def scan_calls(text: str, depth: int = 1) -> list[CallView]:
     """The calls `{"name": ..., "arguments": {...}}` in `text`, read as far as it goes: the JSON
     objects at nesting `depth` (1: `text` is one object, 2: an array of them). Stops where the
     outermost value closes."""
     calls, level, key, expect_key = [], 0, None, False
-    in_str = esc = False
-    start = args_start = None
-    for i, ch in enumerate(text):
-        if in_str:
-            if esc:
-                esc = False
-            elif ch == "\\":
-                esc = True
-            elif ch == '"':
-                in_str = False
-                if level == depth and calls:
-                    s = json.loads(text[start : i + 1], strict=False)
-                    if expect_key:
-                        key, expect_key = s, False
-                    elif key == "name":
-                        calls[-1].name = s
-        elif ch == '"':
-            in_str, start = True, i
+    args_start, i = None, 0
+    while i < len(text):
+        ch = text[i]
+        if ch == '"':
+            end = _string_end(text, i)
+            if end is None:  # the text stops inside a string
+                break
+            if level == depth and calls:
+                s = json.loads(text[i : end + 1], strict=False)
+                if expect_key:
+                    key, expect_key = s, False
+                elif key == "name":
+                    calls[-1].name = s
+            i = end
         elif ch in "{[":
             level += 1
             if level == depth and ch == "{":
@@ -143,6 +152,7 @@ def scan_calls(text: str, depth: int = 1) -> list[CallView]:
                 break
         elif ch == "," and level == depth:
             key, expect_key = None, True
+        i += 1
     if args_start is not None:
         calls[-1].arguments = text[args_start:].rstrip()
     return calls

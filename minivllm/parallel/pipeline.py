@@ -150,37 +150,45 @@ class PipelineStage:
         if not last:
             self.norm = self.lm_head = None
 
-    def forward(self, input_ids, positions, kv_caches, md):
-        """This stage's layers over the step, one micro-batch after the other: embed (first stage)
-        or receive each one, run the layers over it, send it on without waiting for the send."""
-        q = md.query_start_loc_cpu or md.query_start_loc.tolist()
-        bounds = micro_batch_bounds(q, self.micro_batches)
-        dtype = self.layers[0].input_layernorm.weight.dtype
-        cos, sin = self.rotary.cos_sin(positions, dtype)
-        self.sent, self.spans, self.t_begin, self.step_tokens = 0, [], self._clock(), q[-1]
-        # every receive is posted at once: micro-batch k + 1 arrives while k is computed
-        inbox = [] if self.first else [self._irecv(q[b] - q[a], dtype) for a, b in bounds]
-        outs, sends = [], []
-        for k, (a, b) in enumerate(bounds):
-            s, e = q[a], q[b]
-            if self.first:
-                x = self.embed_tokens(input_ids[s:e])
-            else:
-                x, work = inbox[k]
-                if work is not None:
-                    work.wait()
-            t0, mmd = self._clock(), slice_metadata(md, a, b)
-            for layer, cache in zip(self.layers, kv_caches):
-                x = layer(x, cache, mmd, (cos[s:e], sin[s:e]))
-            self._note(k, t0)
-            if not self.last:
-                sends.append(self._isend(x))
-            outs.append(x)
-        for work in sends:
-            if work is not None:
-                work.wait()
-        x = torch.cat(outs) if len(outs) > 1 else outs[0]
-        return self.norm(x) if self.last else x  # (no logits come from a middle stage's x)
+# %% ../../nbs/07c_scaling_out.ipynb #pp07f1
+@patch
+def _stage_input(self: PipelineStage, input_ids, s: int, e: int, inbox: list, k: int):
+    "Micro-batch `k`'s input (its tokens `s:e`): embedded on the first stage, else received."
+    if self.first:
+        return self.embed_tokens(input_ids[s:e])
+    x, work = inbox[k]
+    if work is not None:
+        work.wait()
+    return x
+
+# %% ../../nbs/07c_scaling_out.ipynb #pp07f2
+@patch
+def forward(self: PipelineStage, input_ids, positions, kv_caches, md):
+    """This stage's layers over the step, one micro-batch after the other: embed (first stage)
+    or receive each one, run the layers over it, send it on without waiting for the send."""
+    q = md.query_start_loc_cpu or md.query_start_loc.tolist()
+    bounds = micro_batch_bounds(q, self.micro_batches)
+    dtype = self.layers[0].input_layernorm.weight.dtype
+    cos, sin = self.rotary.cos_sin(positions, dtype)
+    self.sent, self.spans, self.t_begin, self.step_tokens = 0, [], self._clock(), q[-1]
+    # every receive is posted at once: micro-batch k + 1 arrives while k is computed
+    inbox = [] if self.first else [self._irecv(q[b] - q[a], dtype) for a, b in bounds]
+    outs, sends = [], []
+    for k, (a, b) in enumerate(bounds):
+        s, e = q[a], q[b]
+        x = self._stage_input(input_ids, s, e, inbox, k)
+        t0, mmd = self._clock(), slice_metadata(md, a, b)
+        for layer, cache in zip(self.layers, kv_caches):
+            x = layer(x, cache, mmd, (cos[s:e], sin[s:e]))
+        self._note(k, t0)
+        if not self.last:
+            sends.append(self._isend(x))
+        outs.append(x)
+    for work in sends:
+        if work is not None:
+            work.wait()
+    x = torch.cat(outs) if len(outs) > 1 else outs[0]
+    return self.norm(x) if self.last else x  # (no logits come from a middle stage's x)
 
 # %% ../../nbs/07c_scaling_out.ipynb #b56bfc23
 @patch
@@ -293,32 +301,34 @@ class PPWorker(TPWorker):
         shard_mc = dataclasses.replace(mc, hf_config=hf)  # the runner's helpers see the stage
         ModelRunner.__init__(self, dataclasses.replace(config, model_config=shard_mc), device)
 
-    def load_model(self):
-        "This stage's layers (this TP rank's slice of them) only."
-        mc, tp = self.full_model_config, self.tp
-        first, last = self.stage == 0, self.stage == self.pp - 1
-        cfg = stage_config(mc.hf_config, len(self.layers), self.layers.start)
-        args = (mc.attention_backend, mc.max_model_len)
-        cls = pp_model_class(model_class(mc.hf_config), tp > 1)
-        with empty_model(mc.dtype, self.device):
-            if tp > 1:
-                model = cls(cfg, self.plan, self.tp_rank, *args, self.group)
-            else:
-                model = cls(cfg, *args)
-        mb = self.config.parallel_config.pipeline_micro_batches
-        model.set_stage(self.rank, first, last, tp, (self.pp - 1) * tp, mc.hf_config.vocab_size, mb)
-        weights = (
-            iter_shard_weights(mc.model, self.plan, self.tp_rank)
-            if tp > 1
-            else iter_checkpoint_weights(mc.model)
-        )
-        tied = bool(getattr(mc.hf_config, "tie_word_embeddings", False))
-        model.load_weights(stage_weights(weights, self.layers, first, last, tied))
-        return model.to(device=self.device, dtype=mc.dtype).eval()
-
     def kv_cache_shape(self) -> tuple[int, ...]:
         "Per layer of the stage: this rank's KV heads (the stage's config says how many)."
         return ModelRunner.kv_cache_shape(self)
+
+# %% ../../nbs/07c_scaling_out.ipynb #pp07w1
+@patch
+def load_model(self: PPWorker):
+    "This stage's layers (this TP rank's slice of them) only."
+    mc, tp = self.full_model_config, self.tp
+    first, last = self.stage == 0, self.stage == self.pp - 1
+    cfg = stage_config(mc.hf_config, len(self.layers), self.layers.start)
+    args = (mc.attention_backend, mc.max_model_len)
+    cls = pp_model_class(model_class(mc.hf_config), tp > 1)
+    with empty_model(mc.dtype, self.device):
+        if tp > 1:
+            model = cls(cfg, self.plan, self.tp_rank, *args, self.group)
+        else:
+            model = cls(cfg, *args)
+    mb = self.config.parallel_config.pipeline_micro_batches
+    model.set_stage(self.rank, first, last, tp, (self.pp - 1) * tp, mc.hf_config.vocab_size, mb)
+    weights = (
+        iter_shard_weights(mc.model, self.plan, self.tp_rank)
+        if tp > 1
+        else iter_checkpoint_weights(mc.model)
+    )
+    tied = bool(getattr(mc.hf_config, "tie_word_embeddings", False))
+    model.load_weights(stage_weights(weights, self.layers, first, last, tied))
+    return model.to(device=self.device, dtype=mc.dtype).eval()
 
 # %% ../../nbs/07c_scaling_out.ipynb #c9eea55b
 class PPModelRunner(TPModelRunner, PPWorker):

@@ -409,6 +409,23 @@ def _vllm_names(m, g: dict) -> _VllmNames:
         ]
     )
 
+# %% ../../nbs/15_server.ipynb #mt15g
+def _engine_gauges(llm) -> dict:
+    "The gauges read from the engine `llm` when scraped: name -> (doc, function)."
+    return {
+        "num_requests_running": ("Requests running", lambda: len(llm.scheduler.running)),
+        "num_requests_waiting": ("Requests waiting", lambda: len(llm.scheduler.waiting)),
+        "kv_cache_usage_perc": (
+            "Fraction of KV blocks in use",
+            lambda: llm.kv_cache_manager.usage,
+        ),
+        "kv_cache_free_blocks": (
+            "Free KV blocks",
+            lambda: llm.kv_cache_manager.block_pool.get_num_free_blocks(),
+        ),
+        "kv_cache_total_blocks": ("KV blocks", lambda: llm.kv_cache_manager.num_blocks),
+    }
+
 # %% ../../nbs/15_server.ipynb #fs15c
 class Metrics:
     "Prometheus metrics of one server (its own registry, so several apps can live in one process)."
@@ -435,19 +452,7 @@ class Metrics:
         self.e2e = Histogram(
             "minivllm_e2e_request_latency_seconds", "Request latency", buckets=b, registry=r
         )
-        gauges = {
-            "num_requests_running": ("Requests running", lambda: len(llm.scheduler.running)),
-            "num_requests_waiting": ("Requests waiting", lambda: len(llm.scheduler.waiting)),
-            "kv_cache_usage_perc": (
-                "Fraction of KV blocks in use",
-                lambda: llm.kv_cache_manager.usage,
-            ),
-            "kv_cache_free_blocks": (
-                "Free KV blocks",
-                lambda: llm.kv_cache_manager.block_pool.get_num_free_blocks(),
-            ),
-            "kv_cache_total_blocks": ("KV blocks", lambda: llm.kv_cache_manager.num_blocks),
-        }
+        gauges = _engine_gauges(llm)
         g = {}
         for name, (doc, fn) in gauges.items():
             g[name] = G(f"minivllm_{name}", doc, registry=r)
@@ -456,11 +461,13 @@ class Metrics:
         if (sd := llm.engine_core.extension("spec_decoder")) is not None:
             r.register(_SpecDecodeCollector(sd))
 
-    def render(self) -> bytes:
-        "The metrics in Prometheus' text format."
-        from prometheus_client import generate_latest
+# %% ../../nbs/15_server.ipynb #mt15r
+@patch
+def render(self: Metrics) -> bytes:
+    "The metrics in Prometheus' text format."
+    from prometheus_client import generate_latest
 
-        return generate_latest(self.registry)
+    return generate_latest(self.registry)
 
 # %% ../../nbs/15_server.ipynb #38b6a13e
 class _SpecDecodeCollector:
@@ -1445,28 +1452,21 @@ def add_pooling_route(app):
 
     return app
 
-# %% ../../nbs/15_server.ipynb #5982c43e
-def _chat_prompt(
+# %% ../../nbs/15_server.ipynb #cp15r
+def _render_chat_text(
     tokenizer,
     req: ChatCompletionRequest,
-    default_template: str | None = None,
-    fmt: str = "auto",
-    tools: list[dict] | None = None,
-    budget: float | None = None,
-    max_chars: int | None = None,
-    worker: TemplateWorker | None = None,
-) -> TokensPrompt:
-    """The chat's messages (and `tools`) rendered with the (request's, server's or model's) chat
-    template, as token ids. The request's own template renders once, in `worker`'s process, within
-    `budget` seconds (a 400 naming `chat_template` past it); a text over `max_chars` characters is
-    not tokenized."""
+    msgs: list[dict],
+    template: str | None,
+    fmt: str,
+    tools: list[dict] | None,
+    budget: float | None,
+    worker: TemplateWorker | None,
+) -> str:
+    """The messages rendered to text with `template` (the request's own in `worker`'s process,
+    within `budget` seconds); a failure is a 400 naming `chat_template` or `messages`."""
     from minivllm.features.llm_more import convert_content_parts, resolve_content_format
-    from minivllm.features.prompt_embeds import splice_embeds, take_embeds_parts
 
-    template = req.chat_template or default_template
-    msgs = [m.model_dump(exclude_none=True) for m in req.messages]
-    decode = lambda data: decode_prompt_embeds(data)["prompt_embeds"]
-    msgs, embeds = take_embeds_parts(msgs, decode)  # `prompt_embeds` content parts (lesson 08b)
     try:
         msgs = convert_content_parts(
             msgs, resolve_content_format(template or tokenizer.chat_template, fmt)
@@ -1482,6 +1482,30 @@ def _chat_prompt(
         raise APIError(
             f"messages could not be rendered with the chat template: {e}", param="messages"
         )
+    return text
+
+# %% ../../nbs/15_server.ipynb #5982c43e
+def _chat_prompt(
+    tokenizer,
+    req: ChatCompletionRequest,
+    default_template: str | None = None,
+    fmt: str = "auto",
+    tools: list[dict] | None = None,
+    budget: float | None = None,
+    max_chars: int | None = None,
+    worker: TemplateWorker | None = None,
+) -> TokensPrompt:
+    """The chat's messages (and `tools`) rendered with the (request's, server's or model's) chat
+    template, as token ids. The request's own template renders once, in `worker`'s process, within
+    `budget` seconds (a 400 naming `chat_template` past it); a text over `max_chars` characters is
+    not tokenized."""
+    from minivllm.features.prompt_embeds import splice_embeds, take_embeds_parts
+
+    template = req.chat_template or default_template
+    msgs = [m.model_dump(exclude_none=True) for m in req.messages]
+    decode = lambda data: decode_prompt_embeds(data)["prompt_embeds"]
+    msgs, embeds = take_embeds_parts(msgs, decode)  # `prompt_embeds` content parts (lesson 08b)
+    text = _render_chat_text(tokenizer, req, msgs, template, fmt, tools, budget, worker)
     if max_chars is not None and len(text) > max_chars:
         raise APIError(
             f"The chat template rendered {len(text)} characters, more than the model's context "
@@ -1532,6 +1556,20 @@ def _chat_views(app, req: ChatCompletionRequest, top: int, plan: ToolPlan):
 
     return pieces, final
 
+# %% ../../nbs/15_server.ipynb #pc15t
+def _chat_tool_plan(app, req: ChatCompletionRequest) -> ToolPlan:
+    """The request's tools and tool_choice (lesson 06c): what to render, constrain and parse; a
+    400 naming `tool_choice` when they do not fit the server."""
+    try:
+        plan = plan_tools(
+            req.model_dump(), app.state.enable_auto_tool_choice, app.state.tool_call_parser
+        )
+        if plan.structured_outputs is not None:  # a tool's schema that is no grammar: the client's
+            validate_structured_outputs(plan.structured_outputs)
+    except (ValueError, KeyError) as e:
+        raise APIError(e.args[0] if e.args else str(e), param="tool_choice") from e
+    return plan
+
 # %% ../../nbs/15_server.ipynb #fs15l
 async def prepare_chat(app, req: ChatCompletionRequest):
     """What a chat-shaped request needs before the engine: the model (or adapter), the sampling
@@ -1551,12 +1589,7 @@ async def prepare_chat(app, req: ChatCompletionRequest):
     if req.top_logprobs and not req.logprobs:
         raise APIError("top_logprobs needs logprobs=true.", param="top_logprobs")
     top, max_tokens = req.top_logprobs or 0, req.max_completion_tokens or req.max_tokens
-    try:  # tools and tool_choice (lesson 06c): what to render, constrain and parse
-        plan = plan_tools(req.model_dump(), s.enable_auto_tool_choice, s.tool_call_parser)
-        if plan.structured_outputs is not None:  # a tool's schema that is no grammar: the client's
-            validate_structured_outputs(plan.structured_outputs)
-    except (ValueError, KeyError) as e:
-        raise APIError(e.args[0] if e.args else str(e), param="tool_choice") from e
+    plan = _chat_tool_plan(app, req)
 
     own = req.chat_template is not None  # its own threads, and a time budget for its render
 
@@ -2048,6 +2081,26 @@ def _response_json(req, chat, rid: str, created: int, model: str, status: str, i
         usage=None if status == "in_progress" else use,
     )
 
+# %% ../../nbs/15_server.ipynb #rs15a
+async def _response_stream(ev: ResponseEvents, run, response, finish):
+    """The events of a streamed Response: `run`'s deltas between the opening events and the final
+    one (`finish(items)` gives the Response)."""
+    yield ev.event("response.created", response=response("in_progress", []))
+    yield ev.event("response.in_progress", response=response("in_progress", []))
+    async for e in run:
+        yield e
+    for e in ev.close():
+        yield e
+    r = finish(ev.items)
+    yield ev.event(f"response.{r['status']}", response=r)
+
+
+def _store_response(responses, rid: str, r: dict, conversation: list, max_stored: int):
+    "Keep `r` and its conversation under `rid`, dropping the oldest past `max_stored`."
+    responses[rid] = (r, conversation)
+    while len(responses) > max_stored:
+        responses.popitem(last=False)
+
 # %% ../../nbs/15_server.ipynb #r15h
 def add_responses_route(app, max_stored: int = 1000):
     """`POST /v1/responses` (streamed or not) and `GET /v1/responses/{id}`: a chat underneath;
@@ -2080,26 +2133,16 @@ def add_responses_route(app, max_stored: int = 1000):
                 )
             r = response("incomplete" if acc.finish[0] == "length" else "completed", items)
             if req.store:
-                s.responses[rid] = (r, msgs + input_messages(items))
-                while len(s.responses) > max_stored:
-                    s.responses.popitem(last=False)
+                _store_response(s.responses, rid, r, msgs + input_messages(items), max_stored)
             return r
 
         run = run_request(app, prompt, sp, rid, on_output, lora, "input")
         if not req.stream:
             return await respond(False, run, finish, request)
 
-        async def events():
-            yield ev.event("response.created", response=response("in_progress", []))
-            yield ev.event("response.in_progress", response=response("in_progress", []))
-            async for e in run:
-                yield e
-            for e in ev.close():
-                yield e
-            r = finish(ev.items)
-            yield ev.event(f"response.{r['status']}", response=r)
-
-        return await respond(True, events(), None, request, done=False)
+        return await respond(
+            True, _response_stream(ev, run, response, finish), None, request, done=False
+        )
 
     @app.get("/v1/responses/{response_id}")
     async def retrieve(response_id: str):
@@ -2355,6 +2398,26 @@ def dev_mode() -> bool:
 
     return bool(int(os.environ.get("VLLM_SERVER_DEV_MODE", "0") or 0))
 
+# %% ../../nbs/15_server.ipynb #ba15a
+def _add_routes(app, dev_mode: bool = False):
+    "Every route group on `app`; with `dev_mode`, the pause routes too."
+    for add in (
+        add_info_routes,
+        add_completions_route,
+        add_chat_route,
+        add_batch_chat_route,
+        add_embeddings_route,
+        add_pooling_route,
+        add_lora_routes,
+        add_responses_route,
+        add_tokenize_routes,
+        add_score_routes,
+    ):
+        add(app)
+    if dev_mode:  # vLLM's VLLM_SERVER_DEV_MODE routes
+        add_pause_routes(app)
+    return app
+
 # %% ../../nbs/15_server.ipynb #fs15n
 def build_app(
     engine,
@@ -2385,22 +2448,7 @@ def build_app(
             started.result()  # (each thread's template process ready: seconds, at startup)
     check_tool_parser_args(enable_auto_tool_choice, tool_call_parser)  # lesson 06c
     s.enable_auto_tool_choice, s.tool_call_parser = enable_auto_tool_choice, tool_call_parser
-    for add in (
-        add_info_routes,
-        add_completions_route,
-        add_chat_route,
-        add_batch_chat_route,
-        add_embeddings_route,
-        add_pooling_route,
-        add_lora_routes,
-        add_responses_route,
-        add_tokenize_routes,
-        add_score_routes,
-    ):
-        add(app)
-    if dev_mode:  # vLLM's VLLM_SERVER_DEV_MODE routes
-        add_pause_routes(app)
-    return app
+    return _add_routes(app, dev_mode)
 
 # %% ../../nbs/15_server.ipynb #f16a9eed
 def serve_parser(sub):
