@@ -94,42 +94,46 @@ class IterationStats:
     finished_requests: list[FinishedRequestStats] = field(default_factory=list)
     phase_seconds: dict[str, float] = field(default_factory=dict)  # the step's `StepInfo.timings`
 
-    def update_from_output(
-        self,
-        num_new_tokens: int,
-        num_prompt_tokens: int,
-        first_token_latency: float | None = None,
-        inter_token_latency: float | None = None,
-    ):
-        """A sequence got `num_new_tokens` tokens: its first ones (with `first_token_latency`) also
-        count its prompt."""
-        self.num_generation_tokens += num_new_tokens
-        if first_token_latency is not None:
-            self.num_prompt_tokens += num_prompt_tokens
-            self.time_to_first_tokens.append(first_token_latency)
-        if inter_token_latency is not None:
-            self.inter_token_latencies.append(inter_token_latency)
+# %% ../../nbs/11_metrics.ipynb #me11b
+@patch
+def update_from_output(
+    self: IterationStats,
+    num_new_tokens: int,
+    num_prompt_tokens: int,
+    first_token_latency: float | None = None,
+    inter_token_latency: float | None = None,
+):
+    """A sequence got `num_new_tokens` tokens: its first ones (with `first_token_latency`) also
+    count its prompt."""
+    self.num_generation_tokens += num_new_tokens
+    if first_token_latency is not None:
+        self.num_prompt_tokens += num_prompt_tokens
+        self.time_to_first_tokens.append(first_token_latency)
+    if inter_token_latency is not None:
+        self.inter_token_latencies.append(inter_token_latency)
 
-    def update_from_finished_request(
-        self,
-        finish_reason: str,
-        e2e_latency: float,
-        num_prompt_tokens: int,
-        num_generation_tokens: int,
-        queued_time: float | None,
-        mean_time_per_output_token: float | None,
-    ):
-        "A sequence finished."
-        self.finished_requests.append(
-            FinishedRequestStats(
-                finish_reason,
-                e2e_latency,
-                num_prompt_tokens,
-                num_generation_tokens,
-                queued_time,
-                mean_time_per_output_token,
-            )
+# %% ../../nbs/11_metrics.ipynb #me11e
+@patch
+def update_from_finished_request(
+    self: IterationStats,
+    finish_reason: str,
+    e2e_latency: float,
+    num_prompt_tokens: int,
+    num_generation_tokens: int,
+    queued_time: float | None,
+    mean_time_per_output_token: float | None,
+):
+    "A sequence finished."
+    self.finished_requests.append(
+        FinishedRequestStats(
+            finish_reason,
+            e2e_latency,
+            num_prompt_tokens,
+            num_generation_tokens,
+            queued_time,
+            mean_time_per_output_token,
         )
+    )
 
 # %% ../../nbs/11_metrics.ipynb #28a848f6
 # vLLM's histogram buckets (seconds): time to first token; inter-token and per-output-token
@@ -194,42 +198,46 @@ class StatLogger:
         self.itl, self.tpot = LatencyStats(buckets=ITL_BUCKETS), LatencyStats(buckets=ITL_BUCKETS)
         self.e2e, self.queued = (LatencyStats(buckets=REQUEST_LATENCY_BUCKETS) for _ in range(2))
 
-    def record(self, scheduler_stats: SchedulerStats | None, it: IterationStats | None):
-        "Take the scheduler's latest state and one step's `IterationStats` (either may be None)."
-        if scheduler_stats is not None:
-            self.scheduler_stats = scheduler_stats
-        if it is None:
-            return
-        self.num_prompt_tokens += it.num_prompt_tokens
-        self.interval_prompt_tokens += it.num_prompt_tokens
-        self.num_generation_tokens += it.num_generation_tokens
-        self.interval_generation_tokens += it.num_generation_tokens
-        for k, v in it.phase_seconds.items():
-            self.phase_seconds[k] = self.phase_seconds.get(k, 0.0) + v
-        for v in it.time_to_first_tokens:
-            self.ttft.add(v)
-        for v in it.inter_token_latencies:
-            self.itl.add(v)
-        for f in it.finished_requests:
-            self.num_finished[f.finish_reason] = self.num_finished.get(f.finish_reason, 0) + 1
-            self.e2e.add(f.e2e_latency)
-            if f.queued_time is not None:
-                self.queued.add(f.queued_time)
-            if f.mean_time_per_output_token is not None:
-                self.tpot.add(f.mean_time_per_output_token)
+# %% ../../nbs/11_metrics.ipynb #me11g
+@patch
+def record(self: StatLogger, scheduler_stats: SchedulerStats | None, it: IterationStats | None):
+    "Take the scheduler's latest state and one step's `IterationStats` (either may be None)."
+    if scheduler_stats is not None:
+        self.scheduler_stats = scheduler_stats
+    if it is None:
+        return
+    self.num_prompt_tokens += it.num_prompt_tokens
+    self.interval_prompt_tokens += it.num_prompt_tokens
+    self.num_generation_tokens += it.num_generation_tokens
+    self.interval_generation_tokens += it.num_generation_tokens
+    for k, v in it.phase_seconds.items():
+        self.phase_seconds[k] = self.phase_seconds.get(k, 0.0) + v
+    for v in it.time_to_first_tokens:
+        self.ttft.add(v)
+    for v in it.inter_token_latencies:
+        self.itl.add(v)
+    for f in it.finished_requests:
+        self.num_finished[f.finish_reason] = self.num_finished.get(f.finish_reason, 0) + 1
+        self.e2e.add(f.e2e_latency)
+        if f.queued_time is not None:
+            self.queued.add(f.queued_time)
+        if f.mean_time_per_output_token is not None:
+            self.tpot.add(f.mean_time_per_output_token)
 
-    def snapshot(self, now: float | None = None) -> Stats:
-        "The numbers now (throughputs over the current interval)."
-        now = time.time() if now is None else now
-        dt, s = max(now - self.last_log_time, 1e-9), self.scheduler_stats
-        return Stats(
-            now, dt, self.interval_prompt_tokens / dt, self.interval_generation_tokens / dt,
-            s.num_running_reqs, s.num_waiting_reqs, s.kv_cache_usage, s.num_preemptions,
-            self.num_prompt_tokens, self.num_generation_tokens, dict(self.num_finished),
-            s.prefix_cache_queries, s.prefix_cache_hits,
-            *map(copy.copy, (self.ttft, self.itl, self.tpot, self.e2e, self.queued)),
-            phase_seconds=dict(self.phase_seconds), spec_decoding=s.spec_decoding_stats,
-        )  # fmt: skip
+# %% ../../nbs/11_metrics.ipynb #me11j
+@patch
+def snapshot(self: StatLogger, now: float | None = None) -> Stats:
+    "The numbers now (throughputs over the current interval)."
+    now = time.time() if now is None else now
+    dt, s = max(now - self.last_log_time, 1e-9), self.scheduler_stats
+    return Stats(
+        now, dt, self.interval_prompt_tokens / dt, self.interval_generation_tokens / dt,
+        s.num_running_reqs, s.num_waiting_reqs, s.kv_cache_usage, s.num_preemptions,
+        self.num_prompt_tokens, self.num_generation_tokens, dict(self.num_finished),
+        s.prefix_cache_queries, s.prefix_cache_hits,
+        *map(copy.copy, (self.ttft, self.itl, self.tpot, self.e2e, self.queued)),
+        phase_seconds=dict(self.phase_seconds), spec_decoding=s.spec_decoding_stats,
+    )  # fmt: skip
 
 # %% ../../nbs/11_metrics.ipynb #0b7a7d8e
 @patch

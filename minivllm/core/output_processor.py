@@ -69,33 +69,37 @@ class IncrementalDetokenizer:
         else:  # vLLM's offsets algorithm, for slow tokenizers
             self.ids, self.prefix_offset, self.read_offset = suffix, 0, len(suffix)
 
-    def _fast_step(self, token_id: int) -> str:
-        from tokenizers.decoders import DecodeStream
+# %% ../../nbs/10_output_processor.ipynb #op10b
+@patch
+def _fast_step(self: IncrementalDetokenizer, token_id: int) -> str:
+    from tokenizers.decoders import DecodeStream
 
-        try:
-            return self.stream.step(self.fast, token_id) or ""
-        except Exception as e:
-            if not str(e).startswith(_INVALID_PREFIX):
-                raise
-            logger.warning("detokenizer: invalid prefix, starting a fresh decode stream")
-            self.stream = DecodeStream(skip_special_tokens=self.skip_special_tokens)
-            return self.stream.step(self.fast, token_id) or ""
+    try:
+        return self.stream.step(self.fast, token_id) or ""
+    except Exception as e:
+        if not str(e).startswith(_INVALID_PREFIX):
+            raise
+        logger.warning("detokenizer: invalid prefix, starting a fresh decode stream")
+        self.stream = DecodeStream(skip_special_tokens=self.skip_special_tokens)
+        return self.stream.step(self.fast, token_id) or ""
 
-    def step(self, token_id: int) -> str:
-        "The text that `token_id` completes ('' while a character is still incomplete)."
-        if self.fast is not None:
-            return self._fast_step(token_id)
-        self.ids.append(token_id)
-        dec = lambda a, b: self.tokenizer.decode(
-            self.ids[a:b],
-            skip_special_tokens=self.skip_special_tokens,
-            spaces_between_special_tokens=self.spaces_between_special_tokens,
-        )
-        prefix, new = dec(self.prefix_offset, self.read_offset), dec(self.prefix_offset, None)
-        if len(new) <= len(prefix) or new.endswith("\ufffd"):
-            return ""
-        self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
-        return new[len(prefix) :]
+# %% ../../nbs/10_output_processor.ipynb #op10e
+@patch
+def step(self: IncrementalDetokenizer, token_id: int) -> str:
+    "The text that `token_id` completes ('' while a character is still incomplete)."
+    if self.fast is not None:
+        return self._fast_step(token_id)
+    self.ids.append(token_id)
+    dec = lambda a, b: self.tokenizer.decode(
+        self.ids[a:b],
+        skip_special_tokens=self.skip_special_tokens,
+        spaces_between_special_tokens=self.spaces_between_special_tokens,
+    )
+    prefix, new = dec(self.prefix_offset, self.read_offset), dec(self.prefix_offset, None)
+    if len(new) <= len(prefix) or new.endswith("\ufffd"):
+        return ""
+    self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+    return new[len(prefix) :]
 
 # %% ../../nbs/10_output_processor.ipynb #2a5f5502
 def find_stop_string(
@@ -126,49 +130,55 @@ class SequenceDetokenizer:
         self.stop_buffer_length = 0 if self.include_stop else longest - 1
         self.token_ids, self.output_text, self._sent_chars = [], "", 0
 
-    def update(self, new_token_ids: list[int], stop_terminated: bool) -> str | None:
-        """Append the step's tokens; return the stop string they completed (the text is then cut),
-        if any."""
-        if not new_token_ids:
-            return None
-        # several tokens (speculative decoding): check each, so text and tokens end as one by one
-        if self.stop and len(new_token_ids) > 1:
-            for i, t in enumerate(new_token_ids):
-                hit = self.update([t], stop_terminated and i == len(new_token_ids) - 1)
-                if hit is not None:
-                    return hit
-            return None
-        skipped = None
-        if stop_terminated and not self.include_stop:
-            skipped, new_token_ids = new_token_ids[-1], new_token_ids[:-1]
-        check_from = len(self.output_text)
-        for t in new_token_ids:
-            self.token_ids.append(t)
-            if self.decoder is not None:
-                self.output_text += self.decoder.step(t)
-            if len(self.token_ids) <= self.min_tokens:
-                check_from = len(self.output_text)
-        if skipped is not None:
-            self.token_ids.append(skipped)
-        if self.stop and len(self.token_ids) > self.min_tokens:
-            hit = find_stop_string(
-                self.output_text, len(self.output_text) - check_from, self.stop, self.include_stop
-            )
-            if hit is not None:
-                self.output_text = self.output_text[: hit[1]]
-                return hit[0]
+# %% ../../nbs/10_output_processor.ipynb #op10i
+@patch
+def update(
+    self: SequenceDetokenizer, new_token_ids: list[int], stop_terminated: bool
+) -> str | None:
+    """Append the step's tokens; return the stop string they completed (the text is then cut),
+    if any."""
+    if not new_token_ids:
         return None
+    # several tokens (speculative decoding): check each, so text and tokens end as one by one
+    if self.stop and len(new_token_ids) > 1:
+        for i, t in enumerate(new_token_ids):
+            hit = self.update([t], stop_terminated and i == len(new_token_ids) - 1)
+            if hit is not None:
+                return hit
+        return None
+    skipped = None
+    if stop_terminated and not self.include_stop:
+        skipped, new_token_ids = new_token_ids[-1], new_token_ids[:-1]
+    check_from = len(self.output_text)
+    for t in new_token_ids:
+        self.token_ids.append(t)
+        if self.decoder is not None:
+            self.output_text += self.decoder.step(t)
+        if len(self.token_ids) <= self.min_tokens:
+            check_from = len(self.output_text)
+    if skipped is not None:
+        self.token_ids.append(skipped)
+    if self.stop and len(self.token_ids) > self.min_tokens:
+        hit = find_stop_string(
+            self.output_text, len(self.output_text) - check_from, self.stop, self.include_stop
+        )
+        if hit is not None:
+            self.output_text = self.output_text[: hit[1]]
+            return hit[0]
+    return None
 
-    def get_next_output_text(self, finished: bool, delta: bool) -> str:
-        """The visible text (all of it, or only what is new when `delta`); the hold-back is released
-        when finished."""
-        end = len(self.output_text) - (0 if finished else self.stop_buffer_length)
-        if not delta:
-            return self.output_text[: max(end, 0)]
-        if end <= self._sent_chars:
-            return ""
-        text, self._sent_chars = self.output_text[self._sent_chars : end], end
-        return text
+# %% ../../nbs/10_output_processor.ipynb #op10k
+@patch
+def get_next_output_text(self: SequenceDetokenizer, finished: bool, delta: bool) -> str:
+    """The visible text (all of it, or only what is new when `delta`); the hold-back is released
+    when finished."""
+    end = len(self.output_text) - (0 if finished else self.stop_buffer_length)
+    if not delta:
+        return self.output_text[: max(end, 0)]
+    if end <= self._sent_chars:
+        return ""
+    text, self._sent_chars = self.output_text[self._sent_chars : end], end
+    return text
 
 # %% ../../nbs/10_output_processor.ipynb #f095e853
 @dataclass
@@ -228,33 +238,6 @@ class OutputProcessor:
         # sequence (core) id -> (request, sequence)
         self.seq_of: dict[str, tuple[RequestState, SequenceState]] = {}
 
-    def add_request(self, request_id: str, children: list[Request]):
-        """Follow a user request: its `Request`s (one, or the `n` children of the processor) become
-        its sequences."""
-        r0 = children[0]
-        seqs = [
-            SequenceState(
-                c.request_id,
-                i,
-                SequenceDetokenizer(self.tokenizer, c.prompt_token_ids, c.sampling_params),
-                cumulative_logprob=None if c.sampling_params.logprobs is None else 0.0,
-                decode_logprobs=c.sampling_params.detokenize,
-            )
-            for i, c in enumerate(children)
-        ]
-        st = RequestState(
-            request_id,
-            r0.prompt,
-            r0.prompt_token_ids,
-            seqs,
-            r0.sampling_params.output_kind,
-            RequestMetrics(r0.arrival_time),
-            lora_request=r0.lora_request,
-        )
-        self.requests[request_id] = st
-        for s in seqs:
-            self.seq_of[s.request_id] = (st, s)
-
     def has_unfinished_requests(self) -> bool:
         "Whether some user request has not finished yet."
         return bool(self.requests)
@@ -263,11 +246,70 @@ class OutputProcessor:
         "The number of user requests not finished yet."
         return len(self.requests)
 
-    def note_scheduled(self, sched_out: SchedulerOutput, now: float):
-        "Record the first time each request is scheduled."
-        for s in sched_out.seqs:
-            if (x := self.seq_of.get(s.req_id)) and x[0].metrics.first_scheduled_time is None:
-                x[0].metrics.first_scheduled_time = now
+# %% ../../nbs/10_output_processor.ipynb #op10m
+@patch
+def add_request(self: OutputProcessor, request_id: str, children: list[Request]):
+    """Follow a user request: its `Request`s (one, or the `n` children of the processor) become
+    its sequences."""
+    r0 = children[0]
+    seqs = [
+        SequenceState(
+            c.request_id,
+            i,
+            SequenceDetokenizer(self.tokenizer, c.prompt_token_ids, c.sampling_params),
+            cumulative_logprob=None if c.sampling_params.logprobs is None else 0.0,
+            decode_logprobs=c.sampling_params.detokenize,
+        )
+        for i, c in enumerate(children)
+    ]
+    st = RequestState(
+        request_id,
+        r0.prompt,
+        r0.prompt_token_ids,
+        seqs,
+        r0.sampling_params.output_kind,
+        RequestMetrics(r0.arrival_time),
+        lora_request=r0.lora_request,
+    )
+    self.requests[request_id] = st
+    for s in seqs:
+        self.seq_of[s.request_id] = (st, s)
+
+# %% ../../nbs/10_output_processor.ipynb #op10p
+@patch
+def note_scheduled(self: OutputProcessor, sched_out: SchedulerOutput, now: float):
+    "Record the first time each request is scheduled."
+    for s in sched_out.seqs:
+        if (x := self.seq_of.get(s.req_id)) and x[0].metrics.first_scheduled_time is None:
+            x[0].metrics.first_scheduled_time = now
+
+# %% ../../nbs/10_output_processor.ipynb #op10s
+@patch
+def _completion_output(
+    self: OutputProcessor, st: RequestState, s: SequenceState, delta: bool
+) -> CompletionOutput | None:
+    "The `CompletionOutput` of one sequence of `st` (None when a delta output has nothing for it)."
+    done = s.finish_reason is not None
+    text, lp = s.detok.get_next_output_text(done, delta), s.logprobs
+    if delta:
+        toks = s.detok.token_ids[s.sent_tokens :]
+        lps = lp[s.sent_logprobs :] if lp is not None else None
+        if not text and not toks and (not done or s.done_sent):
+            return None
+    else:
+        toks, lps = list(s.detok.token_ids), (list(lp) if lp is not None else None)
+    s.sent_tokens, s.sent_logprobs = len(s.detok.token_ids), len(lp or [])
+    s.done_sent = done
+    return CompletionOutput(
+        s.index,
+        text,
+        toks,
+        s.cumulative_logprob,
+        lps,
+        s.finish_reason,
+        s.stop_reason,
+        lora_request=st.lora_request,
+    )
 
 # %% ../../nbs/10_output_processor.ipynb #108ca3d8
 @patch
@@ -278,31 +320,7 @@ def make_output(
     finished, delta = st.finished, st.output_kind == RequestOutputKind.DELTA
     if st.output_kind == RequestOutputKind.FINAL_ONLY and not finished:
         return None
-    outs = []
-    for s in st.seqs:
-        done = s.finish_reason is not None
-        text, lp = s.detok.get_next_output_text(done, delta), s.logprobs
-        if delta:
-            toks = s.detok.token_ids[s.sent_tokens :]
-            lps = lp[s.sent_logprobs :] if lp is not None else None
-            if not text and not toks and (not done or s.done_sent):
-                continue
-        else:
-            toks, lps = list(s.detok.token_ids), (list(lp) if lp is not None else None)
-        s.sent_tokens, s.sent_logprobs = len(s.detok.token_ids), len(lp or [])
-        s.done_sent = done
-        outs.append(
-            CompletionOutput(
-                s.index,
-                text,
-                toks,
-                s.cumulative_logprob,
-                lps,
-                s.finish_reason,
-                s.stop_reason,
-                lora_request=st.lora_request,
-            )
-        )
+    outs = [o for s in st.seqs if (o := self._completion_output(st, s, delta)) is not None]
     if not outs and not (force and finished):
         return None
     prompt_lps = st.prompt_logprobs
@@ -353,7 +371,7 @@ def _update_timing(
         seq.first_token_time = now
     seq.last_token_time = now
 
-
+# %% ../../nbs/10_output_processor.ipynb #op10x
 @patch
 def _finish(
     self: OutputProcessor,

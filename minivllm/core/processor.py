@@ -62,42 +62,44 @@ class Processor:
         self.eos_token_id, self.extra_stop_ids = (eos[0] if eos else None), eos[1:]
         self.vocab_size, self.max_model_len = mc.get_vocab_size(), mc.max_model_len
 
-    def tokenize_prompt(self, prompt: PromptType) -> tuple[str | None, list[int]]:
-        "The prompt's text (None for a `TokensPrompt` without text) and its token ids, checked."
-        if isinstance(prompt, dict):
-            _check_prompt_keys(prompt)
-        if isinstance(prompt, str):
-            text, ids = prompt, None
-        elif isinstance(prompt, dict) and "prompt_token_ids" in prompt:
-            text, ids = prompt.get("prompt"), list(prompt["prompt_token_ids"])
-        elif isinstance(prompt, dict) and "prompt" in prompt:
-            text, ids = prompt["prompt"], None
-        else:
-            raise TypeError(
-                f"prompt must be a str, a TextPrompt or a TokensPrompt, got {type(prompt).__name__}"
-            )
-        if ids is None:
-            if not isinstance(text, str):
-                raise TypeError(f"prompt text must be a str, got {type(text).__name__}")
-            ids = self.tokenizer(text).input_ids
-        if not ids:
-            raise ValueError("The prompt is empty.")
-        bad = [
-            t
-            for t in ids
-            if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.vocab_size
-        ]
-        if bad:
-            raise ValueError(
-                f"prompt_token_ids: token id {bad[0]!r} is out of the vocabulary (size "
-                f"{self.vocab_size})."
-            )
-        if len(ids) > self.max_model_len:
-            raise ValueError(
-                f"The prompt (length {len(ids)}) is longer than the maximum model length of "
-                f"{self.max_model_len}."
-            )
-        return text, ids
+# %% ../../nbs/08_processor.ipynb #pr08c
+@patch
+def tokenize_prompt(self: Processor, prompt: PromptType) -> tuple[str | None, list[int]]:
+    "The prompt's text (None for a `TokensPrompt` without text) and its token ids, checked."
+    if isinstance(prompt, dict):
+        _check_prompt_keys(prompt)
+    if isinstance(prompt, str):
+        text, ids = prompt, None
+    elif isinstance(prompt, dict) and "prompt_token_ids" in prompt:
+        text, ids = prompt.get("prompt"), list(prompt["prompt_token_ids"])
+    elif isinstance(prompt, dict) and "prompt" in prompt:
+        text, ids = prompt["prompt"], None
+    else:
+        raise TypeError(
+            f"prompt must be a str, a TextPrompt or a TokensPrompt, got {type(prompt).__name__}"
+        )
+    if ids is None:
+        if not isinstance(text, str):
+            raise TypeError(f"prompt text must be a str, got {type(text).__name__}")
+        ids = self.tokenizer(text).input_ids
+    if not ids:
+        raise ValueError("The prompt is empty.")
+    bad = [
+        t
+        for t in ids
+        if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.vocab_size
+    ]
+    if bad:
+        raise ValueError(
+            f"prompt_token_ids: token id {bad[0]!r} is out of the vocabulary (size "
+            f"{self.vocab_size})."
+        )
+    if len(ids) > self.max_model_len:
+        raise ValueError(
+            f"The prompt (length {len(ids)}) is longer than the maximum model length of "
+            f"{self.max_model_len}."
+        )
+    return text, ids
 
 # %% ../../nbs/08_processor.ipynb #d433707d
 @patch

@@ -215,6 +215,28 @@ def chat(
     self._run_engine(use_tqdm, wanted=self.llm_engine.get_num_unfinished_requests())
     return self._collect(ids)
 
+# %% ../../nbs/13b_llm_more.ipynb #bs13b
+@patch
+def _beam_search_prompts(
+    self: LLM,
+    prompts: PromptType | Sequence[PromptType],
+    params: BeamSearchParams,
+    lora_request=None,
+) -> list[list[int]]:
+    "The token ids of each prompt of `beam_search`, once its arguments are checked."
+    if lora_request is not None:
+        raise NotImplementedError(
+            "LoRA is not implemented in minivllm (lora_request must be None)."
+        )
+    if not isinstance(params, BeamSearchParams):
+        raise TypeError(f"params must be BeamSearchParams, got {type(params).__name__}")
+    if isinstance(prompts, (str, dict)):
+        prompts = [prompts]
+    token_ids = [
+        self.llm_engine.processor.tokenize_prompt(p)[1] for p in prompts
+    ]  # tokenized and checked
+    return token_ids
+
 # %% ../../nbs/13b_llm_more.ipynb #7b38c105
 @patch
 def beam_search(
@@ -228,17 +250,7 @@ def beam_search(
     """vLLM's beam search: the best `params.beam_width` sequences of each prompt, best first. Each
     step runs every live beam one token further through `generate` (`logprobs = 2 · beam_width`,
     `max_tokens=1`)."""
-    if lora_request is not None:
-        raise NotImplementedError(
-            "LoRA is not implemented in minivllm (lora_request must be None)."
-        )
-    if not isinstance(params, BeamSearchParams):
-        raise TypeError(f"params must be BeamSearchParams, got {type(params).__name__}")
-    if isinstance(prompts, (str, dict)):
-        prompts = [prompts]
-    token_ids = [
-        self.llm_engine.processor.tokenize_prompt(p)[1] for p in prompts
-    ]  # tokenized and checked
+    token_ids = self._beam_search_prompts(prompts, params, lora_request)
     limit = concurrency_limit or len(token_ids) or 1
     from tqdm.auto import tqdm
 
@@ -334,6 +346,35 @@ def _attach_late_chunks(self: LLM, outs: list, texts: list, params: list):
             size = p.late_chunking_params.chunk_size
             o.late_chunking = late_chunking_metadata(text, enc["offset_mapping"], size)
 
+# %% ../../nbs/13b_llm_more.ipynb #en13b
+@patch
+def _pooling_inputs(
+    self: LLM,
+    prompts: PromptType | Sequence[PromptType],
+    pooling_params: PoolingParams | Sequence[PoolingParams] | None,
+    truncate_prompt_tokens: int | None,
+    pooling_task: str | None,
+    lora_request,
+) -> tuple[list, list[PoolingParams], list]:
+    "The prompts, their `PoolingParams` (task filled in) and their LoRA requests, one each."
+    prompts = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
+    n, pp = len(prompts), PoolingParams() if pooling_params is None else pooling_params
+    params = [pp] * n if isinstance(pp, PoolingParams) else list(pp)
+    if not all(isinstance(p, PoolingParams) for p in params):
+        raise TypeError("pooling_params must be PoolingParams (or a list of them).")
+    params = [
+        dataclasses.replace(
+            p,
+            task=self._pooling_task(p.task or pooling_task),
+            truncate_prompt_tokens=truncate_prompt_tokens,
+        )
+        for p in params
+    ]
+    loras = list(lora_request) if isinstance(lora_request, (list, tuple)) else [lora_request] * n
+    if not n == len(params) == len(loras):
+        raise ValueError(f"got {n} prompts, {len(params)} pooling_params, {len(loras)} loras.")
+    return prompts, params, loras
+
 # %% ../../nbs/13b_llm_more.ipynb #p13b
 @patch
 def encode(
@@ -351,22 +392,9 @@ def encode(
     inputs longer than the model in chunks, if it says so); outputs in prompt order."""
     if tokenization_kwargs:
         raise NotImplementedError("tokenization_kwargs is not implemented in minivllm.")
-    prompts = [prompts] if isinstance(prompts, (str, dict)) else list(prompts)
-    n, pp = len(prompts), PoolingParams() if pooling_params is None else pooling_params
-    params = [pp] * n if isinstance(pp, PoolingParams) else list(pp)
-    if not all(isinstance(p, PoolingParams) for p in params):
-        raise TypeError("pooling_params must be PoolingParams (or a list of them).")
-    params = [
-        dataclasses.replace(
-            p,
-            task=self._pooling_task(p.task or pooling_task),
-            truncate_prompt_tokens=truncate_prompt_tokens,
-        )
-        for p in params
-    ]
-    loras = list(lora_request) if isinstance(lora_request, (list, tuple)) else [lora_request] * n
-    if not n == len(params) == len(loras):
-        raise ValueError(f"got {n} prompts, {len(params)} pooling_params, {len(loras)} loras.")
+    prompts, params, loras = self._pooling_inputs(
+        prompts, pooling_params, truncate_prompt_tokens, pooling_task, lora_request
+    )
     late = _late_texts(prompts, params)  # lesson 09b: text prompts, for their offsets
     flat, groups = self._chunk_inputs(prompts, params, loras)
     f_prompts, f_params, f_loras = (list(x) for x in zip(*flat)) if flat else ([], [], [])

@@ -428,6 +428,33 @@ async def run_in_engine(
     self._post(op, done)
     return await fut
 
+# %% ../../nbs/14_async_engine.ipynb #as14b
+@patch
+def _generate_prompt(
+    self: AsyncLLMEngine,
+    prompt: PromptType,
+    prompt_text: str | None,
+    tokenization_kwargs: dict | None,
+    data_parallel_rank: int | None,
+) -> PromptType:
+    "The prompt `generate` adds, once its arguments are checked (`prompt_text` filled in)."
+    if self.errored:
+        raise self.dead_error
+    if tokenization_kwargs:
+        raise NotImplementedError("tokenization_kwargs is not implemented in minivllm.")
+    if data_parallel_rank not in (None, 0):
+        raise NotImplementedError(
+            "data_parallel_rank (pinning a request to one engine) is not implemented in minivllm."
+        )
+    if (
+        prompt_text is not None
+        and isinstance(prompt, dict)
+        and "prompt_token_ids" in prompt
+        and not prompt.get("prompt")
+    ):
+        prompt = {**prompt, "prompt": prompt_text}  # the text to report as the output's `prompt`
+    return prompt
+
 # %% ../../nbs/14_async_engine.ipynb #67e37a10
 @patch
 async def generate(
@@ -446,21 +473,7 @@ async def generate(
 ) -> AsyncIterator[RequestOutput]:
     """Add a request and yield its `RequestOutput`s as the engine makes them; leaving early aborts
     it."""
-    if self.errored:
-        raise self.dead_error
-    if tokenization_kwargs:
-        raise NotImplementedError("tokenization_kwargs is not implemented in minivllm.")
-    if data_parallel_rank not in (None, 0):
-        raise NotImplementedError(
-            "data_parallel_rank (pinning a request to one engine) is not implemented in minivllm."
-        )
-    if (
-        prompt_text is not None
-        and isinstance(prompt, dict)
-        and "prompt_token_ids" in prompt
-        and not prompt.get("prompt")
-    ):
-        prompt = {**prompt, "prompt": prompt_text}  # the text to report as the output's `prompt`
+    prompt = self._generate_prompt(prompt, prompt_text, tokenization_kwargs, data_parallel_rank)
     # trace_headers are accepted and ignored: minivllm has no OpenTelemetry tracing
     delta = (
         sampling_params is not None
