@@ -3,6 +3,7 @@ experts, top 2, 4 layers): greedy tokens equal to HF transformers' and logprobs 
 mixed batch with chunked prefill and prefix caching; tensor_parallel_size=2 and pipeline_parallel_size=2 give the
 tokens of one process. HF's reference is its own forward pass over the prompt and our tokens: its argmax at every
 step must be our token (so its greedy generation is ours) and its log-softmax our logprob."""
+import shutil
 import psutil, pytest, torch
 from minivllm.core.config import EngineArgs, SamplingParams, TokensPrompt
 from minivllm.core.llm_engine import LLMEngine
@@ -107,3 +108,31 @@ def test_unknown_architecture_is_refused_by_name(tmp_path):
     make_tiny_checkpoint(tmp_path, "gpt2", vocab_size=256, n_embd=64, n_layer=1, n_head=4)
     with pytest.raises(NotImplementedError, match="architecture 'GPT2LMHeadModel' is not supported"):
         LLMEngine.from_engine_args(EngineArgs(model=str(tmp_path), **ARGS))
+
+
+@pytest.mark.skipif(shutil.which("gcc") is None, reason="no C compiler on this machine")
+def test_c_decode_kernel_keeps_greedy_tokens(tmp_path, model_dir, monkeypatch):
+    "`moe.c` runs the CPU decode steps (at most 16 rows): a tiny Mixtral's greedy tokens are the torch loop's."
+    from minivllm.core.model import make_tiny_checkpoint
+    from minivllm.models import moe
+    make_tiny_checkpoint(tmp_path, "mixtral", seed=3, tokenizer_from=model_dir, **MOE)
+    ran, kernel = [], moe.moe_experts_c
+
+    def counted(*args):
+        out = kernel(*args)
+        ran.append(out is not None)
+        return out
+    monkeypatch.setattr(moe, "moe_experts_c", counted)
+    outs = []
+    for on in (True, False):
+        monkeypatch.setattr(moe.Experts, "c_decode", on)
+        engine = LLMEngine.from_engine_args(EngineArgs(model=str(tmp_path), **ARGS))
+        try: outs.append(run(engine, PROMPTS[:2], max_tokens=6)[0])
+        finally: engine.shutdown()
+        if on:
+            assert any(ran) and not all(ran), ran   # the decode steps ran in C, the 27-token prefill in torch
+            ran.clear()
+    assert ran == []                                # off: never called
+    assert [t for t, _ in outs[0]] == [t for t, _ in outs[1]]
+    for (_, a), (_, b) in zip(*outs):
+        assert torch.allclose(torch.tensor(a), torch.tensor(b), atol=1e-4)
