@@ -21,16 +21,17 @@ from fastcore.basics import patch
 
 # %% auto #0
 __all__ = ['SYSTEMS', 'VLLM_DATASET_NAMES', 'LOGIT_PROMPTS', 'PHASES', 'OVERHEAD_PHASES', 'SO_SCHEMA', 'SPEC_PROMPTS',
-           'machine_info', 'Workload', 'make_workload', 'BenchResult', 'run_minivllm', 'load_hf', 'run_hf_generate',
-           'hf_cb_config', 'run_hf_continuous', 'bench_throughput', 'summarize', 'print_summary', 'LatencyResult',
-           'latency_minivllm', 'latency_hf_generate', 'latency_hf_continuous', 'bench_latency', 'SampleRequest',
-           'random_prompt', 'sample_random', 'sample_sharegpt', 'add_dataset_parser', 'get_samples',
+           'REAL_SHAPES', 'machine_info', 'Workload', 'make_workload', 'BenchResult', 'run_minivllm', 'load_hf',
+           'run_hf_generate', 'hf_cb_config', 'run_hf_continuous', 'bench_throughput', 'summarize', 'print_summary',
+           'LatencyResult', 'latency_minivllm', 'latency_hf_generate', 'latency_hf_continuous', 'bench_latency',
+           'SampleRequest', 'random_prompt', 'sample_random', 'sample_sharegpt', 'add_dataset_parser', 'get_samples',
            'ServeRequestResult', 'poisson_arrivals', 'bench_serve', 'summarize_serve', 'print_serve_summary',
            'run_coroutine', 'bench_serve_servers', 'compare_servers', 'print_server_comparison', 'gguf_file_type',
            'llama_server_args', 'LlamaServer', 'run_llamacpp', 'latency_llamacpp', 'compare_top_logprobs',
            'llamacpp_top_logprobs', 'minivllm_top_logprobs', 'compare_logprobs_llamacpp', 'step_breakdown',
            'structured_outputs_cost', 'bench_spec_decode', 'print_spec_summary', 'random_peft_adapter',
-           'lora_step_cost', 'lora_swap_cost']
+           'lora_step_cost', 'lora_swap_cost', 'real_shape_config', 'real_shape_tensors', 'real_shape_shards',
+           'build_real_shape', 'llama_cpp_ggufs']
 
 # %% ../nbs/16_benchmarks.ipynb #1f0ebe7a
 def machine_info() -> dict:
@@ -1890,3 +1891,181 @@ def lora_swap_cost(
         }
         llm.llm_engine.shutdown()
     return out
+
+# %% ../nbs/16_benchmarks.ipynb #rs16c1
+_LLAMA3_ROPE = dict(
+    rope_type="llama3",
+    factor=32.0,
+    high_freq_factor=4.0,
+    low_freq_factor=1.0,
+    original_max_position_embeddings=8192,
+)
+
+
+def _llama_shape(D, I, L, H, hd, tied, kv=8, vocab=128256, max_pos=131072, rope=_LLAMA3_ROPE):
+    "A Llama config's shape fields: hidden, intermediate, layers, heads, head_dim, tied, …"
+    return dict(
+        hidden_size=D, intermediate_size=I, num_hidden_layers=L, num_attention_heads=H
+    ) | dict(
+        num_key_value_heads=kv,
+        head_dim=hd,
+        tie_word_embeddings=tied,
+        vocab_size=vocab,
+        max_position_embeddings=max_pos,
+        rope_scaling=rope,
+    )
+
+
+# the real configs' shapes (their config.json), and a 2-layer `tiny` one for tests
+REAL_SHAPES = {
+    "tiny": _llama_shape(64, 128, 2, 4, 16, True, kv=2, max_pos=16384),
+    "llama-3.2-1b": _llama_shape(2048, 8192, 16, 32, 64, True),
+    "llama-3.2-3b": _llama_shape(3072, 8192, 28, 24, 128, True),
+    "llama-3.1-8b": _llama_shape(
+        4096, 14336, 32, 32, 128, False, rope=_LLAMA3_ROPE | dict(factor=8.0)
+    ),
+}
+
+# %% ../nbs/16_benchmarks.ipynb #rs16c3b
+def real_shape_config(shape: str, tok, dtype: str = "bfloat16", real_vocab: bool = False):
+    """The `LlamaConfig` of `REAL_SHAPES[shape]` with the tokenizer `tok`'s special ids and
+    vocabulary size (`real_vocab`: the shape's own), rope as the real configs'."""
+    from transformers import LlamaConfig
+
+    sh = REAL_SHAPES[shape] | ({} if real_vocab else dict(vocab_size=len(tok)))
+    return LlamaConfig(
+        **sh,
+        rope_theta=500000.0,
+        rms_norm_eps=1e-5,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        dtype=dtype,
+        architectures=["LlamaForCausalLM"],  # what llama.cpp's converter picks its model by
+    )
+
+# %% ../nbs/16_benchmarks.ipynb #rs16c2
+def real_shape_tensors(cfg) -> list[tuple[str, tuple]]:
+    "`(name, shape)` of every weight of HF's `LlamaForCausalLM` of config `cfg`, in its order."
+    D, I, V, hd = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.head_dim
+    q, kv = cfg.num_attention_heads * hd, cfg.num_key_value_heads * hd
+    out = [("model.embed_tokens.weight", (V, D))]
+    for i in range(cfg.num_hidden_layers):
+        p = f"model.layers.{i}."
+        out += [(p + "input_layernorm.weight", (D,)), (p + "self_attn.q_proj.weight", (q, D))]
+        out += [(p + f"self_attn.{n}_proj.weight", (kv, D)) for n in "kv"]
+        out += [
+            (p + "self_attn.o_proj.weight", (D, q)),
+            (p + "post_attention_layernorm.weight", (D,)),
+        ]
+        out += [(p + f"mlp.{n}_proj.weight", (I, D)) for n in ("gate", "up")]
+        out.append((p + "mlp.down_proj.weight", (D, I)))
+    out.append(("model.norm.weight", (D,)))
+    return out if cfg.tie_word_embeddings else out + [("lm_head.weight", (V, D))]
+
+
+def real_shape_shards(tensors, itemsize: int, shard_bytes: int) -> list[list[tuple[str, tuple]]]:
+    "Consecutive runs of `tensors` of at most `shard_bytes` each (at least one tensor each)."
+    shards, cur, size = [], [], 0
+    for name, shape in tensors:
+        n = math.prod(shape) * itemsize
+        if cur and size + n > shard_bytes:
+            shards, cur, size = shards + [cur], [], 0
+        cur, size = cur + [(name, shape)], size + n
+    return shards + [cur]
+
+# %% ../nbs/16_benchmarks.ipynb #rs16c3
+def _write_real_shards(out: Path, tensors, dtype, seed: int, shard_bytes: int, log) -> dict:
+    """Write `tensors` as safetensors shards in `out`, one shard in memory at a time; the weight
+    map of the index."""
+    from safetensors.torch import save_file
+
+    shards = real_shape_shards(tensors, dtype.itemsize, shard_bytes)
+    weight_map, k = {}, 0
+    for s, shard in enumerate(shards):
+        name = f"model-{s + 1:05d}-of-{len(shards):05d}.safetensors"
+        made = {}
+        for tname, shape in shard:
+            if tname.endswith("norm.weight"):
+                made[tname] = torch.ones(shape, dtype=dtype)
+            else:
+                g = torch.Generator().manual_seed(seed * 1_000_003 + k)
+                made[tname] = torch.empty(shape).normal_(0.0, 0.02, generator=g).to(dtype)
+            weight_map[tname], k = name, k + 1
+        save_file(made, out / name, metadata={"format": "pt"})
+        del made
+        if log:
+            log(f"{name}: {len(shard)} tensors")
+    return weight_map
+
+# %% ../nbs/16_benchmarks.ipynb #rs16c4
+def build_real_shape(
+    shape: str,
+    out_dir,
+    *,
+    dtype: str = "bfloat16",
+    seed: int = 0,
+    real_vocab: bool = False,
+    ggufs=("Q4_K_M",),
+    llama_cpp=None,
+    keep_bf16_gguf: bool = False,
+    shard_bytes: int = 2_000_000_000,
+    log=print,
+) -> dict:
+    """A random-weight model of `REAL_SHAPES[shape]` in `out_dir`: HF safetensors shards, index,
+    config and SmolLM2's tokenizer (`real_vocab`: the shape's own vocabulary size); with
+    `llama_cpp` (a llama.cpp tree, built) also the GGUFs of `ggufs`. Returns what it wrote."""
+    from transformers import AutoTokenizer
+    from minivllm.core.config import resolve_model
+
+    out, t0 = Path(out_dir), time.perf_counter()
+    out.mkdir(parents=True, exist_ok=True)
+    tok = AutoTokenizer.from_pretrained(resolve_model(None))
+    cfg = real_shape_config(shape, tok, dtype, real_vocab)
+    tensors, dt = real_shape_tensors(cfg), getattr(torch, dtype)
+    n = sum(math.prod(s) for _, s in tensors)
+    wm = _write_real_shards(out, tensors, dt, seed, shard_bytes, log)
+    index = dict(metadata=dict(total_size=n * dt.itemsize), weight_map=wm)
+    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
+    cfg.save_pretrained(out)
+    tok.save_pretrained(out)
+    res = dict(shape=shape, dtype=dtype, vocab_size=cfg.vocab_size, seed=seed, params=n)
+    res |= dict(shards=len(set(wm.values())), checkpoint_seconds=round(time.perf_counter() - t0, 1))
+    if ggufs and llama_cpp is None:
+        res["gguf"] = (
+            "not made: no llama.cpp tree given (convert_hf_to_gguf.py, build/bin/llama-quantize)"
+        )
+    elif ggufs:
+        res["gguf"] = llama_cpp_ggufs(out, llama_cpp, ggufs, keep_bf16_gguf, log)
+    res["files"] = {f.name: f.stat().st_size for f in sorted(out.iterdir()) if f.is_file()}
+    return res
+
+# %% ../nbs/16_benchmarks.ipynb #rs16c5
+def llama_cpp_ggufs(
+    model_dir, llama_cpp, types=("Q4_K_M",), keep_bf16: bool = False, log=print
+) -> dict:
+    """GGUFs of the HF checkpoint `model_dir` by the llama.cpp tree `llama_cpp`: `m-bf16.gguf`
+    by its converter, then `m-{type}.gguf` by `llama-quantize`; `{file: {bytes, seconds}}`."""
+    import sys
+
+    lc, d = Path(llama_cpp), Path(model_dir)
+    conv, quant = lc / "convert_hf_to_gguf.py", lc / "build" / "bin" / "llama-quantize"
+    missing = [str(p) for p in (conv, lc / "gguf-py", quant) if not p.exists()]
+    if missing:
+        raise FileNotFoundError(f"not a built llama.cpp tree: no {', '.join(missing)}")
+    env = dict(os.environ, PYTHONPATH=str(lc / "gguf-py"))
+    bf16, made = d / "m-bf16.gguf", {}
+    cmds = [[sys.executable, str(conv), str(d), "--outfile", str(bf16), "--outtype", "bf16"]]
+    cmds += [[str(quant), str(bf16), str(d / f"m-{t}.gguf"), t] for t in types]
+    for cmd in cmds:
+        t0 = time.perf_counter()
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise RuntimeError(f"{Path(cmd[1]).name} failed:\n{(r.stdout + r.stderr)[-2000:]}")
+        f = Path(cmd[-2] if cmd[0] == str(quant) else bf16)
+        made[f.name] = dict(bytes=f.stat().st_size, seconds=round(time.perf_counter() - t0, 1))
+        if log:
+            log(f"{f.name}: {made[f.name]['bytes'] / 1e9:.2f} GB in {made[f.name]['seconds']} s")
+    if not keep_bf16:
+        bf16.unlink()
+        made[bf16.name]["deleted"] = True
+    return made

@@ -95,3 +95,31 @@ def test_bench_throughput_and_latency_commands(tiny_dir, tmp_path):
     assert [(r["system"], r["concurrency"], len(r["ttft"])) for r in lat] == [("minivllm", 1, 1), ("hf-generate", 1, 1),
                                                                               ("minivllm", 3, 3), ("hf-generate", 3, 3)]
     assert all(0 < x for r in lat for x in r["ttft"] + r["tpot"])
+
+
+def test_bench_build_model_tiny(tmp_path, capsys):
+    "`bench build-model` on the tiny shape: sharded safetensors that transformers loads, whose log-probs minivllm's LLM matches."
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from minivllm import LLM, SamplingParams, TokensPrompt
+    from minivllm.serve.cli import main
+    d, j = tmp_path / "m", tmp_path / "b.json"
+    assert main(["bench", "build-model", "--shape", "tiny", "--out", str(d), "--seed", "3", "--json", str(j)]) == 0
+    b = json.loads(j.read_text())["build"]
+    assert (b["shape"], b["vocab_size"], b["shards"]) == ("tiny", 49152, 1) and b["gguf"].startswith("not made")
+    index = json.loads((d / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"].values()) == {"model-00001-of-00001.safetensors"} and len(index["weight_map"]) == 20
+    hf = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval()
+    assert hf.config.tie_word_embeddings and hf.config.rope_parameters["rope_type"] == "llama3"
+    ids = AutoTokenizer.from_pretrained(d)("Random weights, real shapes.").input_ids
+    with torch.no_grad():
+        lp = torch.log_softmax(hf(torch.tensor([ids])).logits[0], -1)
+    llm = LLM(model=str(d), dtype="float32", max_model_len=64)
+    (o,) = llm.generate([TokensPrompt(prompt_token_ids=ids)], SamplingParams(max_tokens=1, prompt_logprobs=5, logprobs=5, temperature=0),
+                        use_tqdm=False)
+    steps = o.prompt_logprobs[1:] + o.outputs[0].logprobs
+    assert len(steps) == len(ids)
+    for i, dist in enumerate(steps):
+        for t, x in dist.items():
+            assert abs(x.logprob - float(lp[i, t])) < 1e-4, (i, t, x.logprob, float(lp[i, t]))
+    assert o.outputs[0].token_ids[0] == int(lp[-1].argmax())

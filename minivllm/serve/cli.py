@@ -13,7 +13,8 @@ from ..core.config import EngineArgs, SamplingParams
 
 # %% auto #0
 __all__ = ['DEMO_PROMPTS', 'BENCH_COMMANDS', 'dotted_args', 'FlexibleArgumentParser', 'generate_parser', 'cmd_generate',
-           'bench_parser', 'cmd_bench_throughput', 'cmd_bench_latency', 'cmd_bench_serve', 'cmd_bench', 'main']
+           'bench_parser', 'cmd_bench_throughput', 'cmd_bench_latency', 'cmd_bench_build_model', 'cmd_bench_serve',
+           'cmd_bench', 'main']
 
 # %% ../../nbs/17_cli.ipynb #dot17a
 def dotted_args(args: list[str]) -> list[str]:
@@ -256,6 +257,31 @@ def _serve_bench_parser(bsub):
     )
     return v
 
+# %% ../../nbs/17_cli.ipynb #bm17c1
+def _build_model_parser(bsub):
+    "`bench build-model`: a random-weight model of a real model's shape, HF and GGUF."
+    from minivllm.benchmarks import REAL_SHAPES
+
+    m = bsub.add_parser("build-model", help="a random-weight model of a real shape (HF, GGUF)")
+    m.add_argument("--shape", required=True, choices=list(REAL_SHAPES))
+    m.add_argument("--out", required=True, metavar="DIR", help="where to write the model")
+    m.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    m.add_argument("--seed", type=int, default=0)
+    m.add_argument(
+        "--real-vocab",
+        action="store_true",
+        help="the shape's own vocabulary size (default: the tokenizer's 49,152)",
+    )
+    m.add_argument(
+        "--gguf",
+        default="Q4_K_M",
+        help="llama-quantize types to make, comma-separated (with --llama-cpp; '' for none)",
+    )
+    m.add_argument("--llama-cpp", default=None, metavar="DIR", help="a built llama.cpp tree")
+    m.add_argument("--keep-bf16-gguf", action="store_true", help="keep the converter's BF16 GGUF")
+    m.add_argument("--json", default=None, help="save what was written (and the machine) here")
+    return m
+
 # %% ../../nbs/17_cli.ipynb #cc17a05
 def bench_parser(sub) -> argparse._SubParsersAction:
     "The `bench` subcommand and its own subcommands (returned, so that more can be added)."
@@ -264,6 +290,7 @@ def bench_parser(sub) -> argparse._SubParsersAction:
     _throughput_parser(bsub)
     _latency_parser(bsub)
     _serve_bench_parser(bsub)
+    _build_model_parser(bsub)
     return bsub
 
 # %% ../../nbs/17_cli.ipynb #955ed16c
@@ -454,6 +481,26 @@ def _compare_serve(ns, make_wl) -> int:
     _save(ns, "serve", dict(servers=servers, comparison=rows, summaries=runs, **info))
     return 0 if all(r["failed"] == 0 for r in rows.values()) else 1
 
+# %% ../../nbs/17_cli.ipynb #bm17c2
+def cmd_bench_build_model(ns) -> int:
+    "Run `minivllm bench build-model`: build, print what was written (JSON), save it with `--json`."
+    from minivllm.benchmarks import build_real_shape
+
+    res = build_real_shape(
+        ns.shape,
+        ns.out,
+        dtype=ns.dtype,
+        seed=ns.seed,
+        real_vocab=ns.real_vocab,
+        ggufs=tuple(t for t in ns.gguf.split(",") if t),
+        llama_cpp=ns.llama_cpp,
+        keep_bf16_gguf=ns.keep_bf16_gguf,
+        log=lambda m: print(m, file=sys.stderr),
+    )
+    print(json.dumps(res, indent=1))
+    _save(ns, "build_model", dict(build=res))
+    return 0
+
 # %% ../../nbs/17_cli.ipynb #75d6cd0f
 def cmd_bench_serve(ns) -> int:
     """Run `minivllm bench serve` against the server at `--base-url` (against several:
@@ -493,6 +540,7 @@ BENCH_COMMANDS = {
     "throughput": cmd_bench_throughput,
     "latency": cmd_bench_latency,
     "serve": cmd_bench_serve,
+    "build-model": cmd_bench_build_model,
 }
 
 
