@@ -27,6 +27,7 @@ from minivllm.kernels.gemm import (
     cpu_flags,
 )
 from minivllm.core.model import (
+    ROPE_TYPES,
     LAYER_OPS,
     MODEL_LOADERS,
     MODEL_RUNNERS,
@@ -61,8 +62,8 @@ from minivllm.kernels.quantization import (
 __all__ = ['PACKED_CHUNK', 'PACKED_LINEARS', 'AMX_BF16_MAX_ROWS', 'AMX_MIN_NUMEL', 'ATTENTION_WARMUPS', 'GGUF_ARCHS',
            'GGUF_MOE_BLOCKS', 'GGUF_MOE_CONFIGS', 'GGUF_MOE_OF', 'row_bucket', 'rows_kind', 'c_max_rows', 'Linear',
            'pack_weights', 'rms_norm_c', 'rotate_c', 'silu_and_mul_c', 'CpuOps', 'prepare_attention', 'memory_summary',
-           'ConcatLinear', 'block_rows', 'BlockEmbedding', 'load_gguf_model', 'build_step_kernel', 'decode_step_layers',
-           'decode_layers_c', 'CpuDecodeRunner', 'packed_linear']
+           'ConcatLinear', 'block_rows', 'BlockEmbedding', 'gguf_rope_config', 'load_gguf_model', 'build_step_kernel',
+           'decode_step_layers', 'decode_layers_c', 'CpuDecodeRunner', 'packed_linear']
 
 # %% ../../nbs/05a_model_kernels.ipynb #46773998
 def _can_pack(w: torch.Tensor) -> bool:
@@ -571,6 +572,30 @@ def _load_mlp(layer, b: str, ts: dict, module, make, moe):
         layer.mlp.gate_up_proj = module(b + "ffn_gate.weight", b + "ffn_up.weight")
         layer.mlp.down_proj = module(b + "ffn_down.weight")
 
+# %% ../../nbs/05a_model_kernels.ipynb #rope05a2
+import copy
+
+
+def gguf_rope_config(config, ts: dict):
+    """`config`, with the file's `rope_freqs.weight` (taken out of `ts`, the tensors of
+    `read_gguf`) as its rope: the type `freq_factors`; without that tensor, `config` itself."""
+    if "rope_freqs.weight" not in ts:
+        return config
+    factors = _gguf_float(*ts.pop("rope_freqs.weight"), "rope_freqs.weight").float()
+    c = copy.copy(config)
+    rp = getattr(c, "rope_parameters", None) or getattr(c, "rope_scaling", None) or {}
+    theta = rp.get("rope_theta", getattr(c, "rope_theta", 10000.0))
+    c.rope_parameters = dict(rope_type="freq_factors", rope_theta=theta, freq_factors=factors)
+    return c
+
+
+def _rope_freq_factors(inv_freq, rp: dict, config) -> tuple[torch.Tensor, float]:
+    "llama.cpp's `rope_freqs`: each inverse frequency divided by its factor."
+    return inv_freq / rp["freq_factors"].to(inv_freq.device), 1.0
+
+
+ROPE_TYPES["freq_factors"] = _rope_freq_factors
+
 # %% ../../nbs/05a_model_kernels.ipynb #ccae8fb6
 def load_gguf_model(
     gguf_file,
@@ -587,6 +612,7 @@ def load_gguf_model(
     04b): the block kernel up to `max_int4_rows` rows (Q8_0: `max_int8_rows`), dense tiles above."""
     arch, ts = read_gguf(gguf_file)
     moe, c = _moe_loader(arch, ts, hf_config)
+    c = gguf_rope_config(c, ts)
     device = torch.device(device)
     heads = {"attn_q": c.num_attention_heads, "attn_k": c.num_key_value_heads}
     heads = heads if arch in ("llama", "mistral") else {}  # (llama.cpp reorders only their q/k)
