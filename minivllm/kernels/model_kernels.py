@@ -596,6 +596,22 @@ def _rope_freq_factors(inv_freq, rp: dict, config) -> tuple[torch.Tensor, float]
 
 ROPE_TYPES["freq_factors"] = _rope_freq_factors
 
+# %% ../../nbs/05a_model_kernels.ipynb #ends05a1
+def _load_gguf_ends(model, ts: dict, module, param, device, dtype):
+    """Load the model's ends from the GGUF tensors `ts` (taken out of it): the token embedding
+    (its blocks, where the block kernels run), the LM head (tied: the embedding's blocks) and the
+    final norm."""
+    kind, emb = ts["token_embd.weight"]
+    model.lm_head = module(
+        "output.weight" if "output.weight" in ts else "token_embd.weight"
+    )  # tied: the embedding's blocks
+    if blocks_supported(device, dtype) and kind in QUANT_KINDS:  # one copy of the blocks
+        model.embed_tokens = BlockEmbedding(emb.to(device), kind, dtype)
+    else:
+        model.embed_tokens.weight = param(_gguf_float(kind, emb, "token_embd.weight"))
+    ts.pop("token_embd.weight", None)
+    model.norm.weight = param(_gguf_float(*ts.pop("output_norm.weight")))
+
 # %% ../../nbs/05a_model_kernels.ipynb #ccae8fb6
 def load_gguf_model(
     gguf_file,
@@ -641,16 +657,7 @@ def load_gguf_model(
         _load_mlp(layer, b, ts, module, make, moe)
         layer.input_layernorm.weight = param(_gguf_float(*ts.pop(b + "attn_norm.weight")))
         layer.post_attention_layernorm.weight = param(_gguf_float(*ts.pop(b + "ffn_norm.weight")))
-    kind, emb = ts["token_embd.weight"]
-    model.lm_head = module(
-        "output.weight" if "output.weight" in ts else "token_embd.weight"
-    )  # tied: the embedding's blocks
-    if blocks_supported(device, dtype) and kind in QUANT_KINDS:  # one copy of the blocks
-        model.embed_tokens = BlockEmbedding(emb.to(device), kind, dtype)
-    else:
-        model.embed_tokens.weight = param(_gguf_float(kind, emb, "token_embd.weight"))
-    ts.pop("token_embd.weight", None)
-    model.norm.weight = param(_gguf_float(*ts.pop("output_norm.weight")))
+    _load_gguf_ends(model, ts, module, param, device, dtype)
     with torch.device(device):
         model.rotary = RotaryEmbedding(c, max_pos or c.max_position_embeddings).to(dtype)
     if ts:
