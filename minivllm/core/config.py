@@ -987,45 +987,71 @@ def cache_dir() -> Path:
     return Path(os.environ.get("MINIVLLM_CACHE", Path.home() / ".cache" / "minivllm"))
 
 
-def convert_gguf(gguf: str | os.PathLike) -> Path:
-    """De-quantize a GGUF file into a cached HF checkpoint directory (once) and return that
-    directory."""
+def _gguf_metadata_files(gguf: Path, out: Path):
+    "Write the config, generation config and tokenizer of the GGUF file's metadata into `out`."
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+    from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
+
+    for family in ("qwen2_moe", "qwen3_moe"):  # the experts' sizes, missing from its table
+        GGUF_CONFIG_MAPPING[family].setdefault(
+            "expert_feed_forward_length", "moe_intermediate_size"
+        )
+        GGUF_CONFIG_MAPPING[family].setdefault(
+            "expert_shared_feed_forward_length", "shared_expert_intermediate_size"
+        )
+    AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(out)
+    config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.save_pretrained(out)
+    GenerationConfig.from_model_config(config).save_pretrained(out)
+
+
+def _gguf_float_weights(gguf: Path, out: Path):
+    """Every tensor of the GGUF file de-quantized to float32 by transformers, as
+    `out/model.safetensors`; a file that transformers would read wrong is refused."""
+    import safetensors.torch
+    from transformers import AutoModelForCausalLM
+    from transformers.integrations.gguf import read_gguf_metadata
+
+    meta, names = read_gguf_metadata(gguf)
+    if meta["general.architecture"] == "llama" and any("_exps." in n for n in names):
+        raise ValueError(
+            f"{gguf.name} holds experts (a Mixtral file): transformers reads it as a dense Llama "
+            "and drops them; pass quantization='gguf' (lesson 07d runs them from the blocks)."
+        )
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+    )
+    part = out / "model.safetensors.part"
+    safetensors.torch.save_model(model, str(part))
+    part.rename(out / "model.safetensors")
+
+# %% ../../nbs/00b_config.ipynb #27b68fbcs1
+def convert_gguf(gguf: str | os.PathLike, weights: bool = True) -> Path:
+    """The cached HF checkpoint directory of a GGUF file, made once: its metadata's config and
+    tokenizer, and, with `weights`, its tensors de-quantized to float32 (a float engine's)."""
     from filelock import FileLock
 
     gguf = Path(gguf).resolve()
     st = gguf.stat()
     key = hashlib.sha1(f"{gguf}:{st.st_size}:{int(st.st_mtime)}".encode()).hexdigest()[:10]
     out = cache_dir() / f"{gguf.stem}-{key}"
-    if (out / "model.safetensors").exists():
+    done = lambda: (
+        (out / "config.json").exists() and (not weights or (out / "model.safetensors").exists())
+    )
+    if done():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
     with FileLock(str(out) + ".lock"):
-        if (out / "model.safetensors").exists():
-            return out
-        import safetensors.torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-        from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
-
-        for family in ("qwen2_moe", "qwen3_moe"):  # the experts' sizes, missing from its table
-            GGUF_CONFIG_MAPPING[family].setdefault(
-                "expert_feed_forward_length", "moe_intermediate_size"
-            )
-            GGUF_CONFIG_MAPPING[family].setdefault(
-                "expert_shared_feed_forward_length", "shared_expert_intermediate_size"
-            )
-
-        tmp = out.with_name(out.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(tmp)
-        model = AutoModelForCausalLM.from_pretrained(
-            gguf.parent, gguf_file=gguf.name, dtype=torch.float32
-        )
-        if hasattr(model.config, "quantization_config"):
-            del model.config.quantization_config
-        model.config.save_pretrained(tmp)
-        model.generation_config.save_pretrained(tmp)
-        safetensors.torch.save_model(model, str(tmp / "model.safetensors"))
-        tmp.rename(out)
+        if not (out / "config.json").exists():
+            tmp = out.with_name(out.name + ".tmp")
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
+            _gguf_metadata_files(gguf, tmp)
+            tmp.rename(out)
+        if not done():
+            _gguf_float_weights(gguf, out)
     return out
 
 # %% ../../nbs/00b_config.ipynb #f264f9a6
@@ -1072,14 +1098,15 @@ def resolve_model(
     revision: str | None = None,
     hf_token: bool | str | None = None,
     download_dir: str | None = None,
+    weights: bool = True,
 ) -> Path:
     """A local HF checkpoint directory for `model`: None (the embedded model), a GGUF file, a
-    checkpoint directory, or a hub id."""
+    checkpoint directory, or a hub id; a GGUF file's has float weights only with `weights`."""
     if model is None:
-        return convert_gguf(embedded_gguf_path())
+        return convert_gguf(embedded_gguf_path(), weights)
     p = Path(model).expanduser()
     if p.is_file() and p.suffix == ".gguf":
-        return convert_gguf(p)
+        return convert_gguf(p, weights)
     if p.is_dir() and (p / "config.json").exists():
         return p
     if p.exists() or not _HUB_ID.fullmatch(str(model)):
@@ -1208,7 +1235,8 @@ def _model_config(self: EngineArgs, device: torch.device, backend: str) -> Model
     "The model's files (a hub id through the HF cache), its `config.json`, its dtype."
     from transformers import AutoConfig
 
-    path = resolve_model(self.model, self.revision, self.hf_token, self.download_dir)
+    weights = self.quantization != "gguf"  # (`quantization="gguf"` runs the file's blocks)
+    path = resolve_model(self.model, self.revision, self.hf_token, self.download_dir, weights)
     tokenizer = self.tokenizer
     if tokenizer is not None and not Path(tokenizer).expanduser().exists():  # a hub id
         tokenizer = hub_snapshot(
