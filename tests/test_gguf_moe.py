@@ -90,3 +90,15 @@ def test_moe_gguf_of_other_arch_is_refused_by_name(tmp_path, monkeypatch):
     write_moe_gguf(tmp_path / "llama.gguf", hf, arch="llama")
     with pytest.raises(NotImplementedError, match="'mixtral' \\(architecture 'llama'\\)"):
         load_gguf_model(tmp_path / "llama.gguf", hf.config, torch.float32)
+
+
+@pytest.mark.parametrize("family", ["mixtral"], indirect=True)
+def test_mixtral_gguf_float_engine_is_refused_and_gguf_caches_no_floats(family):
+    """Without `quantization="gguf"` a Mixtral file would be de-quantized by transformers, which reads it as a dense
+    Llama and drops its experts: refused by name. With it, the converted cache holds the config and tokenizer only."""
+    gguf_file = family[0]
+    with pytest.raises(ValueError, match="quantization='gguf'"):
+        LLM(model=str(gguf_file), **ARGS)
+    d = resolve_model(str(gguf_file), weights=False)
+    assert (d / "config.json").exists() and (d / "tokenizer.json").exists()
+    assert not (d / "model.safetensors").exists()    # no float32 copy of the weights
