@@ -177,15 +177,15 @@ def test_workers_die_with_their_parent(tiny):
 
 
 def test_parent_watch_without_any_connection():
-    """The two guards of `_die_with_parent` on their own (no socket that could close): a child that would sleep for
+    """The two guards of `die_with_parent` on their own (no socket that could close): a child that would sleep for
     a minute ends within seconds of its parent's death, with PR_SET_PDEATHSIG and with the parent-pid watch alone."""
     parent = textwrap.dedent("""
         import os, signal, subprocess, sys
         kids = []
         for sig in ("1", "0"):
             env = dict(os.environ, MINIVLLM_TP_PARENT_PID=str(os.getpid()), MINIVLLM_TP_PDEATHSIG=sig)
-            kids.append(subprocess.Popen([sys.executable, "-c", "from minivllm.parallel.tensor import _die_with_parent; "
-                "_die_with_parent(); print('ready', flush=True); import time; time.sleep(60)"], env=env, stdout=subprocess.PIPE,
+            kids.append(subprocess.Popen([sys.executable, "-c", "from minivllm.parallel.tensor import die_with_parent; "
+                "die_with_parent(); print('ready', flush=True); import time; time.sleep(60)"], env=env, stdout=subprocess.PIPE,
                 stderr=subprocess.DEVNULL, text=True))
         for k in kids: assert k.stdout.readline().strip() == "ready"
         print(*[k.pid for k in kids], flush=True)

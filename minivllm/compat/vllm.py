@@ -60,7 +60,7 @@ from minivllm.core.config import (
     SpeculativeConfig,
     TextPrompt,
     TokensPrompt,
-    _json_or_str,
+    json_or_str,
 )
 
 # %% ../../nbs/95_vllm_compat.ipynb #imports95b
@@ -269,7 +269,7 @@ class VllmArgs:
                 )
             else:
                 num = ok != _ANY and isinstance(ok[0], (int, float))
-                typ = type(ok[0]) if num else _json_or_str
+                typ = type(ok[0]) if num else json_or_str
                 g.add_argument(flag, type=typ, default=argparse.SUPPRESS, help=f"accepted: {ok}")
 
 

@@ -11,8 +11,8 @@ import torch.nn.functional as F
 
 # %% auto #0
 __all__ = ['DECODE_GROUP_COST', 'MAX_GATHER_BYTES', 'ATTENTION_BACKENDS', 'AttentionMetadata', 'build_metadata', 'write_kv_cache',
-           'simple_paged_attention', 'reference_attention', 'make_paged_case', 'torch_paged_attention',
-           'register_attention_backend', 'get_attention_backend']
+           'simple_paged_attention', 'reference_attention', 'make_paged_case', 'torch_paged_attention', 'TorchPlan',
+           'remembered', 'torch_plan', 'attend_prefills', 'register_attention_backend', 'get_attention_backend']
 
 # %% ../../nbs/04_paged_attention.ipynb #69264453
 @dataclass
@@ -170,11 +170,11 @@ def torch_paged_attention(q, k, v, kv_cache, md: AttentionMetadata, scale: float
     write_kv_cache(k, v, kv_cache, md.slot_mapping)
     if not kv_cache.is_contiguous():
         return simple_paged_attention(q, k, v, kv_cache, md, scale)
-    plan = _torch_plan(md, kv_cache)  # computed by the step's first layer, then remembered
+    plan = torch_plan(md, kv_cache)  # computed by the step's first layer, then remembered
     out = torch.empty_like(q)
     flat = kv_cache.view(2, kv_cache.shape[1], -1)  # [2, num_blocks, block_size * Hkv * D]
     _attend_decode_groups(q, flat, kv_cache, plan, out, scale)
-    _attend_prefills(q, k, v, flat, plan, out, scale)
+    attend_prefills(q, k, v, flat, plan, out, scale)
     return out
 
 # %% ../../nbs/04_paged_attention.ipynb #ac72c2d9
@@ -243,7 +243,7 @@ class _Prefill:
 
 
 @dataclass
-class _TorchPlan:
+class TorchPlan:
     """The torch backend's plan of one step: decode groups, prefill chunks, and the workspace they
     need."""
 
@@ -285,7 +285,7 @@ DECODE_GROUP_COST = (
 MAX_GATHER_BYTES = 256 << 20  # a group's gathered keys + values stay below this
 
 
-def _remembered(md: AttentionMetadata, attr: str, kv_cache: torch.Tensor):
+def remembered(md: AttentionMetadata, attr: str, kv_cache: torch.Tensor):
     """The cache geometry's key, and the plan remembered on `md` under `attr` for it (None: none
     yet, or for another cache)."""
     _, nblk, bs, hkv, d = kv_cache.shape
@@ -294,10 +294,10 @@ def _remembered(md: AttentionMetadata, attr: str, kv_cache: torch.Tensor):
     return key, (plan if plan is not None and plan.key == key else None)
 
 
-def _torch_plan(md: AttentionMetadata, kv_cache: torch.Tensor) -> _TorchPlan:
+def torch_plan(md: AttentionMetadata, kv_cache: torch.Tensor) -> TorchPlan:
     """The torch backend's plan for `md` on this cache geometry, computed once and remembered on
     `md`."""
-    key, plan = _remembered(md, "_torch_plan", kv_cache)
+    key, plan = remembered(md, "_torch_plan", kv_cache)
     if plan is not None:
         return plan
     _, nblk, bs, hkv, d = kv_cache.shape
@@ -335,12 +335,12 @@ def _torch_plan(md: AttentionMetadata, kv_cache: torch.Tensor) -> _TorchPlan:
             prefills.append(_Prefill(s, e, L, None, None))
         else:
             prefills.append(_Prefill(s, e, L, bt[i, : -(-L // bs)], _causal_mask(e - s, L, dev)))
-    plan = _TorchPlan(key, groups, prefills, numel)
+    plan = TorchPlan(key, groups, prefills, numel)
     md._torch_plan = plan
     return plan
 
 # %% ../../nbs/04_paged_attention.ipynb #bfe33d32
-def _attend_prefills(q, k, v, flat, plan: _TorchPlan, out, scale: float):
+def attend_prefills(q, k, v, flat, plan: TorchPlan, out, scale: float):
     """SDPA for each prefill chunk of `plan` into `out`: this step's own keys, or (with cached
     context) the gathered blocks."""
     _, hkv, d = k.shape
@@ -370,7 +370,7 @@ def _attend_prefills(q, k, v, flat, plan: _TorchPlan, out, scale: float):
         out[p.start : p.end] = o.flatten(0, 1).transpose(0, 1)
 
 # %% ../../nbs/04_paged_attention.ipynb #059ae5b1
-def _attend_decode_groups(q, flat, kv_cache, plan: _TorchPlan, out, scale: float):
+def _attend_decode_groups(q, flat, kv_cache, plan: TorchPlan, out, scale: float):
     """Per decode group of `plan`: one `index_select` of its blocks into the workspace, one SDPA
     call with a KV head's query heads as rows, into `out`."""
     _, nblk, bs, hkv, d = kv_cache.shape

@@ -32,7 +32,7 @@ from minivllm.core.sampling_params import (
     StructuredOutputsParams as StructuredOutputsParams,
     TextPrompt as TextPrompt,
     TokensPrompt as TokensPrompt,
-    _DEFAULT_MAX_LOGPROBS as _DEFAULT_MAX_LOGPROBS,
+    DEFAULT_MAX_LOGPROBS as DEFAULT_MAX_LOGPROBS,
 )
 
 # %% auto #0
@@ -43,7 +43,7 @@ __all__ = ['POOLING_TYPES', 'POOLING_TASKS', 'VllmConfig', 'EXTRA_ARGS', 'EMBEDD
            'SchedulerConfig', 'ParallelConfig', 'DeviceConfig', 'EngineConfig', 'register_extra_args',
            'check_extra_args', 'EngineArgs', 'resolve_logits_processors', 'embedded_gguf_path', 'cache_dir',
            'convert_gguf', 'hub_snapshot', 'resolve_model', 'tokenize_bad_words', 'cpu_has_bf16', 'apply_hf_overrides',
-           'engine_args_from_kwargs']
+           'json_or_str', 'engine_args_from_kwargs']
 
 # %% ../../nbs/00b_config.ipynb #a8b80c6b
 @dataclass
@@ -1444,7 +1444,7 @@ def add_cli_args(cls: EngineArgs, parser: argparse.ArgumentParser) -> argparse.A
             g.add_argument(flag, type=str, nargs="+", default=f.default)
         else:
             typ = (
-                _json_or_str
+                json_or_str
                 if "dict" in hint
                 else int
                 if "int" in hint
@@ -1465,7 +1465,7 @@ def _none_or_str(s: str):
     return None if s == "None" else s
 
 
-def _json_or_str(s: str):
+def json_or_str(s: str):
     """A flag's value: JSON (`{...}`, `[...]`, numbers, `null`) when it parses, `None` for 'None',
     else the string."""
     if s == "None":

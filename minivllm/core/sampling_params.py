@@ -14,8 +14,8 @@ from typing import Any, TypedDict, Union
 from fastcore.basics import patch
 
 # %% auto #0
-__all__ = ['PromptType', 'RequestOutputKind', 'StructuredOutputsParams', 'SamplingParams', 'TextPrompt', 'TokensPrompt',
-           'CompletionOutput', 'RequestMetrics', 'RequestOutput']
+__all__ = ['DEFAULT_MAX_LOGPROBS', 'PromptType', 'RequestOutputKind', 'StructuredOutputsParams', 'SamplingParams', 'TextPrompt',
+           'TokensPrompt', 'CompletionOutput', 'RequestMetrics', 'RequestOutput']
 
 # %% ../../nbs/00_sampling_params.ipynb #eda4d398
 class RequestOutputKind(enum.Enum):
@@ -29,7 +29,7 @@ class RequestOutputKind(enum.Enum):
 _STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 _SAMPLING_EPS = 1e-5
 _MAX_TEMP = 1e-2  # vLLM raises smaller positive temperatures to this (below it softmax overflows)
-_DEFAULT_MAX_LOGPROBS = 20  # vLLM's default `max_logprobs`
+DEFAULT_MAX_LOGPROBS = 20  # vLLM's default `max_logprobs`
 
 # Fields minivllm does not implement, with the value that means "off".
 _UNIMPLEMENTED_SAMPLING = dict(logits_processors=None, truncate_prompt_tokens=None)

@@ -148,7 +148,7 @@ def segments_of(idx: torch.Tensor, skip: int | None = None) -> list[tuple[int, t
     ]
 
 # %% ../../nbs/05c_lora.ipynb #ad897c6d
-from ..kernels.attention_kernels import triton, tl, HAS_TRITON, _check_device
+from ..kernels.attention_kernels import triton, tl, HAS_TRITON, check_device
 
 
 @triton.jit
@@ -185,7 +185,7 @@ def _bgmv_shrink_kernel(
 def triton_bgmv_shrink(x: torch.Tensor, a: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     """Triton `bgmv_shrink`: x `[T, in]`, a `[slots, r, in]`, idx `[T]` → `[T, r]` (float32
     accumulation, x's dtype out)."""
-    _check_device(x)
+    check_device(x)
     x, a = x.contiguous(), a.contiguous()
     T, R, IN = x.shape[0], a.shape[1], a.shape[2]
     out = torch.empty(T, R, dtype=torch.float32, device=x.device)
@@ -236,7 +236,7 @@ def _bgmv_expand_kernel(
 # %% ../../nbs/05c_lora.ipynb #c05cexpw
 def triton_bgmv_expand(h: torch.Tensor, b: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     "Triton `bgmv_expand`: h `[T, r]`, b `[slots, out, r]`, idx `[T]` → `[T, out]`."
-    _check_device(h)
+    check_device(h)
     h, b = h.contiguous(), b.contiguous()
     T, OUT, R = h.shape[0], b.shape[1], b.shape[2]
     out = torch.empty(T, OUT, dtype=torch.float32, device=h.device)

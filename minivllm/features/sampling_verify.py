@@ -5,7 +5,7 @@
 # %% ../../nbs/00c_sampling_verify.ipynb #8e532778
 from __future__ import annotations
 from fastcore.basics import patch
-from ..core.sampling_params import SamplingParams, _DEFAULT_MAX_LOGPROBS
+from ..core.sampling_params import SamplingParams, DEFAULT_MAX_LOGPROBS
 
 # %% auto #0
 __all__ = []
@@ -17,7 +17,7 @@ def verify(self: SamplingParams, model_config, max_logprobs: int | None = None):
     token ids in the vocabulary."""
     V = model_config.get_vocab_size()
     if max_logprobs is None:
-        max_logprobs = getattr(model_config, "max_logprobs", _DEFAULT_MAX_LOGPROBS)
+        max_logprobs = getattr(model_config, "max_logprobs", DEFAULT_MAX_LOGPROBS)
     max_lp = V if max_logprobs == -1 else max_logprobs
     for name, what in (("logprobs", "sample"), ("prompt_logprobs", "prompt")):
         n = getattr(self, name)

@@ -12,17 +12,18 @@ from minivllm.core.attention import (
     register_attention_backend,
     torch_paged_attention,
     write_kv_cache,
-    _attend_prefills,
-    _remembered,
-    _torch_plan,
-    _TorchPlan,
+    attend_prefills,
+    remembered,
+    torch_plan,
+    TorchPlan,
 )
 from .gemm import batch_invariant, build_c_library
 
 # %% auto #0
-__all__ = ['LOG2E', 'triton_write_kv_cache', 'online_softmax', 'paged_decode_attention', 'paged_prefill_attention',
-           'triton_paged_attention', 'decode_in_place', 'decode_in_place_compiled', 'inductor_paged_attention',
-           'warm_up_decode_in_place', 'build_decode_kernel', 'decode_in_place_c', 'cpu_paged_attention',
+__all__ = ['LOG2E', 'check_device', 'LaunchPlan', 'launch_write', 'triton_write_kv_cache', 'online_softmax', 'launch_decode',
+           'paged_decode_attention', 'paged_prefill_attention', 'triton_paged_attention', 'decode_in_place',
+           'decode_in_place_compiled', 'inplace_plan', 'inductor_paged_attention', 'warm_up_decode_in_place',
+           'build_decode_kernel', 'check_decode_tables', 'decode_in_place_c', 'cpu_paged_attention',
            'invariant_paged_attention']
 
 # %% ../../nbs/04c_attention_kernels.ipynb #726c03ab
@@ -68,7 +69,7 @@ def _need(cond, msg, exc=ValueError):
         raise exc(msg)
 
 
-def _check_device(t: torch.Tensor):
+def check_device(t: torch.Tensor):
     "Refuse to launch where no kernel can run: no Triton, or a CPU tensor without the interpreter."
     if not HAS_TRITON:
         raise RuntimeError("Triton is not installed: use torch_paged_attention.")
@@ -104,7 +105,7 @@ def _check_cache(kv_cache):
         and min(kv_cache.shape) > 0,
         f"kv_cache must be contiguous in head_dim (<= {_MAX_HEAD_DIM}) and non-empty",
     )
-    _check_device(kv_cache)
+    check_device(kv_cache)
 
 # %% ../../nbs/04c_attention_kernels.ipynb #4e1485f9
 def _check_tokens(name, x, kv_cache, num_heads=None, num_tokens=None):
@@ -135,7 +136,7 @@ def _check_tokens(name, x, kv_cache, num_heads=None, num_tokens=None):
 
 # %% ../../nbs/04c_attention_kernels.ipynb #ac81fee3
 @dataclass
-class _LaunchPlan:
+class LaunchPlan:
     "Host-side facts about one step's metadata, computed once by `_check_metadata`."
 
     max_decode_len: int  # longest context among the decodes
@@ -183,7 +184,7 @@ def _check_shapes(md, num_tokens: int, kv_cache: torch.Tensor):
     _need(0 <= md.num_decodes <= n, f"md.num_decodes={md.num_decodes} is not in [0, {n}]")
 
 # %% ../../nbs/04c_attention_kernels.ipynb #baa13c04
-def _check_metadata(md, num_tokens: int, kv_cache: torch.Tensor) -> _LaunchPlan:
+def _check_metadata(md, num_tokens: int, kv_cache: torch.Tensor) -> LaunchPlan:
     """Check `md` against `num_tokens` query tokens and the cache geometry; return (and remember)
     its launch plan."""
     _, nb, bs = kv_cache.shape[:3]
@@ -236,7 +237,7 @@ def _check_metadata(md, num_tokens: int, kv_cache: torch.Tensor) -> _LaunchPlan:
     _need(not bad_block, f"md.block_tables refers to blocks outside the cache [0, {nb})")
     _need(not bad_slot, f"md.slot_mapping has slots outside the cache [0, {nb * bs})")
     nd = md.num_decodes
-    plan = _LaunchPlan(
+    plan = LaunchPlan(
         max(lens[:nd], default=0),
         max((qsl[i + 1] - qsl[i] for i in range(nd, n)), default=0),
         n - nd,
@@ -280,7 +281,7 @@ def _write_kv_kernel(
     tl.store(vc_ptr + dst, val.to(vc_ptr.dtype.element_ty), mask=mask)
 
 # %% ../../nbs/04c_attention_kernels.ipynb #21d88913
-def _launch_write(k, v, kv_cache, slot_mapping):
+def launch_write(k, v, kv_cache, slot_mapping):
     "Launch the write kernel, one program per token (no checks: the callers made them)."
     _, _, bs, hkv, d = kv_cache.shape
     if k.shape[0] == 0:
@@ -332,7 +333,7 @@ def triton_write_kv_cache(
         key.shape[0] == 0 or int(slot_mapping.max()) < nslots,
         f"slot_mapping has slots outside the cache [0, {nslots})",
     )
-    _launch_write(key, value, kv_cache, slot_mapping)
+    launch_write(key, value, kv_cache, slot_mapping)
 
 # %% ../../nbs/04c_attention_kernels.ipynb #34fe2e2f
 def online_softmax(s: torch.Tensor, v: torch.Tensor, block_n: int):
@@ -489,7 +490,7 @@ def _decode_config(
     return num_splits, block_n
 
 # %% ../../nbs/04c_attention_kernels.ipynb #30de5741
-def _launch_decode(q, kv_cache, md, plan, scale, out, num_splits=None, block_n=None, num_warps=4):
+def launch_decode(q, kv_cache, md, plan, scale, out, num_splits=None, block_n=None, num_warps=4):
     """Launch the decode kernel (and the reduce kernel when the contexts are split) for the first
     `md.num_decodes` rows of `out`."""
     nd = md.num_decodes
@@ -575,7 +576,7 @@ def paged_decode_attention(
         "out must be [>= num_decodes, H, D] with q's dtype",
     )
     if nd:
-        _launch_decode(q, kv_cache, md, plan, scale, out, num_splits, block_n)
+        launch_decode(q, kv_cache, md, plan, scale, out, num_splits, block_n)
     return out[:nd]
 
 # %% ../../nbs/04c_attention_kernels.ipynb #ca5d845e
@@ -721,9 +722,9 @@ def triton_paged_attention(q, k, v, kv_cache, md: AttentionMetadata, scale: floa
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     if q.shape[0] == 0:
         return out
-    _launch_write(k, v, kv_cache, md.slot_mapping)
+    launch_write(k, v, kv_cache, md.slot_mapping)
     if md.num_decodes:
-        _launch_decode(q, kv_cache, md, plan, scale, out)
+        launch_decode(q, kv_cache, md, plan, scale, out)
     if plan.num_prefills:
         _launch_prefill(q, kv_cache, md, plan, scale, out)
     return out
@@ -789,13 +790,13 @@ class _InplacePlan:
         torch.Tensor | None
     )  # [num_decodes, nb] int64, nb = the widest decode's blocks (None: no decodes)
     seq_lens: torch.Tensor | None  # [num_decodes] int64
-    prefills: _TorchPlan
+    prefills: TorchPlan
     checked: bool = False  # the C kernel's table check passed (below)
 
 # %% ../../nbs/04c_attention_kernels.ipynb #43190d6f
-def _inplace_plan(md: AttentionMetadata, kv_cache: torch.Tensor) -> _InplacePlan:
+def inplace_plan(md: AttentionMetadata, kv_cache: torch.Tensor) -> _InplacePlan:
     "The plan for `md` on this cache geometry, computed once and remembered on `md`."
-    key, plan = _remembered(md, "_inplace_plan", kv_cache)
+    key, plan = remembered(md, "_inplace_plan", kv_cache)
     if plan is not None:
         return plan
     bs = kv_cache.shape[2]
@@ -809,9 +810,9 @@ def _inplace_plan(md: AttentionMetadata, kv_cache: torch.Tensor) -> _InplacePlan
             md.seq_lens[:nd].to(dev, torch.int64),
         )
     pre = (
-        _TorchPlan(key, [], _torch_plan(md, kv_cache).prefills, 0)
+        TorchPlan(key, [], torch_plan(md, kv_cache).prefills, 0)
         if nd < md.num_seqs
-        else _TorchPlan(key, [], [], 0)
+        else TorchPlan(key, [], [], 0)
     )
     plan = md._inplace_plan = _InplacePlan(key, bt, sl, pre)
     return plan
@@ -823,15 +824,13 @@ def _attend_in_place(
     """Write the step's keys and values; `decode(q_decodes, plan, out_decodes)` reads the decodes'
     pages in place; SDPA for the prefills."""
     write_kv_cache(k, v, kv_cache, md.slot_mapping)
-    plan = _inplace_plan(md, kv_cache)
+    plan = inplace_plan(md, kv_cache)
     nd = md.num_decodes
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     if nd:
         decode(q[:nd], plan, out[:nd])
     if plan.prefills.prefills:
-        _attend_prefills(
-            q, k, v, kv_cache.view(2, kv_cache.shape[1], -1), plan.prefills, out, scale
-        )
+        attend_prefills(q, k, v, kv_cache.view(2, kv_cache.shape[1], -1), plan.prefills, out, scale)
     return out
 
 # %% ../../nbs/04c_attention_kernels.ipynb #c3ipa04
@@ -900,7 +899,7 @@ def build_decode_kernel(block_size: int, group: int, head_dim: int, dtype=torch.
     return fn
 
 # %% ../../nbs/04c_attention_kernels.ipynb #bba2aaff
-def _check_decode_tables(block_tables, seq_lens, num_blocks: int, block_size: int):
+def check_decode_tables(block_tables, seq_lens, num_blocks: int, block_size: int):
     """Raise unless every decode's context fits its row of the block table and every block it reads
     is in the cache."""
     n, nb = block_tables.shape
@@ -932,7 +931,7 @@ def decode_in_place_c(
         block_tables = block_tables.contiguous()
     seq_lens = seq_lens.to(torch.int64).contiguous()
     if not checked:
-        _check_decode_tables(block_tables, seq_lens, num_blocks, bs)
+        check_decode_tables(block_tables, seq_lens, num_blocks, bs)
     if not (kv_cache.is_contiguous() and q.dtype == kv_cache.dtype and q.device.type == "cpu"):
         raise ValueError(
             "decode_in_place_c needs a contiguous CPU cache and queries of the cache's dtype"
@@ -968,7 +967,7 @@ def cpu_paged_attention(q, k, v, kv_cache, md: AttentionMetadata, scale: float) 
 
     def decode(qd, plan, out):
         if not plan.checked:  # once per step's plan, not per layer
-            _check_decode_tables(
+            check_decode_tables(
                 plan.block_tables, plan.seq_lens, kv_cache.shape[1], kv_cache.shape[2]
             )
             plan.checked = True
@@ -997,7 +996,7 @@ def invariant_paged_attention(q, k, v, kv_cache, md: AttentionMetadata, scale: f
     tables = getattr(md, "_per_token", None)
     if tables is None:
         tables = md._per_token = _per_token_tables(md)
-        _check_decode_tables(*tables, kv_cache.shape[1], kv_cache.shape[2])
+        check_decode_tables(*tables, kv_cache.shape[1], kv_cache.shape[2])
     return decode_in_place_c(q, kv_cache, *tables, scale, checked=True)
 
 # %% ../../nbs/04c_attention_kernels.ipynb #b079c190

@@ -20,9 +20,9 @@ import torch.nn.functional as F
 from ..core.attention import AttentionMetadata, build_metadata
 from minivllm.kernels.attention_kernels import (
     decode_in_place,
-    _LaunchPlan,
-    _launch_decode,
-    _launch_write,
+    LaunchPlan,
+    launch_decode,
+    launch_write,
 )
 from ..core.scheduler import SchedulerOutput
 from ..core.model import MODEL_RUNNERS, ModelRunner, ModelRunnerOutput, StepTimer
@@ -148,12 +148,12 @@ class StaticInputs:
 def graph_decode_attention(max_len: int):
     """Decode-only attention with its launch fixed by `max_len` (no host sync: capturable in a CUDA
     graph). Triton, CUDA."""
-    plan = _LaunchPlan(max_len, 0, 0)
+    plan = LaunchPlan(max_len, 0, 0)
 
     def attn(q, k, v, kv_cache, md, scale):
         out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-        _launch_write(k, v, kv_cache, md.slot_mapping)
-        return _launch_decode(q, kv_cache, md, plan, scale, out)
+        launch_write(k, v, kv_cache, md.slot_mapping)
+        return launch_decode(q, kv_cache, md, plan, scale, out)
 
     return attn
 

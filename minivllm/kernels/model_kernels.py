@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from fastcore.basics import patch
 from ..core.attention import AttentionMetadata, get_attention_backend
 from minivllm.kernels.attention_kernels import (
-    _check_decode_tables,
-    _inplace_plan,
+    check_decode_tables,
+    inplace_plan,
     build_decode_kernel,
     cpu_paged_attention,
     warm_up_decode_in_place,
@@ -783,9 +783,9 @@ def decode_layers_c(model, kv_caches, layers, x, positions, md: AttentionMetadat
     n, hidden, dtype = *x.shape, x.dtype
     a, inter = model.layers[0].self_attn, model.layers[0].mlp.inter
     _, num_blocks, bs, hkv, D = kv_caches[0].shape
-    plan = _inplace_plan(md, kv_caches[0])  # lesson 04c's int64 tables, once per step
+    plan = inplace_plan(md, kv_caches[0])  # lesson 04c's int64 tables, once per step
     if not plan.checked:
-        _check_decode_tables(plan.block_tables, plan.seq_lens, num_blocks, bs)
+        check_decode_tables(plan.block_tables, plan.seq_lens, num_blocks, bs)
         plan.checked = True
     cos, sin = model.rotary.cos_sin(positions, dtype)
     H, bt, slots = a.num_heads, plan.block_tables, md.slot_mapping.to(torch.int64)

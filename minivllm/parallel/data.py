@@ -22,7 +22,7 @@ from ..core.engine_core import SchedulerStats
 from ..core.llm import EngineDeadError
 from ..core.llm_engine import ENGINE_FRONT_ENDS, LLMEngine
 from ..core.metrics import StatLogger
-from .tensor import _die_with_parent
+from .tensor import die_with_parent
 from ..core.processor import Processor
 
 # %% auto #0
@@ -115,7 +115,7 @@ def engine_main():
             sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 5000)
         sock.connect(addr.replace("tcp://", f"tcp://{src}:0;", 1) if src else addr)
     monitor = inp.get_monitor_socket(zmq.EVENT_DISCONNECTED) if remote else None
-    _die_with_parent()
+    die_with_parent()
     try:
         engine = LLMEngine.from_engine_args(
             pickle.loads(Path(env["MINIVLLM_DP_ARGS"]).read_bytes())

@@ -41,7 +41,7 @@ from ..core.scheduler import SchedulerOutput
 # %% auto #0
 __all__ = ['TP_COLUMN', 'TP_ROW', 'TP_SPLIT_SIZES', 'TP_MODULES', 'split_evenly', 'kv_heads_held', 'TPPlan', 'shard_weight',
            'iter_shard_weights', 'shard_config', 'RowParallelLinear', 'VocabParallelEmbedding', 'TPLlamaForCausalLM',
-           'tp_model_class', 'load_shard', 'TPWorker', 'worker_main', 'TPModelRunner']
+           'tp_model_class', 'load_shard', 'die_with_parent', 'TPWorker', 'worker_main', 'TPModelRunner']
 
 # %% ../../nbs/07_tensor_parallel.ipynb #aa6f9996
 def split_evenly(n: int, parts: int) -> list[int]:
@@ -301,7 +301,7 @@ def _timeout() -> datetime.timedelta:
     return datetime.timedelta(seconds=float(os.environ.get("MINIVLLM_TP_TIMEOUT", 300)))
 
 
-def _die_with_parent():
+def die_with_parent():
     "In a worker started by a local rank 0: exit when that process goes away."
     ppid = int(os.environ.get("MINIVLLM_TP_PARENT_PID", 0))
     if not ppid:
@@ -395,7 +395,7 @@ def worker_main():
     """Entry point of ranks 1…N-1: `python -c "from minivllm.parallel.tensor import worker_main;
     worker_main()"` with `MASTER_ADDR`, `MASTER_PORT`, `WORLD_SIZE`, `RANK` (and `LOCAL_RANK`, the
     GPU index) in the environment."""
-    _die_with_parent()
+    die_with_parent()
     env = os.environ
     rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
     local_rank = int(env.get("LOCAL_RANK", rank))
