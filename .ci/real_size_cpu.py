@@ -91,7 +91,8 @@ def one_server(kind, start, model_dir, wls, out_log):
     try:
         startup = wait_healthy(url, proc)
         mem = status_kb(proc.pid)
-        row = dict(server=kind, args=args, startup_s=startup, memory_after_load=mem)
+        row = dict(server=kind, args=args, startup_s=startup, memory_after_load=mem,
+                   load_avg_before=os.getloadavg())
         extra = dict(cache_prompt=False) if kind == "llama.cpp" else None  # no reuse of a prefill
         warm = Workload([wls["batch1"][0].prompts[0][:16]], [4])
         asyncio.run(bench_serve(url, warm, max_concurrency=1, timeout=3600, extra_body=extra))
@@ -102,6 +103,7 @@ def one_server(kind, start, model_dir, wls, out_log):
                              tpot_ms=s["tpot_ms"]["mean"], failed=s["failed"], duration_s=s["duration_s"])
             print(kind, name, row[name], flush=True)
         row["memory_after_runs"] = status_kb(proc.pid)
+        row["load_avg_after"] = os.getloadavg()
         return row
     finally:
         _terminate(proc)
