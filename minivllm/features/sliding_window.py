@@ -319,8 +319,8 @@ def allocate_slots(
         return None  # checked first: the local group's allocation is not undone
     if self.local.allocate_slots(request, num_new_tokens, local_hits) is None:
         return None
-    # its check (`num_blocks_needed` above) passes: the local group's need is now only the hits it
-    # gave back out of the window, which are among its free blocks
+    # its check (`num_blocks_needed` above) passes: what the local group needs here is only the
+    # hits it gave back out of the window, which are among its free blocks
     return KVCacheManager.allocate_slots(self, request, num_new_tokens, new_computed_blocks)
 
 # %% ../../nbs/05d_sliding_window.ipynb #hyb09
