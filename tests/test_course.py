@@ -161,7 +161,7 @@ def test_index_numbers_come_from_saved_results():
     nb = json.loads((NBS / "index.ipynb").read_text())
     prose = "\n".join(_src(c) for c in nb["cells"] if c["cell_type"] == "markdown")
     lines = ""
-    for fn in ("on_gpu", "server_vs_server"):
+    for fn in ("on_gpu", "server_vs_server", "at_real_sizes"):
         line, saved = computed_line(fn)
         assert saved.strip() == line.strip(), f"the index's {fn} sentence is stale: re-execute nbs/index.ipynb"
         assert line.strip() in readme, f"README.md does not hold the {fn} sentence: run python3 .ci/readme"
