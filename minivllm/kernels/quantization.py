@@ -575,7 +575,7 @@ def _gguf_header(buf) -> tuple[dict, list, int]:
         infos.append((name, dims, take("<I"), take("<Q")))
     return meta, infos, pos
 
-# %% ../../nbs/04b_quantization.ipynb #d0a22e77
+# %% ../../nbs/04b_quantization.ipynb #rg04b1
 def _read_into(fd: int, offset: int, out: torch.Tensor):
     "Fill the bytes of the contiguous tensor `out` from file `fd` at `offset`."
     view, done = memoryview(out.numpy()).cast("B"), 0
@@ -585,7 +585,7 @@ def _read_into(fd: int, offset: int, out: torch.Tensor):
             raise EOFError(f"the file ends {len(view) - done} bytes short of a tensor")
         done += n
 
-
+# %% ../../nbs/04b_quantization.ipynb #d0a22e77
 def read_gguf(path: str | os.PathLike) -> tuple[str, dict[str, tuple[str, torch.Tensor]]]:
     """`(architecture, {gguf name: (type name, tensor)})` of a GGUF file: raw block rows `uint8 [N,
     bytes]` for quantized types, floats `[N, K]` otherwise. (A small reader of the format's
