@@ -424,6 +424,32 @@ int qgemm(const T *x, int64_t M, int64_t K, const uint8_t *w, int64_t N, const T
 /* Weight rows [n0, n1) of w as T, into out [n1 - n0, K] (the float weights of a tile). */
 void dequant(const uint8_t *w, int64_t K, int64_t n0, int64_t n1, T *out) {
     const int64_t rb = row_bytes(K);
+#if DOT   /* w = a * (128 + q) + c, from DOT's codes and scales: one rounding, in the FMA */
+    #pragma omp parallel for
+    for (int64_t n = n0; n < n1; n++)
+        for (int64_t s = 0; s < K / 256; s++) {
+            const uint8_t *p = w + n * rb + s * BLOCK_BYTES;
+            __m512 A, C;
+            float a[16], c[16];
+            block_scales(p, &A, &C);
+            _mm512_storeu_ps(a, A);
+            _mm512_storeu_ps(c, C);
+#pragma GCC unroll 8
+            for (int g = 0; g < 8; g++) {
+                const __m512i q = codes(p, g);
+                const int r0 = KIND == 5 ? 2 * g : g, r1 = KIND == 5 ? 2 * g + 1 : g;   /* runs */
+                const __m512 lo = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(
+                    _mm512_cvtepu16_epi32(_mm512_castsi512_si256(q)), 16)), _mm512_set1_ps(a[r0]),
+                    _mm512_set1_ps(c[r0]));
+                const __m512 hi = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(
+                    _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(q, 1)), 16)),
+                    _mm512_set1_ps(a[r1]), _mm512_set1_ps(c[r1]));
+                _mm512_storeu_si512(out + (n - n0) * K + 256 * s + 32 * g,
+                                    (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+            }
+        }
+    return;
+#endif
     #pragma omp parallel for
     for (int64_t n = n0; n < n1; n++) {
         __m512 lo, hi;
