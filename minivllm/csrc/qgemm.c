@@ -274,12 +274,14 @@ static inline __m512i codes(const uint8_t *b, int g) {
 #endif
 }
 
+#if KIND == 5
 /* Group g's scales (Q6_K), two runs of 16: lanes 0..7 (weights 0..15) A[2g], lanes 8..15
    A[2g + 1]. */
 static inline __m512 group_scale(__m512 A, int g) {
     const __m512i i = _mm512_inserti32x8(_mm512_set1_epi32(2 * g), _mm256_set1_epi32(2 * g + 1), 1);
     return _mm512_permutexvar_ps(i, A);
 }
+#endif
 
 /* As `tile`, for DOT: x bfloat16, sx [rows, K / RUN] the sums of x's runs of RUN values. */
 static inline __attribute__((always_inline)) void dot_tile(const uint16_t *x, const float *sx,
@@ -448,8 +450,7 @@ void dequant(const uint8_t *w, int64_t K, int64_t n0, int64_t n1, T *out) {
                                     (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
             }
         }
-    return;
-#endif
+#else
     #pragma omp parallel for
     for (int64_t n = n0; n < n1; n++) {
         __m512 lo, hi;
@@ -471,4 +472,5 @@ void dequant(const uint8_t *w, int64_t K, int64_t n0, int64_t n1, T *out) {
 #endif
         }
     }
+#endif
 }

@@ -590,8 +590,9 @@ def read_gguf(path: str | os.PathLike) -> tuple[str, dict[str, tuple[str, torch.
     """`(architecture, {gguf name: (type name, tensor)})` of a GGUF file: raw block rows `uint8 [N,
     bytes]` for quantized types, floats `[N, K]` otherwise. (A small reader of the format's
     header: the `gguf` package's reader also parses the whole tokenizer vocabulary, which took 5
-    s here.) Each tensor is one read from the file into its own memory: copying out of a memory
-    map, page by page, took 10.7 s of an 8B file's start-up here."""
+    s here.) Each tensor is one read from the file into its own memory, which is several times
+    faster than copying it out of a memory map page by page (an 8B Q4_K_M file's tensors: 2.5 s
+    against 10.7 s here)."""
     import numpy as np
 
     buf = np.memmap(path, dtype=np.uint8, mode="r")
