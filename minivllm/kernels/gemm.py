@@ -41,7 +41,21 @@ def c_source(name: str | os.PathLike) -> Path:
         return Path(name)
     return Path(str(importlib.resources.files("minivllm") / "csrc" / f"{name}.c"))
 
+# %% ../../nbs/04a_cpu_gemm.ipynb #c04acmp
+def _compile(cc: str, args: list[str], src: Path, path: Path):
+    """Compile `src` with `cc` and `args` into the shared library `path` (written under a temporary
+    name, then renamed); raises with the compiler's messages."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        so = os.path.join(tmp, f"{src.stem}.so")
+        r = subprocess.run([cc, *args, str(src), "-o", so, "-lm"], capture_output=True, text=True)
+        if r.returncode:
+            raise RuntimeError(f"{cc} could not compile {src}:\n{r.stderr[-3000:]}")
+        tmp_path = path.with_suffix(f".{os.getpid()}.tmp")
+        shutil.copyfile(so, tmp_path)
+        os.replace(tmp_path, path)
 
+# %% ../../nbs/04a_cpu_gemm.ipynb #c04abld
 @functools.cache
 def build_c_library(
     name: str | os.PathLike, defines: tuple[str, ...] = (), flags: tuple[str, ...] = ()
@@ -59,17 +73,7 @@ def build_c_library(
     key = hashlib.sha256("\n".join([src.read_text(), cc, *args, cpu_flags()]).encode())
     path = cache_dir() / "kernels" / f"{src.stem}-{key.hexdigest()[:16]}.so"
     if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory() as tmp:
-            so = os.path.join(tmp, f"{src.stem}.so")
-            r = subprocess.run(
-                [cc, *args, str(src), "-o", so, "-lm"], capture_output=True, text=True
-            )
-            if r.returncode:
-                raise RuntimeError(f"{cc} could not compile {src}:\n{r.stderr[-3000:]}")
-            tmp_path = path.with_suffix(f".{os.getpid()}.tmp")
-            shutil.copyfile(so, tmp_path)
-            os.replace(tmp_path, path)
+        _compile(cc, args, src, path)
     return ctypes.CDLL(str(path))
 
 # %% ../../nbs/04a_cpu_gemm.ipynb #9b727829
