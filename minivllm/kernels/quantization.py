@@ -10,6 +10,7 @@ import os
 import torch
 from torch import nn
 import torch.nn.functional as F
+from fastcore.basics import patch
 from minivllm.kernels.gemm import (
     GEMM_MAX_ROWS,
     GEMM_UNITS,
@@ -168,29 +169,33 @@ class Int4Linear(nn.Module):
         dense_c = None if held is None else gemm_copy(held)  # its C kernel's copy
         self.register_buffer("dense_c", dense_c, persistent=False)
 
-    def forward(self, x):
-        "`x @ W.T + b` in the kernel's dtype, returned in `x`'s dtype."
-        shape, dt, kt = x.shape, x.dtype, self.scales_and_zeros.dtype
-        if x.dim() != 2:
-            x = x.reshape(-1, self.in_features)  # (no-op reshapes and casts skipped: a decode step
-        if dt != kt:
-            x = x.to(kt)  #  makes 120 of these calls, ~1-2 µs each)
-        if _use_dense(self, x.shape[0], self.max_int4_rows):
-            y = _dense_mm(x, self.dense, self.dense_c)  # many rows: dense
-        else:
-            y = _int4_mm(x, self.packed, self.group_size, self.scales_and_zeros)
-        if self.bias is not None:
-            y = y + self.bias
-        if len(shape) != 2:
-            y = y.reshape(*shape[:-1], self.out_features)
-        return y if dt == kt else y.to(dt)
+# %% ../../nbs/04b_quantization.ipynb #q4bfwd
+@patch
+def forward(self: Int4Linear, x):
+    "`x @ W.T + b` in the kernel's dtype, returned in `x`'s dtype."
+    shape, dt, kt = x.shape, x.dtype, self.scales_and_zeros.dtype
+    if x.dim() != 2:
+        x = x.reshape(-1, self.in_features)  # (no-op reshapes and casts skipped: a decode step
+    if dt != kt:
+        x = x.to(kt)  #  makes 120 of these calls, ~1-2 µs each)
+    if _use_dense(self, x.shape[0], self.max_int4_rows):
+        y = _dense_mm(x, self.dense, self.dense_c)  # many rows: dense
+    else:
+        y = _int4_mm(x, self.packed, self.group_size, self.scales_and_zeros)
+    if self.bias is not None:
+        y = y + self.bias
+    if len(shape) != 2:
+        y = y.reshape(*shape[:-1], self.out_features)
+    return y if dt == kt else y.to(dt)
 
-    def extra_repr(self):
-        return (
-            f"in_features={self.in_features}, out_features={self.out_features}, "
-            f"group_size={self.group_size}, int4"
-            + (f", dense above {self.max_int4_rows} rows" if self.dense is not None else "")
-        )
+
+@patch
+def extra_repr(self: Int4Linear):
+    return (
+        f"in_features={self.in_features}, out_features={self.out_features}, "
+        f"group_size={self.group_size}, int4"
+        + (f", dense above {self.max_int4_rows} rows" if self.dense is not None else "")
+    )
 
 # %% ../../nbs/04b_quantization.ipynb #62370a19
 def int4_reference(q, scale, zero, dtype=torch.bfloat16) -> torch.Tensor:
@@ -227,26 +232,30 @@ class Int8Linear(nn.Module):
         self.register_buffer("dense", None if held is None else _dense_copy(held))
         self.register_buffer("dense_c", None if held is None else gemm_copy(held), persistent=False)
 
-    def forward(self, x):
-        "`x @ W.T + b` in the scales' dtype, returned in `x`'s dtype."
-        shape, dt = x.shape, x.dtype
-        x = x.reshape(-1, self.in_features).to(self.scales.dtype)
-        if _use_dense(self, x.shape[0], self.max_int8_rows):
-            y = _dense_mm(x, self.dense, self.dense_c)  # many rows: dense
-        elif x.device.type == "cpu":
-            y = torch.ops.aten._weight_int8pack_mm(x, self.weight, self.scales)
-        else:
-            y = (
-                F.linear(x, self.weight.to(x.dtype)) * self.scales
-            )  # CUDA: no int8 weight-only kernel in aten
-        if self.bias is not None:
-            y = y + self.bias
-        return y.reshape(*shape[:-1], self.out_features).to(dt)
+# %% ../../nbs/04b_quantization.ipynb #q8bfwd
+@patch
+def forward(self: Int8Linear, x):
+    "`x @ W.T + b` in the scales' dtype, returned in `x`'s dtype."
+    shape, dt = x.shape, x.dtype
+    x = x.reshape(-1, self.in_features).to(self.scales.dtype)
+    if _use_dense(self, x.shape[0], self.max_int8_rows):
+        y = _dense_mm(x, self.dense, self.dense_c)  # many rows: dense
+    elif x.device.type == "cpu":
+        y = torch.ops.aten._weight_int8pack_mm(x, self.weight, self.scales)
+    else:
+        y = (
+            F.linear(x, self.weight.to(x.dtype)) * self.scales
+        )  # CUDA: no int8 weight-only kernel in aten
+    if self.bias is not None:
+        y = y + self.bias
+    return y.reshape(*shape[:-1], self.out_features).to(dt)
 
-    def extra_repr(self):
-        return f"in_features={self.in_features}, out_features={self.out_features}, int8 per row" + (
-            f", dense above {self.max_int8_rows} rows" if self.dense is not None else ""
-        )
+
+@patch
+def extra_repr(self: Int8Linear):
+    return f"in_features={self.in_features}, out_features={self.out_features}, int8 per row" + (
+        f", dense above {self.max_int8_rows} rows" if self.dense is not None else ""
+    )
 
 # %% ../../nbs/04b_quantization.ipynb #f0887d6d
 # GGUF type → (qgemm.c's KIND, weights per block, bytes per block): every layout qgemm.c reads
@@ -380,7 +389,7 @@ def block_gemm_op(
 def _(x, blocks, kind, bias):
     return x.new_empty(x.shape[0], blocks.shape[0])  # (len(x) would fix the number of rows)
 
-
+# %% ../../nbs/04b_quantization.ipynb #q4bbcl
 class BlockLinear(nn.Module):
     """`y = x @ W.T (+ b)` with `W` in GGUF's blocks as the file has them (`blocks`: uint8 rows of
     type `kind`), multiplied by `qgemm.c`; with `max_rows`, calls with more rows multiply tiles
@@ -399,23 +408,27 @@ class BlockLinear(nn.Module):
         self.register_buffer("blocks", blocks.contiguous())
         self.bias = None if bias is None else nn.Parameter(bias.to(dtype), requires_grad=False)
 
-    def forward(self, x):
-        "`x @ W.T + b` in the layer's dtype, returned in `x`'s dtype."
-        shape, dt = x.shape, x.dtype
-        x = x.reshape(-1, self.in_features).to(self.dtype)
-        if torch.compiler.is_compiling():  # any number of rows: the kernel, one op of the graph
-            y = torch.ops.minivllm.block_gemm(x, self.blocks, self.kind, self.bias)
-        elif self.max_rows is not None and len(x) > self.max_rows:
-            y = tiled_gemm(x, self.blocks, self.kind, self.bias)  # many rows: dense tiles
-        else:
-            y = block_gemm(x, self.blocks, self.kind, self.bias)
-        return y.reshape(*shape[:-1], self.out_features).to(dt)
+# %% ../../nbs/04b_quantization.ipynb #q4bbfw
+@patch
+def forward(self: BlockLinear, x):
+    "`x @ W.T + b` in the layer's dtype, returned in `x`'s dtype."
+    shape, dt = x.shape, x.dtype
+    x = x.reshape(-1, self.in_features).to(self.dtype)
+    if torch.compiler.is_compiling():  # any number of rows: the kernel, one op of the graph
+        y = torch.ops.minivllm.block_gemm(x, self.blocks, self.kind, self.bias)
+    elif self.max_rows is not None and len(x) > self.max_rows:
+        y = tiled_gemm(x, self.blocks, self.kind, self.bias)  # many rows: dense tiles
+    else:
+        y = block_gemm(x, self.blocks, self.kind, self.bias)
+    return y.reshape(*shape[:-1], self.out_features).to(dt)
 
-    def extra_repr(self):
-        return (
-            f"in_features={self.in_features}, out_features={self.out_features}, {self.kind} "
-            f"blocks" + (f", dense tiles above {self.max_rows} rows" if self.max_rows else "")
-        )
+
+@patch
+def extra_repr(self: BlockLinear):
+    return (
+        f"in_features={self.in_features}, out_features={self.out_features}, {self.kind} "
+        f"blocks" + (f", dense tiles above {self.max_rows} rows" if self.max_rows else "")
+    )
 
 # %% ../../nbs/04b_quantization.ipynb #540fa181
 def _scales_mins(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -508,7 +521,7 @@ def gguf_to_hf_name(name: str) -> str:
         return f"model.layers.{parts[1]}.{GGUF_TO_HF[parts[2]]}.{parts[3]}"
     return f"{GGUF_TO_HF[parts[0]]}.{parts[1]}"
 
-
+# %% ../../nbs/04b_quantization.ipynb #q4bgty
 _GGUF_SCALARS = {
     0: "<B",
     1: "<b",
