@@ -183,18 +183,12 @@ def _check_shapes(md, num_tokens: int, kv_cache: torch.Tensor):
     )
     _need(0 <= md.num_decodes <= n, f"md.num_decodes={md.num_decodes} is not in [0, {n}]")
 
-# %% ../../nbs/04c_attention_kernels.ipynb #baa13c04
-def _check_metadata(md, num_tokens: int, kv_cache: torch.Tensor) -> LaunchPlan:
-    """Check `md` against `num_tokens` query tokens and the cache geometry; return (and remember)
-    its launch plan."""
+# %% ../../nbs/04c_attention_kernels.ipynb #c4chv
+def _host_values(md, num_tokens: int, kv_cache: torch.Tensor):
+    """What the checks need on the host, fetched with one synchronisation: `query_start_loc`,
+    `seq_lens`, and whether a used block or a slot lies outside the cache."""
     _, nb, bs = kv_cache.shape[:3]
-    key = (num_tokens, nb, bs, str(kv_cache.device))
-    if getattr(md, "_checked_for", None) == key:
-        return md._plan
-    _check_shapes(md, num_tokens, kv_cache)
-    n = md.num_seqs
-    # what the kernels will read, fetched with one synchronisation
-    max_blocks = md.block_tables.shape[1]
+    n, max_blocks = md.num_seqs, md.block_tables.shape[1]
     used = (
         torch.arange(max_blocks, device=md.block_tables.device)[None]
         < (md.seq_lens[:, None] + bs - 1) // bs
@@ -208,11 +202,11 @@ def _check_metadata(md, num_tokens: int, kv_cache: torch.Tensor) -> LaunchPlan:
     values = torch.cat(
         [md.query_start_loc.long(), md.seq_lens.long(), torch.stack([bad_block, bad_slot]).long()]
     ).tolist()
-    qsl, lens, (bad_block, bad_slot) = (
-        values[: n + 1],
-        values[n + 1 : 2 * n + 1],
-        values[2 * n + 1 :],
-    )
+    return values[: n + 1], values[n + 1 : 2 * n + 1], values[2 * n + 1 :]
+
+# %% ../../nbs/04c_attention_kernels.ipynb #c4crq
+def _check_requests(md, qsl: list, lens: list, num_tokens: int, bs: int):
+    "Check each request's query tokens against its context and its row of the block table."
     _need(
         all(
             c is None or list(c) == t
@@ -224,7 +218,8 @@ def _check_metadata(md, num_tokens: int, kv_cache: torch.Tensor) -> LaunchPlan:
         qsl[0] == 0 and qsl[-1] == num_tokens,
         f"md.query_start_loc must run from 0 to {num_tokens}, got {qsl[0]}..{qsl[-1]}",
     )
-    for i in range(n):
+    max_blocks = md.block_tables.shape[1]
+    for i in range(md.num_seqs):
         ql, L = qsl[i + 1] - qsl[i], lens[i]
         if i < md.num_decodes:
             _need(ql == 1, f"request {i} is a decode but has {ql} query tokens")
@@ -234,9 +229,21 @@ def _check_metadata(md, num_tokens: int, kv_cache: torch.Tensor) -> LaunchPlan:
             f"request {i}: a context of {L} tokens needs {-(-L // bs)} block(s) of {bs}, "
             f"but the block table has only {max_blocks} columns",
         )
+
+# %% ../../nbs/04c_attention_kernels.ipynb #baa13c04
+def _check_metadata(md, num_tokens: int, kv_cache: torch.Tensor) -> LaunchPlan:
+    """Check `md` against `num_tokens` query tokens and the cache geometry; return (and remember)
+    its launch plan."""
+    _, nb, bs = kv_cache.shape[:3]
+    key = (num_tokens, nb, bs, str(kv_cache.device))
+    if getattr(md, "_checked_for", None) == key:
+        return md._plan
+    _check_shapes(md, num_tokens, kv_cache)
+    qsl, lens, (bad_block, bad_slot) = _host_values(md, num_tokens, kv_cache)
+    _check_requests(md, qsl, lens, num_tokens, bs)
     _need(not bad_block, f"md.block_tables refers to blocks outside the cache [0, {nb})")
     _need(not bad_slot, f"md.slot_mapping has slots outside the cache [0, {nb * bs})")
-    nd = md.num_decodes
+    n, nd = md.num_seqs, md.num_decodes
     plan = LaunchPlan(
         max(lens[:nd], default=0),
         max((qsl[i + 1] - qsl[i] for i in range(nd, n)), default=0),
@@ -351,6 +358,53 @@ def online_softmax(s: torch.Tensor, v: torch.Tensor, block_n: int):
         trace.append((m.item(), l.item()))
     return acc / l, trace
 
+# %% ../../nbs/04c_attention_kernels.ipynb #c4khlp
+@triton.jit
+def _load_rows(ptr, rows, d, rmask, dmask, UPCAST: tl.constexpr):
+    """The `[rows, head_dim]` tile at row offsets `rows` (0 where masked), in float32 under the
+    interpreter."""
+    x = tl.load(ptr + rows[:, None] + d[None, :], mask=rmask[:, None] & dmask[None, :], other=0.0)
+    if UPCAST:
+        x = x.to(tl.float32)
+    return x
+
+
+@triton.jit
+def _store_rows(ptr, rows, d, rmask, dmask, x):
+    "Store the tile `x` at row offsets `rows`, in the pointer's dtype."
+    tl.store(
+        ptr + rows[:, None] + d[None, :],
+        x.to(ptr.dtype.element_ty),
+        mask=rmask[:, None] & dmask[None, :],
+    )
+
+
+@triton.jit
+def _load_kv_tile(
+    kc_ptr, vc_ptr, bt_ptr, t, valid, d, dmask, kv_row, stride_cb, stride_cs,
+    BLOCK_SIZE: tl.constexpr, UPCAST: tl.constexpr,
+):  # fmt: skip
+    """Keys and values `[BLOCK_N, BLOCK_D]` of token positions `t`, found through the request's
+    block table `bt_ptr`; `kv_row` is the KV head's offset within a token's row."""
+    block = tl.load(bt_ptr + t // BLOCK_SIZE, mask=valid, other=0).to(tl.int64)
+    row = block * stride_cb + (t % BLOCK_SIZE) * stride_cs + kv_row
+    k = _load_rows(kc_ptr, row, d, valid, dmask, UPCAST)
+    return k, _load_rows(vc_ptr, row, d, valid, dmask, UPCAST)
+
+# %% ../../nbs/04c_attention_kernels.ipynb #c4ksft
+@triton.jit
+def _online_softmax_tile(q, k, v, s_mask, qk_scale, m_i, l_i, acc, DOT_PREC: tl.constexpr):
+    """`online_softmax`'s step for a tile of keys `k` and values `v` (scores outside `s_mask`
+    left out, exponentials in base 2): the new running max, sum and weighted sum of values."""
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale  # [rows, BLOCK_N]
+    s = tl.where(s_mask, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)  # rescales what was accumulated so far
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
+    return m_new, l_i, acc
+
 # %% ../../nbs/04c_attention_kernels.ipynb #91e56ffc
 @triton.jit
 def _decode_kernel(
@@ -368,49 +422,28 @@ def _decode_kernel(
     g, d = tl.arange(0, BLOCK_G), tl.arange(0, BLOCK_D)
     heads = kvh * GROUP + g  # the query heads that share KV head kvh
     gmask, dmask = g < GROUP, d < HEAD_DIM
-    q = tl.load(
-        q_ptr + seq.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + d[None, :],
-        mask=gmask[:, None] & dmask[None, :],
-        other=0.0,
-    )
-    if UPCAST:
-        q = q.to(tl.float32)
+    q = _load_rows(q_ptr + seq.to(tl.int64) * stride_qt, heads * stride_qh, d, gmask, dmask, UPCAST)
     m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)  # running max (log2 units)
     l_i = tl.zeros([BLOCK_G], tl.float32)  # running sum of exponentials
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)  # running weighted sum of values
     for n0 in range(start, end, BLOCK_N):
         t = n0 + tl.arange(0, BLOCK_N)  # token positions of this tile
         valid = t < end
-        block = tl.load(bt_ptr + seq * stride_bt + t // BLOCK_SIZE, mask=valid, other=0).to(
-            tl.int64
+        k, v = _load_kv_tile(
+            kc_ptr, vc_ptr, bt_ptr + seq * stride_bt, t, valid, d, dmask, kvh * stride_ch,
+            stride_cb, stride_cs, BLOCK_SIZE, UPCAST,
+        )  # fmt: skip
+        m_i, l_i, acc = _online_softmax_tile(
+            q, k, v, valid[None, :], qk_scale, m_i, l_i, acc, DOT_PREC
         )
-        row = block * stride_cb + (t % BLOCK_SIZE) * stride_cs + kvh * stride_ch
-        kv_mask = valid[:, None] & dmask[None, :]
-        k = tl.load(
-            kc_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0
-        )  # [BLOCK_N, BLOCK_D]
-        v = tl.load(vc_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        if UPCAST:
-            k, v = k.to(tl.float32), v.to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale  # [BLOCK_G, BLOCK_N]
-        s = tl.where(valid[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)  # rescales what was accumulated so far
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
-        m_i = m_new
-    o_mask = gmask[:, None] & dmask[None, :]
-    o_off = (
-        seq.to(tl.int64) * stride_ot + heads[:, None] * stride_oh + split * stride_os + d[None, :]
-    )
+    o_rows = seq.to(tl.int64) * stride_ot + heads * stride_oh + split * stride_os
     if SPLIT:  # partial result: the reduce kernel merges the splits
-        tl.store(o_ptr + o_off, acc, mask=o_mask)
+        _store_rows(o_ptr, o_rows, d, gmask, dmask, acc)
         ml_off = seq * stride_mt + heads * stride_mh + split
         tl.store(m_ptr + ml_off, m_i, mask=gmask)
         tl.store(l_ptr + ml_off, l_i, mask=gmask)
     else:
-        tl.store(o_ptr + o_off, (acc / l_i[:, None]).to(o_ptr.dtype.element_ty), mask=o_mask)
+        _store_rows(o_ptr, o_rows, d, gmask, dmask, acc / l_i[:, None])
 
 # %% ../../nbs/04c_attention_kernels.ipynb #2086dc56
 @triton.jit
@@ -489,20 +522,12 @@ def _decode_config(
         num_splits = _pick_num_splits(num_decodes, num_kv_heads, max_len, block_n, device)
     return num_splits, block_n
 
-# %% ../../nbs/04c_attention_kernels.ipynb #30de5741
-def launch_decode(q, kv_cache, md, plan, scale, out, num_splits=None, block_n=None, num_warps=4):
-    """Launch the decode kernel (and the reduce kernel when the contexts are split) for the first
-    `md.num_decodes` rows of `out`."""
-    nd = md.num_decodes
+# %% ../../nbs/04c_attention_kernels.ipynb #c4dlc
+def _decode_launch_config(q, kv_cache, nd, max_len, num_splits=None, block_n=None, num_warps=4):
+    "(num_splits, split_len, the kernel's constants) of a decode launch of `nd` rows of `q`."
     _, _, bs, hkv, d = kv_cache.shape
-    h = q.shape[1]
-    group = h // hkv
-    interp = _interpreting()
-    num_splits, block_n = _decode_config(
-        nd, hkv, plan.max_decode_len, q.device, num_splits, block_n, q.dtype
-    )
-    split_len = _split_len(plan.max_decode_len, num_splits, block_n)
-    kc, vc, bt = kv_cache[0], kv_cache[1], md.block_tables
+    group = q.shape[1] // hkv
+    num_splits, block_n = _decode_config(nd, hkv, max_len, q.device, num_splits, block_n, q.dtype)
     consts = dict(
         GROUP=group,
         HEAD_DIM=d,
@@ -511,10 +536,21 @@ def launch_decode(q, kv_cache, md, plan, scale, out, num_splits=None, block_n=No
         BLOCK_D=max(16, triton.next_power_of_2(d)),
         BLOCK_N=block_n,
         SPLIT=num_splits > 1,
-        UPCAST=interp,
+        UPCAST=_interpreting(),
         DOT_PREC="ieee" if q.dtype == torch.float32 else None,
         num_warps=num_warps,
     )
+    return num_splits, _split_len(max_len, num_splits, block_n), consts
+
+# %% ../../nbs/04c_attention_kernels.ipynb #30de5741
+def launch_decode(q, kv_cache, md, plan, scale, out, num_splits=None, block_n=None, num_warps=4):
+    """Launch the decode kernel (and the reduce kernel when the contexts are split) for the first
+    `md.num_decodes` rows of `out`."""
+    nd, h, d, hkv = md.num_decodes, q.shape[1], q.shape[2], kv_cache.shape[3]
+    num_splits, split_len, consts = _decode_launch_config(
+        q, kv_cache, nd, plan.max_decode_len, num_splits, block_n, num_warps
+    )
+    kc, vc, bt = kv_cache[0], kv_cache[1], md.block_tables
     args = (kc.stride(0), kc.stride(1), kc.stride(2))
     if num_splits == 1:
         _decode_kernel[(nd, hkv, 1)](
@@ -598,47 +634,26 @@ def _prefill_kernel(
     r, d = tl.arange(0, BLOCK_M), tl.arange(0, BLOCK_D)
     qi = tile * BLOCK_Q + r // GROUP  # row r: query token qi of the chunk ...
     head = kvh * GROUP + r % GROUP  # ... and query head `head`
-    rmask = (r < BLOCK_Q * GROUP) & (qi < q_len)
-    dmask = d < HEAD_DIM
+    rmask, dmask = (r < BLOCK_Q * GROUP) & (qi < q_len), d < HEAD_DIM
     pos = ctx_len + qi  # the row's position in the sequence
-    q_off = (q_start + qi).to(tl.int64) * stride_qt + head * stride_qh
-    q = tl.load(
-        q_ptr + q_off[:, None] + d[None, :], mask=rmask[:, None] & dmask[None, :], other=0.0
+    q = _load_rows(
+        q_ptr, (q_start + qi).to(tl.int64) * stride_qt + head * stride_qh, d, rmask, dmask, UPCAST
     )
-    if UPCAST:
-        q = q.to(tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    kv_end = tl.minimum(
-        seq_len, ctx_len + (tile + 1) * BLOCK_Q
-    )  # keys beyond are in every row's future
+    kv_end = tl.minimum(seq_len, ctx_len + (tile + 1) * BLOCK_Q)  # keys beyond: every row's future
     for n0 in range(0, kv_end, BLOCK_N):
         t = n0 + tl.arange(0, BLOCK_N)
         valid = t < kv_end
-        block = tl.load(bt_ptr + seq * stride_bt + t // BLOCK_SIZE, mask=valid, other=0).to(
-            tl.int64
-        )
-        row = block * stride_cb + (t % BLOCK_SIZE) * stride_cs + kvh * stride_ch
-        kv_mask = valid[:, None] & dmask[None, :]
-        k = tl.load(kc_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(vc_ptr + row[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        if UPCAST:
-            k, v = k.to(tl.float32), v.to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * qk_scale  # [BLOCK_M, BLOCK_N]
-        s = tl.where((t[None, :] <= pos[:, None]) & valid[None, :], s, float("-inf"))  # causal
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PREC)
-        m_i = m_new
-    o_off = (q_start + qi).to(tl.int64) * stride_ot + head * stride_oh
-    tl.store(
-        o_ptr + o_off[:, None] + d[None, :],
-        (acc / l_i[:, None]).to(o_ptr.dtype.element_ty),
-        mask=rmask[:, None] & dmask[None, :],
-    )
+        k, v = _load_kv_tile(
+            kc_ptr, vc_ptr, bt_ptr + seq * stride_bt, t, valid, d, dmask, kvh * stride_ch,
+            stride_cb, stride_cs, BLOCK_SIZE, UPCAST,
+        )  # fmt: skip
+        causal = (t[None, :] <= pos[:, None]) & valid[None, :]
+        m_i, l_i, acc = _online_softmax_tile(q, k, v, causal, qk_scale, m_i, l_i, acc, DOT_PREC)
+    o_rows = (q_start + qi).to(tl.int64) * stride_ot + head * stride_oh
+    _store_rows(o_ptr, o_rows, d, rmask, dmask, acc / l_i[:, None])
 
 # %% ../../nbs/04c_attention_kernels.ipynb #86e329da
 def _prefill_config(group, head_dim, interp, block_m=None, block_n=None, dtype=torch.float16):
@@ -667,35 +682,13 @@ def _launch_prefill(q, kv_cache, md, plan, scale, out, block_m=None, block_n=Non
     kc, vc, bt = kv_cache[0], kv_cache[1], md.block_tables
     grid = (plan.num_prefills, triton.cdiv(plan.max_prefill_len, block_q), hkv)
     _prefill_kernel[grid](
-        q,
-        kc,
-        vc,
-        bt,
-        md.seq_lens,
-        md.query_start_loc,
-        out,
-        scale * LOG2E,
-        md.num_decodes,
-        q.stride(0),
-        q.stride(1),
-        bt.stride(0),
-        kc.stride(0),
-        kc.stride(1),
-        kc.stride(2),
-        out.stride(0),
-        out.stride(1),
-        GROUP=group,
-        HEAD_DIM=d,
-        BLOCK_SIZE=bs,
-        BLOCK_Q=block_q,
-        BLOCK_M=block_m,
-        BLOCK_D=max(16, triton.next_power_of_2(d)),
-        BLOCK_N=block_n,
-        UPCAST=interp,
-        DOT_PREC="ieee" if q.dtype == torch.float32 else None,
-        num_warps=warps,
-        num_stages=stages,
-    )
+        q, kc, vc, bt, md.seq_lens, md.query_start_loc, out, scale * LOG2E, md.num_decodes,
+        q.stride(0), q.stride(1), bt.stride(0), kc.stride(0), kc.stride(1), kc.stride(2),
+        out.stride(0), out.stride(1),
+        GROUP=group, HEAD_DIM=d, BLOCK_SIZE=bs, BLOCK_Q=block_q, BLOCK_M=block_m,
+        BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_N=block_n, UPCAST=interp,
+        DOT_PREC="ieee" if q.dtype == torch.float32 else None, num_warps=warps, num_stages=stages,
+    )  # fmt: skip
     return out
 
 # %% ../../nbs/04c_attention_kernels.ipynb #85133291
