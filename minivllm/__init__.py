@@ -23,15 +23,20 @@ from minivllm.core.config import (
     EmbeddingOutput,
     LoRARequest,
 )
+
+# %% ../nbs/99_public_api.ipynb #api99c2
 from .features.sampling_more import BeamSearchParams
 from .core.llm_engine import LLMEngine
 from .core.llm import LLM
 import minivllm.features.llm_more  # noqa: F401 (LLM.chat, beam_search, embed, ...: lesson 13b)
 from .serve.async_engine import AsyncLLMEngine, AsyncLLM, AsyncEngineArgs
+
+# %% ../nbs/99_public_api.ipynb #api99c3
 import minivllm.compat.vllm  # noqa: F401 (vLLM's other engine arguments and module paths)
 import minivllm.features.sampling_verify  # noqa: F401 (SamplingParams.verify, lesson 00c)
 from .features.pooling import ScoringOutput, ScoringRequestOutput
 
+# %% ../nbs/99_public_api.ipynb #api99c4
 __all__ = [  # what `from minivllm import *` brings (ruff reads it too)
     "SamplingParams",
     "EngineArgs",

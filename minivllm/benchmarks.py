@@ -180,6 +180,14 @@ def load_hf(model_dir, dtype=torch.float32, device="cpu"):
 
     return AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).to(device).eval()
 
+# %% ../nbs/16_benchmarks.ipynb #lp16c
+def _left_pad(prompts: list[list[int]], pad_id: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    "`prompts` padded on the left with `pad_id`, and the attention mask (0: padding)."
+    L = max(map(len, prompts))
+    ids = torch.tensor([[pad_id] * (L - len(p)) + p for p in prompts], device=device)
+    mask = torch.tensor([[0] * (L - len(p)) + [1] * len(p) for p in prompts], device=device)
+    return ids, mask
+
 # %% ../nbs/16_benchmarks.ipynb #c3rhfg16
 @torch.inference_mode()
 def run_hf_generate(
@@ -198,13 +206,7 @@ def run_hf_generate(
     for b in range(0, len(order), batch_size):
         idx = order[b : b + batch_size]
         L, n = max(len(wl.prompts[i]) for i in idx), max(wl.output_lens[i] for i in idx)
-        ids = torch.tensor(
-            [[pad_id] * (L - len(wl.prompts[i])) + wl.prompts[i] for i in idx], device=model.device
-        )
-        mask = torch.tensor(
-            [[0] * (L - len(wl.prompts[i])) + [1] * len(wl.prompts[i]) for i in idx],
-            device=model.device,
-        )
+        ids, mask = _left_pad([wl.prompts[i] for i in idx], pad_id, model.device)
         out = model.generate(
             ids,
             attention_mask=mask,
@@ -240,6 +242,30 @@ def hf_cb_config(kv_tokens: int, max_batch_tokens: int = 2048, page_size: int = 
         **kw,
     )
 
+# %% ../nbs/16_benchmarks.ipynb #cbw16c
+def _cb_submit_and_wait(mgr, wl: Workload, record_timestamps: bool = False) -> tuple[list, float]:
+    """Every request of `wl` added to transformers' continuous-batching manager `mgr`, then its
+    results waited for: the results in the workload's order, and the seconds it all took."""
+    t0 = time.perf_counter()
+    ids = [
+        mgr.add_request(
+            p,
+            request_id=f"r{i}",
+            max_new_tokens=n,
+            eos_token_id=-1,
+            record_timestamps=record_timestamps,
+        )
+        for i, (p, n) in enumerate(zip(wl.prompts, wl.output_lens))
+    ]
+    res = {}
+    while len(res) < len(ids):
+        r = mgr.get_result(timeout=1)
+        if r is not None and r.is_finished():
+            res[r.request_id] = r
+        elif r is None and not mgr.is_running():
+            raise RuntimeError("transformers' continuous batching stopped")
+    return [res[i] for i in ids], time.perf_counter() - t0
+
 # %% ../nbs/16_benchmarks.ipynb #5da279fe
 def run_hf_continuous(
     model, wl: Workload, record_timestamps: bool = False, cb_config=None, warmup: bool = True
@@ -267,26 +293,7 @@ def run_hf_continuous(
         warmup=warmup,
         continuous_batching_config=cb_config,
     ) as mgr:
-        t0 = time.perf_counter()
-        ids = [
-            mgr.add_request(
-                p,
-                request_id=f"r{i}",
-                max_new_tokens=n,
-                eos_token_id=-1,
-                record_timestamps=record_timestamps,
-            )
-            for i, (p, n) in enumerate(zip(wl.prompts, wl.output_lens))
-        ]
-        res = {}
-        while len(res) < len(ids):
-            r = mgr.get_result(timeout=1)
-            if r is not None and r.is_finished():
-                res[r.request_id] = r
-            elif r is None and not mgr.is_running():
-                raise RuntimeError("transformers' continuous batching stopped")
-        dt = time.perf_counter() - t0
-    outs = [res[i] for i in ids]
+        outs, dt = _cb_submit_and_wait(mgr, wl, record_timestamps)
     _check_lengths("hf-generate_batch", [len(o.generated_tokens) for o in outs], wl.output_lens)
     extra = dict(tokens=[o.generated_tokens for o in outs])
     if record_timestamps:
@@ -493,10 +500,7 @@ def latency_hf_generate(model, wl: Workload, pad_id: int | None = None) -> Laten
     "TTFT/TPOT of HF `generate` on the workload as one batch (equal lengths), timed by a streamer."
     pad_id = pad_id if pad_id is not None else (model.generation_config.pad_token_id or 0)
     L, n = max(map(len, wl.prompts)), max(wl.output_lens)
-    ids = torch.tensor([[pad_id] * (L - len(p)) + p for p in wl.prompts], device=model.device)
-    mask = torch.tensor(
-        [[0] * (L - len(p)) + [1] * len(p) for p in wl.prompts], device=model.device
-    )
+    ids, mask = _left_pad(wl.prompts, pad_id, model.device)
     st = _TimingStreamer()
     t0 = time.perf_counter()
     out = model.generate(
@@ -521,6 +525,36 @@ def latency_hf_continuous(model, wl: Workload, warmup: bool = True) -> LatencyRe
     lat = [(ts[0] - c, (ts[-1] - ts[0]) / max(len(ts) - 1, 1)) for c, ts in r.extra["timing"]]
     return _lat(lat, "hf-generate_batch", wl.num_requests, len(wl.prompts[0]), wl.output_lens[0])
 
+# %% ../nbs/16_benchmarks.ipynb #lr16c
+def _latency_runners(systems, llm, hf, others: dict | None) -> tuple[dict, list]:
+    "The latency runner of each system by name (`others` added), and the systems to run."
+    runners = {
+        "minivllm": lambda w: latency_minivllm(llm.llm_engine, w),
+        "hf-generate": lambda w: latency_hf_generate(hf, w),
+        "hf-generate_batch": lambda w: latency_hf_continuous(hf, w),
+    }
+    bad = [s for s in systems if s not in runners]
+    if bad:
+        raise ValueError(f"unknown systems {bad}; choose from {SYSTEMS}")
+    runners |= others or {}
+    return runners, list(systems) + list(others or {})
+
+# %% ../nbs/16_benchmarks.ipynb #lw16c
+def _latency_warmup(runners, systems, seed, prompt_len, output_len, vocab_size):
+    "Untimed: one-off first-call costs (hf-generate_batch warms itself up in every run)."
+    w = _warmup_workload(
+        make_workload(
+            2,
+            seed=seed,
+            prompt_len=min(prompt_len, 16),
+            output_len=min(output_len, 4),
+            vocab_size=vocab_size,
+        )
+    )
+    for s in systems:
+        if s != "hf-generate_batch":
+            runners[s](w)
+
 # %% ../nbs/16_benchmarks.ipynb #b2fb3844
 def bench_latency(
     systems=SYSTEMS,
@@ -538,29 +572,9 @@ def bench_latency(
 ) -> list[LatencyResult]:
     """TTFT/TPOT of each system at each concurrency, `rounds` times (order rotated); `others`: more
     systems, name → runner."""
-    runners = {
-        "minivllm": lambda w: latency_minivllm(llm.llm_engine, w),
-        "hf-generate": lambda w: latency_hf_generate(hf, w),
-        "hf-generate_batch": lambda w: latency_hf_continuous(hf, w),
-    }
-    bad = [s for s in systems if s not in runners]
-    if bad:
-        raise ValueError(f"unknown systems {bad}; choose from {SYSTEMS}")
-    runners |= others or {}
-    systems = list(systems) + list(others or {})
-    if warmup:  # untimed: one-off first-call costs (hf-generate_batch warms itself up in every run)
-        w = _warmup_workload(
-            make_workload(
-                2,
-                seed=seed,
-                prompt_len=min(prompt_len, 16),
-                output_len=min(output_len, 4),
-                vocab_size=vocab_size,
-            )
-        )
-        for s in systems:
-            if s != "hf-generate_batch":
-                runners[s](w)
+    runners, systems = _latency_runners(systems, llm, hf, others)
+    if warmup:
+        _latency_warmup(runners, systems, seed, prompt_len, output_len, vocab_size)
     out = []
     for c in concurrency:
         wl = make_workload(
@@ -816,6 +830,36 @@ async def _serve_one(
     res.ok = True
     return res
 
+# %% ../nbs/16_benchmarks.ipynb #sa16c
+async def _send_all(
+    client, url, wl: Workload, model, request_rate, seed, max_concurrency, headers, extra_body
+) -> tuple[list[ServeRequestResult], float]:
+    "Stream every request of `wl` to `url` at its Poisson arrival time; the results and the start."
+    import asyncio
+    import contextlib
+
+    sem = asyncio.Semaphore(max_concurrency) if max_concurrency else contextlib.nullcontext()
+    arrivals = poisson_arrivals(wl.num_requests, request_rate, seed)
+    results = [ServeRequestResult(len(p), n) for p, n in zip(wl.prompts, wl.output_lens)]
+    t_start = time.perf_counter()
+
+    async def launch(i):
+        await asyncio.sleep(max(0.0, arrivals[i] - (time.perf_counter() - t_start)))
+        body = dict(
+            model=model,
+            prompt=wl.prompts[i],
+            max_tokens=wl.output_lens[i],
+            temperature=0,
+            ignore_eos=True,
+            stream=True,
+            stream_options={"include_usage": True},
+        ) | (extra_body or {})
+        async with sem:
+            return await _serve_one(client, url, body, t_start, results[i], headers)
+
+    await asyncio.gather(*(launch(i) for i in range(wl.num_requests)))
+    return results, t_start
+
 # %% ../nbs/16_benchmarks.ipynb #b7390400
 async def _served_model(client, base_url: str, headers: dict, wl: Workload, model) -> str:
     """The model the server at `base_url` serves (or `model`); refuses a workload with requests
@@ -854,7 +898,6 @@ async def bench_serve(
 ) -> dict:
     """Send `wl` to the OpenAI-compatible server at `base_url` at `request_rate` requests/s
     (Poisson); per-request results + summary. `extra_body`: more fields for every request."""
-    import asyncio
     import httpx
 
     base_url = base_url.rstrip("/").removesuffix("/v1")
@@ -862,32 +905,17 @@ async def bench_serve(
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(timeout=httpx.Timeout(timeout), limits=limits) as client:
         model = await _served_model(client, base_url, headers, wl, model)
-        sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
-        arrivals = poisson_arrivals(wl.num_requests, request_rate, seed)
-        results = [ServeRequestResult(len(p), n) for p, n in zip(wl.prompts, wl.output_lens)]
-        t_start = time.perf_counter()
-
-        async def launch(i):
-            await asyncio.sleep(max(0.0, arrivals[i] - (time.perf_counter() - t_start)))
-            body = dict(
-                model=model,
-                prompt=wl.prompts[i],
-                max_tokens=wl.output_lens[i],
-                temperature=0,
-                ignore_eos=True,
-                stream=True,
-                stream_options={"include_usage": True},
-            ) | (extra_body or {})
-            if sem is None:
-                return await _serve_one(
-                    client, base_url + "/v1/completions", body, t_start, results[i], headers
-                )
-            async with sem:
-                return await _serve_one(
-                    client, base_url + "/v1/completions", body, t_start, results[i], headers
-                )
-
-        await asyncio.gather(*(launch(i) for i in range(wl.num_requests)))
+        results, t_start = await _send_all(
+            client,
+            base_url + "/v1/completions",
+            wl,
+            model,
+            request_rate,
+            seed,
+            max_concurrency,
+            headers,
+            extra_body,
+        )
         ends = [r.send_time + r.latency for r in results if r.ok]
         duration = max(ends) if ends else time.perf_counter() - t_start
     return dict(
@@ -1446,15 +1474,7 @@ def compare_logprobs_llamacpp(
         if own is not None:
             own.stop()
     mc = llm.llm_engine.get_model_config()
-    steps = sum(r["steps"] for r in rows)
-    summary = dict(
-        steps=steps,
-        top1_agreement=sum(r["top1_agree"] for r in rows) / max(steps, 1),
-        compared=sum(r["compared"] for r in rows),
-        max_abs_logprob_diff=max(r["max_abs_diff"] for r in rows),
-        mean_abs_logprob_diff=sum(r["mean_abs_diff"] * r["compared"] for r in rows)
-        / max(sum(r["compared"] for r in rows), 1),
-    )
+    summary = _logprob_summary(rows)
     return dict(
         llama_cpp=_llama_url_name(server)[1],
         minivllm=dict(quantization=mc.quantization, dtype=str(mc.dtype).removeprefix("torch.")),
@@ -1464,11 +1484,36 @@ def compare_logprobs_llamacpp(
         summary=summary,
     )
 
-# %% ../nbs/16_benchmarks.ipynb #505c1fa3
+# %% ../nbs/16_benchmarks.ipynb #lps16c
+def _logprob_summary(rows: list[dict]) -> dict:
+    "The per-prompt rows of `compare_logprobs_llamacpp` summed up."
+    steps = sum(r["steps"] for r in rows)
+    return dict(
+        steps=steps,
+        top1_agreement=sum(r["top1_agree"] for r in rows) / max(steps, 1),
+        compared=sum(r["compared"] for r in rows),
+        max_abs_logprob_diff=max(r["max_abs_diff"] for r in rows),
+        mean_abs_logprob_diff=sum(r["mean_abs_diff"] * r["compared"] for r in rows)
+        / max(sum(r["compared"] for r in rows), 1),
+    )
+
+# %% ../nbs/16_benchmarks.ipynb #bdr16c
 PHASES = ("schedule", "prepare", "forward", "logits", "sampling", "update", "outputs", "other")
 OVERHEAD_PHASES = ("schedule", "prepare", "sampling", "update", "outputs", "other")
 
 
+def _breakdown_result(acc: dict, total: float, steps: int, batch: list[int]) -> dict:
+    "`step_breakdown`'s result: seconds per phase (`other`: the step's time no phase measured)."
+    acc["other"] = max(total - sum(v for k, v in acc.items() if k != "other"), 0.0)
+    return dict(
+        phases={k: acc.get(k, 0.0) for k in PHASES},
+        total=total,
+        steps=steps,
+        mean_batch=sum(batch) / max(len(batch), 1),
+        overhead_fraction=sum(acc.get(k, 0.0) for k in OVERHEAD_PHASES) / max(total, 1e-12),
+    )
+
+# %% ../nbs/16_benchmarks.ipynb #505c1fa3
 def step_breakdown(llm, wl: Workload, warmup_steps: int = 0, decode_only: bool = False) -> dict:
     """Run `wl` through `llm`'s engine step by step; seconds per phase (summed over steps, from each
     `StepInfo`), steps, batch sizes."""
@@ -1504,14 +1549,7 @@ def step_breakdown(llm, wl: Workload, warmup_steps: int = 0, decode_only: bool =
             i += 1
     finally:
         eng.step_observers.remove(seen.append)
-    acc["other"] = max(total - sum(v for k, v in acc.items() if k != "other"), 0.0)
-    return dict(
-        phases={k: acc.get(k, 0.0) for k in PHASES},
-        total=total,
-        steps=steps,
-        mean_batch=sum(batch) / max(len(batch), 1),
-        overhead_fraction=sum(acc.get(k, 0.0) for k in OVERHEAD_PHASES) / max(total, 1e-12),
-    )
+    return _breakdown_result(acc, total, steps, batch)
 
 # %% ../nbs/16_benchmarks.ipynb #e113ed67
 SO_SCHEMA = {
@@ -1523,6 +1561,32 @@ SO_SCHEMA = {
     },
     "required": ["name", "description", "tags"],
 }
+
+# %% ../nbs/16_benchmarks.ipynb #som16c
+def _so_modes(rounds: int) -> list[str]:
+    "The modes' order over `rounds` rounds: `u c c u` per two rounds, `u c` for an odd one."
+    u, c = "unconstrained", "constrained"
+    return [u, c, c, u] * (rounds // 2) + [u, c] * (rounds % 2)
+
+# %% ../nbs/16_benchmarks.ipynb #sop16c
+def _so_prompts(tok, num_requests: int) -> list[str]:
+    "`num_requests` chat prompts asking for a product as JSON, through `tok`'s chat template."
+    ask = "Describe product number {} as JSON, with a long description."
+    return [
+        tok.apply_chat_template(
+            [{"role": "user", "content": ask.format(i)}], tokenize=False, add_generation_prompt=True
+        )
+        for i in range(num_requests)
+    ]
+
+
+def _so_summary(accs: dict) -> dict:
+    "Each mode's mean ms per decode step of the whole step, its sampling, the mask; the steps."
+    return {
+        m: {f"{n}_ms": 1e3 * sum(v) / max(len(v), 1) for n, v in acc.items()}
+        | {"steps": len(acc["step"])}
+        for m, acc in accs.items()
+    }
 
 # %% ../nbs/16_benchmarks.ipynb #3eb539df
 def _decode_steps(eng, num_requests: int, warmup_steps: int, probe=None) -> list[tuple]:
@@ -1565,19 +1629,10 @@ def structured_outputs_cost(
 
     eng = llm.llm_engine
     tok = eng.get_tokenizer()
-    ask = "Describe product number {} as JSON, with a long description."
-    prompts = [
-        tok.apply_chat_template(
-            [{"role": "user", "content": ask.format(i)}], tokenize=False, add_generation_prompt=True
-        )
-        for i in range(num_requests)
-    ]
+    prompts = _so_prompts(tok, num_requests)
     llm.generate(prompts, SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)  # warm-up
     accs = {m: {"step": [], "sampling": [], "mask": []} for m in ("unconstrained", "constrained")}
-    for mode in ["unconstrained", "constrained", "constrained", "unconstrained"] * (rounds // 2) + [
-        "unconstrained",
-        "constrained",
-    ] * (rounds % 2):
+    for mode in _so_modes(rounds):
         so = StructuredOutputsParams(json=schema or SO_SCHEMA) if mode == "constrained" else None
         for i, p in enumerate(prompts):
             eng.add_request(
@@ -1597,11 +1652,7 @@ def structured_outputs_cost(
             acc["step"].append(dt)
             acc["sampling"].append(info.timings["sampling"])
             acc["mask"].append(mask)
-    return {
-        m: {f"{n}_ms": 1e3 * sum(v) / max(len(v), 1) for n, v in acc.items()}
-        | {"steps": len(acc["step"])}
-        for m, acc in accs.items()
-    }
+    return _so_summary(accs)
 
 # %% ../nbs/16_benchmarks.ipynb #5567f46d
 _SPEC_TEXT = (
@@ -1662,18 +1713,22 @@ def _spec_result(acc: dict, before, now) -> dict:
         tokens=acc["plain"]["tokens"],
     )
 
-# %% ../nbs/16_benchmarks.ipynb #a856e3ef
-def bench_spec_decode(
-    speculative_config: dict,
-    engine_kwargs: dict | None = None,
-    output_len: int = 128,
-    rounds: int = 1,
-    log=print,
-    prompts: dict | None = None,
-) -> dict:
-    """Batch-1 decode tokens/s with and without `speculative_config`, same engine arguments, per
-    workload of `prompts` (default `SPEC_PROMPTS`; a text is sent as a chat message, anything else,
-    e.g. a `TokensPrompt`, as it is)."""
+# %% ../nbs/16_benchmarks.ipynb #srd16c
+def _spec_rounds(engines: dict, chat, qs, rounds: int, output_len: int) -> dict:
+    "Tokens (after the first), seconds and outputs of each engine over `rounds` rounds of `qs`."
+    acc = {m: dict(tokens=0, seconds=0.0) for m in engines}
+    for r in range(rounds):
+        for m in list(engines) if r % 2 == 0 else list(engines)[::-1]:
+            for q in qs:
+                toks, dt = _decode_one(engines[m], chat(q), output_len)
+                acc[m]["tokens"] += max(len(toks) - 1, 0)
+                acc[m]["seconds"] += dt
+                acc[m].setdefault("outputs", []).append(toks)
+    return acc
+
+# %% ../nbs/16_benchmarks.ipynb #spe16c
+def _spec_engines(speculative_config: dict, engine_kwargs: dict | None):
+    "A plain and a speculative `LLMEngine` on `engine_kwargs`, and the prompts' chat template."
     from minivllm.core.llm import LLM
 
     kw = dict(engine_kwargs or {})
@@ -1690,21 +1745,29 @@ def bench_spec_decode(
         if isinstance(q, str)
         else q
     )
+    return engines, chat
+
+# %% ../nbs/16_benchmarks.ipynb #a856e3ef
+def bench_spec_decode(
+    speculative_config: dict,
+    engine_kwargs: dict | None = None,
+    output_len: int = 128,
+    rounds: int = 1,
+    log=print,
+    prompts: dict | None = None,
+) -> dict:
+    """Batch-1 decode tokens/s with and without `speculative_config`, same engine arguments, per
+    workload of `prompts` (default `SPEC_PROMPTS`; a text is sent as a chat message, anything else,
+    e.g. a `TokensPrompt`, as it is)."""
+    engines, chat = _spec_engines(speculative_config, engine_kwargs)
     prompts = SPEC_PROMPTS if prompts is None else prompts
     warm = chat(next(iter(prompts.values()))[0])
     _decode_one(engines["plain"], warm, 4)
     _decode_one(engines["spec"], warm, 4)  # warm-up, untimed
     out = {}
     for wl, qs in prompts.items():
-        acc = {m: dict(tokens=0, seconds=0.0) for m in engines}
         sd = engines["spec"].engine_core.extension("spec_decoder").stats.copy()
-        for r in range(rounds):
-            for m in list(engines) if r % 2 == 0 else list(engines)[::-1]:
-                for q in qs:
-                    toks, dt = _decode_one(engines[m], chat(q), output_len)
-                    acc[m]["tokens"] += max(len(toks) - 1, 0)
-                    acc[m]["seconds"] += dt
-                    acc[m].setdefault("outputs", []).append(toks)
+        acc = _spec_rounds(engines, chat, qs, rounds, output_len)
         assert acc["plain"]["outputs"] == acc["spec"]["outputs"], (
             "speculation changed a greedy output"
         )
@@ -1731,6 +1794,20 @@ def print_spec_summary(res: dict):
             f"{r['mean_acceptance_length']:.2f} tokens per verify step"
         )
 
+# %% ../nbs/16_benchmarks.ipynb #lsh16c
+def _lora_shapes(c) -> dict[str, tuple[int, int]]:
+    "(in, out) features of each projection a LoRA adapter can target (a Llama-family `c`)."
+    hd = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    return {
+        "q_proj": (c.hidden_size, c.num_attention_heads * hd),
+        "k_proj": (c.hidden_size, c.num_key_value_heads * hd),
+        "v_proj": (c.hidden_size, c.num_key_value_heads * hd),
+        "o_proj": (c.num_attention_heads * hd, c.hidden_size),
+        "gate_proj": (c.hidden_size, c.intermediate_size),
+        "up_proj": (c.hidden_size, c.intermediate_size),
+        "down_proj": (c.intermediate_size, c.hidden_size),
+    }
+
 # %% ../nbs/16_benchmarks.ipynb #69c02d2d
 def random_peft_adapter(
     path,
@@ -1745,19 +1822,10 @@ def random_peft_adapter(
     from pathlib import Path
     from safetensors.torch import save_file
 
-    c, g, path = hf_config, torch.Generator().manual_seed(seed), Path(path)
-    hd = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    shapes = {
-        "q_proj": (c.hidden_size, c.num_attention_heads * hd),
-        "k_proj": (c.hidden_size, c.num_key_value_heads * hd),
-        "v_proj": (c.hidden_size, c.num_key_value_heads * hd),
-        "o_proj": (c.num_attention_heads * hd, c.hidden_size),
-        "gate_proj": (c.hidden_size, c.intermediate_size),
-        "up_proj": (c.hidden_size, c.intermediate_size),
-        "down_proj": (c.intermediate_size, c.hidden_size),
-    }
+    g, path = torch.Generator().manual_seed(seed), Path(path)
+    shapes = _lora_shapes(hf_config)
     w = {}
-    for i in range(c.num_hidden_layers):
+    for i in range(hf_config.num_hidden_layers):
         for t in targets:
             fin, fout = shapes[t]
             part = "mlp" if t in ("gate_proj", "up_proj", "down_proj") else "self_attn"
@@ -1780,6 +1848,28 @@ def random_peft_adapter(
     )
     return str(path)
 
+# %% ../nbs/16_benchmarks.ipynb #lrq16c
+def _lora_requests(hf_config, d: str, n: int, rank: int) -> list:
+    "`n` random adapters of `rank` written under `d`: `LoRARequest`s `a0`, `a1`, ..."
+    from minivllm.core.config import LoRARequest
+
+    return [
+        LoRARequest(
+            f"a{j}", j + 1, random_peft_adapter(f"{d}/a{j}", hf_config, rank, 2 * rank, seed=j)
+        )
+        for j in range(n)
+    ]
+
+# %% ../nbs/16_benchmarks.ipynb #lct16c
+def _lora_cost_table(acc: dict, distinct) -> dict:
+    "Mean ms per step of each `k` in `acc` (seconds per step), and its ratio to `distinct[0]`'s."
+    base = 1e3 * sum(acc[distinct[0]]) / max(len(acc[distinct[0]]), 1)
+    out = {}
+    for k, v in acc.items():
+        ms = 1e3 * sum(v) / max(len(v), 1)
+        out[k] = {"step_ms": ms, "vs_base": ms / base if base else float("nan"), "steps": len(v)}
+    return out
+
 # %% ../nbs/16_benchmarks.ipynb #e6f88123
 def lora_step_cost(
     model=None,
@@ -1795,7 +1885,7 @@ def lora_step_cost(
     them, for each `k` of `distinct` (0: the base model only, on the same LoRA-enabled engine).
     Modes alternate over `rounds`."""
     import tempfile
-    from minivllm.core.config import SamplingParams, LoRARequest
+    from minivllm.core.config import SamplingParams
     from minivllm.core.llm import LLM
 
     llm = LLM(
@@ -1806,16 +1896,7 @@ def lora_step_cost(
         max_model_len=max_model_len,
     )
     eng, d = llm.llm_engine, tempfile.mkdtemp()
-    loras = [
-        LoRARequest(
-            f"a{j}",
-            j + 1,
-            random_peft_adapter(
-                f"{d}/a{j}", eng.get_model_config().hf_config, rank, 2 * rank, seed=j
-            ),
-        )
-        for j in range(max(distinct))
-    ]
+    loras = _lora_requests(eng.get_model_config().hf_config, d, max(distinct), rank)
     prompts = [f"Write a short story about the number {i}." for i in range(num_requests)]
     llm.generate(prompts, SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)  # warm-up
     acc = {k: [] for k in distinct}
@@ -1829,12 +1910,32 @@ def lora_step_cost(
                     lora_request=loras[i % k] if k else None,
                 )
             acc[k] += [dt for dt, _, _ in _decode_steps(eng, num_requests, warmup_steps)]
-    base = 1e3 * sum(acc[distinct[0]]) / max(len(acc[distinct[0]]), 1)
-    out = {}
-    for k, v in acc.items():
-        ms = 1e3 * sum(v) / max(len(v), 1)
-        out[k] = {"step_ms": ms, "vs_base": ms / base if base else float("nan"), "steps": len(v)}
-    return out
+    return _lora_cost_table(acc, distinct)
+
+# %% ../nbs/16_benchmarks.ipynb #lsw16c
+def _lora_swap_run(llm, loras: list, num_requests: int, max_tokens: int) -> dict:
+    "One `max_loras` of `lora_swap_cost`: a warm-up, the run timed, the manager's counters."
+    from minivllm.core.config import SamplingParams
+
+    prompts = [f"Write a short story about the number {i}." for i in range(num_requests)]
+    llm.generate(
+        prompts[:2], SamplingParams(temperature=0, max_tokens=2), use_tqdm=False
+    )  # warm-up, base model
+    mgr = llm.llm_engine.engine_core.extension("lora_manager")
+    t = time.perf_counter()
+    llm.generate(
+        prompts,
+        SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True),
+        use_tqdm=False,
+        lora_request=[loras[i % len(loras)] for i in range(num_requests)],
+    )
+    return {
+        "seconds": time.perf_counter() - t,
+        "loads": mgr.num_loads,
+        "swaps": mgr.num_swaps,
+        "ms_per_load": 1e3 * mgr.load_seconds / max(mgr.num_loads, 1),
+        "load_seconds": mgr.load_seconds,
+    }
 
 # %% ../nbs/16_benchmarks.ipynb #16b1c48e
 def lora_swap_cost(
@@ -1850,7 +1951,6 @@ def lora_swap_cost(
     """Per `max_loras`: seconds for the whole run, slot loads, swaps, and ms spent per slot load
     (LoRAManager's counters)."""
     import tempfile
-    from minivllm.core.config import SamplingParams, LoRARequest
     from minivllm.core.llm import LLM
 
     d, out = tempfile.mkdtemp(), {}
@@ -1864,31 +1964,8 @@ def lora_swap_cost(
             max_model_len=max_model_len,
         )
         hf_config = llm.llm_engine.get_model_config().hf_config
-        loras = [
-            LoRARequest(
-                f"a{j}", j + 1, random_peft_adapter(f"{d}/a{j}", hf_config, rank, 2 * rank, seed=j)
-            )
-            for j in range(num_adapters)
-        ]
-        prompts = [f"Write a short story about the number {i}." for i in range(num_requests)]
-        llm.generate(
-            prompts[:2], SamplingParams(temperature=0, max_tokens=2), use_tqdm=False
-        )  # warm-up, base model
-        mgr = llm.llm_engine.engine_core.extension("lora_manager")
-        t = time.perf_counter()
-        llm.generate(
-            prompts,
-            SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True),
-            use_tqdm=False,
-            lora_request=[loras[i % num_adapters] for i in range(num_requests)],
-        )
-        out[m] = {
-            "seconds": time.perf_counter() - t,
-            "loads": mgr.num_loads,
-            "swaps": mgr.num_swaps,
-            "ms_per_load": 1e3 * mgr.load_seconds / max(mgr.num_loads, 1),
-            "load_seconds": mgr.load_seconds,
-        }
+        loras = _lora_requests(hf_config, d, num_adapters, rank)
+        out[m] = _lora_swap_run(llm, loras, num_requests, max_tokens)
         llm.llm_engine.shutdown()
     return out
 

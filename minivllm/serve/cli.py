@@ -205,6 +205,44 @@ def _latency_parser(bsub):
     l.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
     return _bench_common(l, SYSTEMS)
 
+# %% ../../nbs/17_cli.ipynb #sv17w
+def _serve_workload_flags(v: argparse.ArgumentParser):
+    "`bench serve`'s workload: how many requests, how fast, how long, seeded."
+    v.add_argument("--num-prompts", type=int, default=64)
+    v.add_argument(
+        "--request-rate",
+        type=float,
+        default=float("inf"),
+        help="requests/s, Poisson arrivals (inf: all at once)",
+    )
+    v.add_argument("--max-concurrency", type=int, default=None, help="cap on requests in flight")
+    v.add_argument("--prompt-len", type=int, nargs=2, default=[16, 512], metavar=("MIN", "MAX"))
+    v.add_argument("--output-len", type=int, nargs=2, default=[16, 256], metavar=("MIN", "MAX"))
+    v.add_argument(
+        "--vocab-size", type=int, default=32000, help="random prompt token ids are drawn below this"
+    )
+    v.add_argument("--seed", type=int, default=0, help="seeds the workload and the arrivals")
+
+# %% ../../nbs/17_cli.ipynb #sv17s
+def _serve_servers_flags(v: argparse.ArgumentParser):
+    "`bench serve`'s flags for several servers: rounds, and llama.cpp's server started here."
+    v.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="with several servers: rounds, a fresh workload each, the order rotated",
+    )
+    v.add_argument(
+        "--llama-server", default=None, metavar="PATH", help="also start and run llama-server"
+    )
+    v.add_argument("--llama-gguf", default=None, metavar="PATH", help="the GGUF llama.cpp serves")
+    v.add_argument(
+        "--llama-parallel",
+        type=int,
+        default=None,
+        help="llama.cpp's slots (default: --max-concurrency, else --num-prompts)",
+    )
+
 # %% ../../nbs/17_cli.ipynb #1d9e8f4b
 def _serve_bench_parser(bsub):
     "`bench serve`: requests at a given rate against a running server."
@@ -222,39 +260,11 @@ def _serve_bench_parser(bsub):
         "--model", default=None, help="model name to send (default: the server's first model)"
     )
     v.add_argument("--api-key", default=None)
-    v.add_argument("--num-prompts", type=int, default=64)
-    v.add_argument(
-        "--request-rate",
-        type=float,
-        default=float("inf"),
-        help="requests/s, Poisson arrivals (inf: all at once)",
-    )
-    v.add_argument("--max-concurrency", type=int, default=None, help="cap on requests in flight")
-    v.add_argument("--prompt-len", type=int, nargs=2, default=[16, 512], metavar=("MIN", "MAX"))
-    v.add_argument("--output-len", type=int, nargs=2, default=[16, 256], metavar=("MIN", "MAX"))
-    v.add_argument(
-        "--vocab-size", type=int, default=32000, help="random prompt token ids are drawn below this"
-    )
-    v.add_argument("--seed", type=int, default=0, help="seeds the workload and the arrivals")
+    _serve_workload_flags(v)
     v.add_argument(
         "--json", default=None, help="save the results (with machine, date, commit) to this file"
     )
-    v.add_argument(
-        "--rounds",
-        type=int,
-        default=1,
-        help="with several servers: rounds, a fresh workload each, the order rotated",
-    )
-    v.add_argument(
-        "--llama-server", default=None, metavar="PATH", help="also start and run llama-server"
-    )
-    v.add_argument("--llama-gguf", default=None, metavar="PATH", help="the GGUF llama.cpp serves")
-    v.add_argument(
-        "--llama-parallel",
-        type=int,
-        default=None,
-        help="llama.cpp's slots (default: --max-concurrency, else --num-prompts)",
-    )
+    _serve_servers_flags(v)
     return v
 
 # %% ../../nbs/17_cli.ipynb #bm17c1
