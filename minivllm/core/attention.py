@@ -126,7 +126,7 @@ def reference_attention(q_full, k_full, v_full, scale: float) -> torch.Tensor:
     )
     return torch.einsum("hqk,khd->qhd", att.softmax(-1), v.float())
 
-
+# %% ../../nbs/04_paged_attention.ipynb #3d879a41
 def make_paged_case(
     seq_lens,
     query_lens,
@@ -253,7 +253,7 @@ class TorchPlan:
     workspace_numel: int
     workspace: torch.Tensor | None = None
 
-
+# %% ../../nbs/04_paged_attention.ipynb #305234ac
 _WORKSPACES = (
     threading.local()
 )  # per thread: {(device, dtype): buffer}, grown when a step needs more, never shrunk
@@ -293,22 +293,12 @@ def remembered(md: AttentionMetadata, attr: str, kv_cache: torch.Tensor):
     plan = getattr(md, attr, None)
     return key, (plan if plan is not None and plan.key == key else None)
 
-
-def torch_plan(md: AttentionMetadata, kv_cache: torch.Tensor) -> TorchPlan:
-    """The torch backend's plan for `md` on this cache geometry, computed once and remembered on
-    `md`."""
-    key, plan = remembered(md, "_torch_plan", kv_cache)
-    if plan is not None:
-        return plan
+# %% ../../nbs/04_paged_attention.ipynb #0df9f0ae
+def _plan_decode_groups(md: AttentionMetadata, kv_cache: torch.Tensor, seq_lens: list[int], bt):
+    """The decode groups of `md` (rows, blocks to gather, mask) and the workspace elements the
+    largest one needs."""
     _, nblk, bs, hkv, d = kv_cache.shape
     dev, nd = kv_cache.device, md.num_decodes
-    seq_lens = md.seq_lens_cpu if md.seq_lens_cpu is not None else md.seq_lens.tolist()
-    qsl = (
-        md.query_start_loc_cpu
-        if md.query_start_loc_cpu is not None
-        else md.query_start_loc.tolist()
-    )
-    bt = md.block_tables.to(dev, torch.int64)
     groups, numel = [], 0
     max_keys = max(MAX_GATHER_BYTES // (2 * hkv * d * kv_cache.element_size()), bs)
     for g in _group_decodes(seq_lens[:nd], bs, DECODE_GROUP_COST, max_keys):
@@ -328,14 +318,37 @@ def torch_plan(md: AttentionMetadata, kv_cache: torch.Tensor) -> TorchPlan:
         )
         groups.append(_DecodeGroup(rows, bt[rows, :nb].reshape(-1), n, nb, L, mask))
         numel = max(numel, 2 * n * nb * bs * hkv * d)
+    return groups, numel
+
+# %% ../../nbs/04_paged_attention.ipynb #4dbbc3e3
+def _plan_prefills(md: AttentionMetadata, kv_cache: torch.Tensor, seq_lens: list[int], bt):
+    "The prefill chunks of `md`: query rows, context length, blocks and mask of cached context."
+    bs, dev = kv_cache.shape[2], kv_cache.device
+    qsl = (
+        md.query_start_loc_cpu
+        if md.query_start_loc_cpu is not None
+        else md.query_start_loc.tolist()
+    )
     prefills = []
-    for i in range(nd, md.num_seqs):
+    for i in range(md.num_decodes, md.num_seqs):
         s, e, L = qsl[i], qsl[i + 1], seq_lens[i]
         if L == e - s:
             prefills.append(_Prefill(s, e, L, None, None))
         else:
             prefills.append(_Prefill(s, e, L, bt[i, : -(-L // bs)], _causal_mask(e - s, L, dev)))
-    plan = TorchPlan(key, groups, prefills, numel)
+    return prefills
+
+
+def torch_plan(md: AttentionMetadata, kv_cache: torch.Tensor) -> TorchPlan:
+    """The torch backend's plan for `md` on this cache geometry, computed once and remembered on
+    `md`."""
+    key, plan = remembered(md, "_torch_plan", kv_cache)
+    if plan is not None:
+        return plan
+    seq_lens = md.seq_lens_cpu if md.seq_lens_cpu is not None else md.seq_lens.tolist()
+    bt = md.block_tables.to(kv_cache.device, torch.int64)
+    groups, numel = _plan_decode_groups(md, kv_cache, seq_lens, bt)
+    plan = TorchPlan(key, groups, _plan_prefills(md, kv_cache, seq_lens, bt), numel)
     md._torch_plan = plan
     return plan
 

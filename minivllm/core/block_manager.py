@@ -114,40 +114,48 @@ class BlockPool:
     def get_cached_block(self, block_hash: int) -> KVBlock | None:
         return self.cached_block_hash_to_block.get(block_hash)
 
-    def _uncache(self, b: KVBlock):
-        del self.cached_block_hash_to_block[b.block_hash]
-        b.block_hash = None
+# %% ../../nbs/02_block_manager.ipynb #17efaf32
+@patch
+def _uncache(self: BlockPool, b: KVBlock):
+    del self.cached_block_hash_to_block[b.block_hash]
+    b.block_hash = None
 
-    def get_new_blocks(self, n: int) -> list[KVBlock]:
-        "Pop `n` blocks from the free queue's head (evicting their cached contents), `ref_cnt` 1."
-        if n > self.get_num_free_blocks():
-            raise ValueError(f"cannot get {n} free blocks from the pool")
-        out = []
-        for _ in range(n):
-            b = self.free_block_queue.popleft()
-            if b.block_hash is not None:  # evict it from the prefix cache
-                self._uncache(b)
-                self.num_evictions += 1
-            b.ref_cnt = 1
-            out.append(b)
-        return out
+# %% ../../nbs/02_block_manager.ipynb #a1d50b89
+@patch
+def get_new_blocks(self: BlockPool, n: int) -> list[KVBlock]:
+    "Pop `n` blocks from the free queue's head (evicting their cached contents), `ref_cnt` 1."
+    if n > self.get_num_free_blocks():
+        raise ValueError(f"cannot get {n} free blocks from the pool")
+    out = []
+    for _ in range(n):
+        b = self.free_block_queue.popleft()
+        if b.block_hash is not None:  # evict it from the prefix cache
+            self._uncache(b)
+            self.num_evictions += 1
+        b.ref_cnt = 1
+        out.append(b)
+    return out
 
-    def touch(self, blocks: list[KVBlock]):
-        "A request starts using cached `blocks`: the free ones leave the queue; one more user each."
-        for b in blocks:
-            if b.ref_cnt == 0:
-                self.free_block_queue.remove(b)
-            b.ref_cnt += 1
 
-    def free_blocks(self, ordered_blocks):
-        "Release blocks; the first ones given are the first to be evicted later."
-        for b in ordered_blocks:
-            b.ref_cnt -= 1
-            assert b.ref_cnt >= 0, f"block {b.block_id} freed twice"
-            if b.ref_cnt == 0:
-                if not self.enable_caching and b.block_hash is not None:
-                    self._uncache(b)  # live-only sharing
-                self.free_block_queue.append(b)
+@patch
+def touch(self: BlockPool, blocks: list[KVBlock]):
+    "A request starts using cached `blocks`: the free ones leave the queue; one more user each."
+    for b in blocks:
+        if b.ref_cnt == 0:
+            self.free_block_queue.remove(b)
+        b.ref_cnt += 1
+
+
+@patch
+def free_blocks(self: BlockPool, ordered_blocks):
+    "Release blocks; the first ones given are the first to be evicted later."
+    for b in ordered_blocks:
+        b.ref_cnt -= 1
+        assert b.ref_cnt >= 0, f"block {b.block_id} freed twice"
+        if b.ref_cnt == 0:
+            if not self.enable_caching and b.block_hash is not None:
+                self._uncache(b)  # live-only sharing
+            self.free_block_queue.append(b)
 
 # %% ../../nbs/02_block_manager.ipynb #c3933fab20d04ec698c2621248eb3be0
 @patch

@@ -123,34 +123,46 @@ class EngineCore:
         self.num_steps = 0
         self.sync_phase_timings = False  # exact device time per phase (a GPU sync per phase)
 
-    def extension(self, name: str) -> StepExtension | None:
-        """The step extension registered as `name` (lesson 03's `STEP_EXTENSIONS`), None when this
-        engine does not use it; a name nobody registered raises `KeyError`."""
-        if name not in STEP_EXTENSIONS:
-            raise KeyError(f"no step extension is registered as {name!r}")
-        return next((e for e in self.extensions if e.name == name), None)
+# %% ../../nbs/09_engine_core.ipynb #126c8d7b
+@patch
+def extension(self: EngineCore, name: str) -> StepExtension | None:
+    """The step extension registered as `name` (lesson 03's `STEP_EXTENSIONS`), None when this
+    engine does not use it; a name nobody registered raises `KeyError`."""
+    if name not in STEP_EXTENSIONS:
+        raise KeyError(f"no step extension is registered as {name!r}")
+    return next((e for e in self.extensions if e.name == name), None)
 
-    def add_request(self, request: Request):
-        "Queue a request (checked and tokenized by the processor); the extensions see it first."
-        for e in self.extensions:
-            e.add_request(request)
-        self.scheduler.add_request(request)
 
-    def has_unfinished_requests(self) -> bool:
-        "Whether any request waits or runs."
-        return self.scheduler.has_unfinished_requests()
+@patch
+def add_request(self: EngineCore, request: Request):
+    "Queue a request (checked and tokenized by the processor); the extensions see it first."
+    for e in self.extensions:
+        e.add_request(request)
+    self.scheduler.add_request(request)
 
-    def abort_requests(self, request_ids: list[str]):
-        "Abort requests (unknown or finished ids are ignored); their blocks are freed now."
-        self.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
 
-    def reset_prefix_cache(self) -> bool:
-        "Forget the cached blocks (False if some are still in use)."
-        return self.kv_cache_manager.reset_prefix_cache()
+@patch
+def has_unfinished_requests(self: EngineCore) -> bool:
+    "Whether any request waits or runs."
+    return self.scheduler.has_unfinished_requests()
 
-    def shutdown(self):
-        "Release what the model runner holds outside this process (tensor-parallel workers)."
-        self.model_runner.shutdown()
+
+@patch
+def abort_requests(self: EngineCore, request_ids: list[str]):
+    "Abort requests (unknown or finished ids are ignored); their blocks are freed now."
+    self.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
+
+
+@patch
+def reset_prefix_cache(self: EngineCore) -> bool:
+    "Forget the cached blocks (False if some are still in use)."
+    return self.kv_cache_manager.reset_prefix_cache()
+
+
+@patch
+def shutdown(self: EngineCore):
+    "Release what the model runner holds outside this process (tensor-parallel workers)."
+    self.model_runner.shutdown()
 
 # %% ../../nbs/09_engine_core.ipynb #5358b662
 @patch

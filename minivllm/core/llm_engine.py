@@ -75,30 +75,40 @@ class _EngineConfigs:
     def get_tokenizer(self):
         return self.tokenizer
 
-    @property
-    def scheduler(self) -> Scheduler:
-        return self.engine_core.scheduler
+# %% ../../nbs/12_llm_engine.ipynb #288b037d
+@patch(as_prop=True)
+def scheduler(self: _EngineConfigs) -> Scheduler:
+    return self.engine_core.scheduler
 
-    @property
-    def kv_cache_manager(self) -> KVCacheManager:
-        return self.engine_core.kv_cache_manager
 
-    def get_num_unfinished_requests(self) -> int:
-        return len(self.children)
+@patch(as_prop=True)
+def kv_cache_manager(self: _EngineConfigs) -> KVCacheManager:
+    return self.engine_core.kv_cache_manager
 
-    def get_stats(self) -> Stats:
-        "The engine's numbers now (throughputs over the current logging interval)."
-        self.stat_logger.record(self.engine_core.get_scheduler_stats(), None)
-        return self.stat_logger.snapshot()
 
-    def do_log_stats(self) -> Stats:
-        "Log the stats line now (whatever `log_stats` says) and start a new interval."
-        self.stat_logger.record(self.engine_core.get_scheduler_stats(), None)
-        return self.stat_logger.log()
+@patch
+def get_num_unfinished_requests(self: _EngineConfigs) -> int:
+    return len(self.children)
 
-    def shutdown(self):
-        "Release the tensor-parallel workers, if any; the engine cannot be used afterwards."
-        self.engine_core.shutdown()
+
+@patch
+def get_stats(self: _EngineConfigs) -> Stats:
+    "The engine's numbers now (throughputs over the current logging interval)."
+    self.stat_logger.record(self.engine_core.get_scheduler_stats(), None)
+    return self.stat_logger.snapshot()
+
+
+@patch
+def do_log_stats(self: _EngineConfigs) -> Stats:
+    "Log the stats line now (whatever `log_stats` says) and start a new interval."
+    self.stat_logger.record(self.engine_core.get_scheduler_stats(), None)
+    return self.stat_logger.log()
+
+
+@patch
+def shutdown(self: _EngineConfigs):
+    "Release the tensor-parallel workers, if any; the engine cannot be used afterwards."
+    self.engine_core.shutdown()
 
 # %% ../../nbs/12_llm_engine.ipynb #c60da1b7
 def preempt_running(engine) -> list[str]:
@@ -151,20 +161,25 @@ class _EngineDelegations:
     def pin_lora(self, lora_id: int) -> bool:
         raise NotImplementedError("pin_lora is not implemented in minivllm.")
 
-    def reset_prefix_cache(
-        self, reset_running_requests: bool = False, reset_connector: bool = False, device=None
-    ) -> bool:
-        """Forget the cached blocks (False if some are still in use). vLLM's arguments:
-        `reset_running_requests=True` first preempts the running requests (`preempt_running`: they
-        are recomputed at the next step, so every block is free to forget); `reset_connector`
-        resets a KV connector (there is none here); `device` (vLLM's: GPU or CPU cache) may be None
-        or a device name: minivllm has one KV cache, on the engine's device."""
-        name = str(getattr(device, "name", device)).lower()
-        if device is not None and name.split(":")[0] not in ("gpu", "cuda", "cpu"):
-            raise ValueError(f"reset_prefix_cache: unknown device {device!r}")
-        if reset_running_requests and self.has_unfinished_requests():
-            preempt_running(self)
-        return self.engine_core.reset_prefix_cache()
+# %% ../../nbs/12_llm_engine.ipynb #0c37ef7c
+@patch
+def reset_prefix_cache(
+    self: _EngineDelegations,
+    reset_running_requests: bool = False,
+    reset_connector: bool = False,
+    device=None,
+) -> bool:
+    """Forget the cached blocks (False if some are still in use). vLLM's arguments:
+    `reset_running_requests=True` first preempts the running requests (`preempt_running`: they
+    are recomputed at the next step, so every block is free to forget); `reset_connector`
+    resets a KV connector (there is none here); `device` (vLLM's: GPU or CPU cache) may be None
+    or a device name: minivllm has one KV cache, on the engine's device."""
+    name = str(getattr(device, "name", device)).lower()
+    if device is not None and name.split(":")[0] not in ("gpu", "cuda", "cpu"):
+        raise ValueError(f"reset_prefix_cache: unknown device {device!r}")
+    if reset_running_requests and self.has_unfinished_requests():
+        preempt_running(self)
+    return self.engine_core.reset_prefix_cache()
 
 # %% ../../nbs/12_llm_engine.ipynb #front12cd
 ENGINE_FRONT_ENDS: dict[str, type] = {}  # stand-ins for LLMEngine (lesson 14b's), by class name
@@ -203,25 +218,26 @@ class LLMEngine(_EngineConfigs, _EngineDelegations):
         self.last_step: StepInfo | None = None  # what the latest step did
         self.step_observers: list[Callable[[StepInfo], None]] = []  # called after each step
 
-    @classmethod
-    def from_engine_args(
-        cls,
-        engine_args: EngineArgs,
-        usage_context=None,
-        stat_loggers=None,
-        enable_multiprocessing: bool = False,
-    ) -> "LLMEngine":
-        """Build the configs from `engine_args`, load the model, allocate the KV cache.
-        (`usage_context` is vLLM's telemetry label and means nothing here.)"""
-        _refuse(None, False, stat_loggers, enable_multiprocessing)
-        for front in reversed(ENGINE_FRONT_ENDS.values()):  # (data parallelism, lesson 14b)
-            if cls is LLMEngine and front.enabled(engine_args):
-                return front.from_engine_args(engine_args)
-        return cls(engine_args.create_engine_config(), log_stats=not engine_args.disable_log_stats)
-
     def has_unfinished_requests(self) -> bool:
         "Whether a request still runs (or an aborted one's final output is still to be returned)."
         return bool(self.children) or bool(self._pending)
+
+# %% ../../nbs/12_llm_engine.ipynb #3724a84d
+@patch(cls_method=True)
+def from_engine_args(
+    cls: LLMEngine,
+    engine_args: EngineArgs,
+    usage_context=None,
+    stat_loggers=None,
+    enable_multiprocessing: bool = False,
+) -> "LLMEngine":
+    """Build the configs from `engine_args`, load the model, allocate the KV cache.
+    (`usage_context` is vLLM's telemetry label and means nothing here.)"""
+    _refuse(None, False, stat_loggers, enable_multiprocessing)
+    for front in reversed(ENGINE_FRONT_ENDS.values()):  # (data parallelism, lesson 14b)
+        if cls is LLMEngine and front.enabled(engine_args):
+            return front.from_engine_args(engine_args)
+    return cls(engine_args.create_engine_config(), log_stats=not engine_args.disable_log_stats)
 
 # %% ../../nbs/12_llm_engine.ipynb #dd9aa71f
 @patch

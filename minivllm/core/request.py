@@ -85,20 +85,25 @@ class Request:
         seed = sampling_params.seed
         self.generator = None if seed is None else torch.Generator().manual_seed(seed)
 
-    @property
-    def num_prompt_tokens(self) -> int:
-        return len(self.prompt_token_ids)
+# %% ../../nbs/01_request.ipynb #8964e0dd
+@patch(as_prop=True)
+def num_prompt_tokens(self: Request) -> int:
+    return len(self.prompt_token_ids)
 
-    @property
-    def num_output_tokens(self) -> int:
-        return len(self.output_token_ids)
 
-    @property
-    def num_tokens(self) -> int:
-        return len(self.all_token_ids)
+@patch(as_prop=True)
+def num_output_tokens(self: Request) -> int:
+    return len(self.output_token_ids)
 
-    def is_finished(self) -> bool:
-        return self.status.is_finished
+
+@patch(as_prop=True)
+def num_tokens(self: Request) -> int:
+    return len(self.all_token_ids)
+
+
+@patch
+def is_finished(self: Request) -> bool:
+    return self.status.is_finished
 
 # %% ../../nbs/01_request.ipynb #2d8ea3cc
 @patch

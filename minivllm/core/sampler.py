@@ -260,40 +260,42 @@ class Sampler:
             sampled = self.sample(logits, md)
         return SamplerOutput(sampled, None if raw is None else self.logprobs(raw, sampled, md))
 
-    def sample(self, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
-        """Greedy rows: the argmax; the others: temperature, min-p, top-k, top-p (each on its rows
-        only), then a draw."""
-        greedy = None if md.all_random else logits.argmax(-1)
-        if md.all_greedy:
-            return greedy
-        logits = apply_temperature(logits, md.temperature, md.all_random)
-        for f, x in md.transforms:
-            if f.after_temperature:  # lesson 06a: min-p
-                logits = f.apply(logits, x)
-        k, p = md.top_k, md.top_p
-        top_p = lambda l, r: apply_top_k_top_p(l, None if k is None else k[r], p[r])
-        logits = _on_rows(logits, md.top_p_rows, top_p)
-        logits = _on_rows(logits, md.top_k_only_rows, lambda l, r: apply_top_k_top_p(l, k[r], None))
-        if md.all_random:
-            return random_sample(logits.softmax(-1), md.generators)
-        rows = md.random_rows
-        pos = {r: j for j, r in enumerate(rows.tolist())} if md.generators else {}
-        sampled = random_sample(
-            logits[rows].softmax(-1), {pos[i]: g for i, g in md.generators.items()}
-        )
-        return greedy.index_copy_(0, rows, sampled)
+# %% ../../nbs/06_sampler.ipynb #db70ceba
+@patch
+def sample(self: Sampler, logits: torch.Tensor, md: SamplingMetadata) -> torch.Tensor:
+    """Greedy rows: the argmax; the others: temperature, min-p, top-k, top-p (each on its rows
+    only), then a draw."""
+    greedy = None if md.all_random else logits.argmax(-1)
+    if md.all_greedy:
+        return greedy
+    logits = apply_temperature(logits, md.temperature, md.all_random)
+    for f, x in md.transforms:
+        if f.after_temperature:  # lesson 06a: min-p
+            logits = f.apply(logits, x)
+    k, p = md.top_k, md.top_p
+    top_p = lambda l, r: apply_top_k_top_p(l, None if k is None else k[r], p[r])
+    logits = _on_rows(logits, md.top_p_rows, top_p)
+    logits = _on_rows(logits, md.top_k_only_rows, lambda l, r: apply_top_k_top_p(l, k[r], None))
+    if md.all_random:
+        return random_sample(logits.softmax(-1), md.generators)
+    rows = md.random_rows
+    pos = {r: j for j, r in enumerate(rows.tolist())} if md.generators else {}
+    sampled = random_sample(logits[rows].softmax(-1), {pos[i]: g for i, g in md.generators.items()})
+    return greedy.index_copy_(0, rows, sampled)
 
-    def logprobs(
-        self, raw: torch.Tensor, sampled: torch.Tensor, md: SamplingMetadata
-    ) -> LogprobsTensors:
-        """The `LogprobsTensors` of the rows that asked (raw: their log-softmax), spread over the
-        whole batch."""
-        rows = md.logprobs_rows
-        lt = gather_logprobs(raw, md.max_num_logprobs, sampled[rows])
-        if rows.shape[0] == sampled.shape[0]:
-            return lt
-        full = lambda x: x.new_zeros((sampled.shape[0], *x.shape[1:])).index_copy_(0, rows, x)
-        return LogprobsTensors(*map(full, lt))
+# %% ../../nbs/06_sampler.ipynb #74490b5e
+@patch
+def logprobs(
+    self: Sampler, raw: torch.Tensor, sampled: torch.Tensor, md: SamplingMetadata
+) -> LogprobsTensors:
+    """The `LogprobsTensors` of the rows that asked (raw: their log-softmax), spread over the
+    whole batch."""
+    rows = md.logprobs_rows
+    lt = gather_logprobs(raw, md.max_num_logprobs, sampled[rows])
+    if rows.shape[0] == sampled.shape[0]:
+        return lt
+    full = lambda x: x.new_zeros((sampled.shape[0], *x.shape[1:])).index_copy_(0, rows, x)
+    return LogprobsTensors(*map(full, lt))
 
 # %% ../../nbs/06_sampler.ipynb #st06code
 @dataclass

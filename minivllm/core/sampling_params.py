@@ -152,29 +152,14 @@ class SamplingParams:
     extra_args: dict | None = None
     bad_words: list[str] | None = None
     trace_decode_token_ids: list[int] | None = None  # the output, given (lesson 06a: trace replay)
-    # vLLM's hint that the caller will not reuse these params, so its engine may skip copying them;
-    # the engine here copies them either way (a copy changes no result)
-    skip_clone: bool = False
-    # the token ids of each bad word, set by `update_from_tokenizer` (vLLM's private field)
+    skip_clone: bool = False  # vLLM's: its engine may skip a copy (here it always copies)
     _bad_words_token_ids: list[list[int]] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self):
         "Normalise the convenience forms, then validate (and reset what greedy sampling ignores)."
         self._normalize()
         self._verify()
-        if self.temperature < _SAMPLING_EPS:  # greedy: the other knobs have no effect, as in vLLM
-            self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
-            if self.n > 1:
-                raise ValueError(f"n must be 1 when using greedy sampling, got {self.n}.")
-
-    @property
-    def greedy(self) -> bool:
-        "Greedy sampling (temperature 0): always the most likely token."
-        return self.temperature < _SAMPLING_EPS
-
-    def clone(self) -> SamplingParams:
-        "A copy (the engine gives each of a request's `n` samples its own)."
-        return dataclasses.replace(self)
+        self._reset_for_greedy()
 
 # %% ../../nbs/00_sampling_params.ipynb #91ec3fbb
 @patch
@@ -223,90 +208,98 @@ def _int_keys(bias: dict) -> dict[int, float]:
         )
     return {int(k): v for k, v in bias.items()}
 
+
+def _bad(msg):
+    "Raise the `ValueError` of a bad value."
+    raise ValueError(msg)
+
+
+def _is_int(v) -> bool:
+    "An int, and not a bool (`True` is an int to Python)."
+    return isinstance(v, int) and not isinstance(v, bool)
+
 # %% ../../nbs/00_sampling_params.ipynb #b1a2fd8e
 @patch
 def _verify(self: SamplingParams):
     "The checks that need nothing but the parameters themselves (vLLM's `_verify_args`)."
-
-    def bad(msg):
-        raise ValueError(msg)
-
-    def is_int(v):
-        return isinstance(v, int) and not isinstance(v, bool)
-
-    if not is_int(self.n):
-        bad(f"n must be an int, but is of type {type(self.n)}")
+    if not _is_int(self.n):
+        _bad(f"n must be an int, but is of type {type(self.n)}")
     if self.n < 1:
-        bad(f"n must be at least 1, got {self.n}.")
+        _bad(f"n must be at least 1, got {self.n}.")
     if not -2.0 <= self.presence_penalty <= 2.0:
-        bad(f"presence_penalty must be in [-2, 2], got {self.presence_penalty}.")
+        _bad(f"presence_penalty must be in [-2, 2], got {self.presence_penalty}.")
     if not -2.0 <= self.frequency_penalty <= 2.0:
-        bad(f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}.")
+        _bad(f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}.")
     if not math.isfinite(self.repetition_penalty):
-        bad(f"repetition_penalty must be a finite number, got {self.repetition_penalty}.")
+        _bad(f"repetition_penalty must be a finite number, got {self.repetition_penalty}.")
     if self.repetition_penalty <= 0.0:
-        bad(f"repetition_penalty must be greater than zero, got {self.repetition_penalty}.")
+        _bad(f"repetition_penalty must be greater than zero, got {self.repetition_penalty}.")
     if not math.isfinite(self.temperature):
-        bad(f"temperature must be a finite number, got {self.temperature}.")
+        _bad(f"temperature must be a finite number, got {self.temperature}.")
     if self.temperature < 0.0:
-        bad(f"temperature must be non-negative, got {self.temperature}.")
+        _bad(f"temperature must be non-negative, got {self.temperature}.")
     if not 0.0 < self.top_p <= 1.0:
-        bad(f"top_p must be in (0, 1], got {self.top_p}.")
-    if not is_int(self.top_k):
-        bad(f"top_k must be an integer, got {type(self.top_k).__name__}")
+        _bad(f"top_p must be in (0, 1], got {self.top_p}.")
+    if not _is_int(self.top_k):
+        _bad(f"top_k must be an integer, got {type(self.top_k).__name__}")
     if self.top_k < -1:
-        bad(f"top_k must be 0 (disable), or at least 1, got {self.top_k}.")
+        _bad(f"top_k must be 0 (disable), or at least 1, got {self.top_k}.")
     if not 0.0 <= self.min_p <= 1.0:
-        bad(f"min_p must be in [0, 1], got {self.min_p}.")
-    if self.seed is not None and not is_int(self.seed):
-        bad(f"seed must be an integer, got {self.seed!r}.")
-    if self.max_tokens is not None and (not is_int(self.max_tokens) or self.max_tokens < 1):
-        bad(f"max_tokens must be at least 1, got {self.max_tokens}.")
-    if not is_int(self.min_tokens) or self.min_tokens < 0:
-        bad(f"min_tokens must be greater than or equal to 0, got {self.min_tokens}.")
+        _bad(f"min_p must be in [0, 1], got {self.min_p}.")
+    self._verify_lengths()
+
+# %% ../../nbs/00_sampling_params.ipynb #53041a39
+@patch
+def _verify_lengths(self: SamplingParams):
+    "The checks of `seed`, `max_tokens`, `min_tokens` and the logprobs counts."
+    if self.seed is not None and not _is_int(self.seed):
+        _bad(f"seed must be an integer, got {self.seed!r}.")
+    if self.max_tokens is not None and (not _is_int(self.max_tokens) or self.max_tokens < 1):
+        _bad(f"max_tokens must be at least 1, got {self.max_tokens}.")
+    if not _is_int(self.min_tokens) or self.min_tokens < 0:
+        _bad(f"min_tokens must be greater than or equal to 0, got {self.min_tokens}.")
     if self.max_tokens is not None and self.min_tokens > self.max_tokens:
-        bad(
+        _bad(
             f"min_tokens must be less than or equal to max_tokens={self.max_tokens}, got "
             f"{self.min_tokens}."
         )
     for name in ("logprobs", "prompt_logprobs"):
         v = getattr(self, name)
-        if v is not None and (not is_int(v) or (v != -1 and v < 0)):
-            bad(f"{name} must be non-negative or -1, got {v}.")
+        if v is not None and (not _is_int(v) or (v != -1 and v < 0)):
+            _bad(f"{name} must be non-negative or -1, got {v}.")
     self._verify_tokens()
 
 # %% ../../nbs/00_sampling_params.ipynb #0796527c
 @patch
 def _verify_tokens(self: SamplingParams):
-    "The checks of the token lists, strings and maps, and of the fields minivllm lacks."
-
-    def bad(msg):
-        raise ValueError(msg)
-
-    def is_int(v):
-        return isinstance(v, int) and not isinstance(v, bool)
-
-    if any(not is_int(t) or t < 0 for t in self.stop_token_ids):
-        bad(f"stop_token_ids must contain only non-negative integers, got {self.stop_token_ids}.")
+    "The checks of the token lists and the strings."
+    if any(not _is_int(t) or t < 0 for t in self.stop_token_ids):
+        _bad(f"stop_token_ids must contain only non-negative integers, got {self.stop_token_ids}.")
     if any(not isinstance(s, str) for s in self.stop):
-        bad(f"stop must be strings, got {self.stop}.")
+        _bad(f"stop must be strings, got {self.stop}.")
     if any(not s for s in self.stop):
-        bad("stop cannot contain an empty string.")
+        _bad("stop cannot contain an empty string.")
     if self.stop and not self.detokenize:
-        bad(
+        _bad(
             "stop strings are only supported when detokenize is True. Set detokenize=True to use "
             "stop."
         )
     if any(not isinstance(w, str) or not w for w in self.bad_words):
-        bad(f"bad_words cannot contain an empty string. Got bad_words={self.bad_words}")
+        _bad(f"bad_words cannot contain an empty string. Got bad_words={self.bad_words}")
     if self.allowed_token_ids is not None:
         if not self.allowed_token_ids:
-            bad("allowed_token_ids is not None and empty!")
-        if any(not is_int(t) or t < 0 for t in self.allowed_token_ids):
-            bad("allowed_token_ids contains out-of-vocab token id!")
+            _bad("allowed_token_ids is not None and empty!")
+        if any(not _is_int(t) or t < 0 for t in self.allowed_token_ids):
+            _bad("allowed_token_ids contains out-of-vocab token id!")
+    self._verify_maps()
+
+# %% ../../nbs/00_sampling_params.ipynb #5588a4a9
+@patch
+def _verify_maps(self: SamplingParams):
+    "The checks of `logit_bias` and `output_kind`, and of the fields minivllm lacks."
     if self.logit_bias is not None:
         if any(t < 0 for t in self.logit_bias):
-            bad(
+            _bad(
                 f"token_id(s) {[t for t in self.logit_bias if t < 0]} in logit_bias contain "
                 "out-of-vocab token ids."
             )
@@ -314,9 +307,9 @@ def _verify_tokens(self: SamplingParams):
             not isinstance(v, (int, float)) or not math.isfinite(v)
             for v in self.logit_bias.values()
         ):
-            bad(f"logit_bias values must be finite numbers, got {list(self.logit_bias.values())}.")
+            _bad(f"logit_bias values must be finite numbers, got {list(self.logit_bias.values())}.")
     if not isinstance(self.output_kind, RequestOutputKind):
-        bad(f"output_kind must be a RequestOutputKind, got {self.output_kind!r}.")
+        _bad(f"output_kind must be a RequestOutputKind, got {self.output_kind!r}.")
     for name, off in _UNIMPLEMENTED_SAMPLING.items():
         if getattr(self, name) != off:
             raise NotImplementedError(
@@ -345,6 +338,27 @@ def _verify_trace(self: SamplingParams):
             raise ValueError(f"trace_decode_token_ids is not supported with {name}.")
     if self.bad_words:
         raise ValueError("trace_decode_token_ids is not supported with bad_words.")
+
+# %% ../../nbs/00_sampling_params.ipynb #a8cb06c7
+@patch
+def _reset_for_greedy(self: SamplingParams):
+    "Greedy (temperature 0): top-p, top-k and min-p have no effect, as in vLLM; one sample only."
+    if self.temperature < _SAMPLING_EPS:
+        self.top_p, self.top_k, self.min_p = 1.0, 0, 0.0
+        if self.n > 1:
+            raise ValueError(f"n must be 1 when using greedy sampling, got {self.n}.")
+
+
+@patch(as_prop=True)
+def greedy(self: SamplingParams) -> bool:
+    "Greedy sampling (temperature 0): always the most likely token."
+    return self.temperature < _SAMPLING_EPS
+
+
+@patch
+def clone(self: SamplingParams) -> SamplingParams:
+    "A copy (the engine gives each of a request's `n` samples its own)."
+    return dataclasses.replace(self)
 
 # %% ../../nbs/00_sampling_params.ipynb #33a82bb2
 class TextPrompt(TypedDict, total=False):
@@ -378,7 +392,7 @@ class CompletionOutput:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
-
+# %% ../../nbs/00_sampling_params.ipynb #c0769f54
 @dataclass
 class RequestMetrics:
     "Timestamps of a request's life (seconds, `time.time()`)."

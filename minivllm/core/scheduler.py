@@ -315,7 +315,7 @@ def _admit(self: Scheduler, r: Request):
     else:
         self.running.append(r)
 
-
+# %% ../../nbs/03_scheduler.ipynb #a86f9a9b
 @patch
 def _seq(
     self: Scheduler,
@@ -416,7 +416,7 @@ def _schedule_running(
         i += 1
     return seqs, budget, blocks_short
 
-
+# %% ../../nbs/03_scheduler.ipynb #7c927a99
 @patch
 def _schedule_waiting(self: Scheduler, budget: int, preempted: list[str]) -> list[ScheduledSeq]:
     """2. Waiting requests in policy order while budget, blocks and `max_num_seqs` allow; never this
