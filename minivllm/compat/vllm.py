@@ -857,10 +857,10 @@ def read_env(name: str):
     return default
 
 
-def check_environment(environ=None) -> None:
+def check_environment() -> None:
     "Every `VLLM_*` variable of vLLM's that is set: read (and so checked), or refused by name."
-    env = os.environ if environ is None else environ
-    for name in sorted(n for n in env if n in ENV_READ or n in ENV_NO_EFFECT or n in ENV_REFUSED):
+    known = (*ENV_READ, *ENV_NO_EFFECT, *ENV_REFUSED)
+    for name in sorted(n for n in os.environ if n in known):
         read_env(name)
 
 # %% ../../nbs/95_vllm_compat.ipynb #envs95d

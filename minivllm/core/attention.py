@@ -5,7 +5,7 @@
 # %% ../../nbs/04_paged_attention.ipynb #32cc1cac
 from __future__ import annotations
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
@@ -26,6 +26,8 @@ class AttentionMetadata:
     num_decodes: int  # the first num_decodes requests have exactly one query token
     query_start_loc_cpu: list[int] | None = None
     seq_lens_cpu: list[int] | None = None
+    # what backends compute once a step from the fields above, by name (never copied)
+    plans: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def num_seqs(self) -> int:
@@ -285,12 +287,12 @@ DECODE_GROUP_COST = (
 MAX_GATHER_BYTES = 256 << 20  # a group's gathered keys + values stay below this
 
 
-def remembered(md: AttentionMetadata, attr: str, kv_cache: torch.Tensor):
-    """The cache geometry's key, and the plan remembered on `md` under `attr` for it (None: none
+def remembered(md: AttentionMetadata, name: str, kv_cache: torch.Tensor):
+    """The cache geometry's key, and the plan remembered in `md.plans[name]` for it (None: none
     yet, or for another cache)."""
     _, nblk, bs, hkv, d = kv_cache.shape
     key = (nblk, bs, hkv, d, kv_cache.dtype, str(kv_cache.device))
-    plan = getattr(md, attr, None)
+    plan = md.plans.get(name)
     return key, (plan if plan is not None and plan.key == key else None)
 
 # %% ../../nbs/04_paged_attention.ipynb #0df9f0ae
@@ -342,14 +344,14 @@ def _plan_prefills(md: AttentionMetadata, kv_cache: torch.Tensor, seq_lens: list
 def torch_plan(md: AttentionMetadata, kv_cache: torch.Tensor) -> TorchPlan:
     """The torch backend's plan for `md` on this cache geometry, computed once and remembered on
     `md`."""
-    key, plan = remembered(md, "_torch_plan", kv_cache)
+    key, plan = remembered(md, "torch", kv_cache)
     if plan is not None:
         return plan
     seq_lens = md.seq_lens_cpu if md.seq_lens_cpu is not None else md.seq_lens.tolist()
     bt = md.block_tables.to(kv_cache.device, torch.int64)
     groups, numel = _plan_decode_groups(md, kv_cache, seq_lens, bt)
     plan = TorchPlan(key, groups, _plan_prefills(md, kv_cache, seq_lens, bt), numel)
-    md._torch_plan = plan
+    md.plans["torch"] = plan
     return plan
 
 # %% ../../nbs/04_paged_attention.ipynb #bfe33d32

@@ -236,8 +236,8 @@ def _check_metadata(md, num_tokens: int, kv_cache: torch.Tensor) -> LaunchPlan:
     its launch plan."""
     _, nb, bs = kv_cache.shape[:3]
     key = (num_tokens, nb, bs, str(kv_cache.device))
-    if getattr(md, "_checked_for", None) == key:
-        return md._plan
+    if md.plans.get("launch_key") == key:
+        return md.plans["launch"]
     _check_shapes(md, num_tokens, kv_cache)
     qsl, lens, (bad_block, bad_slot) = _host_values(md, num_tokens, kv_cache)
     _check_requests(md, qsl, lens, num_tokens, bs)
@@ -249,7 +249,7 @@ def _check_metadata(md, num_tokens: int, kv_cache: torch.Tensor) -> LaunchPlan:
         max((qsl[i + 1] - qsl[i] for i in range(nd, n)), default=0),
         n - nd,
     )
-    md._checked_for, md._plan = key, plan
+    md.plans["launch_key"], md.plans["launch"] = key, plan
     return plan
 
 # %% ../../nbs/04c_attention_kernels.ipynb #0bb57437
@@ -789,7 +789,7 @@ class _InplacePlan:
 # %% ../../nbs/04c_attention_kernels.ipynb #43190d6f
 def inplace_plan(md: AttentionMetadata, kv_cache: torch.Tensor) -> _InplacePlan:
     "The plan for `md` on this cache geometry, computed once and remembered on `md`."
-    key, plan = remembered(md, "_inplace_plan", kv_cache)
+    key, plan = remembered(md, "inplace", kv_cache)
     if plan is not None:
         return plan
     bs = kv_cache.shape[2]
@@ -807,7 +807,7 @@ def inplace_plan(md: AttentionMetadata, kv_cache: torch.Tensor) -> _InplacePlan:
         if nd < md.num_seqs
         else TorchPlan(key, [], [], 0)
     )
-    plan = md._inplace_plan = _InplacePlan(key, bt, sl, pre)
+    plan = md.plans["inplace"] = _InplacePlan(key, bt, sl, pre)
     return plan
 
 # %% ../../nbs/04c_attention_kernels.ipynb #c3aip04
@@ -986,9 +986,9 @@ def invariant_paged_attention(q, k, v, kv_cache, md: AttentionMetadata, scale: f
     """Write the step's keys and values, then attend every query token alone with the C decode
     kernel."""
     write_kv_cache(k, v, kv_cache, md.slot_mapping)
-    tables = getattr(md, "_per_token", None)
+    tables = md.plans.get("per_token")
     if tables is None:
-        tables = md._per_token = _per_token_tables(md)
+        tables = md.plans["per_token"] = _per_token_tables(md)
         check_decode_tables(*tables, kv_cache.shape[1], kv_cache.shape[2])
     return decode_in_place_c(q, kv_cache, *tables, scale, checked=True)
 
