@@ -196,7 +196,7 @@ class MLP(nn.Module):
         "The MLP of each token."
         return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
 
-
+# %% ../../nbs/05_model.ipynb #dec05c
 class DecoderLayer(nn.Module):
     "One pre-norm transformer block: `x + attn(norm(x))`, then `x + mlp(norm(x))`."
 
@@ -263,17 +263,27 @@ class LlamaForCausalLM(nn.Module):
                 m.ops = ops
         self.ops = ops
 
-    def forward(self, input_ids, positions, kv_caches: list[torch.Tensor], md: AttentionMetadata):
-        "Hidden states `[T, hidden]` of the flat batch; every layer writes its K/V to its cache."
-        x = self.embed_tokens(input_ids)
-        rope = self.rotary.cos_sin(positions, x.dtype)
-        for layer, cache in zip(self.layers, kv_caches):
-            x = layer(x, cache, md, rope)
-        return self.norm(x)
+# %% ../../nbs/05_model.ipynb #mdl05p
+@patch
+def forward(
+    self: LlamaForCausalLM,
+    input_ids,
+    positions,
+    kv_caches: list[torch.Tensor],
+    md: AttentionMetadata,
+):
+    "Hidden states `[T, hidden]` of the flat batch; every layer writes its K/V to its cache."
+    x = self.embed_tokens(input_ids)
+    rope = self.rotary.cos_sin(positions, x.dtype)
+    for layer, cache in zip(self.layers, kv_caches):
+        x = layer(x, cache, md, rope)
+    return self.norm(x)
 
-    def compute_logits(self, hidden):
-        "Logits (float32) of the given hidden rows only."
-        return self.lm_head(hidden).float()
+
+@patch
+def compute_logits(self: LlamaForCausalLM, hidden):
+    "Logits (float32) of the given hidden rows only."
+    return self.lm_head(hidden).float()
 
 # %% ../../nbs/05_model.ipynb #625f3e18
 @patch
@@ -475,7 +485,7 @@ class ModelRunner:
         ]
         self.extensions: list[StepExtension] = []  # the engine's step extensions (`prepare` hook)
 
-    # three steps that the tensor-parallel worker (lesson 07) overrides for its shard
+    # lesson 07's tensor-parallel worker overrides load_model (and two steps of the next cell)
     def load_model(self) -> LlamaForCausalLM:
         "The model of the config, with its weights, on this runner's device."
         mc = self.config.model_config
@@ -488,24 +498,31 @@ class ModelRunner:
         args = mc.hf_config, mc.dtype, self.device, mc.attention_backend, mc.max_model_len
         return load_model(mc.model, *args)
 
-    def agree_num_blocks(self, n: int) -> int:
-        "The number of KV blocks all processes can afford (one process: nobody to agree with)."
-        return n
+# %% ../../nbs/05_model.ipynb #run05b
+@patch
+def agree_num_blocks(self: ModelRunner, n: int) -> int:
+    "The number of KV blocks all processes can afford (one process: nobody to agree with)."
+    return n
 
-    def kv_cache_shape(self) -> tuple[int, ...]:
-        "Shape of one layer's cache: `[2, num_blocks, block_size, kv_heads, head_dim]`."
-        mc = self.config.model_config
-        return (2, self.num_blocks, self.block_size, mc.get_num_kv_heads(), mc.get_head_size())
 
-    @property
-    def block_bytes(self) -> int:
-        "Bytes of one KV block over all layers (keys and values)."
-        mc = self.config.model_config
-        kv = 2 * mc.get_num_layers() * self.block_size * mc.get_num_kv_heads() * mc.get_head_size()
-        return kv * self.dtype.itemsize
+@patch
+def kv_cache_shape(self: ModelRunner) -> tuple[int, ...]:
+    "Shape of one layer's cache: `[2, num_blocks, block_size, kv_heads, head_dim]`."
+    mc = self.config.model_config
+    return (2, self.num_blocks, self.block_size, mc.get_num_kv_heads(), mc.get_head_size())
 
-    def shutdown(self):
-        "Release what the runner holds outside this process (the tensor-parallel runner's workers)."
+
+@patch(as_prop=True)
+def block_bytes(self: ModelRunner) -> int:
+    "Bytes of one KV block over all layers (keys and values)."
+    mc = self.config.model_config
+    kv = 2 * mc.get_num_layers() * self.block_size * mc.get_num_kv_heads() * mc.get_head_size()
+    return kv * self.dtype.itemsize
+
+
+@patch
+def shutdown(self: ModelRunner):
+    "Release what the runner holds outside this process (the tensor-parallel runner's workers)."
 
 # %% ../../nbs/05_model.ipynb #94e8101f
 @patch

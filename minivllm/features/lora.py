@@ -362,6 +362,8 @@ def add_lora_layers(
 ) -> dict[str, LoRALinear]:
     """Wrap the q/k/v, o, gate/up and down projections of every layer of `model` in `LoRALinear`s
     (in place)."""
+    if any(isinstance(m, LoRALinear) for m in model.modules()):
+        raise ValueError("the model already has LoRA layers")
     out = {}
     for i, layer in enumerate(model.layers):
         at, mlp = layer.self_attn, layer.mlp
@@ -372,8 +374,6 @@ def add_lora_layers(
             (mlp, "down_proj", [mlp.down_proj.out_features]),
         ):
             base = getattr(parent, attr)
-            if isinstance(base, LoRALinear):
-                raise ValueError("the model already has LoRA layers")
             w = LoRALinear(base, slices, _in_features(base), max_loras, max_rank, state)
             setattr(parent, attr, w)
             out[f"layers.{i}.{'self_attn' if parent is at else 'mlp'}.{attr}"] = w

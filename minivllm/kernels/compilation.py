@@ -200,26 +200,7 @@ class CompiledModelRunner(ModelRunner):
         self.eager_prompts = self.device.type == "cpu" and any(
             getattr(m, "dense", None) is not None for m in self.model.modules()
         )
-        _cache_dir(cc)
-        model, layer_ids = self.model, list(range(len(self.model.layers)))
-        self.layer_ids = layer_ids
-
-        def forward(input_ids, positions):
-            return model(input_ids, positions, layer_ids, None)  # caches: by index
-
-        self.compiled = torch.compile(forward, backend=cc.backend, fullgraph=True)
-        t0 = time.perf_counter()
-        self.warm_up()
-        # CPU: whole decode steps of `compile_sizes` in one graph (at the end)
-        self.size_graphs = self.compile_size_graphs()
-        cc.compile_time = time.perf_counter() - t0
-        logger.info(
-            "compiled the model (torch.compile, %s backend) in %.1f s%s%s",
-            cc.backend,
-            cc.compile_time,
-            f"; captured {len(self.graphs)} CUDA graphs" if self.graphs else "",
-            f"; decode graphs of {self.size_graphs} sequences" if self.size_graphs else "",
-        )
+        self._compile()  # (below)
 
 # %% ../../nbs/05b_compile.ipynb #86392bffs1
 from ..core.attention import get_attention_backend
@@ -243,6 +224,33 @@ def kv_cache_shape(self: CompiledModelRunner) -> tuple[int, ...]:
     "One more block than the scheduler knows of: the scratch block that padding rows write to."
     s = ModelRunner.kv_cache_shape(self)
     return (s[0], s[1] + 1, *s[2:])
+
+# %% ../../nbs/05b_compile.ipynb #cmp05bc
+@patch
+def _compile(self: CompiledModelRunner):
+    """Compile the forward (`fullgraph=True`), warm it up, and on the CPU compile the decode graphs
+    of `compile_sizes`; the seconds it takes go into the log and `compile_time`."""
+    cc = self.cc
+    _cache_dir(cc)
+    model, layer_ids = self.model, list(range(len(self.model.layers)))
+    self.layer_ids = layer_ids
+
+    def forward(input_ids, positions):
+        return model(input_ids, positions, layer_ids, None)  # caches: by index
+
+    self.compiled = torch.compile(forward, backend=cc.backend, fullgraph=True)
+    t0 = time.perf_counter()
+    self.warm_up()
+    # CPU: whole decode steps of `compile_sizes` in one graph (at the end)
+    self.size_graphs = self.compile_size_graphs()
+    cc.compile_time = time.perf_counter() - t0
+    logger.info(
+        "compiled the model (torch.compile, %s backend) in %.1f s%s%s",
+        cc.backend,
+        cc.compile_time,
+        f"; captured {len(self.graphs)} CUDA graphs" if self.graphs else "",
+        f"; decode graphs of {self.size_graphs} sequences" if self.size_graphs else "",
+    )
 
 # %% ../../nbs/05b_compile.ipynb #28214a2e
 @patch
@@ -399,6 +407,19 @@ def compile_size_graphs(self: CompiledModelRunner) -> list[int]:
         return []
     return sizes
 
+# %% ../../nbs/05b_compile.ipynb #szs05b
+@patch
+def _size_graph_step(self: CompiledModelRunner, scheduler_output, logits_rows, hidden_rows) -> bool:
+    """Whether a step runs as its size's graph: decodes only, all sampling, of a compiled size, no
+    more rows asked for."""
+    seqs = scheduler_output.seqs
+    return (
+        len(seqs) in self.size_graphs
+        and not logits_rows
+        and not hidden_rows
+        and all(s.num_tokens == 1 and s.sample for s in seqs)
+    )
+
 # %% ../../nbs/05b_compile.ipynb #cmr05bexec
 @patch
 @torch.inference_mode()
@@ -411,13 +432,8 @@ def execute_model(
 ) -> ModelRunnerOutput:
     """As `ModelRunner.execute_model`; a decode-only step of a compiled size runs as its graph,
     logits included."""
-    seqs, timer = scheduler_output.seqs, timer or StepTimer()
-    if (
-        len(seqs) not in self.size_graphs
-        or logits_rows
-        or hidden_rows
-        or not all(s.num_tokens == 1 and s.sample for s in seqs)
-    ):
+    timer = timer or StepTimer()
+    if not self._size_graph_step(scheduler_output, logits_rows, hidden_rows):
         return ModelRunner.execute_model(self, scheduler_output, logits_rows, hidden_rows, timer)
     input_ids, positions, md, seqs = self.prepare_inputs(scheduler_output)
     q = [int(v) for v in md.query_start_loc_cpu]

@@ -13,50 +13,18 @@ from torch import nn
 import torch.nn.functional as F
 from fastcore.basics import patch
 from ..core.attention import AttentionMetadata, get_attention_backend
-from minivllm.kernels.attention_kernels import (
-    check_decode_tables,
-    inplace_plan,
-    build_decode_kernel,
-    cpu_paged_attention,
-    warm_up_decode_in_place,
-)
-from minivllm.kernels.gemm import (
-    GEMM_MAX_ROWS,
-    batch_invariant,
-    build_c_library,
-    cpu_flags,
-)
-from minivllm.core.model import (
-    ROPE_TYPES,
-    LAYER_OPS,
-    MODEL_LOADERS,
-    MODEL_RUNNERS,
-    RUNNER_PREPARERS,
-    DecoderLayer,
-    ModelRunner,
-    DecoderLayer,
-    LlamaForCausalLM,
-    RotaryEmbedding,
-    TorchOps,
-    model_class,
-)
-from minivllm.kernels.quantization import (
-    GGUF_BLOCK_BYTES,
-    QUANT_KINDS,
-    block_columns,
-    INT4_MAX_ROWS,
-    INT8_MAX_ROWS,
-    BlockLinear,
-    blocks_supported,
-    build_block_kernel,
-    dequantize,
-    dequantize_k,
-    dequantize_rows,
-    gguf_linear,
-    read_gguf,
-    split_blocks,
-    unpermute_rows,
-)
+from .attention_kernels import check_decode_tables, inplace_plan
+from .attention_kernels import build_decode_kernel, cpu_paged_attention
+from .attention_kernels import warm_up_decode_in_place
+from .gemm import GEMM_MAX_ROWS, batch_invariant, build_c_library, cpu_flags
+from ..core.model import ROPE_TYPES, LAYER_OPS, MODEL_LOADERS, MODEL_RUNNERS
+from ..core.model import RUNNER_PREPARERS, DecoderLayer, ModelRunner, LlamaForCausalLM
+from ..core.model import RotaryEmbedding, TorchOps, model_class
+from .quantization import GGUF_BLOCK_BYTES, QUANT_KINDS, block_columns
+from .quantization import INT4_MAX_ROWS, INT8_MAX_ROWS, BlockLinear
+from .quantization import blocks_supported, build_block_kernel, dequantize
+from .quantization import dequantize_k, dequantize_rows, gguf_linear, read_gguf
+from .quantization import split_blocks, unpermute_rows
 
 # %% auto #0
 __all__ = ['PACKED_CHUNK', 'PACKED_LINEARS', 'AMX_BF16_MAX_ROWS', 'AMX_MIN_NUMEL', 'ATTENTION_WARMUPS', 'GGUF_ARCHS',
@@ -263,7 +231,7 @@ def _glue(dtype):
     lib.silu_and_mul.argtypes = [P, I, P, I]
     return lib
 
-
+# %% ../../nbs/05a_model_kernels.ipynb #glue05b
 def _glue_for(x: torch.Tensor):
     "The library for `x`, or None where the C kernels do not apply."
     if (
@@ -612,6 +580,38 @@ def _load_gguf_ends(model, ts: dict, module, param, device, dtype):
     ts.pop("token_embd.weight", None)
     model.norm.weight = param(_gguf_float(*ts.pop("output_norm.weight")))
 
+# %% ../../nbs/05a_model_kernels.ipynb #gguf05h
+def _gguf_makers(ts: dict, heads: dict, dtype, device, max_int4_rows, max_int8_rows):
+    """The loader's builders over the GGUF tensors `ts` (each takes what it reads out of `ts`):
+    `make(parts)`, one linear module of `(kind, rows)` parts; `module(*names)`, one of the named
+    tensors' rows (llama.cpp's q/k order undone for `heads`); `param(t)`, a frozen parameter."""
+
+    def rows(name):  # a tensor's rows, with llama.cpp's q/k row order undone
+        kind, t = ts.pop(name)
+        short = name.split(".")[-2]
+        return kind, (unpermute_rows(t, heads[short]) if short in heads else t)
+
+    def make(parts):  # one linear module of GGUF `(kind, rows)` parts
+        return _gguf_module(parts, dtype, device, max_int4_rows, max_int8_rows)
+
+    def module(*names):
+        return make([rows(n) for n in names])
+
+    def param(t):
+        return nn.Parameter(t.to(device=device, dtype=dtype), requires_grad=False)
+
+    return make, module, param
+
+
+def _load_gguf_layer(layer, b: str, ts: dict, make, module, param, moe):
+    "Load decoder layer `b` (`blk.{i}.`) from the GGUF tensors `ts`: attention, MLP, norms."
+    layer.self_attn.qkv_proj = module(*(b + f"attn_{x}.weight" for x in "qkv"))
+    _attention_extras(layer.self_attn, b, ts, param)
+    layer.self_attn.o_proj = module(b + "attn_output.weight")
+    _load_mlp(layer, b, ts, module, make, moe)
+    layer.input_layernorm.weight = param(_gguf_float(*ts.pop(b + "attn_norm.weight")))
+    layer.post_attention_layernorm.weight = param(_gguf_float(*ts.pop(b + "ffn_norm.weight")))
+
 # %% ../../nbs/05a_model_kernels.ipynb #ccae8fb6
 def load_gguf_model(
     gguf_file,
@@ -632,31 +632,11 @@ def load_gguf_model(
     device = torch.device(device)
     heads = {"attn_q": c.num_attention_heads, "attn_k": c.num_key_value_heads}
     heads = heads if arch in ("llama", "mistral") else {}  # (llama.cpp reorders only their q/k)
-
-    def rows(name):  # a tensor's rows, with llama.cpp's q/k row order undone
-        kind, t = ts.pop(name)
-        short = name.split(".")[-2]
-        return kind, (unpermute_rows(t, heads[short]) if short in heads else t)
-
-    def make(parts):  # one linear module of GGUF `(kind, rows)` parts
-        return _gguf_module(parts, dtype, device, max_int4_rows, max_int8_rows)
-
-    def module(*names):
-        return make([rows(n) for n in names])
-
-    def param(t):
-        return nn.Parameter(t.to(device=device, dtype=dtype), requires_grad=False)
-
+    make, module, param = _gguf_makers(ts, heads, dtype, device, max_int4_rows, max_int8_rows)
     with torch.device("meta"):  # no memory, no random init; an MoE family's class (lesson 07d)
         model = (model_class(c) if moe else LlamaForCausalLM)(c, attention_backend, max_pos)
     for i, layer in enumerate(model.layers):
-        b = f"blk.{i}."
-        layer.self_attn.qkv_proj = module(*(b + f"attn_{x}.weight" for x in "qkv"))
-        _attention_extras(layer.self_attn, b, ts, param)
-        layer.self_attn.o_proj = module(b + "attn_output.weight")
-        _load_mlp(layer, b, ts, module, make, moe)
-        layer.input_layernorm.weight = param(_gguf_float(*ts.pop(b + "attn_norm.weight")))
-        layer.post_attention_layernorm.weight = param(_gguf_float(*ts.pop(b + "ffn_norm.weight")))
+        _load_gguf_layer(layer, f"blk.{i}.", ts, make, module, param, moe)
     _load_gguf_ends(model, ts, module, param, device, dtype)
     with torch.device(device):
         model.rotary = RotaryEmbedding(c, max_pos or c.max_position_embeddings).to(dtype)
