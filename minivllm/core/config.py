@@ -195,43 +195,59 @@ class PoolingParams:
     returned_token_ids: list | None = None
 
     def __post_init__(self):
-        if self.task not in (None, "embed", "token_embed", "encode", "classify"):
-            raise NotImplementedError(
-                f"PoolingParams(task={self.task!r}): minivllm pools for 'embed', 'token_embed', "
-                "'classify' and 'encode' only."
-            )
-        if self.activation is not None:  # (classification: softmax on the head's logits)
-            if self.use_activation not in (None, self.activation):
-                raise ValueError("PoolingParams: activation and use_activation disagree.")
-            self.use_activation, self.activation = self.activation, None
-        if self.use_activation is not None:
-            if self.normalize not in (None, self.use_activation):
-                raise ValueError("PoolingParams: normalize and use_activation disagree.")
-            self.normalize, self.use_activation = self.use_activation, None
-        if self.dimensions is not None and (
-            not isinstance(self.dimensions, int)
-            or isinstance(self.dimensions, bool)
-            or self.dimensions < 1
-        ):
-            raise ValueError(f"dimensions must be a positive integer, got {self.dimensions!r}.")
-        if isinstance(self.late_chunking_params, dict):
-            self.late_chunking_params = LateChunkingParams(**self.late_chunking_params)
-        if self.late_chunking_params is not None and self.task not in (None, "token_embed"):
-            raise ValueError(
-                f"late_chunking_params needs the task 'token_embed', not {self.task!r}."
-            )
-        for k in ("truncate_prompt_tokens", "step_tag_id", "returned_token_ids"):
-            if getattr(self, k) is not None:
-                raise NotImplementedError(f"PoolingParams({k}=...) is not implemented in minivllm.")
-        if self.extra_kwargs:
-            raise NotImplementedError(
-                f"PoolingParams(extra_kwargs={self.extra_kwargs!r}) is not implemented in minivllm."
-            )
-        if self.output_kind != RequestOutputKind.FINAL_ONLY:
-            raise NotImplementedError(
-                "a pooled output comes once, when the prompt is read: output_kind must be "
-                "FINAL_ONLY."
-            )
+        "Check the parameters in three steps (the methods below)."
+        self._fold_names()
+        self._check_values()
+        self._refuse_unimplemented()
+
+# %% ../../nbs/00b_config.ipynb #p00ds1
+@patch
+def _fold_names(self: PoolingParams):
+    "The task checked; vLLM's `activation` and `use_activation` folded into `normalize`."
+    if self.task not in (None, "embed", "token_embed", "encode", "classify"):
+        raise NotImplementedError(
+            f"PoolingParams(task={self.task!r}): minivllm pools for 'embed', 'token_embed', "
+            "'classify' and 'encode' only."
+        )
+    if self.activation is not None:  # (classification: softmax on the head's logits)
+        if self.use_activation not in (None, self.activation):
+            raise ValueError("PoolingParams: activation and use_activation disagree.")
+        self.use_activation, self.activation = self.activation, None
+    if self.use_activation is not None:
+        if self.normalize not in (None, self.use_activation):
+            raise ValueError("PoolingParams: normalize and use_activation disagree.")
+        self.normalize, self.use_activation = self.use_activation, None
+
+# %% ../../nbs/00b_config.ipynb #p00ds2
+@patch
+def _check_values(self: PoolingParams):
+    "`dimensions` a positive integer; `late_chunking_params` (a dict or one) for `token_embed`."
+    if self.dimensions is not None and (
+        not isinstance(self.dimensions, int)
+        or isinstance(self.dimensions, bool)
+        or self.dimensions < 1
+    ):
+        raise ValueError(f"dimensions must be a positive integer, got {self.dimensions!r}.")
+    if isinstance(self.late_chunking_params, dict):
+        self.late_chunking_params = LateChunkingParams(**self.late_chunking_params)
+    if self.late_chunking_params is not None and self.task not in (None, "token_embed"):
+        raise ValueError(f"late_chunking_params needs the task 'token_embed', not {self.task!r}.")
+
+# %% ../../nbs/00b_config.ipynb #p00ds3
+@patch
+def _refuse_unimplemented(self: PoolingParams):
+    "vLLM's knobs minivllm lacks: `NotImplementedError`, naming the knob."
+    for k in ("truncate_prompt_tokens", "step_tag_id", "returned_token_ids"):
+        if getattr(self, k) is not None:
+            raise NotImplementedError(f"PoolingParams({k}=...) is not implemented in minivllm.")
+    if self.extra_kwargs:
+        raise NotImplementedError(
+            f"PoolingParams(extra_kwargs={self.extra_kwargs!r}) is not implemented in minivllm."
+        )
+    if self.output_kind != RequestOutputKind.FINAL_ONLY:
+        raise NotImplementedError(
+            "a pooled output comes once, when the prompt is read: output_kind must be FINAL_ONLY."
+        )
 
 # %% ../../nbs/00b_config.ipynb #p00d2
 @patch
@@ -412,6 +428,56 @@ class CompilationConfig:
     cache_dir: str = ""  # "": ~/.cache/minivllm/torch_compile
     compile_time: float | None = None  # seconds the runner spent compiling at start-up
 
+# %% ../../nbs/00b_config.ipynb #cc0d3bs1
+def _parse_level(d: dict) -> int | None:
+    "Pop `mode` (an int or a `CompilationMode` name) and `level` from `d`: the level, checked."
+    mode = d.pop("mode", None)
+    if isinstance(mode, str):
+        mode = _COMPILE_MODES.get(mode.upper().removeprefix("COMPILATIONMODE."), mode)
+    level = d.pop("level", mode)
+    if level is not None and level not in (0, 1, 2, 3):
+        raise ValueError(f"compilation_config level/mode must be 0-3, got {level!r}.")
+    return level
+
+# %% ../../nbs/00b_config.ipynb #cc0d3bs2
+def _check_graphs(d: dict) -> None:
+    "Fold `use_cudagraph=False` into `cudagraph_mode` (upper case); check it and `backend`."
+    if d.pop("use_cudagraph", True) is False:
+        d["cudagraph_mode"] = "NONE"
+    cg = d.get("cudagraph_mode")
+    if cg is not None and str(cg).upper() not in ("NONE", "FULL_DECODE_ONLY"):
+        raise NotImplementedError(
+            f"minivllm does not implement compilation_config cudagraph_mode={cg!r}; it takes "
+            "'NONE' or 'FULL_DECODE_ONLY' (whole decode steps captured, no piecewise graphs)."
+        )
+    if cg is not None:
+        d["cudagraph_mode"] = str(cg).upper()
+    if d.get("backend", "inductor") not in ("inductor", "eager", "aot_eager"):
+        raise NotImplementedError(
+            f"minivllm does not implement compilation_config backend={d['backend']!r}; it "
+            "takes 'inductor' (or 'eager'/'aot_eager', which only trace)."
+        )
+
+# %% ../../nbs/00b_config.ipynb #cc0d3bs3
+def _check_compile_sizes(d: dict) -> None:
+    "Check that `cudagraph_capture_sizes` and `compile_sizes` are lists of positive ints."
+    sizes = d.get("cudagraph_capture_sizes")
+    if sizes is not None and not (
+        isinstance(sizes, (list, tuple)) and all(isinstance(s, int) and s > 0 for s in sizes)
+    ):
+        raise ValueError(
+            "compilation_config cudagraph_capture_sizes must be a list of positive ints, got "
+            f"{sizes!r}."
+        )
+    cs = d.get("compile_sizes")
+    if cs is not None and not (
+        isinstance(cs, (list, tuple))
+        and all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in cs)
+    ):
+        raise ValueError(
+            f"compilation_config compile_sizes must be a list of positive ints, got {cs!r}."
+        )
+
 # %% ../../nbs/00b_config.ipynb #eec3b729
 @patch(cls_method=True)
 def from_value(cls: CompilationConfig, value) -> CompilationConfig:
@@ -429,43 +495,9 @@ def from_value(cls: CompilationConfig, value) -> CompilationConfig:
             f"it takes {', '.join(_COMPILE_KEYS)}."
         )
     d = dict(value)
-    mode = d.pop("mode", None)
-    if isinstance(mode, str):
-        mode = _COMPILE_MODES.get(mode.upper().removeprefix("COMPILATIONMODE."), mode)
-    level = d.pop("level", mode)
-    if level is not None and level not in (0, 1, 2, 3):
-        raise ValueError(f"compilation_config level/mode must be 0-3, got {level!r}.")
-    if d.pop("use_cudagraph", True) is False:
-        d["cudagraph_mode"] = "NONE"
-    cg = d.get("cudagraph_mode")
-    if cg is not None and str(cg).upper() not in ("NONE", "FULL_DECODE_ONLY"):
-        raise NotImplementedError(
-            f"minivllm does not implement compilation_config cudagraph_mode={cg!r}; it takes "
-            "'NONE' or 'FULL_DECODE_ONLY' (whole decode steps captured, no piecewise graphs)."
-        )
-    if cg is not None:
-        d["cudagraph_mode"] = str(cg).upper()
-    if d.get("backend", "inductor") not in ("inductor", "eager", "aot_eager"):
-        raise NotImplementedError(
-            f"minivllm does not implement compilation_config backend={d['backend']!r}; it "
-            "takes 'inductor' (or 'eager'/'aot_eager', which only trace)."
-        )
-    sizes = d.get("cudagraph_capture_sizes")
-    if sizes is not None and not (
-        isinstance(sizes, (list, tuple)) and all(isinstance(s, int) and s > 0 for s in sizes)
-    ):
-        raise ValueError(
-            "compilation_config cudagraph_capture_sizes must be a list of positive ints, got "
-            f"{sizes!r}."
-        )
-    cs = d.get("compile_sizes")
-    if cs is not None and not (
-        isinstance(cs, (list, tuple))
-        and all(isinstance(s, int) and not isinstance(s, bool) and s > 0 for s in cs)
-    ):
-        raise ValueError(
-            f"compilation_config compile_sizes must be a list of positive ints, got {cs!r}."
-        )
+    level = _parse_level(d)
+    _check_graphs(d)
+    _check_compile_sizes(d)
     return cls(level=level, **d)
 
 # %% ../../nbs/00b_config.ipynb #df91f294
@@ -490,16 +522,9 @@ class SpeculativeConfig:
     prompt_lookup_max: int | None = None  # ngram: the longest
     model: str | None = None  # draft_model: the draft's path or hub id
 
-# %% ../../nbs/00b_config.ipynb #e7dce9ef
-@patch(cls_method=True)
-def from_dict(cls: SpeculativeConfig, d: dict | str | None) -> SpeculativeConfig | None:
-    """The config of a `speculative_config` dict (or its JSON); None for None or `{}` (off). Bad
-    values raise, naming the key."""
-    """The config of a `speculative_config` dict (or its JSON); None for None or `{}` (off). Bad
-    values raise, naming the key."""
-    if d is None or d == {}:
-        return None
-    d = dict(json.loads(d) if isinstance(d, str) else d)
+# %% ../../nbs/00b_config.ipynb #e7dce9s1
+def _spec_method(d: dict) -> tuple[str, str | None]:
+    "Pop `method` and `model` from `d`: a missing method is read from `model`, as vLLM does."
     method, model = d.pop("method", None), d.pop("model", None)
     if method is None and model is not None:
         method = "ngram" if model in ("ngram", "[ngram]") else "draft_model"
@@ -514,11 +539,11 @@ def from_dict(cls: SpeculativeConfig, d: dict | str | None) -> SpeculativeConfig
         raise ValueError(
             f"speculative_config.method must be 'ngram' or 'draft_model', got {method!r}."
         )
-    k = d.pop("num_speculative_tokens", None)
-    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
-        raise ValueError(
-            f"speculative_config.num_speculative_tokens must be a positive integer, got {k!r}."
-        )
+    return method, model
+
+# %% ../../nbs/00b_config.ipynb #e7dce9s2
+def _spec_lookup(method: str, model: str | None, d: dict) -> tuple[int | None, int | None]:
+    "Pop the n-gram lookup's bounds from `d` (both 5 unless given); a draft model needs `model`."
     lo, hi = d.pop("prompt_lookup_min", None), d.pop("prompt_lookup_max", None)
     if method == "ngram":
         lo, hi = (
@@ -540,6 +565,23 @@ def from_dict(cls: SpeculativeConfig, d: dict | str | None) -> SpeculativeConfig
         raise ValueError(
             "speculative_config: method 'draft_model' needs 'model' (the draft model's path or id)."
         )
+    return lo, hi
+
+# %% ../../nbs/00b_config.ipynb #e7dce9ef
+@patch(cls_method=True)
+def from_dict(cls: SpeculativeConfig, d: dict | str | None) -> SpeculativeConfig | None:
+    """The config of a `speculative_config` dict (or its JSON); None for None or `{}` (off). Bad
+    values raise, naming the key."""
+    if d is None or d == {}:
+        return None
+    d = dict(json.loads(d) if isinstance(d, str) else d)
+    method, model = _spec_method(d)
+    k = d.pop("num_speculative_tokens", None)
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+        raise ValueError(
+            f"speculative_config.num_speculative_tokens must be a positive integer, got {k!r}."
+        )
+    lo, hi = _spec_lookup(method, model, d)
     for key, v in d.items():
         if key not in _SPEC_OK:
             raise ValueError(f"speculative_config: unknown key {key!r}.")
@@ -725,10 +767,10 @@ def _check_weights_format(quantization, load_format):
             f"{', '.join(map(repr, _LOAD_FORMATS))}."
         )
 
-# %% ../../nbs/00b_config.ipynb #5abc75f4
+# %% ../../nbs/00b_config.ipynb #5abc75s1
 @dataclass
-class _EngineArgsFields:
-    "The fields of `EngineArgs`: vLLM's names and defaults, for what minivllm implements."
+class _ModelArgs:
+    "`EngineArgs`' first fields: the model, its KV cache and the limits of a step."
 
     model: str | None = None
     tokenizer: str | None = None
@@ -744,6 +786,12 @@ class _EngineArgsFields:
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True
     scheduling_policy: str = "fcfs"
+
+# %% ../../nbs/00b_config.ipynb #5abc75s2
+@dataclass
+class _RunArgs(_ModelArgs):
+    "Then how and where it runs, and where the model's files and defaults come from."
+
     enforce_eager: bool | None = None  # None: compiled on CUDA, eager on the CPU (lesson 05b)
     compilation_config: int | dict | None = None  # vLLM's: a level (0-3) or a dict
     tensor_parallel_size: int = 1
@@ -762,6 +810,12 @@ class _EngineArgsFields:
     generation_config: str = "auto"
     override_generation_config: dict | None = None
     pooler_config: dict | None = None
+
+# %% ../../nbs/00b_config.ipynb #5abc75f4
+@dataclass
+class _EngineArgsFields(_RunArgs):
+    "The fields of `EngineArgs`: vLLM's names and defaults, for what minivllm implements."
+
     enable_lora: bool = False
     max_loras: int = 1
     max_lora_rank: int = 16
@@ -871,15 +925,14 @@ def _parallel_config(self: EngineArgs, mc: ModelConfig) -> ParallelConfig:
         self.pipeline_micro_batches or self.pipeline_parallel_size,
     )
 
-# %% ../../nbs/00b_config.ipynb #c722ddd8
+# %% ../../nbs/00b_config.ipynb #c722dds1
 @patch
-def _check(self: EngineArgs, device: torch.device) -> str:
-    "Check the arguments that need no model; return the attention backend."
+def _check_sizes(self: EngineArgs):
+    "The block size, the memory share, the batch limit, the policy, the KV cache's size."
 
     def bad(msg):
         raise ValueError(msg)
 
-    self._check_parallel()
     if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128):
         bad(f"block_size must be a power of 2 up to 128, got {self.block_size}.")
     if not 0 < self.gpu_memory_utilization <= 1:
@@ -892,23 +945,33 @@ def _check(self: EngineArgs, device: torch.device) -> str:
         bad(f"kv_cache_memory_bytes must be positive, got {self.kv_cache_memory_bytes}.")
     if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 1:
         bad(f"num_gpu_blocks_override must be at least 1, got {self.num_gpu_blocks_override}.")
-    if self.enable_lora:
-        for k in ("max_loras", "max_lora_rank"):
-            v = getattr(self, k)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                bad(f"{k} must be a positive integer, got {v!r}.")
-        if self.max_cpu_loras is not None and (
-            not isinstance(self.max_cpu_loras, int) or self.max_cpu_loras < self.max_loras
-        ):
-            bad(
-                f"max_cpu_loras ({self.max_cpu_loras!r}) must be an integer at least max_loras "
-                f"({self.max_loras})."
-            )
-        if self.tensor_parallel_size > 1:
-            raise NotImplementedError(
-                "enable_lora with tensor_parallel_size > 1 is not implemented in minivllm."
-            )
-    self._check_logits_processors()
+
+# %% ../../nbs/00b_config.ipynb #c722dds2
+@patch
+def _check_lora(self: EngineArgs):
+    "With `enable_lora`: the adapters' counts and rank; not with tensor parallelism."
+    if not self.enable_lora:
+        return
+    for k in ("max_loras", "max_lora_rank"):
+        v = getattr(self, k)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"{k} must be a positive integer, got {v!r}.")
+    if self.max_cpu_loras is not None and (
+        not isinstance(self.max_cpu_loras, int) or self.max_cpu_loras < self.max_loras
+    ):
+        raise ValueError(
+            f"max_cpu_loras ({self.max_cpu_loras!r}) must be an integer at least max_loras "
+            f"({self.max_loras})."
+        )
+    if self.tensor_parallel_size > 1:
+        raise NotImplementedError(
+            "enable_lora with tensor_parallel_size > 1 is not implemented in minivllm."
+        )
+
+# %% ../../nbs/00b_config.ipynb #c722dds3
+@patch
+def _check_load_format(self: EngineArgs):
+    "`load_format` 'dummy' and 'sharded_state': not with quantization or a model split over ranks."
     if self.load_format == "dummy" and (self.quantization or self.pipeline_parallel_size > 1):
         raise NotImplementedError(
             "load_format='dummy' with quantization or pipeline_parallel_size > 1 is not "
@@ -920,15 +983,31 @@ def _check(self: EngineArgs, device: torch.device) -> str:
             "load_format='sharded_state' with quantization, tensor_parallel_size > 1 or "
             "pipeline_parallel_size > 1 is not implemented in minivllm."
         )
+
+# %% ../../nbs/00b_config.ipynb #c722dds4
+@patch
+def _attention_backend(self: EngineArgs, device: torch.device) -> str:
+    "The attention backend asked for, else Triton on CUDA and the C kernel's on the CPU; checked."
     backend = self.attention_backend or ("triton" if device.type == "cuda" else "cpu")
     if backend not in _BACKENDS:
-        bad(f"attention_backend must be one of {_BACKENDS}, got {backend!r}.")
+        raise ValueError(f"attention_backend must be one of {_BACKENDS}, got {backend!r}.")
     if backend in ("cpu", "inductor") and device.type != "cpu":
-        bad(
+        raise ValueError(
             f"attention_backend={backend!r} is a CPU backend; on {device.type} use 'triton' or "
             "'torch'."
         )
     return backend
+
+# %% ../../nbs/00b_config.ipynb #c722ddd8
+@patch
+def _check(self: EngineArgs, device: torch.device) -> str:
+    "Check the arguments that need no model; return the attention backend."
+    self._check_parallel()
+    self._check_sizes()
+    self._check_lora()
+    self._check_logits_processors()
+    self._check_load_format()
+    return self._attention_backend(device)
 
 # %% ../../nbs/00b_config.ipynb #f6810444
 def resolve_logits_processors(specs) -> tuple[type, ...]:
@@ -1229,12 +1308,10 @@ def apply_hf_overrides(hf_config, overrides):
             setattr(hf_config, k, v)
     return hf_config
 
-# %% ../../nbs/00b_config.ipynb #72f37a84
+# %% ../../nbs/00b_config.ipynb #72f37as1
 @patch
-def _model_config(self: EngineArgs, device: torch.device, backend: str) -> ModelConfig:
-    "The model's files (a hub id through the HF cache), its `config.json`, its dtype."
-    from transformers import AutoConfig
-
+def _model_paths(self: EngineArgs) -> tuple[Path, str | Path | None]:
+    "The model's checkpoint directory (a hub id through the HF cache) and the tokenizer's."
     weights = self.quantization != "gguf"  # (`quantization="gguf"` runs the file's blocks)
     path = resolve_model(self.model, self.revision, self.hf_token, self.download_dir, weights)
     tokenizer = self.tokenizer
@@ -1247,6 +1324,14 @@ def _model_config(self: EngineArgs, device: torch.device, backend: str) -> Model
             "generation_config must be 'auto', 'vllm' or a directory, got "
             f"{self.generation_config!r}."
         )
+    return path, tokenizer
+
+# %% ../../nbs/00b_config.ipynb #72f37as2
+@patch
+def _model_facts(self: EngineArgs, path: Path, device: torch.device) -> tuple:
+    "The model's HF config (`hf_overrides` applied), dtype, GGUF file and checked length limit."
+    from transformers import AutoConfig
+
     hf_config = apply_hf_overrides(AutoConfig.from_pretrained(path), self.hf_overrides)
     dtype, gguf_file = self._dtype_and_quantization(device)
     limit = getattr(hf_config, "max_position_embeddings", None) or 2048
@@ -1255,6 +1340,14 @@ def _model_config(self: EngineArgs, device: torch.device, backend: str) -> Model
         raise ValueError(
             f"max_model_len={max_model_len} is larger than the model's maximum length {limit}."
         )
+    return hf_config, dtype, gguf_file, max_model_len
+
+# %% ../../nbs/00b_config.ipynb #72f37a84
+@patch
+def _model_config(self: EngineArgs, device: torch.device, backend: str) -> ModelConfig:
+    "The `ModelConfig`: the model's files, its `config.json`, its dtype, the features' settings."
+    path, tokenizer = self._model_paths()
+    hf_config, dtype, gguf_file, max_model_len = self._model_facts(path, device)
     return ModelConfig(
         str(path),
         str(tokenizer or path),
@@ -1293,52 +1386,69 @@ def _feature_configs(self: EngineArgs) -> tuple[LoRAConfig | None, SpeculativeCo
         self.max_loras, self.max_lora_rank, self.max_cpu_loras or self.max_loras
     ), spec
 
+# %% ../../nbs/00b_config.ipynb #fc00bs1
+@patch
+def _check_heads(self: EngineArgs, mc: ModelConfig):
+    "Each tensor-parallel rank needs a query head (the KV heads are copied: lesson 07)."
+    tp, heads = self.tensor_parallel_size, mc.hf_config.num_attention_heads
+    if tp > heads:
+        raise ValueError(
+            f"tensor_parallel_size={tp} cannot split the model's {heads} query heads: each rank "
+            f"needs at least one, so tensor_parallel_size must be between 1 and {heads}."
+        )
+
+# %% ../../nbs/00b_config.ipynb #fc00bs2
+@patch
+def _token_budget(self: EngineArgs, max_model_len: int) -> int:
+    "The step's token budget: the value given, else 2048 chunked, or room for a whole prompt."
+    mnbt = self.max_num_batched_tokens or (
+        2048 if self.enable_chunked_prefill else max(max_model_len, 2048)
+    )
+    if not self.enable_chunked_prefill and mnbt < max_model_len:
+        raise ValueError(
+            f"max_num_batched_tokens ({mnbt}) must be at least max_model_len ({max_model_len}) "
+            "when chunked prefill is off; lower max_model_len or enable chunked prefill."
+        )
+    return mnbt
+
+# %% ../../nbs/00b_config.ipynb #fc00bs3
+@patch
+def _step_configs(
+    self: EngineArgs, device: torch.device, max_model_len: int
+) -> tuple[CacheConfig, SchedulerConfig]:
+    "The KV cache's config (1 GiB on the CPU unless given) and the limits of one step."
+    kv_bytes = self.kv_cache_memory_bytes or (_CPU_KV_CACHE_BYTES if device.type == "cpu" else None)
+    cache = CacheConfig(
+        self.block_size,
+        self.gpu_memory_utilization,
+        kv_bytes,
+        self.num_gpu_blocks_override,
+        self.enable_prefix_caching,
+    )
+    return cache, SchedulerConfig(
+        self.max_num_seqs,
+        self._token_budget(max_model_len),
+        max_model_len,
+        self.enable_chunked_prefill,
+        self.scheduling_policy,
+        self.max_loras if self.enable_lora else 0,
+    )
+
 # %% ../../nbs/00b_config.ipynb #c9193468
 @patch
 def create_engine_config(self: EngineArgs) -> EngineConfig:
     """Check the arguments against the machine and the model's `config.json`; group them into one
     config per engine part."""
-
-    def bad(msg):
-        raise ValueError(msg)
-
     auto = self.device == "auto"
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if auto else self.device)
     mc = self._model_config(device, self._check(device))
-    max_model_len, tp = mc.max_model_len, self.tensor_parallel_size
-    heads = mc.hf_config.num_attention_heads
-    if tp > heads:  # each rank needs a query head (KV heads are copied: the tensor-parallel lesson)
-        bad(
-            f"tensor_parallel_size={tp} cannot split the model's {heads} query heads: each rank "
-            f"needs at least one, so tensor_parallel_size must be between 1 and {heads}."
-        )
-    mnbt = self.max_num_batched_tokens or (
-        2048 if self.enable_chunked_prefill else max(max_model_len, 2048)
-    )
-    if not self.enable_chunked_prefill and mnbt < max_model_len:
-        bad(
-            f"max_num_batched_tokens ({mnbt}) must be at least max_model_len ({max_model_len}) "
-            "when chunked prefill is off; lower max_model_len or enable chunked prefill."
-        )
-    kv_bytes = self.kv_cache_memory_bytes or (_CPU_KV_CACHE_BYTES if device.type == "cpu" else None)
+    self._check_heads(mc)
+    cache, sched = self._step_configs(device, mc.max_model_len)
     lora, spec = self._feature_configs()
     return EngineConfig(
         mc,
-        CacheConfig(
-            self.block_size,
-            self.gpu_memory_utilization,
-            kv_bytes,
-            self.num_gpu_blocks_override,
-            self.enable_prefix_caching,
-        ),
-        SchedulerConfig(
-            self.max_num_seqs,
-            mnbt,
-            max_model_len,
-            self.enable_chunked_prefill,
-            self.scheduling_policy,
-            self.max_loras if self.enable_lora else 0,
-        ),
+        cache,
+        sched,
         self._parallel_config(mc),
         DeviceConfig(device),
         compilation_config=self._compilation(device),
@@ -1370,11 +1480,22 @@ def _asked_compilation(self: EngineArgs) -> CompilationConfig:
     }
     return CompilationConfig.from_value({**given, **top})
 
-# %% ../../nbs/00b_config.ipynb #ad6209e4
+# %% ../../nbs/00b_config.ipynb #ad6209s1
 @patch
-def _compilation(self: EngineArgs, device: torch.device) -> CompilationConfig:
-    "The resolved `CompilationConfig`: a level, a CUDA-graph mode and the capture sizes."
-    cc = self._asked_compilation()
+def _not_compiled(self: EngineArgs) -> str | None:
+    "What in these arguments minivllm does not compile (a split model, LoRA, speculation), or None."
+    if self.tensor_parallel_size * self.pipeline_parallel_size > 1:
+        return "a tensor- or pipeline-parallel model"
+    if self.enable_lora:
+        return "a model with LoRA adapters (enable_lora=True)"
+    if self.speculative_config:
+        return "a model that verifies speculative tokens (speculative_config)"
+    return None
+
+# %% ../../nbs/00b_config.ipynb #ad6209s2
+@patch
+def _compile_level(self: EngineArgs, cc: CompilationConfig, device: torch.device) -> int:
+    "The level: as asked, else compiled on CUDA only; 0 for what minivllm does not compile."
     asked = self.enforce_eager is False or cc.level is not None
     if self.enforce_eager:
         level = 0
@@ -1382,15 +1503,8 @@ def _compilation(self: EngineArgs, device: torch.device) -> CompilationConfig:
         level = cc.level
     else:
         level = 3 if asked or device.type == "cuda" else 0
-    split = self.tensor_parallel_size * self.pipeline_parallel_size > 1
-    if level and (split or self.enable_lora or self.speculative_config):
-        what = (
-            "a tensor- or pipeline-parallel model"
-            if split
-            else "a model with LoRA adapters (enable_lora=True)"
-            if self.enable_lora
-            else "a model that verifies speculative tokens (speculative_config)"
-        )
+    what = self._not_compiled()
+    if level and what:
         if cc.level:  # a compilation_config level asks for it in so many words
             raise NotImplementedError(
                 f"minivllm does not compile {what}: leave compilation_config's level unset or 0."
@@ -1400,6 +1514,14 @@ def _compilation(self: EngineArgs, device: torch.device) -> CompilationConfig:
                 f"minivllm does not compile {what}: it runs eagerly (enforce_eager=False)."
             )
         level = 0
+    return level
+
+# %% ../../nbs/00b_config.ipynb #ad6209e4
+@patch
+def _compilation(self: EngineArgs, device: torch.device) -> CompilationConfig:
+    "The resolved `CompilationConfig`: a level, a CUDA-graph mode and the capture sizes."
+    cc = self._asked_compilation()
+    level = self._compile_level(cc, device)
     mode = cc.cudagraph_mode or ("FULL_DECODE_ONLY" if level and device.type == "cuda" else "NONE")
     top_size = cc.max_cudagraph_capture_size or min(512, self.max_num_seqs)
     sizes = sorted(set(cc.cudagraph_capture_sizes or [s for s in _CAPTURE_SIZES if s <= top_size]))
