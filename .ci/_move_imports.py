@@ -26,17 +26,23 @@ from pathlib import Path
 
 OLD = "minivllm.core.config"
 _MODULES = {
-    "minivllm.core.pooling_params": """POOLING_TYPES POOLING_TASKS PoolerConfig
-        resolve_pooler_config pooler_settings LateChunkingParams PoolingParams LateChunk
-        LateChunkingMetadata PoolingOutput EmbeddingOutput PoolingRequestOutput
-        EmbeddingRequestOutput _REMOVED_TASKS""",
-    "minivllm.core.model_files": """EMBEDDED_GGUF embedded_gguf_path cache_dir convert_gguf
-        hub_snapshot resolve_model _gguf_metadata_files _gguf_float_weights _HUB_ID _HUB_FILES
-        _hub_offline""",
-    "minivllm.core.arg_utils": """EngineArgs _EngineArgsFields _ModelArgs _RunArgs EXTRA_ARGS
-        register_extra_args check_extra_args json_or_str _none_or_str engine_args_from_kwargs
-        _check_weights_format _CPU_KV_CACHE_BYTES _BACKENDS _QUANTIZATIONS _LOAD_FORMATS
-        _MAX_NUM_SEQS _CAPTURE_SIZES""",
+    "minivllm.core.pooling_params": """POOLING_TYPES POOLING_TASKS PoolerConfig _REMOVED_TASKS
+        resolve_pooler_config pooler_settings LateChunkingParams PoolingParams _fold_names
+        _check_values _refuse_unimplemented clone verify LateChunk LateChunkingMetadata
+        PoolingOutput EmbeddingOutput PoolingRequestOutput EmbeddingRequestOutput""",
+    "minivllm.core.model_files": """EMBEDDED_GGUF embedded_gguf_path cache_dir
+        _gguf_metadata_files _gguf_float_weights convert_gguf _HUB_ID _HUB_FILES _hub_offline
+        hub_snapshot resolve_model""",
+    "minivllm.core.arg_utils": """_CPU_KV_CACHE_BYTES _BACKENDS _QUANTIZATIONS _LOAD_FORMATS
+        _MAX_NUM_SEQS _check_weights_format _ModelArgs _RunArgs _EngineArgsFields EXTRA_ARGS
+        register_extra_args check_extra_args EngineArgs _check_parallel _parallel_config
+        _check_sizes _check_lora _check_load_format _attention_backend _check
+        resolve_logits_processors _check_logits_processors tokenize_bad_words
+        update_from_tokenizer bad_words_token_ids cpu_has_bf16 _dtype_and_quantization
+        apply_hf_overrides _model_paths _model_facts _model_config _feature_configs _check_heads
+        _token_budget _step_configs create_engine_config _CAPTURE_SIZES _asked_compilation
+        _not_compiled _compile_level _compilation add_cli_args _none_or_str json_or_str
+        from_cli_args engine_args_from_kwargs""",
 }
 MOVES = {name: mod for mod, names in _MODULES.items() for name in names.split()}
 
