@@ -9,19 +9,21 @@ __all__ = []
 # %% ../nbs/99_public_api.ipynb #7398815d
 from minivllm.core.config import (
     SamplingParams,
-    EngineArgs,
     TextPrompt,
     TokensPrompt,
     PromptType,
     RequestOutput,
     CompletionOutput,
     RequestOutputKind,
+    LoRARequest,
+)
+from .core.arg_utils import EngineArgs
+from minivllm.core.pooling_params import (
     PoolingParams,
     PoolingRequestOutput,
     EmbeddingRequestOutput,
     PoolingOutput,
     EmbeddingOutput,
-    LoRARequest,
 )
 
 # %% ../nbs/99_public_api.ipynb #api99c2

@@ -1146,7 +1146,7 @@ def llama_server_args(
 def _llama_files(binary, gguf) -> tuple[str, Path]:
     "The `llama-server` binary's path and the GGUF file (default: the embedded model), checked."
     import shutil
-    from minivllm.core.config import embedded_gguf_path
+    from minivllm.core.model_files import embedded_gguf_path
 
     found = shutil.which(str(binary)) if binary else None
     if not found:
@@ -2092,7 +2092,7 @@ def build_real_shape(
     config and SmolLM2's tokenizer (`real_vocab`: the shape's own vocabulary size); with
     `llama_cpp` (a llama.cpp tree, built) also the GGUFs of `ggufs`. Returns what it wrote."""
     from transformers import AutoTokenizer
-    from minivllm.core.config import resolve_model
+    from minivllm.core.model_files import resolve_model
 
     out, t0 = Path(out_dir), time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)

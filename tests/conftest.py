@@ -17,7 +17,7 @@ os.environ.setdefault("OMP_NUM_THREADS", str(_threads))   # and the same for the
 
 @pytest.fixture(scope="session")
 def model_dir():
-    from minivllm.core.config import resolve_model
+    from minivllm.core.model_files import resolve_model
     return resolve_model(None)
 
 

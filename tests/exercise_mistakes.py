@@ -853,7 +853,7 @@ def my_round_ratios(runs, base="minivllm"):
     return {system: statistics.median(xs) for system, xs in ratios.items()}
 '''),
     ],
-    ("00b_config", "my_token_budget"): [
+    ("00f_engine_args", "my_token_budget"): [
         ("without chunked prefill, max_model_len even when it is under 2048", '''
 def my_token_budget(max_num_batched_tokens, enable_chunked_prefill, max_model_len):
     budget = max_num_batched_tokens or (2048 if enable_chunked_prefill else max_model_len)

@@ -5,7 +5,7 @@ package quantizes Q4_0/Q4_1/Q8_0 but not the K-quants; a K-quant tensor gets ran
 import functools
 import numpy as np, torch
 import gguf
-from minivllm.core.config import embedded_gguf_path
+from minivllm.core.model_files import embedded_gguf_path
 
 NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
          "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",

@@ -19,7 +19,7 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=16, logprobs=0)
 
 
 def _dtype_default():
-    from minivllm.core.config import EngineArgs
+    from minivllm.core.arg_utils import EngineArgs
     return EngineArgs().create_engine_config().model_config.dtype
 
 

@@ -74,7 +74,7 @@ def test_bench_serve_reports_failures_and_too_long_prompts(server, capsys):
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
     from minivllm.core.model import make_tiny_checkpoint
-    from minivllm.core.config import resolve_model
+    from minivllm.core.model_files import resolve_model
     d = tmp_path_factory.mktemp("tiny")
     make_tiny_checkpoint(d, "llama", tokenizer_from=resolve_model(None))
     return str(d)

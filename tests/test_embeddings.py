@@ -2,7 +2,7 @@
 import pytest, torch
 import torch.nn.functional as F
 from minivllm import LLM, SamplingParams, PoolingParams, EmbeddingRequestOutput, PoolingRequestOutput
-from minivllm.core.config import PoolerConfig
+from minivllm.core.pooling_params import PoolerConfig
 
 pytestmark = pytest.mark.xdist_group("embeddings")  # one worker builds its module fixtures (engines, checkpoints) once
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from conftest import hf_greedy_refs
 from minivllm import LLMEngine, EngineArgs, SamplingParams, TokensPrompt
-from minivllm.core.config import resolve_model
+from minivllm.core.model_files import resolve_model
 from minivllm.core.model import make_tiny_checkpoint, model_class
 from minivllm.models.gemma_phi import GemmaForCausalLM, Phi3ForCausalLM
 

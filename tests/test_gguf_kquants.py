@@ -5,7 +5,7 @@ the `gguf` package, llama.cpp's own de-quantization) within float32 rounding, wi
 import os
 import pytest, torch
 from minivllm import LLM, SamplingParams
-from minivllm.core.config import cache_dir, convert_gguf, resolve_model
+from minivllm.core.model_files import cache_dir, convert_gguf, resolve_model
 from minivllm.core.model import make_tiny_checkpoint
 from minivllm.kernels.quantization import BlockLinear, blocks_supported
 from gguf_files import write_llama_gguf

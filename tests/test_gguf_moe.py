@@ -8,7 +8,7 @@ file of an architecture no MoE loader is registered for is refused by name."""
 import os
 import pytest, torch
 from minivllm import LLM, SamplingParams
-from minivllm.core.config import cache_dir, resolve_model
+from minivllm.core.model_files import cache_dir, resolve_model
 from minivllm.core.model import make_tiny_checkpoint
 from minivllm.kernels import model_kernels, quantization
 from minivllm.kernels.model_kernels import load_gguf_model

@@ -15,7 +15,7 @@ CUDA = torch.device("cuda")
 
 @pytest.fixture(scope="module")
 def tokenizer_dir():
-    from minivllm.core.config import resolve_model
+    from minivllm.core.model_files import resolve_model
     return os.environ.get("MINIVLLM_TOKENIZER_DIR") or resolve_model(None)
 
 

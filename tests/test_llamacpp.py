@@ -128,7 +128,7 @@ def test_compare_logprobs_against_the_stub(stub, tiny_dir):
 
 def test_bench_commands_with_llama_server(tiny_dir, stub_binary, tmp_path, capsys):
     from minivllm.serve.cli import main
-    from minivllm.core.config import embedded_gguf_path
+    from minivllm.core.model_files import embedded_gguf_path
     t, l = tmp_path / "t.json", tmp_path / "l.json"
     assert main(["bench", "throughput", "--model", tiny_dir, "--max-model-len", "128", "--num-prompts", "5", "--prompt-len", "4", "30",
                  "--output-len", "2", "9", "--systems", "minivllm", "--llama-server", stub_binary, "--llama-gguf", str(embedded_gguf_path()),
@@ -182,7 +182,7 @@ def test_real_llama_server():
 def f32_gguf(tmp_path_factory):
     "The embedded GGUF expanded to F32 by llama.cpp's own `llama-quantize` (beside the server binary), or MINIVLLM_LLAMA_F32_GGUF."
     import subprocess
-    from minivllm.core.config import embedded_gguf_path
+    from minivllm.core.model_files import embedded_gguf_path
     if os.environ.get("MINIVLLM_LLAMA_F32_GGUF"): return os.environ["MINIVLLM_LLAMA_F32_GGUF"]
     q = Path(REAL).with_name("llama-quantize")
     if not q.exists(): pytest.skip(f"no llama-quantize beside {REAL} and no MINIVLLM_LLAMA_F32_GGUF: no F32 GGUF to compare with")

@@ -6,7 +6,7 @@ SmolLM2's vocabulary, 1024 wide: 0.34 GB in bfloat16) and on the embedded GGUF's
 weights (a float copy beside the GGUF's blocks, or an fp32 copy of a bf16 checkpoint) breaks the bound."""
 import json, os, subprocess, sys
 import pytest, torch
-from minivllm.core.config import embedded_gguf_path, resolve_model
+from minivllm.core.model_files import embedded_gguf_path, resolve_model
 from minivllm.kernels.quantization import blocks_supported
 
 pytestmark = pytest.mark.xdist_group("memory")  # one worker builds its module fixtures (engines, checkpoints) once

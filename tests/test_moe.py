@@ -5,7 +5,8 @@ tokens of one process. HF's reference is its own forward pass over the prompt an
 step must be our token (so its greedy generation is ours) and its log-softmax our logprob."""
 import shutil
 import psutil, pytest, torch
-from minivllm.core.config import EngineArgs, SamplingParams, TokensPrompt
+from minivllm.core.arg_utils import EngineArgs
+from minivllm.core.config import SamplingParams, TokensPrompt
 from minivllm.core.llm_engine import LLMEngine
 
 pytestmark = pytest.mark.xdist_group("tp")   # one xdist worker: the TP/PP tests start processes of their own

@@ -4,7 +4,8 @@ a tiny random model; the refusals are clear errors; and two `torchrun` "nodes" o
 (external_launcher) give the same tokens on every rank."""
 import json, os, subprocess, sys, textwrap, time
 import psutil, pytest
-from minivllm.core.config import EngineArgs, SamplingParams, TokensPrompt
+from minivllm.core.arg_utils import EngineArgs
+from minivllm.core.config import SamplingParams, TokensPrompt
 from minivllm.core.llm_engine import LLMEngine
 from conftest import free_port
 

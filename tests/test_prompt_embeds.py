@@ -10,7 +10,7 @@ from conftest import running_server
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from minivllm import LLM, SamplingParams
-from minivllm.core.config import resolve_model
+from minivllm.core.model_files import resolve_model
 
 pytestmark = pytest.mark.xdist_group("prompt_embeds")   # its own servers: any worker
 ARGS = ("--dtype", "float32", "--max-model-len", "256", "--served-model-name", "smol")

@@ -7,7 +7,8 @@ from torch import nn
 from minivllm.kernels.quantization import (BlockLinear, Int4Linear, Int8Linear, block_gemm, blocks_supported, dequantize,
                                    int4_affine, int4_reference, read_gguf, split_blocks, gguf_linear, tiled_gemm,
                                    prompt_logprob_stats, logprob_agreement as agreement)
-from minivllm.core.config import EngineArgs, embedded_gguf_path
+from minivllm.core.arg_utils import EngineArgs
+from minivllm.core.model_files import embedded_gguf_path
 from minivllm.kernels.model_kernels import Linear
 
 pytestmark = pytest.mark.xdist_group("quantization")  # one worker builds its module fixtures (engines, checkpoints) once

@@ -206,7 +206,7 @@ def test_the_store_is_bounded(tmp_path, model_dir):
     "In process, on a tiny model: past `max_stored` replies the oldest is dropped (then a 404), the newest kept."
     from fastapi.testclient import TestClient
     from minivllm.serve.async_engine import AsyncLLMEngine
-    from minivllm.core.config import EngineArgs
+    from minivllm.core.arg_utils import EngineArgs
     from minivllm.core.model import make_tiny_checkpoint
     from minivllm.serve.server import add_responses_route, base_app
     make_tiny_checkpoint(str(tmp_path), "llama", tokenizer_from=model_dir, vocab_size=49152)

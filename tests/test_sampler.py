@@ -8,7 +8,7 @@ import math, random
 import pytest, torch
 from minivllm import LLM, SamplingParams, TokensPrompt
 from minivllm.core.request import Request
-from minivllm.core.config import tokenize_bad_words
+from minivllm.core.arg_utils import tokenize_bad_words
 from minivllm.core.sampler import Sampler, SamplingMetadata, gather_logprobs, compute_logprobs, apply_top_k_top_p
 from minivllm.features.sampling_more import apply_min_p
 from minivllm.features.sampling_more import BeamSearchParams, beam_search, prompt_logprobs_from_logits, get_beam_search_score

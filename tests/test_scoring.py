@@ -62,7 +62,7 @@ def test_llm_score_refuses_uneven_sides(llm):
 @pytest.fixture(scope="module")
 def client(tiny):
     from minivllm.serve.async_engine import AsyncLLMEngine
-    from minivllm.core.config import EngineArgs
+    from minivllm.core.arg_utils import EngineArgs
     from minivllm.serve.server import build_app
     engine = AsyncLLMEngine.from_engine_args(EngineArgs(model=tiny, max_model_len=128))
     yield TestClient(build_app(engine, served_model_name="tiny", api_key="k"))
@@ -134,7 +134,7 @@ def test_token_embed_model_scores_by_late_interaction(tiny):
     `/score` are the MaxSim of the per-token matrices `LLM.encode` returns (not a cosine)."""
     from minivllm import LLM
     from minivllm.serve.async_engine import AsyncLLMEngine
-    from minivllm.core.config import EngineArgs
+    from minivllm.core.arg_utils import EngineArgs
     from minivllm.serve.server import build_app
     llm = LLM(model=tiny, max_model_len=128, pooler_config={"task": "token_embed"})
     mats = {t: o.outputs.data for t, o in zip([QUERY] + DOCS, llm.encode([QUERY] + DOCS, pooling_task="token_embed",

@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import hf_greedy_refs
 from minivllm import LLM, LLMEngine, EngineArgs, SamplingParams, TokensPrompt
-from minivllm.core.config import resolve_model
+from minivllm.core.model_files import resolve_model
 from minivllm.core.model import make_tiny_checkpoint
 from minivllm.core.block_manager import check_invariants
 from minivllm.features.sliding_window import (HybridKVCacheManager, SlidingWindowKVCacheManager, blocks_held,

@@ -3,7 +3,9 @@ tokens as one process; workers never outlive the engine (shutdown, garbage colle
 worker is a clear error in rank 0; a rank started by hand (the multi-machine recipe) joins through MASTER_ADDR/PORT."""
 import gc, os, signal, socket, subprocess, sys, tempfile, textwrap, time
 import psutil, pytest, torch
-from minivllm.core.config import EngineArgs, SamplingParams, TokensPrompt, resolve_model
+from minivllm.core.arg_utils import EngineArgs
+from minivllm.core.config import SamplingParams, TokensPrompt
+from minivllm.core.model_files import resolve_model
 from minivllm.core.llm_engine import LLMEngine
 
 pytestmark = pytest.mark.xdist_group("tp")   # one xdist worker: these tests start processes of their own
@@ -164,7 +166,7 @@ def test_workers_die_with_their_parent(tiny):
     args, _, _ = tiny
     code = textwrap.dedent(f"""
         import os, signal
-        from minivllm.core.config import EngineArgs
+        from minivllm.core.arg_utils import EngineArgs
         from minivllm.core.llm_engine import LLMEngine
         engine = LLMEngine.from_engine_args(EngineArgs(tensor_parallel_size=2, **{args!r}))
         print(*engine.engine_core.model_runner.worker_pids, flush=True)

@@ -111,7 +111,7 @@ def test_malformed_is_content_in_both_readings(seed):
 @pytest.fixture(scope="module")
 def tok():
     from transformers import AutoTokenizer
-    from minivllm.core.config import resolve_model
+    from minivllm.core.model_files import resolve_model
 
     return AutoTokenizer.from_pretrained(resolve_model(None))
 

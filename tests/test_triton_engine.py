@@ -5,7 +5,7 @@ import json, os, subprocess, sys, textwrap
 
 SCRIPT = textwrap.dedent('''
     import json, sys, tempfile, torch
-    from minivllm.core.config import resolve_model
+    from minivllm.core.model_files import resolve_model
     from minivllm.core.model import make_tiny_checkpoint
     from minivllm import LLMEngine, EngineArgs, SamplingParams, TokensPrompt
     d = tempfile.mkdtemp()

@@ -12,7 +12,7 @@ import pytest, torch
 from minivllm import LLM, LLMEngine, EngineArgs, SamplingParams, TokensPrompt, RequestOutputKind
 from minivllm.serve.async_engine import AsyncLLM, EngineDeadError
 from minivllm.serve.cli import FlexibleArgumentParser
-from minivllm.core.config import resolve_model
+from minivllm.core.model_files import resolve_model
 from minivllm.core.model import make_tiny_checkpoint
 from minivllm.compat.vllm import dummy_weights
 

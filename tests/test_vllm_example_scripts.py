@@ -95,7 +95,7 @@ M = "{MODEL}"          # in argv: the embedded model's path
 def _bf16_cpu() -> bool:
     "Whether this machine's default dtype is bf16 (a CPU with AVX512-BF16, no GPU)."
     import torch
-    from minivllm.core.config import cpu_has_bf16
+    from minivllm.core.arg_utils import cpu_has_bf16
     return not torch.cuda.is_available() and cpu_has_bf16()
 
 
@@ -441,7 +441,7 @@ def lora_hub(tmp_path_factory):
 
 
 def _model_path():
-    from minivllm.core.config import resolve_model
+    from minivllm.core.model_files import resolve_model
     return str(resolve_model(None))
 
 

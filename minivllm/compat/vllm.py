@@ -21,7 +21,7 @@ import torch
 from fastcore.basics import patch
 
 import minivllm
-from ..core import config
+from ..core import arg_utils, config
 
 # %% auto #0
 __all__ = ['VLLM_MODULES', 'current_platform', 'VLLM_CONFIG_NAMES', 'VLLM_ALIASES', 'ENV_READ', 'ENV_NO_EFFECT', 'ENV_REFUSED',
@@ -38,21 +38,11 @@ from minivllm.core.config import (
     CompilationConfig,
     CompletionOutput,
     DeviceConfig,
-    EmbeddingOutput,
-    EmbeddingRequestOutput,
-    EngineArgs,
     EngineConfig,
-    LateChunk,
-    LateChunkingMetadata,
-    LateChunkingParams,
     LoRAConfig,
     LoRARequest,
     ModelConfig,
     ParallelConfig,
-    PoolerConfig,
-    PoolingOutput,
-    PoolingParams,
-    PoolingRequestOutput,
     ProfilerConfig,
     PromptType,
     RequestOutput,
@@ -60,8 +50,19 @@ from minivllm.core.config import (
     SpeculativeConfig,
     TextPrompt,
     TokensPrompt,
-    json_or_str,
 )
+from minivllm.core.pooling_params import (
+    EmbeddingOutput,
+    EmbeddingRequestOutput,
+    LateChunk,
+    LateChunkingMetadata,
+    LateChunkingParams,
+    PoolerConfig,
+    PoolingOutput,
+    PoolingParams,
+    PoolingRequestOutput,
+)
+from ..core.arg_utils import EngineArgs, json_or_str
 
 # %% ../../nbs/95_vllm_compat.ipynb #imports95b
 from minivllm.core.model import (
@@ -246,7 +247,7 @@ def check_vllm_args(kwargs: dict) -> dict:
 
 class VllmArgs:
     """vLLM's engine arguments that minivllm has no field for: the handler registered in
-    `config.EXTRA_ARGS`."""
+    `arg_utils.EXTRA_ARGS`."""
 
     names = _VLLM_ARGS
 
@@ -273,7 +274,7 @@ class VllmArgs:
                 g.add_argument(flag, type=typ, default=argparse.SUPPRESS, help=f"accepted: {ok}")
 
 
-config.register_extra_args(VllmArgs())
+arg_utils.register_extra_args(VllmArgs())
 
 # %% ../../nbs/95_vllm_compat.ipynb #dummy95a
 def dummy_weights(hf_config, seed: int = 0, low: float = -1e-3, high: float = 1e-3):
@@ -889,7 +890,7 @@ class VllmEnvironment:
         pass
 
 
-config.register_extra_args(VllmEnvironment())
+arg_utils.register_extra_args(VllmEnvironment())
 
 # %% ../../nbs/95_vllm_compat.ipynb #api95a
 import asyncio

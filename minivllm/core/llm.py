@@ -11,15 +11,9 @@ import time
 from pathlib import Path
 from typing import Sequence
 from fastcore.basics import patch
-from minivllm.core.config import (
-    SamplingParams,
-    RequestOutput,
-    RequestOutputKind,
-    PromptType,
-    EngineArgs,
-    engine_args_from_kwargs,
-    PoolingParams,
-)
+from .config import SamplingParams, RequestOutput, RequestOutputKind, PromptType
+from .arg_utils import EngineArgs, engine_args_from_kwargs
+from .pooling_params import PoolingParams
 from .llm_engine import LLMEngine
 
 # %% auto #0

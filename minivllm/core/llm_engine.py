@@ -7,8 +7,8 @@ from __future__ import annotations
 import time
 from typing import Callable, Iterable
 from fastcore.basics import patch
+from .arg_utils import EngineArgs
 from minivllm.core.config import (
-    EngineArgs,
     EngineConfig,
     SamplingParams,
     RequestOutput,

@@ -14,9 +14,8 @@ from minivllm.core.config import (
     CompletionOutput,
     RequestMetrics,
     RequestOutputKind,
-    PoolingOutput,
-    PoolingRequestOutput,
 )
+from .pooling_params import PoolingOutput, PoolingRequestOutput
 from .request import Request
 from .scheduler import SchedulerOutput
 from ..features.sampling_more import decode_logprobs

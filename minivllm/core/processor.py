@@ -8,7 +8,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Container
 from fastcore.basics import patch
-from .config import EngineConfig, SamplingParams, PoolingParams, PromptType
+from .config import EngineConfig, SamplingParams, PromptType
+from .pooling_params import PoolingParams
 from .request import Request
 from ..features.structured_outputs import validate_structured_outputs
 

@@ -9,15 +9,8 @@ import re
 import time
 from typing import Sequence
 from fastcore.basics import patch
-from minivllm.core.config import (
-    SamplingParams,
-    RequestOutput,
-    PromptType,
-    TokensPrompt,
-    PoolingParams,
-    PoolingRequestOutput,
-    EmbeddingRequestOutput,
-)
+from ..core.config import SamplingParams, RequestOutput, PromptType, TokensPrompt
+from ..core.pooling_params import PoolingParams, PoolingRequestOutput, EmbeddingRequestOutput
 from .sampling_more import BeamSearchParams, BeamSearchOutput, beam_search
 from .tool_calling import render_chat
 from ..core.llm import LLM, load_chat_template

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from minivllm.core.config import (
+from minivllm.core.pooling_params import (
     LateChunk,
     LateChunkingMetadata,
     pooler_settings,
@@ -136,7 +136,7 @@ def embed_chunks(ids: list[int], max_model_len: int, pooler_config) -> list[list
 def combine_chunks(outputs: list, prompt_token_ids: list[int], normalize: bool, prompt=None):
     """One `PoolingRequestOutput` for an input embedded in chunks (`outputs`, in order): the mean of
     the chunks' vectors weighted by their token counts, normalised again if `normalize`."""
-    from minivllm.core.config import PoolingOutput, PoolingRequestOutput
+    from minivllm.core.pooling_params import PoolingOutput, PoolingRequestOutput
 
     weights = [len(o.prompt_token_ids) for o in outputs]
     v = sum(w * o.outputs.data.float() for w, o in zip(weights, outputs)) / sum(weights)
@@ -166,7 +166,7 @@ def late_chunking_metadata(
     return LateChunkingMetadata(chunk_size, len(offsets), chunks)
 
 # %% ../../nbs/09b_pooling.ipynb #p09s2
-from ..core.config import PoolingOutput, PoolingRequestOutput
+from ..core.pooling_params import PoolingOutput, PoolingRequestOutput
 
 
 @dataclass

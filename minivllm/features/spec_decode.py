@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 from fastcore.basics import patch
-from ..core.config import EngineArgs, EngineConfig
+from ..core.arg_utils import EngineArgs
+from ..core.config import EngineConfig
 from ..core.request import Request
 from ..core.block_manager import cdiv
 from minivllm.core.scheduler import (

@@ -63,7 +63,7 @@ def build_c_library(
     """Compile the C file `name` (see `c_source`) with `defines` (`-DX=1`, ...) and extra `flags`
     into a shared library on first use, or load it from the cache; raises if it cannot (the
     compiler's messages name the file)."""
-    from minivllm.core.config import cache_dir
+    from minivllm.core.model_files import cache_dir
 
     src = c_source(name)
     cc = os.environ.get("CC") or shutil.which("gcc")

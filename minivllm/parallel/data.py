@@ -17,7 +17,7 @@ import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from fastcore.basics import patch
-from ..core.config import EngineArgs
+from ..core.arg_utils import EngineArgs
 from ..core.engine_core import SchedulerStats
 from ..core.llm import EngineDeadError
 from ..core.llm_engine import ENGINE_FRONT_ENDS, LLMEngine

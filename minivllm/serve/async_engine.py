@@ -12,8 +12,8 @@ import warnings
 import weakref
 from collections import deque
 from typing import AsyncIterator, Callable, Iterable
+from ..core.arg_utils import EngineArgs
 from minivllm.core.config import (
-    EngineArgs,
     EngineConfig,
     SamplingParams,
     RequestOutput,
@@ -21,7 +21,7 @@ from minivllm.core.config import (
     RequestOutputKind,
     PromptType,
 )
-from ..core.config import PoolingParams, PoolingRequestOutput
+from ..core.pooling_params import PoolingParams, PoolingRequestOutput
 from fastcore.basics import patch
 from ..core.llm_engine import LLMEngine
 from ..core.llm import EngineDeadError, engine_failure

@@ -9,7 +9,8 @@ import dataclasses
 import json
 import sys
 import time
-from ..core.config import EngineArgs, SamplingParams
+from ..core.arg_utils import EngineArgs
+from ..core.config import SamplingParams
 
 # %% auto #0
 __all__ = ['DEMO_PROMPTS', 'BENCH_COMMANDS', 'dotted_args', 'FlexibleArgumentParser', 'generate_parser', 'cmd_generate',

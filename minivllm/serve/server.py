@@ -46,14 +46,9 @@ __all__ = ['Text', 'Bool', 'INT64', 'TokenId', 'TokenIds', 'OneText', 'OneTokenI
            'positive_seconds', 'HeaderTimeoutProtocol', 'uvicorn_config', 'print_held_memory', 'cmd_serve']
 
 # %% ../../nbs/15_server.ipynb #766a2348s1
-from minivllm.core.config import (
-    EngineArgs,
-    SamplingParams,
-    RequestOutputKind,
-    TokensPrompt,
-    PoolingParams,
-    LoRARequest,
-)
+from ..core.arg_utils import EngineArgs
+from ..core.config import SamplingParams, RequestOutputKind, TokensPrompt, LoRARequest
+from ..core.pooling_params import PoolingParams
 from ..core.config import StructuredOutputsParams
 from ..features.structured_outputs import validate_structured_outputs
 from ..core.llm import EngineDeadError
