@@ -324,7 +324,7 @@ class ProjectionNorm(RMSNorm):
         dist.all_reduce(ss, group=self.group)
         return self.weight * (x.float() * torch.rsqrt(ss / self.full + self.eps)).to(x.dtype)
 
-
+# %% ../../nbs/07d_moe.ipynb #moe7olmo
 class OlmoeAttention(Attention):
     "OLMoE's attention: RMSNorms over the whole q and k projections, before the rotation."
 

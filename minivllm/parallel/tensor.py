@@ -183,7 +183,7 @@ def shard_config(hf_config, plan: TPPlan, rank: int):
     c.vocab_size = plan.vocab[rank]
     return c
 
-
+# %% ../../nbs/07_tensor_parallel.ipynb #tp07layr
 class RowParallelLinear(Linear):
     """A `Linear` over a slice of the input features: its partial sums are all-reduced over the
     ranks (of `group`; None: all of them)."""
@@ -250,19 +250,21 @@ class TPLlamaForCausalLM(LlamaForCausalLM):
         if c.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
-    def compute_logits(self, hidden) -> torch.Tensor | None:
-        """Full logits `[n, vocab]` (float32) on rank 0; on the others their own (padded, unused)
-        slice."""
-        local = super().compute_logits(hidden)
-        if hidden.shape[0] == 0:
-            return local  # no rows this step (every rank knows it): nothing to gather
-        local = F.pad(local, (0, max(self.plan.vocab) - local.shape[1]))
-        if self.rank != 0:
-            dist.gather(local, None, group=self.group, group_dst=0)
-            return local
-        parts = [torch.empty_like(local) for _ in range(self.plan.world_size)]
-        dist.gather(local, parts, group=self.group, group_dst=0)
-        return torch.cat([p[:, :v] for p, v in zip(parts, self.plan.vocab)], 1)
+# %% ../../nbs/07_tensor_parallel.ipynb #tp07logt
+@patch
+def compute_logits(self: TPLlamaForCausalLM, hidden) -> torch.Tensor | None:
+    """Full logits `[n, vocab]` (float32) on rank 0; on the others their own (padded, unused)
+    slice."""
+    local = super(TPLlamaForCausalLM, self).compute_logits(hidden)
+    if hidden.shape[0] == 0:
+        return local  # no rows this step (every rank knows it): nothing to gather
+    local = F.pad(local, (0, max(self.plan.vocab) - local.shape[1]))
+    if self.rank != 0:
+        dist.gather(local, None, group=self.group, group_dst=0)
+        return local
+    parts = [torch.empty_like(local) for _ in range(self.plan.world_size)]
+    dist.gather(local, parts, group=self.group, group_dst=0)
+    return torch.cat([p[:, :v] for p, v in zip(parts, self.plan.vocab)], 1)
 
 # %% ../../nbs/07_tensor_parallel.ipynb #d97bc25b
 @functools.cache
@@ -391,6 +393,52 @@ def serve(self: TPWorker, ctrl):
             dist.gather_object(res, None, dst=0, group=ctrl)
 
 # %% ../../nbs/07_tensor_parallel.ipynb #a5e10de8
+def _worker_store(env, world: int) -> dist.TCPStore:
+    "A client of the store rank 0 opened at `MASTER_ADDR:MASTER_PORT`."
+    return dist.TCPStore(
+        env.get("MASTER_ADDR", "127.0.0.1"),
+        int(env["MASTER_PORT"]),
+        world,
+        is_master=False,
+        timeout=_timeout(),
+    )
+
+
+def _report_failure(store, rank: int, tb: str):
+    "Print a worker's traceback on stderr and leave it in the store, where rank 0 reads it."
+    print(f"minivllm tensor-parallel worker rank {rank} failed:\n{tb}", file=sys.stderr, flush=True)
+    try:
+        store.set(f"error/{rank}", tb)
+    except Exception:
+        pass
+
+# %% ../../nbs/07_tensor_parallel.ipynb #tp07join
+def _join_and_serve(env, store, rank: int, world: int, local_rank: int):
+    """Say hello, join the process group, receive the config and the worker class (as
+    "module:class"), build it on this rank's device and serve until `stop`."""
+    if env.get("MINIVLLM_TP_THREADS"):
+        torch.set_num_threads(int(env["MINIVLLM_TP_THREADS"]))
+    store.set(f"hello/{rank}", str(os.getpid()))
+    dist.init_process_group(
+        store.get("backend").decode(),
+        store=store,
+        rank=rank,
+        world_size=world,
+        timeout=_timeout(),
+    )
+    ctrl = dist.new_group(backend="gloo", timeout=_IDLE_TIMEOUT)
+    msg = [None]
+    dist.broadcast_object_list(msg, src=0, group=ctrl)
+    config, worker_class = msg[0]
+    module, name = worker_class.split(":")
+    device = config.device_config.device
+    if device.type == "cuda":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    worker = getattr(importlib.import_module(module), name)
+    worker(config, rank, world, device).serve(ctrl)
+
+# %% ../../nbs/07_tensor_parallel.ipynb #tp07wmain
 def worker_main():
     """Entry point of ranks 1…N-1: `python -c "from minivllm.parallel.tensor import worker_main;
     worker_main()"` with `MASTER_ADDR`, `MASTER_PORT`, `WORLD_SIZE`, `RANK` (and `LOCAL_RANK`, the
@@ -399,46 +447,11 @@ def worker_main():
     env = os.environ
     rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
     local_rank = int(env.get("LOCAL_RANK", rank))
-    store = dist.TCPStore(
-        env.get("MASTER_ADDR", "127.0.0.1"),
-        int(env["MASTER_PORT"]),
-        world,
-        is_master=False,
-        timeout=_timeout(),
-    )
+    store = _worker_store(env, world)
     try:
-        if env.get("MINIVLLM_TP_THREADS"):
-            torch.set_num_threads(int(env["MINIVLLM_TP_THREADS"]))
-        store.set(f"hello/{rank}", str(os.getpid()))
-        dist.init_process_group(
-            store.get("backend").decode(),
-            store=store,
-            rank=rank,
-            world_size=world,
-            timeout=_timeout(),
-        )
-        ctrl = dist.new_group(backend="gloo", timeout=_IDLE_TIMEOUT)
-        msg = [None]
-        dist.broadcast_object_list(msg, src=0, group=ctrl)
-        config, worker_class = msg[0]  # "module:class" of what this rank builds
-        module, name = worker_class.split(":")
-        device = config.device_config.device
-        if device.type == "cuda":
-            device = torch.device("cuda", local_rank)
-            torch.cuda.set_device(device)
-        worker = getattr(importlib.import_module(module), name)
-        worker(config, rank, world, device).serve(ctrl)
+        _join_and_serve(env, store, rank, world, local_rank)
     except BaseException:
-        tb = traceback.format_exc()
-        print(
-            f"minivllm tensor-parallel worker rank {rank} failed:\n{tb}",
-            file=sys.stderr,
-            flush=True,
-        )
-        try:
-            store.set(f"error/{rank}", tb)
-        except Exception:
-            pass
+        _report_failure(store, rank, traceback.format_exc())
         os._exit(1)
     dist.destroy_process_group()
     os._exit(0)
@@ -566,24 +579,10 @@ class TPModelRunner(TPWorker):
             )
         n_local = int(os.environ.get("MINIVLLM_TP_LOCAL_SIZE", n))
         device = _rank0_device(config, n, n_local)
-        backend = "nccl" if device.type == "cuda" else "gloo"
         self._state = st = _TPState(n)
         self._finalizer = weakref.finalize(self, _shutdown, st)
         try:
-            addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
-            port = int(os.environ.get("MASTER_PORT", 0))
-            st.store = dist.TCPStore(
-                addr, port, n, True, wait_for_workers=False, timeout=_timeout()
-            )
-            st.store.set("backend", backend)
-            st.procs = [(r, _launch_worker(r, n, addr, st.store.port)) for r in range(1, n_local)]
-            self._wait_for_workers(n, n_local)
-            dist.init_process_group(
-                backend, store=st.store, rank=0, world_size=n, timeout=_timeout()
-            )
-            st.initialized = True
-            st.ctrl = dist.new_group(backend="gloo", timeout=_IDLE_TIMEOUT)
-            dist.broadcast_object_list([(config, self.worker_class)], src=0, group=st.ctrl)
+            self._start_group(config, n, n_local, device)
             super().__init__(config, 0, n, device)
         except BaseException as e:
             st.failed = True
@@ -594,6 +593,23 @@ class TPModelRunner(TPWorker):
                     f"starting the tensor-parallel workers failed ({e}):{errors}"
                 ) from e
             raise
+
+# %% ../../nbs/07_tensor_parallel.ipynb #tp07strt
+@patch
+def _start_group(self: TPModelRunner, config: EngineConfig, n: int, n_local: int, device):
+    "Open the store, start the local workers, join the group with them, send them the config."
+    st = self._state
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    addr = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    port = int(os.environ.get("MASTER_PORT", 0))
+    st.store = dist.TCPStore(addr, port, n, True, wait_for_workers=False, timeout=_timeout())
+    st.store.set("backend", backend)
+    st.procs = [(r, _launch_worker(r, n, addr, st.store.port)) for r in range(1, n_local)]
+    self._wait_for_workers(n, n_local)
+    dist.init_process_group(backend, store=st.store, rank=0, world_size=n, timeout=_timeout())
+    st.initialized = True
+    st.ctrl = dist.new_group(backend="gloo", timeout=_IDLE_TIMEOUT)
+    dist.broadcast_object_list([(config, self.worker_class)], src=0, group=st.ctrl)
 
 # %% ../../nbs/07_tensor_parallel.ipynb #4a6ecbd4
 @patch
