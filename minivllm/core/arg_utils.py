@@ -10,6 +10,7 @@ import importlib
 import json
 import logging
 import re
+import types
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +38,8 @@ from .pooling_params import resolve_pooler_config
 
 # %% auto #0
 __all__ = ['EXTRA_ARGS', 'register_extra_args', 'check_extra_args', 'EngineArgs', 'resolve_logits_processors',
-           'tokenize_bad_words', 'cpu_has_bf16', 'apply_hf_overrides', 'json_or_str', 'engine_args_from_kwargs']
+           'tokenize_bad_words', 'cpu_has_bf16', 'apply_hf_overrides', 'flag_kinds', 'json_or_str',
+           'engine_args_from_kwargs']
 
 # %% ../../nbs/00f_engine_args.ipynb #69219570
 _CPU_KV_CACHE_BYTES = 1 << 30
@@ -681,6 +683,13 @@ def _compilation(self: EngineArgs, device: torch.device) -> CompilationConfig:
         compile_sizes=compile_sizes if level else [],
     )
 
+# %% ../../nbs/00f_engine_args.ipynb #flagk00b
+def flag_kinds(hint) -> set:
+    """The plain types a field's type hint admits, which choose its flag's parser: `int | None` ->
+    {int, NoneType}, `list[str]` -> {list}, `bool` -> {bool}."""
+    union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    return {typing.get_origin(t) or t for t in (typing.get_args(hint) if union else (hint,))}
+
 # %% ../../nbs/00f_engine_args.ipynb #679235d2
 @patch(cls_method=True)
 def add_cli_args(cls: EngineArgs, parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -694,25 +703,21 @@ def add_cli_args(cls: EngineArgs, parser: argparse.ArgumentParser) -> argparse.A
     )
     hints = typing.get_type_hints(EngineArgs)
     for f in dataclasses.fields(EngineArgs):
-        flag, hint = "--" + f.name.replace("_", "-"), str(hints[f.name])
-        if f.type in (bool, "bool", "bool | None") or hint in (
-            "<class 'bool'>",
-            "bool | None",
-            "typing.Optional[bool]",
-        ):
+        flag, kinds = "--" + f.name.replace("_", "-"), flag_kinds(hints[f.name])
+        if bool in kinds:
             g.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
-        elif hint.startswith("list"):  # a list of names: `--logits-processors a:B c:D`
+        elif list in kinds:  # a list of names: `--logits-processors a:B c:D`
             g.add_argument(flag, type=str, nargs="+", default=f.default)
         else:
             typ = (
                 json_or_str
-                if "dict" in hint
+                if dict in kinds
                 else int
-                if "int" in hint
+                if int in kinds
                 else float
-                if "float" in hint
+                if float in kinds
                 else _none_or_str
-                if "None" in hint
+                if type(None) in kinds
                 else str
             )
             g.add_argument(flag, type=typ, default=f.default, help=f"default: {f.default}")
