@@ -97,7 +97,7 @@ class ResponseFormat(BaseModel):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: Optional[JsonSchemaFormat] = None
 
-
+# %% ../../nbs/15_server.ipynb #738e7691b2
 class StructuralTagItem(BaseModel):
     "One structure of the older structural-tag form: `begin`, text that follows `schema`, `end`."
 
@@ -771,7 +771,7 @@ def check_prompt_len(app, n_tokens: int, param: str):
             param=param,
         )
 
-
+# %% ../../nbs/15_server.ipynb #c4507cc2b2
 def check_max_tokens(app, n_prompt: int, max_tokens: int | None, param: str):
     "A 400 naming `param` (as vLLM's) if `max_tokens` new tokens cannot follow the prompt."
     n = app.state.max_model_len
@@ -864,7 +864,7 @@ async def _lifespan(app):
         if getattr(app.state, "on_shutdown", None) is not None:
             app.state.on_shutdown()
 
-
+# %% ../../nbs/15_server.ipynb #fs15eb2
 def base_app(
     engine,
     served_model_name: str = "minivllm",
@@ -912,7 +912,7 @@ def engine_health(app) -> tuple[int, dict | None]:
     status = "dead" if dead else "healthy" if alive == len(engines) else "degraded"
     return (503 if dead else 200), dict(status=status, engines_alive=alive, engines=engines)
 
-
+# %% ../../nbs/15_server.ipynb #96c1037cb2
 async def _watchdog(app, every: float = 0.2, grace: float = 1.0):
     """Wait for the engine to fail (not a shutdown), or for every data-parallel engine to die; then
     log why and, after `grace` s, call `on_engine_dead`."""
@@ -1308,7 +1308,7 @@ def _encode_vector(v, req: EmbeddingRequest):
         return v.tolist()
     return base64.b64encode(tensor2binary(v, req.embed_dtype, req.endianness)).decode()
 
-
+# %% ../../nbs/15_server.ipynb #s4c9e4574b2
 def bytes_response(outs, req: EmbeddingRequest, head: dict):
     """vLLM's `bytes` answer: the vectors' bytes one after another, described (unless `bytes_only`)
     in a `metadata` header."""
@@ -1780,7 +1780,7 @@ class ReasoningParams(BaseModel):
     summary: Optional[Literal["auto", "concise", "detailed"]] = None
     generate_summary: Optional[Literal["auto", "concise", "detailed"]] = None
 
-
+# %% ../../nbs/15_server.ipynb #r15bb2
 class ResponsesRequest(BaseModel):
     """The JSON body of `POST /v1/responses`: `input` (a text or a list of items), `instructions`,
     sampling fields, function `tools`, and `previous_response_id` to continue a stored reply."""
@@ -2278,7 +2278,7 @@ class RerankRequest(BaseModel):
     top_n: StrictInt = Field(0, ge=0)  # 0: every document
     user: Optional[str] = None
 
-
+# %% ../../nbs/15_server.ipynb #s15b2b2
 async def score_texts(app, request, left: list, right: list, rid: str, param: str = "query"):
     """Embed each text once and score each pair by cosine similarity (MaxSim for a token_embed
     model; lesson 09b): the `ScoringRequestOutput`s, or None if the client left."""
