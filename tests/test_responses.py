@@ -208,7 +208,8 @@ def test_the_store_is_bounded(tmp_path, model_dir):
     from minivllm.serve.async_engine import AsyncLLMEngine
     from minivllm.core.arg_utils import EngineArgs
     from minivllm.core.model import make_tiny_checkpoint
-    from minivllm.serve.server import add_responses_route, base_app
+    from minivllm.serve.responses import add_responses_route
+    from minivllm.serve.server import base_app
     make_tiny_checkpoint(str(tmp_path), "llama", tokenizer_from=model_dir, vocab_size=49152)
     engine = AsyncLLMEngine.from_engine_args(EngineArgs(model=str(tmp_path), max_model_len=128))
     try:
