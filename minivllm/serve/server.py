@@ -20,6 +20,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from http import HTTPStatus
+from collections.abc import Callable
 from typing import Annotated, Any, Literal, Optional, Union
 from starlette.requests import Request
 from fastcore.basics import patch
@@ -35,11 +36,11 @@ __all__ = ['Text', 'Bool', 'INT64', 'TokenId', 'TokenIds', 'OneText', 'OneTokenI
            'thread_template_worker', 'offload', 'check_prompt_chars', 'check_prompt_len', 'check_max_tokens',
            'tokens_of', 'compile_grammar', 'lone_surrogate', 'check_unicode', 'base_app', 'engine_health',
            'add_info_routes', 'check_model', 'apply_sampling_defaults', 'check_not_paused', 'run_request', 'usage',
-           'until_gone', 'respond', 'Accumulator', 'serve_choices', 'decode_prompt_embeds', 'add_completions_route',
-           'prepare_chat', 'add_chat_route', 'LoadLoRAAdapterRequest', 'add_lora_adapter', 'add_lora_routes',
-           'BatchChatCompletionRequest', 'add_batch_chat_route', 'TokenizeRequest', 'DetokenizeRequest',
-           'add_tokenize_routes', 'add_pause_routes', 'dev_mode', 'build_app', 'serve_parser', 'positive_seconds',
-           'HeaderTimeoutProtocol', 'uvicorn_config', 'print_held_memory', 'cmd_serve']
+           'until_gone', 'respond', 'EngineRun', 'ChoiceViews', 'Accumulator', 'serve_choices', 'decode_prompt_embeds',
+           'add_completions_route', 'prepare_chat', 'add_chat_route', 'LoadLoRAAdapterRequest', 'add_lora_adapter',
+           'add_lora_routes', 'BatchChatCompletionRequest', 'add_batch_chat_route', 'TokenizeRequest',
+           'DetokenizeRequest', 'add_tokenize_routes', 'add_pause_routes', 'dev_mode', 'build_app', 'serve_parser',
+           'positive_seconds', 'HeaderTimeoutProtocol', 'uvicorn_config', 'print_held_memory', 'cmd_serve']
 
 # %% ../../nbs/15_server.ipynb #766a2348s1
 from ..core.arg_utils import EngineArgs
@@ -1091,6 +1092,27 @@ async def respond(stream: bool, gen, finish, request=None, done: bool = True):
 
     return StreamingResponse(body(), media_type="text/event-stream")
 
+# %% ../../nbs/15_server.ipynb #rec15v
+@dataclasses.dataclass
+class EngineRun:
+    "A generation request ready for the engine, and the field its prompt came in (errors name it)."
+
+    prompt: str | dict
+    sp: SamplingParams
+    request_id: str
+    lora: LoRARequest | None
+    param: str
+
+
+@dataclasses.dataclass
+class ChoiceViews:
+    "How an endpoint's choices look, streamed and final, and the `object` names of its JSON."
+
+    pieces: Callable  # (choice of an output, its text's length before) -> the chunks' choices
+    final: Callable  # (index, Accumulator) -> that choice in the final JSON
+    chunk_object: str
+    response_object: str
+
 # %% ../../nbs/15_server.ipynb #087d5a1e
 class Accumulator:
     "What a request's (delta) outputs brought so far, per choice; and the prompt's length."
@@ -1116,30 +1138,30 @@ class Accumulator:
         return usage(self.prompt_tokens, sum(map(len, self.toks)))
 
 
-async def serve_choices(app, request, req, prompt, sp, rid, lora, views, objects, param):
-    """Run a completion or chat request: its chunks (objects[0]) streamed, or its JSON (objects[1])
-    at the end. `views = (pieces, final)` shape the choices; `param` names the prompt in errors."""
-    s, acc, created, (pieces, final) = app.state, Accumulator(req.n), unix_time(), views
+async def serve_choices(app, request, req, run: EngineRun, views: ChoiceViews):
+    """Run a completion or chat request: its chunks streamed, or its JSON at the end, each choice
+    shaped by `views`."""
+    s, acc, created = app.state, Accumulator(req.n), unix_time()
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
 
     def event(choices, **extra):
-        head = dict(id=rid, object=objects[0], created=created, model=s.served_model_name)
-        return _sse(dict(head, choices=choices, **extra))
+        head = dict(id=run.request_id, object=views.chunk_object, created=created)
+        return _sse(dict(head, model=s.served_model_name, choices=choices, **extra))
 
     async def on_output(out):
         for c, offset in acc.add(out):
             if req.stream:
-                for choice in pieces(c, offset):
+                for choice in views.pieces(c, offset):
                     yield event([choice])
         if req.stream and include_usage and out.finished:
             yield event([], usage=acc.usage())
 
     def finish():
-        choices = [final(i, acc) for i in range(req.n)]
-        head = dict(id=rid, object=objects[1], created=created, model=s.served_model_name)
-        return dict(head, choices=choices, usage=acc.usage())
+        choices = [views.final(i, acc) for i in range(req.n)]
+        head = dict(id=run.request_id, object=views.response_object, created=created)
+        return dict(head, model=s.served_model_name, choices=choices, usage=acc.usage())
 
-    gen = run_request(app, prompt, sp, rid, on_output, lora, param)
+    gen = run_request(app, run.prompt, run.sp, run.request_id, on_output, run.lora, run.param)
     return await respond(req.stream, gen, finish, request)
 
 # %% ../../nbs/15_server.ipynb #fs15j
@@ -1196,7 +1218,7 @@ def _completion_views(app, req: CompletionRequest):
         lp = completion_logprobs(tok, acc.toks[i], acc.lps[i]) if want else None
         return dict(index=i, text=acc.texts[i], finish_reason=acc.finish[i], logprobs=lp)
 
-    return pieces, final
+    return ChoiceViews(pieces, final, "text_completion", "text_completion")
 
 # %% ../../nbs/15_server.ipynb #fs15k
 _SSE_EVENT = {  # one server-sent event (before OpenAPI 3.2, `schema` describes each event)
@@ -1239,11 +1261,8 @@ def add_completions_route(app):
 
         prompt, sp = await offload(app, prepare, "Preparing the prompt", "prompt")
         await compile_grammar(app, sp, _so_param(req))
-        rid, views = f"cmpl-{uuid.uuid4().hex}", _completion_views(app, req)
-        objects = ("text_completion", "text_completion")
-        return await serve_choices(
-            app, request, req, prompt, sp, rid, lora, views, objects, "prompt"
-        )
+        run = EngineRun(prompt, sp, f"cmpl-{uuid.uuid4().hex}", lora, "prompt")
+        return await serve_choices(app, request, req, run, _completion_views(app, req))
 
     return app
 
@@ -1349,7 +1368,7 @@ def _chat_views(app, req: ChatCompletionRequest, top: int, plan: ToolPlan):
         lp = lps(acc.toks[i], acc.lps[i])
         return dict(index=i, message=msg, finish_reason=why, logprobs=lp)
 
-    return pieces, final
+    return ChoiceViews(pieces, final, "chat.completion.chunk", "chat.completion")
 
 # %% ../../nbs/15_server.ipynb #pc15t
 def _chat_tool_plan(app, req: ChatCompletionRequest) -> ToolPlan:
@@ -1415,12 +1434,9 @@ def add_chat_route(app):
     @app.post("/v1/chat/completions", responses=STREAMED_RESPONSES)
     async def chat(req: ChatCompletionRequest, request: Request):
         lora, prompt, sp, plan = await prepare_chat(app, req)
-        rid = f"chatcmpl-{uuid.uuid4().hex}"
+        run = EngineRun(prompt, sp, f"chatcmpl-{uuid.uuid4().hex}", lora, "messages")
         views = _chat_views(app, req, req.top_logprobs or 0, plan)
-        objects = ("chat.completion.chunk", "chat.completion")
-        return await serve_choices(
-            app, request, req, prompt, sp, rid, lora, views, objects, "messages"
-        )
+        return await serve_choices(app, request, req, run, views)
 
     return app
 
@@ -1536,7 +1552,7 @@ def add_batch_chat_route(app):
             acc = Accumulator(1)
             on_output = functools.partial(_record, acc)
             await _drain(run_request(app, prompt, sp, f"{bid}_{i}", on_output, lora, "messages"))
-            choice = _chat_views(app, chat, chat.top_logprobs or 0, plan)[1](0, acc)
+            choice = _chat_views(app, chat, chat.top_logprobs or 0, plan).final(0, acc)
             return dict(choice, index=i), acc
 
         runs = [one(i, m) for i, m in enumerate(req.messages)]
