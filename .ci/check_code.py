@@ -2,10 +2,13 @@
 """What the package's code must keep true, read from the notebooks (the source) and the exported modules:
 - no exported cell is longer than 60 lines (a lesson shows its code in pieces a reader takes in at once),
   but those `.ci/long_cells.txt` lists (still to split; the list only shrinks);
+- no expression is folded only because of its trailing comment (`f(` / `    args` / `)  # why`, where
+  `# why` above `f(args)` fits in 100 columns): the comment goes on its own line;
 - no method is replaced after its class: neither `Cls.name = ...` on a package class, nor a `@patch` of a name the
   class body (or an earlier `@patch`) already defines — what runs is what the reader read.
     python .ci/check_code.py [nbs/X.ipynb ...]      (default: every notebook in nbs/)
 Exit status 1 and one line per problem."""
+
 import ast
 import json
 import re
@@ -28,7 +31,9 @@ def _first_name(src: str) -> str:
 def long_cells(paths) -> list[str]:
     """Exported cells over MAX_LINES lines, less those `.ci/long_cells.txt` still lists (the list
     may only shrink: a listed cell that is short now is a problem too, so the list stays exact)."""
-    known = {line.strip() for line in LONG_OK.read_text().splitlines()} if LONG_OK.exists() else set()
+    known = (
+        {line.strip() for line in LONG_OK.read_text().splitlines()} if LONG_OK.exists() else set()
+    )
     known.discard("")
     known = {k for k in known if not k.startswith("#")}
     bad, seen = [], set()
@@ -103,12 +108,34 @@ def replaced_methods(modules) -> list[str]:
     return bad
 
 
+FOLD_END = re.compile(r"(\s*)([\)\]])(\s+#\s.*)$")
+
+
+def comment_folds(paths) -> list[str]:
+    "Three-line expressions that fit on one line but for their trailing comment."
+    bad = []
+    for p in paths:
+        for c in json.loads(Path(p).read_text())["cells"]:
+            lines = "".join(c.get("source", "")).split("\n") if c["cell_type"] == "code" else []
+            for a, b, e in zip(lines, lines[1:], lines[2:]):
+                ind, m = re.match(r"\s*", a).group(), FOLD_END.match(e)
+                if not (m and m.group(1) == ind and a.rstrip().endswith(("(", "["))):
+                    continue
+                inner = b.strip()
+                if b.startswith(ind + "    ") and "#" not in b and not inner.endswith(","):
+                    if len(ind + a.strip() + inner + m.group(2)) <= 100:
+                        bad.append(
+                            f"{Path(p).name}: cell {c.get('id')}: {a.strip()} ... folded by its comment"
+                        )
+    return bad
+
+
 if __name__ == "__main__":
     nbs = sys.argv[1:] or sorted(str(p) for p in (ROOT / "nbs").glob("*.ipynb"))
     mods = sorted(
         str(p) for p in (ROOT / "minivllm").rglob("*.py") if p.name not in ("_modidx.py",)
     )
-    problems = long_cells(nbs) + replaced_methods(mods)
+    problems = long_cells(nbs) + comment_folds(nbs) + replaced_methods(mods)
     for p in problems:
         print(p)
     sys.exit(1 if problems else 0)

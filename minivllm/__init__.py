@@ -81,3 +81,7 @@ import minivllm.features.prompt_embeds  # noqa: F401
 import minivllm.features.sliding_window  # noqa: F401
 import minivllm.models.moe  # noqa: F401
 import minivllm.models.gemma_phi  # noqa: F401
+
+# the server lessons after 15 register their route groups with its apps (15b, 15c)
+import minivllm.serve.responses  # noqa: F401
+import minivllm.serve.pooling_routes  # noqa: F401

@@ -1118,9 +1118,8 @@ def llama_server_args(
 ) -> list[str]:
     """The command line of a `llama-server` for the benchmarks: loopback, no web UI, `n_parallel`
     slots of `ctx_per_slot` tokens each."""
-    t = str(
-        threads or torch.get_num_threads()
-    )  # the threads torch uses here: the same cores for both
+    # the threads torch uses here: the same cores for both
+    t = str(threads or torch.get_num_threads())
     return [
         str(binary),
         "-m",
@@ -1918,9 +1917,8 @@ def _lora_swap_run(llm, loras: list, num_requests: int, max_tokens: int) -> dict
     from minivllm.core.config import SamplingParams
 
     prompts = [f"Write a short story about the number {i}." for i in range(num_requests)]
-    llm.generate(
-        prompts[:2], SamplingParams(temperature=0, max_tokens=2), use_tqdm=False
-    )  # warm-up, base model
+    # warm-up, base model
+    llm.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)
     mgr = llm.llm_engine.engine_core.extension("lora_manager")
     t = time.perf_counter()
     llm.generate(

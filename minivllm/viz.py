@@ -113,13 +113,11 @@ class StepRecord:
     finished: list[str] = field(default_factory=list)
     token_budget: int = 0
     num_waiting: int = 0
-    reads: dict[str, list[int]] = field(
-        default_factory=dict
-    )  # request -> blocks its attention read this step
+    # request -> blocks its attention read this step
+    reads: dict[str, list[int]] = field(default_factory=dict)
     texts: dict[str, str] = field(default_factory=dict)  # request -> text generated so far
-    spec: dict[str, tuple[int, int]] = field(
-        default_factory=dict
-    )  # speculative decoding: request -> (guesses, kept)
+    # speculative decoding: request -> (guesses, kept)
+    spec: dict[str, tuple[int, int]] = field(default_factory=dict)
     note: str = ""
 
     @property

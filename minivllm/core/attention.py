@@ -193,9 +193,8 @@ def _group_decodes(
     nbs = [-(-l // block_size) for l in lens]
     ends = [j + 1 for j in range(len(lens)) if j + 1 == len(lens) or nbs[j + 1] != nbs[j]]
     if len(ends) > 64:
-        ends = sorted(
-            {ends[round(t * (len(ends) - 1) / 63)] for t in range(64)}
-        )  # keep the DP small
+        # keep the DP small
+        ends = sorted({ends[round(t * (len(ends) - 1) / 63)] for t in range(64)})
     best = {0: (0, 0)}  # end -> (cost of the best grouping of order[:end], start of its last group)
     for j in ends:
         best[j] = min(
@@ -256,9 +255,8 @@ class TorchPlan:
     workspace: torch.Tensor | None = None
 
 # %% ../../nbs/04_paged_attention.ipynb #305234ac
-_WORKSPACES = (
-    threading.local()
-)  # per thread: {(device, dtype): buffer}, grown when a step needs more, never shrunk
+# per thread: {(device, dtype): buffer}, grown when a step needs more, never shrunk
+_WORKSPACES = threading.local()
 
 
 def _workspace(numel: int, like: torch.Tensor) -> torch.Tensor:

@@ -25,7 +25,7 @@ from minivllm.core.sampling_params import (
     DEFAULT_MAX_LOGPROBS as DEFAULT_MAX_LOGPROBS,
 )
 
-# vLLM's vllm.config holds the pooler's config too (lesson 00d builds it)
+# vLLM's vllm.config holds the pooler's config too (lesson 00a builds it)
 from .pooling_params import PoolerConfig as PoolerConfig
 
 # %% auto #0
@@ -439,9 +439,8 @@ class EngineConfig:
     scheduler_config: SchedulerConfig
     parallel_config: ParallelConfig
     device_config: DeviceConfig
-    compilation_config: CompilationConfig = field(
-        default_factory=CompilationConfig
-    )  # eager unless the engine args compile
+    # eager unless the engine args compile
+    compilation_config: CompilationConfig = field(default_factory=CompilationConfig)
     lora_config: LoRAConfig | None = None  # None: LoRA off
     speculative_config: SpeculativeConfig | None = (
         None  # speculative decoding (lesson 07b); None: off

@@ -122,9 +122,8 @@ def _add_requests(
                 )
             )
     except Exception:
-        self.llm_engine.abort_request(
-            ids, final_output=False
-        )  # a bad prompt fails the call and leaves nothing running
+        # a bad prompt fails the call and leaves nothing running
+        self.llm_engine.abort_request(ids, final_output=False)
         raise
     return ids
 

@@ -76,39 +76,33 @@ class _EngineConfigs:
         return self.tokenizer
 
 # %% ../../nbs/12_llm_engine.ipynb #288b037d
-@patch(as_prop=True)
-def scheduler(self: _EngineConfigs) -> Scheduler:
-    return self.engine_core.scheduler
+class _EngineState:
+    "vLLM's accessors of `LLMEngine` that reach the core: its scheduler and cache, the stats."
 
+    @property
+    def scheduler(self) -> Scheduler:
+        return self.engine_core.scheduler
 
-@patch(as_prop=True)
-def kv_cache_manager(self: _EngineConfigs) -> KVCacheManager:
-    return self.engine_core.kv_cache_manager
+    @property
+    def kv_cache_manager(self) -> KVCacheManager:
+        return self.engine_core.kv_cache_manager
 
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.children)
 
-@patch
-def get_num_unfinished_requests(self: _EngineConfigs) -> int:
-    return len(self.children)
+    def get_stats(self) -> Stats:
+        "The engine's numbers now (throughputs over the current logging interval)."
+        self.stat_logger.record(self.engine_core.get_scheduler_stats(), None)
+        return self.stat_logger.snapshot()
 
+    def do_log_stats(self) -> Stats:
+        "Log the stats line now (whatever `log_stats` says) and start a new interval."
+        self.stat_logger.record(self.engine_core.get_scheduler_stats(), None)
+        return self.stat_logger.log()
 
-@patch
-def get_stats(self: _EngineConfigs) -> Stats:
-    "The engine's numbers now (throughputs over the current logging interval)."
-    self.stat_logger.record(self.engine_core.get_scheduler_stats(), None)
-    return self.stat_logger.snapshot()
-
-
-@patch
-def do_log_stats(self: _EngineConfigs) -> Stats:
-    "Log the stats line now (whatever `log_stats` says) and start a new interval."
-    self.stat_logger.record(self.engine_core.get_scheduler_stats(), None)
-    return self.stat_logger.log()
-
-
-@patch
-def shutdown(self: _EngineConfigs):
-    "Release the tensor-parallel workers, if any; the engine cannot be used afterwards."
-    self.engine_core.shutdown()
+    def shutdown(self):
+        "Release the tensor-parallel workers, if any; the engine cannot be used afterwards."
+        self.engine_core.shutdown()
 
 # %% ../../nbs/12_llm_engine.ipynb #c60da1b7
 def preempt_running(engine) -> list[str]:
@@ -162,30 +156,32 @@ class _EngineDelegations:
         raise NotImplementedError("pin_lora is not implemented in minivllm.")
 
 # %% ../../nbs/12_llm_engine.ipynb #0c37ef7c
-@patch
-def reset_prefix_cache(
-    self: _EngineDelegations,
-    reset_running_requests: bool = False,
-    reset_connector: bool = False,
-    device=None,
-) -> bool:
-    """Forget the cached blocks (False if some are still in use). vLLM's arguments:
-    `reset_running_requests=True` first preempts the running requests (`preempt_running`: they
-    are recomputed at the next step, so every block is free to forget); `reset_connector`
-    resets a KV connector (there is none here); `device` (vLLM's: GPU or CPU cache) may be None
-    or a device name: minivllm has one KV cache, on the engine's device."""
-    name = str(getattr(device, "name", device)).lower()
-    if device is not None and name.split(":")[0] not in ("gpu", "cuda", "cpu"):
-        raise ValueError(f"reset_prefix_cache: unknown device {device!r}")
-    if reset_running_requests and self.has_unfinished_requests():
-        preempt_running(self)
-    return self.engine_core.reset_prefix_cache()
+class _EngineCache:
+    "vLLM's `reset_prefix_cache` of `LLMEngine`, delegated to the core."
+
+    def reset_prefix_cache(
+        self,
+        reset_running_requests: bool = False,
+        reset_connector: bool = False,
+        device=None,
+    ) -> bool:
+        """Forget the cached blocks (False if some are still in use). vLLM's arguments:
+        `reset_running_requests=True` first preempts the running requests (`preempt_running`: they
+        are recomputed at the next step, so every block is free to forget); `reset_connector`
+        resets a KV connector (there is none here); `device` (vLLM's: GPU or CPU cache) may be None
+        or a device name: minivllm has one KV cache, on the engine's device."""
+        name = str(getattr(device, "name", device)).lower()
+        if device is not None and name.split(":")[0] not in ("gpu", "cuda", "cpu"):
+            raise ValueError(f"reset_prefix_cache: unknown device {device!r}")
+        if reset_running_requests and self.has_unfinished_requests():
+            preempt_running(self)
+        return self.engine_core.reset_prefix_cache()
 
 # %% ../../nbs/12_llm_engine.ipynb #front12cd
 ENGINE_FRONT_ENDS: dict[str, type] = {}  # stand-ins for LLMEngine (lesson 14b's), by class name
 
 # %% ../../nbs/12_llm_engine.ipynb #2bb18652
-class LLMEngine(_EngineConfigs, _EngineDelegations):
+class LLMEngine(_EngineConfigs, _EngineState, _EngineDelegations, _EngineCache):
     """vLLM's `LLMEngine`: add requests, `step()` until done, abort what you no longer need.
     `last_step` is the `StepInfo` of the latest step; each callable of `step_observers` is called
     with it at the end of every step."""

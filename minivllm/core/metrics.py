@@ -168,9 +168,8 @@ class Stats:
     time_per_output_token: LatencyStats
     e2e_latency: LatencyStats
     queued_time: LatencyStats
-    phase_seconds: dict[str, float] = field(
-        default_factory=dict
-    )  # seconds per step phase, summed over all steps
+    # seconds per step phase, summed over all steps
+    phase_seconds: dict[str, float] = field(default_factory=dict)
     spec_decoding: object | None = (
         None  # speculative decoding's `SpecDecodingStats` (lesson 07b); None: off
     )

@@ -499,6 +499,7 @@ class ModelRunner:
         return load_model(mc.model, *args)
 
 # %% ../../nbs/05_model.ipynb #run05b
+# the cache's shape and size (lesson 07's worker overrides two of them)
 @patch
 def agree_num_blocks(self: ModelRunner, n: int) -> int:
     "The number of KV blocks all processes can afford (one process: nobody to agree with)."

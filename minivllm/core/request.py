@@ -88,21 +88,25 @@ class Request:
 # %% ../../nbs/01_request.ipynb #8964e0dd
 @patch(as_prop=True)
 def num_prompt_tokens(self: Request) -> int:
+    "How many tokens its prompt has."
     return len(self.prompt_token_ids)
 
 
 @patch(as_prop=True)
 def num_output_tokens(self: Request) -> int:
+    "How many tokens it has generated."
     return len(self.output_token_ids)
 
 
 @patch(as_prop=True)
 def num_tokens(self: Request) -> int:
+    "Prompt and output tokens together."
     return len(self.all_token_ids)
 
 
 @patch
 def is_finished(self: Request) -> bool:
+    "Whether it has ended (stopped, at its length, or aborted)."
     return self.status.is_finished
 
 # %% ../../nbs/01_request.ipynb #2d8ea3cc

@@ -233,9 +233,8 @@ class SamplerOutput:
     them."""
 
     sampled_token_ids: torch.Tensor  # [B] int64
-    logprobs_tensors: (
-        LogprobsTensors | None
-    )  # [B, k+1] (rows that did not ask hold zeros); None when no row asked
+    # [B, k+1] (rows that did not ask hold zeros); None when no row asked
+    logprobs_tensors: LogprobsTensors | None
 
 # %% ../../nbs/06_sampler.ipynb #7d287ddd
 class Sampler:

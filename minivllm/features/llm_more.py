@@ -225,9 +225,8 @@ def _beam_search_prompts(
         raise TypeError(f"params must be BeamSearchParams, got {type(params).__name__}")
     if isinstance(prompts, (str, dict)):
         prompts = [prompts]
-    token_ids = [
-        self.llm_engine.processor.tokenize_prompt(p)[1] for p in prompts
-    ]  # tokenized and checked
+    # tokenized and checked
+    token_ids = [self.llm_engine.processor.tokenize_prompt(p)[1] for p in prompts]
     return token_ids
 
 # %% ../../nbs/13b_llm_more.ipynb #7b38c105

@@ -35,9 +35,8 @@ class MoveDirectionality(Enum):
 
 
 RemovedRequest = int  # the batch index a request left
-AddedRequest = tuple[
-    int, SamplingParams, Union[list[int], None], list[int]
-]  # (index, params, prompt, output)
+# (index, params, prompt, output)
+AddedRequest = tuple[int, SamplingParams, Union[list[int], None], list[int]]
 MovedRequest = tuple[int, int, MoveDirectionality]  # (from index, to index, how)
 
 

@@ -396,12 +396,10 @@ class LoRAManager(StepExtension):
         self.state.backend = "triton" if self.device.type == "cuda" and HAS_TRITON else "torch"
         self.requests: dict[int, LoRARequest] = {}  # every adapter added, by id
         self.lora_of: dict[str, int] = {}  # unfinished request id -> its adapter id (none: base)
-        self.cpu: OrderedDict[int, LoRAAdapter] = (
-            OrderedDict()
-        )  # read into memory, least recently used first
-        self.slots: OrderedDict[int, int] = (
-            OrderedDict()
-        )  # id -> device slot, least recently used first
+        # read into memory, least recently used first
+        self.cpu: OrderedDict[int, LoRAAdapter] = OrderedDict()
+        # id -> device slot, least recently used first
+        self.slots: OrderedDict[int, int] = OrderedDict()
         self.num_loads = self.num_swaps = (
             0  # adapters written into a slot; of them, evicting another
         )

@@ -54,12 +54,10 @@ class Penalties:
     repetition: torch.Tensor  # [P] float32 (1 = off)
     frequency: torch.Tensor  # [P] float32 (0 = off)
     presence: torch.Tensor  # [P] float32 (0 = off)
-    seen: (
-        tuple[torch.Tensor, torch.Tensor] | None
-    )  # distinct (index into rows, token) in prompt or output; None: no repetition penalty
-    output: tuple[
-        torch.Tensor, torch.Tensor, torch.Tensor
-    ]  # distinct (index into rows, token, count) of the output tokens
+    # distinct (index into rows, token) in prompt or output; None: no repetition penalty
+    seen: tuple[torch.Tensor, torch.Tensor] | None
+    # distinct (index into rows, token, count) of the output tokens
+    output: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 # %% ../../nbs/06a_sampling_more.ipynb #a98d7af1
 _PROMPT_IDS: "weakref.WeakKeyDictionary[Request, torch.Tensor]" = weakref.WeakKeyDictionary()
@@ -542,9 +540,8 @@ def beam_search(
     key = lambda b: get_beam_search_score(
         b.tokens, b.cum_logprob, eos_token_id, params.length_penalty
     )
-    state = [
-        ([BeamSearchSequence(list(p), [])], []) for p in prompts
-    ]  # (live beams, completed) per prompt
+    # (live beams, completed) per prompt
+    state = [([BeamSearchSequence(list(p), [])], []) for p in prompts]
     for _ in range(params.max_tokens):
         seqs = [b.tokens for live, _ in state for b in live]
         if not seqs:

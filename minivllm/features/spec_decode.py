@@ -33,9 +33,8 @@ def ngram_propose(token_ids: list[int], min_n: int, max_n: int, k: int) -> list[
     a = np.asarray(token_ids, dtype=np.int64)
     L = len(a)
     for n in range(min(max_n, L - 1), min_n - 1, -1):
-        win = np.lib.stride_tricks.sliding_window_view(
-            a[: L - 1], n
-        )  # windows ending before the last token
+        # windows ending before the last token
+        win = np.lib.stride_tricks.sliding_window_view(a[: L - 1], n)
         hits = np.flatnonzero((win == a[L - n :]).all(1))
         if hits.size:
             i = int(hits[-1]) + n
@@ -156,9 +155,8 @@ def verify_drafts(
 # %% ../../nbs/07b_spec_decode.ipynb #0ec61282
 @dataclass
 class _DraftState:
-    tokens: list[int] = field(
-        default_factory=list
-    )  # the tokens whose K/V are in the draft's cache, in order
+    # the tokens whose K/V are in the draft's cache, in order
+    tokens: list[int] = field(default_factory=list)
     blocks: list[int] = field(default_factory=list)  # the draft cache's block table for the request
 
 # %% ../../nbs/07b_spec_decode.ipynb #sd07bdmp
@@ -219,9 +217,8 @@ def propose(
     seqs, want, drafts = [], {}, {r.request_id: [] for r in requests}
     for r, k in zip(requests, ks):
         st, T = self.state.setdefault(r.request_id, _DraftState()), r.all_token_ids
-        valid = min(
-            _common_prefix(st.tokens, T), len(T) - 1
-        )  # K/V still right; the last token is always fed
+        # K/V still right; the last token is always fed
+        valid = min(_common_prefix(st.tokens, T), len(T) - 1)
         more = cdiv(len(T) + k - 1, self.block_size) - len(st.blocks)
         if k == 0 or more > len(self.free):
             continue
@@ -280,9 +277,8 @@ class SpecDecodingStats:
     num_drafts: int = 0  # request-steps that verified guesses
     num_draft_tokens: int = 0  # guesses verified
     num_accepted_tokens: int = 0  # guesses kept
-    num_accepted_tokens_per_pos: list[int] = field(
-        default_factory=list
-    )  # kept guesses at position 0, 1, …
+    # kept guesses at position 0, 1, …
+    num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
 
     def __post_init__(self):
         if not self.num_accepted_tokens_per_pos:

@@ -737,9 +737,8 @@ def decode_in_place(q, kv_cache, block_tables, seq_lens, scale: float) -> torch.
     pos = torch.arange(nb * bs, device=q.device).view(nb, bs)
     s = s.masked_fill((pos[None] >= seq_lens[:, None, None])[..., None, None], float("-inf"))
     e = torch.exp(s - s.amax(dim=(1, 2), keepdim=True))
-    o = (e[..., None] * vc[..., None, :]).sum(dim=(1, 2)) / e.sum(dim=(1, 2))[
-        ..., None
-    ]  # [n, Hkv, G, D]
+    # [n, Hkv, G, D]
+    o = (e[..., None] * vc[..., None, :]).sum(dim=(1, 2)) / e.sum(dim=(1, 2))[..., None]
     return o.reshape(n, hkv * G, d).to(q.dtype)
 
 # %% ../../nbs/04c_attention_kernels.ipynb #060e9d99
@@ -779,9 +778,8 @@ class _InplacePlan:
     plan of its prefills."""
 
     key: tuple
-    block_tables: (
-        torch.Tensor | None
-    )  # [num_decodes, nb] int64, nb = the widest decode's blocks (None: no decodes)
+    # [num_decodes, nb] int64, nb = the widest decode's blocks (None: no decodes)
+    block_tables: torch.Tensor | None
     seq_lens: torch.Tensor | None  # [num_decodes] int64
     prefills: TorchPlan
     checked: bool = False  # the C kernel's table check passed (below)

@@ -130,9 +130,8 @@ class StaticInputs:
         self.block_tables[:n, :w].copy_(md.block_tables)
         self.block_tables[n:b, 0].fill_(self.scratch)
         lens = None if md.seq_lens_cpu is None else list(md.seq_lens_cpu) + [1] * (b - n)
-        tables = (
-            self.block_tables[:b, : max(w, 1)] if trim else self.block_tables[:b]
-        )  # trim: no graph, only the step's width
+        # trim: no graph, only the step's width
+        tables = self.block_tables[:b, : max(w, 1)] if trim else self.block_tables[:b]
         pmd = AttentionMetadata(
             self.slot_mapping[:b],
             self.query_start_loc[: b + 1],
@@ -334,9 +333,8 @@ def in_graph_decode_attention(q, k, v, kv_cache, db: DecodeBatch, scale: float) 
     return decode_in_place(q, kv_cache, db.block_tables, db.seq_lens, scale)
 
 # %% ../../nbs/05b_compile.ipynb #1774025d
-_SIZE_INDUCTOR = dict(
-    freezing=True, max_autotune=True, max_autotune_gemm_backends="CPP,ATEN"
-)  # Inductor, for compile sizes
+# Inductor, for compile sizes
+_SIZE_INDUCTOR = dict(freezing=True, max_autotune=True, max_autotune_gemm_backends="CPP,ATEN")
 
 
 @patch
@@ -389,9 +387,8 @@ def compile_size_graphs(self: CompiledModelRunner) -> list[int]:
                 self.block_size,
                 self.device,
             )
-            ids, pos = (
-                torch.zeros(n, dtype=torch.int64, device=self.device) for _ in range(2)
-            )  # two tensors, as in a step
+            # two tensors, as in a step
+            ids, pos = (torch.zeros(n, dtype=torch.int64, device=self.device) for _ in range(2))
             db = decode_batch(md)
             torch._dynamo.mark_dynamic(db.block_tables, 1)  # one graph for every context length
             self._call_size_graph(ids, pos, db, compiling=True)
@@ -453,9 +450,8 @@ def execute_model(
             str(e)[:300],
         )
         self.size_graphs = []
-        return ModelRunner.execute_model(
-            self, scheduler_output, timer=timer
-        )  # (rewrites the same K/V slots)
+        # (rewrites the same K/V slots)
+        return ModelRunner.execute_model(self, scheduler_output, timer=timer)
     timer.lap("forward")
     return ModelRunnerOutput([s.req_id for s in seqs], logits)
 

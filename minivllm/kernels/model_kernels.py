@@ -434,9 +434,8 @@ def _gguf_module(
     kinds = {k for k, _ in parts}
     runs = QUANT_KINDS if blocks_supported(device, dtype) else tuple(GGUF_BLOCK_BYTES)
     if len(kinds) == 1 and (kind := kinds.pop()) in runs:
-        rows = (
-            parts[0][1] if len(parts) == 1 else torch.cat([t for _, t in parts])
-        )  # (no copy of one)
+        # (no copy of one)
+        rows = parts[0][1] if len(parts) == 1 else torch.cat([t for _, t in parts])
         return gguf_linear(rows, kind, dtype, device, max_int4_rows, max_int8_rows)
     if len(kinds) > 1 and all(k in runs for k, _ in parts):
         return ConcatLinear(
@@ -570,9 +569,8 @@ def _load_gguf_ends(model, ts: dict, module, param, device, dtype):
     (its blocks, where the block kernels run), the LM head (tied: the embedding's blocks) and the
     final norm."""
     kind, emb = ts["token_embd.weight"]
-    model.lm_head = module(
-        "output.weight" if "output.weight" in ts else "token_embd.weight"
-    )  # tied: the embedding's blocks
+    # tied: the embedding's blocks
+    model.lm_head = module("output.weight" if "output.weight" in ts else "token_embd.weight")
     if blocks_supported(device, dtype) and kind in QUANT_KINDS:  # one copy of the blocks
         model.embed_tokens = BlockEmbedding(emb.to(device), kind, dtype)
     else:

@@ -96,9 +96,8 @@ def _dense_copy(w: torch.Tensor) -> torch.Tensor:
         return w
     try:
         p = torch.ops.mkldnn._reorder_linear_weight(w)
-        torch.ops.mkldnn._linear_pointwise(
-            w.new_zeros(1, w.shape[1]), p, None, "none", [], ""
-        )  # probe once
+        # probe once
+        torch.ops.mkldnn._linear_pointwise(w.new_zeros(1, w.shape[1]), p, None, "none", [], "")
         return p
     except RuntimeError:
         return w
@@ -243,9 +242,8 @@ def forward(self: Int8Linear, x):
     elif x.device.type == "cpu":
         y = torch.ops.aten._weight_int8pack_mm(x, self.weight, self.scales)
     else:
-        y = (
-            F.linear(x, self.weight.to(x.dtype)) * self.scales
-        )  # CUDA: no int8 weight-only kernel in aten
+        # CUDA: no int8 weight-only kernel in aten
+        y = F.linear(x, self.weight.to(x.dtype)) * self.scales
     if self.bias is not None:
         y = y + self.bias
     return y.reshape(*shape[:-1], self.out_features).to(dt)

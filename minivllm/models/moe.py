@@ -211,9 +211,8 @@ class MoEForCausalLM(LlamaForCausalLM):
         return i not in (getattr(config, "mlp_only_layers", None) or []) and (i + 1) % step == 0
 
     def make_layer(self, config, attn_fn, i: int) -> nn.Module:
-        i += getattr(
-            config, "stage_first_layer", 0
-        )  # (a pipeline stage's layer 0 is layer `first`)
+        # (a pipeline stage's layer 0 is layer `first`)
+        i += getattr(config, "stage_first_layer", 0)
         mlp = (
             SparseMoeBlock(config.hidden_size, self.spec(config))
             if self.sparse(config, i)
@@ -374,9 +373,8 @@ MODEL_CLASSES["Qwen3MoeForCausalLM"] = Qwen3MoeForCausalLM
 MODEL_CLASSES["OlmoeForCausalLM"] = OlmoeForCausalLM
 
 # %% ../../nbs/07d_moe.ipynb #d2a23490
-TP_COLUMN.update(
-    w1="inter", w3="inter"
-)  # Mixtral's expert gate and up (Qwen's: gate_proj, up_proj)
+# Mixtral's expert gate and up (Qwen's: gate_proj, up_proj)
+TP_COLUMN.update(w1="inter", w3="inter")
 TP_ROW["w2"] = "inter"
 TP_SPLIT_SIZES.extend(
     s

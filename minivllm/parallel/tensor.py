@@ -336,9 +336,8 @@ class TPWorker(ModelRunner):
         self.rank, self.world_size = rank, world_size
         self.plan = TPPlan.from_config(mc.hf_config, world_size)
         shard_mc = dataclasses.replace(mc, hf_config=shard_config(mc.hf_config, self.plan, rank))
-        super().__init__(
-            dataclasses.replace(config, model_config=shard_mc), device
-        )  # ModelRunner's helpers see this rank's heads
+        # ModelRunner's helpers see this rank's heads
+        super().__init__(dataclasses.replace(config, model_config=shard_mc), device)
 
 # %% ../../nbs/07_tensor_parallel.ipynb #c3lmod07
 @patch

@@ -87,9 +87,8 @@ class _Stream:
 
     def __init__(self, request_id: str, loop: asyncio.AbstractEventLoop, delta: bool):
         self.request_id, self.loop, self.delta = request_id, loop, delta
-        self.items: deque = (
-            deque()
-        )  # RequestOutputs (and, at the end, maybe an exception); touched on `loop` only
+        # RequestOutputs (and, at the end, maybe an exception); touched on `loop` only
+        self.items: deque = deque()
         self.ready = asyncio.Event()
 
     def put_threadsafe(self, items: list):
@@ -114,9 +113,8 @@ class _Stream:
             raise out
         while self.items and not out.finished and isinstance(self.items[0], RequestOutput):
             nxt = self.items.popleft()
-            out = (
-                merge_delta_outputs(out, nxt) if self.delta else nxt
-            )  # a cumulative output supersedes the older ones
+            # a cumulative output supersedes the older ones
+            out = merge_delta_outputs(out, nxt) if self.delta else nxt
         return out
 
 # %% ../../nbs/14_async_engine.ipynb #96040659
@@ -140,9 +138,8 @@ class AsyncLLMEngine:
         self._dead: BaseException | None = None
         self._pause_mode: str | None = None  # "abort", "wait" or "keep" while paused
         self._held: deque = deque()  # adds of requests that arrived while paused: (fn, done)
-        self.step_times: deque = deque(
-            maxlen=100_000
-        )  # (start, end, number of outputs) of each step, perf_counter seconds
+        # (start, end, number of outputs) of each step, perf_counter seconds
+        self.step_times: deque = deque(maxlen=100_000)
 
     async def __aenter__(self) -> "AsyncLLMEngine":
         return self

@@ -344,9 +344,8 @@ def _llama_server(ns, n_parallel: int, max_len: int):
         if ns.llama_gguf is not None:
             raise ValueError("--llama-gguf needs --llama-server (the llama.cpp binary to run it)")
         return None
-    return LlamaServer(
-        ns.llama_server, ns.llama_gguf, n_parallel, -(-(max_len + 1) // 256) * 256
-    )  # context per slot
+    # context per slot
+    return LlamaServer(ns.llama_server, ns.llama_gguf, n_parallel, -(-(max_len + 1) // 256) * 256)
 
 # %% ../../nbs/17_cli.ipynb #b3975153
 def _llama_info(srv) -> dict:

@@ -23,6 +23,7 @@ from minivllm.serve.server import (
     check_not_paused,
     check_prompt_chars,
     offload,
+    register_route_group,
     tokens_of,
     unix_time,
     until_gone,
@@ -203,6 +204,9 @@ def add_embeddings_route(app):
 
     return app
 
+
+register_route_group("embeddings", add_embeddings_route)
+
 # %% ../../nbs/15c_pooling_routes.ipynb #pool15b
 class PoolingRequest(EmbeddingRequest):
     "vLLM's body of `POST /pooling`: the embeddings body and the pooling `task`."
@@ -225,6 +229,9 @@ def add_pooling_route(app):
         return await pooled_answer(app, req, request, req.task or model_task or "embed", "pooling")
 
     return app
+
+
+register_route_group("pooling", add_pooling_route)
 
 # %% ../../nbs/15c_pooling_routes.ipynb #s15b
 Texts = Union[Text, Annotated[list[Text], Field(min_length=1)]]
@@ -354,3 +361,6 @@ def add_score_routes(app):
     _add_rerank_route(app)
 
     return app
+
+
+register_route_group("score", add_score_routes)

@@ -22,6 +22,7 @@ from minivllm.serve.server import (
     JsonSchemaFormat,
     Text,
     prepare_chat,
+    register_route_group,
     respond,
     run_request,
     unix_time,
@@ -426,3 +427,6 @@ def add_responses_route(app, max_stored: int = 1000):
         return _stored(app, response_id, "response_id")[0]
 
     return app
+
+
+register_route_group("responses", add_responses_route)  # lesson 15's apps serve it

@@ -28,10 +28,10 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool
 
 # %% auto #0
 __all__ = ['Text', 'Bool', 'INT64', 'TokenId', 'TokenIds', 'OneText', 'OneTokenIds', 'ERROR_RESPONSES', 'DEFAULT_MAX_BODY_BYTES',
-           'logger', 'STREAMED_RESPONSES', 'MAX_BATCH_CONVERSATIONS', 'StreamOptions', 'JsonSchemaFormat',
-           'ResponseFormat', 'StructuralTagItem', 'StructuralTagFormat', 'CompletionRequest', 'ChatMessage',
-           'ChatCompletionRequest', 'ErrorInfo', 'ErrorResponse', 'APIError', 'to_sampling_params', 'structural_tag_of',
-           'structured_outputs_of', 'unix_time', 'Metrics', 'completion_logprobs', 'chat_logprobs',
+           'logger', 'STREAMED_RESPONSES', 'MAX_BATCH_CONVERSATIONS', 'ROUTE_GROUPS', 'StreamOptions',
+           'JsonSchemaFormat', 'ResponseFormat', 'StructuralTagItem', 'StructuralTagFormat', 'CompletionRequest',
+           'ChatMessage', 'ChatCompletionRequest', 'ErrorInfo', 'ErrorResponse', 'APIError', 'to_sampling_params',
+           'structural_tag_of', 'structured_outputs_of', 'unix_time', 'Metrics', 'completion_logprobs', 'chat_logprobs',
            'validation_message', 'internal_error', 'max_token_chars', 'init_prep', 'start_threads', 'thread_tokenizer',
            'thread_template_worker', 'offload', 'check_prompt_chars', 'check_prompt_len', 'check_max_tokens',
            'tokens_of', 'compile_grammar', 'lone_surrogate', 'check_unicode', 'base_app', 'engine_health',
@@ -39,8 +39,9 @@ __all__ = ['Text', 'Bool', 'INT64', 'TokenId', 'TokenIds', 'OneText', 'OneTokenI
            'until_gone', 'respond', 'EngineRun', 'ChoiceViews', 'Accumulator', 'serve_choices', 'decode_prompt_embeds',
            'add_completions_route', 'prepare_chat', 'add_chat_route', 'LoadLoRAAdapterRequest', 'add_lora_adapter',
            'add_lora_routes', 'BatchChatCompletionRequest', 'add_batch_chat_route', 'TokenizeRequest',
-           'DetokenizeRequest', 'add_tokenize_routes', 'add_pause_routes', 'dev_mode', 'build_app', 'serve_parser',
-           'positive_seconds', 'HeaderTimeoutProtocol', 'uvicorn_config', 'print_held_memory', 'cmd_serve']
+           'DetokenizeRequest', 'add_tokenize_routes', 'add_pause_routes', 'dev_mode', 'register_route_group',
+           'build_app', 'serve_parser', 'positive_seconds', 'HeaderTimeoutProtocol', 'uvicorn_config',
+           'print_held_memory', 'cmd_serve']
 
 # %% ../../nbs/15_server.ipynb #766a2348s1
 from ..core.arg_utils import EngineArgs
@@ -129,9 +130,8 @@ def _token_id(v):
 
 TokenId = Annotated[int, Field(ge=0), BeforeValidator(_token_id)]
 TokenIds = Annotated[list[TokenId], Field(min_length=1)]
-OneText = Annotated[
-    list[Text], Field(min_length=1, max_length=1)
-]  # one prompt per request: a list of one
+# one prompt per request: a list of one
+OneText = Annotated[list[Text], Field(min_length=1, max_length=1)]
 OneTokenIds = Annotated[list[TokenIds], Field(min_length=1, max_length=1)]
 
 # %% ../../nbs/15_server.ipynb #fs15r
@@ -301,9 +301,8 @@ def to_sampling_params(
     try:
         return SamplingParams(**kw)
     except (ValueError, NotImplementedError) as e:
-        first = re.match(
-            r"\w+", str(e)
-        )  # `SamplingParams` names the field first: "min_p must be..."
+        # `SamplingParams` names the field first: "min_p must be..."
+        first = re.match(r"\w+", str(e))
         field = first.group() if first and first.group() in type(req).model_fields else None
         raise APIError(str(e), param=field) from e
 
@@ -1477,9 +1476,8 @@ def add_lora_routes(app):
         }
     }
 
-    @app.post(
-        "/v1/load_lora_adapter", responses=ok
-    )  # (errors: the JSON of every error, documented app-wide)
+    # (errors: the JSON of every error, documented app-wide)
+    @app.post("/v1/load_lora_adapter", responses=ok)
     async def load_lora(req: LoadLoRAAdapterRequest):
         if not req.lora_path:
             raise APIError("Both 'lora_name' and 'lora_path' must be provided.", param="lora_path")
@@ -1686,28 +1684,19 @@ def dev_mode() -> bool:
     return bool(int(os.environ.get("VLLM_SERVER_DEV_MODE", "0") or 0))
 
 # %% ../../nbs/15_server.ipynb #ba15a
-def _add_routes(app, dev_mode: bool = False):
-    "Every route group on `app`; with `dev_mode`, the pause routes too."
-    # lessons 15b and 15c import this module: their route groups are imported when an app is built
-    from minivllm.serve.pooling_routes import (
-        add_embeddings_route,
-        add_pooling_route,
-        add_score_routes,
-    )
-    from minivllm.serve.responses import add_responses_route
+ROUTE_GROUPS: dict[str, Callable] = {}  # later lessons' route groups (15b, 15c), by name
 
-    for add in (
-        add_info_routes,
-        add_completions_route,
-        add_chat_route,
-        add_batch_chat_route,
-        add_embeddings_route,
-        add_pooling_route,
-        add_lora_routes,
-        add_responses_route,
-        add_tokenize_routes,
-        add_score_routes,
-    ):
+
+def register_route_group(name: str, add: Callable) -> None:
+    """Add `add(app)` to every app built from now on (after this lesson's groups); registering a
+    name again replaces its group."""
+    ROUTE_GROUPS[name] = add
+
+
+def _add_routes(app, dev_mode: bool = False):
+    "Every route group on `app`: this lesson's, then the registered ones; with `dev_mode`, pause."
+    groups = (add_info_routes, add_completions_route, add_chat_route, add_batch_chat_route)
+    for add in (*groups, add_lora_routes, add_tokenize_routes, *ROUTE_GROUPS.values()):
         add(app)
     if dev_mode:  # vLLM's VLLM_SERVER_DEV_MODE routes
         add_pause_routes(app)
