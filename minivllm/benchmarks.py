@@ -101,7 +101,7 @@ class Workload:
             f"outputs {ol[0]}–{ol[-1]} (mean {self.num_output_tokens / self.num_requests:.0f}))"
         )
 
-
+# %% ../nbs/16_benchmarks.ipynb #aed4e360p1
 def make_workload(
     num_requests: int = 64,
     seed: int = 0,
@@ -408,7 +408,7 @@ def summarize(
                 out[s]["ratio"] = statistics.median(ratios)
     return out
 
-
+# %% ../nbs/16_benchmarks.ipynb #73154c01p1
 def print_summary(summary: dict, unit: str = "tokens/s", base: str = "minivllm"):
     "Print a `summarize` result: each system's median and runs, and `base`'s ratio to it."
     for s, v in summary.items():
@@ -942,7 +942,7 @@ def _percentiles(xs, ps=(50, 90, 99)) -> dict:
 
     return dict(mean=sum(s) / len(s) * 1e3) | {f"p{p}": pct(p) * 1e3 for p in ps}
 
-
+# %% ../nbs/16_benchmarks.ipynb #eb8483efp1
 def summarize_serve(results: list[ServeRequestResult], duration: float) -> dict:
     """Throughputs over the run and TTFT / TPOT / ITL / E2E latency percentiles (ms) of the requests
     that completed."""
@@ -1158,7 +1158,7 @@ def _llama_files(binary, gguf) -> tuple[str, Path]:
         raise FileNotFoundError(f"--llama-gguf: no GGUF file at {str(gguf)!r}")
     return found, gguf
 
-
+# %% ../nbs/16_benchmarks.ipynb #8e23b0a2p1
 def _terminate(proc):
     "Terminate a child process; kill it if it has not exited after 10 s."
     if proc.poll() is None:
@@ -1425,7 +1425,7 @@ def llamacpp_top_logprobs(
     cp = r.json()["completion_probabilities"]
     return [p["id"] for p in cp], [{t["id"]: t["logprob"] for t in p["top_logprobs"]} for p in cp]
 
-
+# %% ../nbs/16_benchmarks.ipynb #c5ad7e00p1
 def minivllm_top_logprobs(
     llm, prompt, n: int, k: int = 5
 ) -> tuple[list[int], list[dict[int, float]]]:

@@ -331,7 +331,7 @@ def _draw_block(ax, blk, x, y, colors: dict, bs: int, read: bool):
             bbox=box,
         )
 
-
+# %% ../nbs/90_viz.ipynb #8476f66bp1
 def _block_legend(ax, shown: list, colors: dict, read: bool):
     "The block grid's legend: the requests `shown`, the free blocks and (`read`) the read frame."
     handles = [Rectangle((0, 0), 1, 1, fc=colors[r]) for r in shown] + [
@@ -412,7 +412,7 @@ def _draw_step_bar(ax, rec: StepRecord, colors: dict, scale: float):
             ls="",
         )
 
-
+# %% ../nbs/90_viz.ipynb #7fbc40b6p1
 def _batch_legend(ax, ids: list, colors: dict):
     "The batch chart's legend: the requests `ids`, decode tokens (hatched) and preemptions."
     handles = [Rectangle((0, 0), 1, 1, color=colors[i]) for i in ids]

@@ -244,7 +244,7 @@ def check_vllm_args(kwargs: dict) -> dict:
             )
     return kwargs
 
-
+# %% ../../nbs/95_vllm_compat.ipynb #89017a6bp1
 class VllmArgs:
     """vLLM's engine arguments that minivllm has no field for: the handler registered in
     `arg_utils.EXTRA_ARGS`."""
@@ -743,7 +743,7 @@ def _thin_module(name: str, objects: dict, package: bool) -> types.ModuleType:
         m.__path__ = []
     return m
 
-
+# %% ../../nbs/95_vllm_compat.ipynb #2862d7c2p1
 def register_vllm_modules(table: dict[str, dict] = VLLM_MODULES) -> None:
     """Enter each of vLLM's paths in `table` (and the packages above it) in `sys.modules` under
     `minivllm.`."""

@@ -26,7 +26,7 @@ class KVBlock:
     def __repr__(self):
         return f"KVBlock({self.block_id}, ref={self.ref_cnt}, hash={self.block_hash is not None})"
 
-
+# %% ../../nbs/02_block_manager.ipynb #8edb47106e1a46a883d545849b8ab81bp1
 class FreeBlockQueue:
     "Doubly linked queue of free blocks: pop the head (least recently freed), append, remove."
 

@@ -339,7 +339,7 @@ _PROFILER_KEYS = (
     "max_iterations",
 )
 
-
+# %% ../../nbs/00b_config.ipynb #82c535dbp1
 @dataclass
 class ProfilerConfig:
     "vLLM's `profiler_config`: `profiler='torch'` writes a `torch.profiler` trace to a directory."

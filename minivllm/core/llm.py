@@ -34,7 +34,7 @@ def load_chat_template(chat_template: str | None) -> str | None:
     except OSError:
         return chat_template
 
-
+# %% ../../nbs/13_llm.ipynb #44cd7931p1
 class LLM:
     "Offline inference: `generate` prompts or `chat` conversations with one engine."
 

@@ -56,7 +56,7 @@ def _gguf_metadata_files(gguf: Path, out: Path):
     config.save_pretrained(out)
     GenerationConfig.from_model_config(config).save_pretrained(out)
 
-
+# %% ../../nbs/00e_model_files.ipynb #27b68fbcp1
 def _gguf_float_weights(gguf: Path, out: Path):
     """Every tensor of the GGUF file de-quantized to float32 by transformers, as
     `out/model.safetensors`; a file that transformers would read wrong is refused."""

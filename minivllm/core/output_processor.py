@@ -198,7 +198,7 @@ class SequenceState:
     first_token_time: float | None = None
     last_token_time: float | None = None
 
-
+# %% ../../nbs/10_output_processor.ipynb #f095e853p1
 @dataclass
 class RequestState:
     "A user's request: prompt, `n` sequences, output kind, timing."

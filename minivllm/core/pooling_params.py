@@ -81,7 +81,7 @@ def resolve_pooler_config(pooler_config=None) -> PoolerConfig:
     norm = next((v for v in (c.normalize, c.use_activation) if v is not None), True)
     return dataclasses.replace(c, pooling_type=kind, normalize=bool(norm), use_activation=None)
 
-
+# %% ../../nbs/00a_pooling_params.ipynb #p00b2p1
 def pooler_settings(pooler_config=None) -> tuple[str, bool]:
     """The pooling type and the default normalisation of a `pooler_config` (a dict, a `PoolerConfig`
     or None)."""
@@ -239,7 +239,7 @@ class EmbeddingOutput:
         "The embedding in a `PoolingOutput`."
         return EmbeddingOutput(output.data.flatten().tolist())
 
-
+# %% ../../nbs/00a_pooling_params.ipynb #p00gp1
 @dataclass
 class PoolingRequestOutput:
     "vLLM's `PoolingRequestOutput`: a pooling request's prompt ids and its pooled `outputs`."

@@ -149,7 +149,7 @@ class LogprobsLists(NamedTuple):
     logprobs: list[list[float]]
     sampled_token_ranks: list[int]
 
-
+# %% ../../nbs/06_sampler.ipynb #4fdb467ap1
 class LogprobsTensors(NamedTuple):
     "Per row: the chosen token then the top-k (`[N, k+1]` ids, logprobs); the chosen token's rank."
 

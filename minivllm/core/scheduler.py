@@ -275,7 +275,7 @@ class Scheduler:
         "How many requests are waiting or running."
         return len(self.waiting) + len(self.running)
 
-
+# %% ../../nbs/03_scheduler.ipynb #6f88eb7ap1
 def make_scheduler(
     num_blocks=64,
     block_size=4,

@@ -331,7 +331,7 @@ def check_logits_processors(classes) -> tuple[type, ...]:
             )
     return tuple(classes)
 
-
+# %% ../../nbs/06d_logits_processors.ipynb #lp06d20p1
 @register_extension(priority=40)
 class LogitsProcessors(StepExtension):
     "The engine's custom logits processors, run on the sampling rows before the sampler."

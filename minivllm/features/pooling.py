@@ -182,7 +182,7 @@ class ScoringOutput:
             raise ValueError("pooled_data should be a scalar score")
         return ScoringOutput(output.data.item())
 
-
+# %% ../../nbs/09b_pooling.ipynb #p09s2p1
 @dataclass
 class ScoringRequestOutput(PoolingRequestOutput):
     "vLLM's `ScoringRequestOutput`: `outputs.score` is the pair's score."
@@ -359,7 +359,7 @@ def classify(self: Pooler, v: torch.Tensor, params) -> torch.Tensor:
         return logits.cpu()
     return (logits.sigmoid() if len(logits) == 1 else logits.softmax(-1)).cpu()
 
-
+# %% ../../nbs/09b_pooling.ipynb #c09b5p1
 @dataclass
 class ClassificationOutput:
     "vLLM's `ClassificationOutput`: one prompt's label probabilities."

@@ -121,7 +121,7 @@ def apply_banned(logits: torch.Tensor, banned) -> torch.Tensor:
         logits[banned] = float("-inf")
     return logits
 
-
+# %% ../../nbs/06a_sampling_more.ipynb #07f996d3p1
 def apply_logit_bias(logits: torch.Tensor, logit_bias) -> torch.Tensor:
     "Add each `(row, token)` pair's bias."
     if logit_bias is not None:
@@ -174,7 +174,7 @@ class AllowedTokenIds(LogitsTransform):
     def apply(self, logits, allowed):
         return apply_allowed_token_ids(logits, allowed)
 
-
+# %% ../../nbs/06a_sampling_more.ipynb #692d3a6ap1
 class BannedTokens(LogitsTransform):
     "`min_tokens` (EOS and the stop tokens) and `bad_words`: `(row, token)` pairs set to −∞."
 
@@ -436,7 +436,7 @@ class BeamSearchParams:
         if self.temperature < 0:
             raise ValueError(f"temperature must be non-negative, got {self.temperature}.")
 
-
+# %% ../../nbs/06a_sampling_more.ipynb #97914bfap1
 @dataclass
 class BeamSearchSequence:
     """One beam: all its tokens (prompt included), the logprob dict of each generated step, and its

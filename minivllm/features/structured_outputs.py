@@ -322,7 +322,7 @@ import logging
 from ..core.request import RequestStatus
 from ..core.scheduler import StepExtension, register_extension
 
-
+# %% ../../nbs/06b_structured_outputs.ipynb #so06bextp1
 @register_extension(priority=60)
 class StructuredOutputs(StepExtension):
     """Structured outputs in the engine: each constrained request's grammar, its mask before

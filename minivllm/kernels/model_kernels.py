@@ -346,7 +346,7 @@ def _warm_up_inductor(runner):
 # attention backend → warm-up `(runner) → None` that compiles its kernel
 ATTENTION_WARMUPS = {"cpu": _warm_up_cpu, "inductor": _warm_up_inductor}
 
-
+# %% ../../nbs/05a_model_kernels.ipynb #b9239934p1
 def prepare_attention(runner) -> str:
     """Compile the runner's attention kernel (its backend's warm-up); where that fails, say why and
     attend with `torch`. Returns the backend in use."""

@@ -287,7 +287,7 @@ class Qwen2MoeForCausalLM(MoEForCausalLM):
         )
         return MoESpec(c.num_experts, k, inter, c.norm_topk_prob, shared)
 
-
+# %% ../../nbs/07d_moe.ipynb #13949968p1
 class Qwen3MoeAttention(Attention):
     "Qwen3's attention: an RMSNorm over each head of q and of k."
 
@@ -343,7 +343,7 @@ class OlmoeAttention(Attention):
         o = self.attn_fn(q, k, v.view(T, Hkv, D), kv_cache, md, self.scale)
         return self.o_proj(o.reshape(T, self.q_size))
 
-
+# %% ../../nbs/07d_moe.ipynb #moe7olmop1
 class OlmoeForCausalLM(MoEForCausalLM):
     "OLMoE: every layer sparse, no shared expert, q/k norms over the whole projections."
 
@@ -426,7 +426,7 @@ class ModuleExperts(nn.Module):
                 start += n
         return out
 
-
+# %% ../../nbs/07d_moe.ipynb #gguf7d02p1
 def load_gguf_moe_block(mlp: SparseMoeBlock, b: str, ts: dict, make) -> SparseMoeBlock:
     """Layer `b`'s MoE block from the GGUF tensors `ts` (`{name: (kind, rows)}`, taken out of it):
     router, each expert's slice of the 3-D `ffn_*_exps` tensors, shared expert; `make(parts)`

@@ -201,7 +201,7 @@ class EngineHandle:
             st["reason"] = lines[0] if len(lines) == 1 else f"{lines[0]} {lines[-1]}"
         return dict(st, requests_in_flight=len(self.requests), requests_routed=self.routed)
 
-
+# %% ../../nbs/14b_data_parallel.ipynb #bb8f2ce8p1
 class _Anon:
     request_id = None  # a queue entry with no id (the queue lives in another process)
 
@@ -582,7 +582,7 @@ class DPPlacement:
     rpc_port: int  # `--data-parallel-rpc-port`: outputs arrive here; engine r's requests leave
     # from rpc_port + 1 + r
 
-
+# %% ../../nbs/14b_data_parallel.ipynb #6bb1071ap1
 class _RemoteWatch(threading.Thread):
     "(a thread) Marks a remote engine `lost` when its connection drops (ZeroMQ's socket monitor)."
 

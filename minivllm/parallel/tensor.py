@@ -133,7 +133,7 @@ TP_COLUMN = {
 }
 TP_ROW = {"o_proj": "q", "down_proj": "inter"}
 
-
+# %% ../../nbs/07_tensor_parallel.ipynb #1b4dbb4fp1
 def shard_weight(name: str, t, plan: TPPlan, rank: int) -> torch.Tensor:
     """`rank`'s slice of the checkpoint weight `name`; `t` is a tensor or a safetensors slice (only
     that part is read)."""

@@ -80,7 +80,7 @@ AsyncEngineArgs = (
     EngineArgs  # vLLM has a subclass with a few serving-only knobs; minivllm needs none
 )
 
-
+# %% ../../nbs/14_async_engine.ipynb #43587079p1
 class _Stream:
     """The outputs of one request, on its caller's event loop; a consumer that falls behind gets
     them merged."""
@@ -718,7 +718,7 @@ async def pause_generation(
     if clear_cache:
         await self.run_in_engine(lambda e: self._clear_cache())
 
-
+# %% ../../nbs/14_async_engine.ipynb #pause14bp1
 @patch
 async def resume_generation(self: AsyncLLMEngine) -> None:
     "Schedule again: frozen requests go on, the requests that arrived while paused join."

@@ -334,7 +334,7 @@ def _save(ns, kind: str, payload: dict):
         print(f"saved to {ns.json}", file=sys.stderr)
     return doc
 
-
+# %% ../../nbs/17_cli.ipynb #955ed16cp1
 def _llama_server(ns, n_parallel: int, max_len: int):
     """The (not yet started) `LlamaServer` of `--llama-server`/`--llama-gguf`, or None: checked
     before any model loads."""
@@ -545,7 +545,7 @@ def cmd_bench_serve(ns) -> int:
     )
     return 0 if out["summary"]["failed"] == 0 else 1
 
-
+# %% ../../nbs/17_cli.ipynb #75d6cd0fp1
 BENCH_COMMANDS = {
     "throughput": cmd_bench_throughput,
     "latency": cmd_bench_latency,

@@ -158,7 +158,7 @@ _EMBEDDED = {
     }
 }
 
-
+# %% ../../nbs/15c_pooling_routes.ipynb #s27f4d6f0p1
 async def pooled_answer(app, req: EmbeddingRequest, request: Request, task: str, obj: str):
     """Pool every input of `req` for `task`; answer with one item of `obj` ("embedding" or
     "pooling") per input, or with their bytes."""

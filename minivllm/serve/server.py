@@ -382,7 +382,7 @@ class _VllmNames:
                 ]
                 yield fam
 
-
+# %% ../../nbs/15_server.ipynb #97d34cd4p1
 def _vllm_names(m, g: dict) -> _VllmNames:
     "The metrics of `m` (and its gauges `g`) that vLLM's dashboards read, under vLLM's names."
     return _VllmNames(
@@ -684,7 +684,7 @@ def init_prep(app, workers: int = 2, prep_timeout: float = 30.0):
     start_threads(s.prep_pool, workers)  # (the template threads: when the server trusts them)
     s.max_prompt_chars = s.max_model_len * max_token_chars(s.tokenizer)
 
-
+# %% ../../nbs/15_server.ipynb #fs15gp1
 def start_threads(pool, n: int):
     """Start `n` threads of `pool` now: each copies the tokenizer as it starts (a tenth of a second
     holding Python's lock), at startup rather than while a request waits; their futures."""
@@ -959,7 +959,7 @@ def add_info_routes(app):
 
     return app
 
-
+# %% ../../nbs/15_server.ipynb #7268d3f2p1
 def check_model(app, name: str | None):
     """The `LoRARequest` of the adapter named `name`, None for the served model's name (or none
     given); else a 404."""
@@ -1136,7 +1136,7 @@ class Accumulator:
     def usage(self) -> dict:
         return usage(self.prompt_tokens, sum(map(len, self.toks)))
 
-
+# %% ../../nbs/15_server.ipynb #087d5a1ep1
 async def serve_choices(app, request, req, run: EngineRun, views: ChoiceViews):
     """Run a completion or chat request: its chunks streamed, or its JSON at the end, each choice
     shaped by `views`."""
