@@ -379,7 +379,7 @@ def _warmup_workload(wl: Workload) -> Workload:
     untimed warm-up runs."""
     return Workload([p[:16] for p in wl.prompts[:2]], [min(4, n) for n in wl.output_lens[:2]])
 
-
+# %% ../nbs/16_benchmarks.ipynb #502cfa03
 def summarize(
     results: list[BenchResult], base: str = "minivllm", key=lambda r: r.tokens_per_s
 ) -> dict:
@@ -441,7 +441,7 @@ class LatencyResult:
     def median_tpot(self) -> float:
         return sorted(self.tpot)[len(self.tpot) // 2]
 
-
+# %% ../nbs/16_benchmarks.ipynb #45d43a37
 def _lat(ttft_tpot: list[tuple[float, float]], system, c, pl, ol) -> LatencyResult:
     "A `LatencyResult` from `(ttft, tpot)` pairs."
     return LatencyResult(system, c, pl, ol, [a for a, _ in ttft_tpot], [b for _, b in ttft_tpot])
@@ -494,7 +494,7 @@ class _TimingStreamer:
     def end(self):
         pass
 
-
+# %% ../nbs/16_benchmarks.ipynb #10ba525c
 @torch.inference_mode()
 def latency_hf_generate(model, wl: Workload, pad_id: int | None = None) -> LatencyResult:
     "TTFT/TPOT of HF `generate` on the workload as one batch (equal lengths), timed by a streamer."
@@ -604,7 +604,7 @@ class SampleRequest:
     lora_request: object = None
     request_id: str | None = None
 
-
+# %% ../nbs/16_benchmarks.ipynb #c39800aa
 def random_prompt(tokenizer, length: int, rng: random.Random, max_retry: int = 10):
     "A text that encodes to `length` tokens (random non-special ids), and those ids."
     special = set(tokenizer.all_special_ids)
@@ -779,7 +779,7 @@ class ServeRequestResult:
             else None
         )
 
-
+# %% ../nbs/16_benchmarks.ipynb #c4bca1ab
 def poisson_arrivals(n: int, rate: float, seed: int = 0) -> list[float]:
     """Send times (seconds from the start) of `n` requests at `rate` requests/s: exponential gaps;
     all 0 when `rate` is inf."""
@@ -1087,7 +1087,7 @@ def gguf_file_type(path) -> str:
     except ValueError:
         return f"type {v}"
 
-
+# %% ../nbs/16_benchmarks.ipynb #cb009956
 def _free_port() -> int:
     import socket
 
@@ -1169,7 +1169,7 @@ def _terminate(proc):
             proc.kill()
             proc.wait()
 
-
+# %% ../nbs/16_benchmarks.ipynb #fb59c0a0
 def _wait_healthy(url: str, proc, timeout: float) -> bool:
     "Poll `url`/health until it answers 200 (True), `proc` exits or `timeout` s pass (False)."
     import httpx
@@ -1578,7 +1578,7 @@ def _so_prompts(tok, num_requests: int) -> list[str]:
         for i in range(num_requests)
     ]
 
-
+# %% ../nbs/16_benchmarks.ipynb #20d3d5c6
 def _so_summary(accs: dict) -> dict:
     "Each mode's mean ms per decode step of the whole step, its sampling, the mask; the steps."
     return {
@@ -2037,7 +2037,7 @@ def real_shape_tensors(cfg) -> list[tuple[str, tuple]]:
     out.append(("model.norm.weight", (D,)))
     return out if cfg.tie_word_embeddings else out + [("lm_head.weight", (V, D))]
 
-
+# %% ../nbs/16_benchmarks.ipynb #93731fb2
 def real_shape_shards(tensors, itemsize: int, shard_bytes: int) -> list[list[tuple[str, tuple]]]:
     "Consecutive runs of `tensors` of at most `shard_bytes` each (at least one tensor each)."
     shards, cur, size = [], [], 0

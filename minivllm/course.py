@@ -30,7 +30,7 @@ def exercise_hint(cell: dict) -> str | None:
     m = EXERCISE.search(_src(cell))
     return (m.group(1).strip() or "write this function") if m else None
 
-
+# %% ../nbs/16b_course.ipynb #d72fdb30
 def exercises(nb: dict) -> list[tuple[int, list[int]]]:
     "Each exercise cell's index and its tests: the code cells after it, up to prose or an exercise."
     out, cells = [], nb["cells"]
@@ -74,7 +74,7 @@ def student_notebook(nb: dict) -> tuple[dict, int]:
         n += 1
     return nb, n
 
-
+# %% ../nbs/16b_course.ipynb #dba72b25
 def student_copy(src: Path, dst: Path) -> dict[str, int]:
     "Copy the folder `src` to `dst` (which must not exist) with every notebook's exercises blanked."
     src, dst = Path(src), Path(dst)

@@ -44,7 +44,7 @@ class BlockRecord:
     cached: bool  # holds a prefix-cache hash (a free cached block can be revived)
     filled: int  # slots holding tokens (0..block_size), for owned blocks
 
-
+# %% ../nbs/90_viz.ipynb #b793d6a3
 @dataclass
 class KVRecord:
     "The KV-block pool after a step: every block, and each request's block table."
@@ -101,7 +101,7 @@ class RowRecord:
     is_prefill: bool
     label: str = ""
 
-
+# %% ../nbs/90_viz.ipynb #6a6bf6f7
 @dataclass
 class StepRecord:
     "What one engine step did, as plain data."
@@ -290,7 +290,7 @@ def colors_for(ids) -> dict:
             out[i] = PALETTE[len(out) % len(PALETTE)]
     return out
 
-
+# %% ../nbs/90_viz.ipynb #d93907d1
 def record_ids(records: list[StepRecord]) -> list[str]:
     "Every request id seen in `records`, in order of first appearance."
     ids = [r.req_id for rec in records for r in rec.rows] + [
@@ -435,7 +435,7 @@ def _batch_y_range(ax, recs: list[StepRecord], budget: int, top: int):
             -0.08 * top * (1 + max((len(r.preempted) for r in recs), default=0)), top * 1.12
         )
 
-
+# %% ../nbs/90_viz.ipynb #a1314027
 def _step_axes(ax, recs: list[StepRecord]):
     "The x axis: one whole-numbered tick per step shown (at least one), and both axes' labels."
     steps = [r.step for r in recs]
@@ -545,7 +545,7 @@ def _wrap(s: str, width: int, indent: int = 0) -> list[str]:
     w = textwrap.TextWrapper(width, subsequent_indent=" " * indent, break_on_hyphens=False)
     return w.wrap(s) or [""]
 
-
+# %% ../nbs/90_viz.ipynb #f2788b1f
 def step_table(rec: StepRecord, width: int = 100, text_lines: int = 3) -> list[str]:
     """The lines of text under a step's picture, wrapped to `width` characters: the step, one line
     per batch row (tokens, kind, label), the note, then each request's text so far (its last
@@ -654,7 +654,7 @@ def fig_png(fig, dpi: int = 90, colors: int = 96) -> bytes:
     img.save(out, format="png", optimize=True)
     return out.getvalue()
 
-
+# %% ../nbs/90_viz.ipynb #47881fde
 def pick_frames(n: int, max_frames: int) -> list[int]:
     "At most `max_frames` indices spread over `range(n)`, first and last included."
     if n <= max_frames:

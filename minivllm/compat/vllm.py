@@ -288,7 +288,7 @@ def dummy_weights(hf_config, seed: int = 0, low: float = -1e-3, high: float = 1e
     for name, p in hf.named_parameters():  # a tied `lm_head` is the embedding: listed once
         yield name, torch.empty(p.shape).uniform_(low, high, generator=g)
 
-
+# %% ../../nbs/95_vllm_compat.ipynb #4c7fab99
 def load_dummy_model(mc: ModelConfig, device) -> LlamaForCausalLM:
     "The model of `mc.hf_config` with `dummy_weights` seeded by `mc.seed`, on `device`."
     with empty_model(mc.dtype, device):
@@ -318,7 +318,7 @@ class _DummyShard:
 class DummyTPWorker(_DummyShard, TPWorker):
     "Ranks 1…N-1 of a tensor-parallel model with dummy weights."
 
-
+# %% ../../nbs/95_vllm_compat.ipynb #bc00c47c
 class DummyTPModelRunner(_DummyShard, TPModelRunner):
     "Rank 0 of a tensor-parallel model with dummy weights."
 
@@ -348,7 +348,7 @@ def update_config(self: ModelRunner, overrides: dict) -> None:
         if hasattr(self, "full_model_config"):  # a tensor-parallel rank's (lesson 07)
             self.full_model_config.load_format = kv["load_format"]
 
-
+# %% ../../nbs/95_vllm_compat.ipynb #dbdda78b
 @patch
 def reload_weights(self: ModelRunner) -> None:
     "Load the weights of the (updated) load format into the running model, in place."
@@ -463,7 +463,7 @@ def load_sharded_state_model(mc: ModelConfig, device) -> LlamaForCausalLM:
 
 MODEL_LOADERS["sharded_state"] = load_sharded_state_model
 
-
+# %% ../../nbs/95_vllm_compat.ipynb #3722c221
 @patch
 def save_sharded_state(
     self: EngineCore, path: str, pattern: str | None = None, max_size: int | None = None
@@ -521,7 +521,7 @@ def cleanup_dist_env_and_memory(shutdown_ray: bool = False) -> None:
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
 
-
+# %% ../../nbs/95_vllm_compat.ipynb #7913d2c2
 def init_logger(name: str) -> logging.Logger:
     "vLLM's `init_logger`: the logger of `name` (`logging.getLogger`)."
     return logging.getLogger(name)
@@ -630,7 +630,7 @@ def async_tensor_h2d(data, device=None, dtype=None, out=None) -> torch.Tensor:
         return out.copy_(t, non_blocking=True)
     return t.to(device=device, dtype=dtype or t.dtype, non_blocking=True)
 
-
+# %% ../../nbs/95_vllm_compat.ipynb #792b23f4
 def gpu_sync_allowed(first_only: bool = False):
     "vLLM's permission to wait for the GPU inside a block under its sync-debug mode: here, none."
     return contextlib.nullcontext()
@@ -642,7 +642,7 @@ def _tokenizer(path: str):
 
     return AutoTokenizer.from_pretrained(path)
 
-
+# %% ../../nbs/95_vllm_compat.ipynb #7ed377db
 def cached_tokenizer_from_config(model_config, **kwargs):
     """The model's tokenizer, loaded once (vLLM's `vllm.tokenizers.cached_tokenizer_from_config`);
     vLLM's options for another tokenizer are refused by name."""
@@ -685,7 +685,7 @@ class Platform:
     def device_type(self) -> str:
         return "cuda" if torch.cuda.is_available() else "cpu"
 
-
+# %% ../../nbs/95_vllm_compat.ipynb #60b2c728
 def get_open_port() -> int:
     "A TCP port free on this machine now (the system's pick)."
     with socket.socket() as s:
@@ -729,7 +729,7 @@ def _refuse(modname: str, names: list[str]):
 
     return __getattr__
 
-
+# %% ../../nbs/95_vllm_compat.ipynb #cb74388b
 def _thin_module(name: str, objects: dict, package: bool) -> types.ModuleType:
     """A module `name` that re-exports `objects` (a package, with an empty `__path__`, when
     `package`)."""
@@ -857,7 +857,7 @@ def read_env(name: str):
         )
     return default
 
-
+# %% ../../nbs/95_vllm_compat.ipynb #943da432
 def check_environment() -> None:
     "Every `VLLM_*` variable of vLLM's that is set: read (and so checked), or refused by name."
     known = (*ENV_READ, *ENV_NO_EFFECT, *ENV_REFUSED)
@@ -876,7 +876,7 @@ def _envs_module() -> types.ModuleType:
 
 sys.modules["minivllm.envs"] = minivllm.envs = _envs_module()
 
-
+# %% ../../nbs/95_vllm_compat.ipynb #f946d1e3
 class VllmEnvironment:
     "The check of vLLM's environment variables, run when `EngineArgs` are built."
 
@@ -908,7 +908,7 @@ class UsageContext(enum.Enum):
     OPENAI_BATCH_RUNNER = "OPENAI_BATCH_RUNNER"
     ENGINE_CONTEXT = "ENGINE_CONTEXT"
 
-
+# %% ../../nbs/95_vllm_compat.ipynb #172daa3a
 def set_ulimit(target_soft_limit: int = 65535) -> None:
     "Raise the soft limit of open files to `target_soft_limit` (at most the hard limit)."
     import resource
@@ -955,7 +955,7 @@ async def serve_http(app, sock=None, enable_ssl_refresh: bool = False, **uvicorn
     await server.serve(sockets=[sock] if sock is not None else None)
     return asyncio.sleep(0)
 
-
+# %% ../../nbs/95_vllm_compat.ipynb #9a739f24
 @patch
 def check_port(self: FlexibleArgumentParser, value) -> int:
     "vLLM's parser's `type=` for a port: a whole number from 1024 to 65535."

@@ -148,7 +148,7 @@ def register_extra_args(handler) -> None:
     EXTRA_ARGS[:] = [h for h in EXTRA_ARGS if type(h).__name__ != type(handler).__name__]
     EXTRA_ARGS.append(handler)
 
-
+# %% ../../nbs/00f_engine_args.ipynb #e80a201a
 def check_extra_args(kwargs: dict) -> dict:
     """The keywords `EngineArgs` has no field for, checked by the handlers that take them; else a
     `TypeError`."""
@@ -333,7 +333,7 @@ def resolve_logits_processors(specs) -> tuple[type, ...]:
         out.append(spec)
     return tuple(out)
 
-
+# %% ../../nbs/00f_engine_args.ipynb #aa0e1818
 @patch
 def _check_logits_processors(self: EngineArgs):
     "`logits_processors` load; not with speculative decoding."
@@ -368,7 +368,7 @@ def tokenize_bad_words(bad_words: list[str], tokenizer) -> list[list[int]]:
         )
     return out
 
-
+# %% ../../nbs/00f_engine_args.ipynb #a721ea0b
 @patch
 def update_from_tokenizer(self: SamplingParams, tokenizer):
     "Tokenize `bad_words` (vLLM's method): sets `bad_words_token_ids`, read by the sampler."
@@ -730,7 +730,7 @@ def _none_or_str(s: str):
     "An optional string flag's value: `None` for 'None', else the string."
     return None if s == "None" else s
 
-
+# %% ../../nbs/00f_engine_args.ipynb #c91bf7a7
 def json_or_str(s: str):
     """A flag's value: JSON (`{...}`, `[...]`, numbers, `null`) when it parses, `None` for 'None',
     else the string."""
@@ -741,7 +741,7 @@ def json_or_str(s: str):
     except ValueError:
         return s
 
-
+# %% ../../nbs/00f_engine_args.ipynb #d1b4fa60
 @patch(cls_method=True)
 def from_cli_args(cls: EngineArgs, args: argparse.Namespace) -> EngineArgs:
     "The `EngineArgs` of parsed command-line flags (vLLM's method)."

@@ -230,7 +230,7 @@ class _DecodeGroup:
     L: int  # longest context of the group (keys attended)
     mask: torch.Tensor | None  # [n, 1, 1, L] visible keys; None when every context has length L
 
-
+# %% ../../nbs/04_paged_attention.ipynb #b70c705a
 @dataclass
 class _Prefill:
     """One prefill chunk: its query rows, context length, and (with cached context) its blocks and
@@ -338,7 +338,7 @@ def _plan_prefills(md: AttentionMetadata, kv_cache: torch.Tensor, seq_lens: list
             prefills.append(_Prefill(s, e, L, bt[i, : -(-L // bs)], _causal_mask(e - s, L, dev)))
     return prefills
 
-
+# %% ../../nbs/04_paged_attention.ipynb #caeda4b2
 def torch_plan(md: AttentionMetadata, kv_cache: torch.Tensor) -> TorchPlan:
     """The torch backend's plan for `md` on this cache geometry, computed once and remembered on
     `md`."""

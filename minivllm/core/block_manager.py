@@ -136,7 +136,7 @@ def get_new_blocks(self: BlockPool, n: int) -> list[KVBlock]:
         out.append(b)
     return out
 
-
+# %% ../../nbs/02_block_manager.ipynb #7964d218
 @patch
 def touch(self: BlockPool, blocks: list[KVBlock]):
     "A request starts using cached `blocks`: the free ones leave the queue; one more user each."
@@ -145,7 +145,7 @@ def touch(self: BlockPool, blocks: list[KVBlock]):
             self.free_block_queue.remove(b)
         b.ref_cnt += 1
 
-
+# %% ../../nbs/02_block_manager.ipynb #e8ca0891
 @patch
 def free_blocks(self: BlockPool, ordered_blocks):
     "Release blocks; the first ones given are the first to be evicted later."
@@ -168,7 +168,7 @@ def cache_full_blocks(
             b.block_hash = h
             self.cached_block_hash_to_block[h] = b
 
-
+# %% ../../nbs/02_block_manager.ipynb #b6d058e1
 @patch
 def reset_prefix_cache(self: BlockPool) -> bool:
     "Forget every cached hash. Only possible when no request holds a block."
@@ -236,7 +236,7 @@ def _hash_seed(self: KVCacheManager, request: Request):
     g = sibling_group(request)
     return None if g is None else ("siblings", g, *extra)
 
-
+# %% ../../nbs/02_block_manager.ipynb #6a41f90f
 @patch
 def _can_share(self: KVCacheManager, request: Request) -> bool:
     return self.enable_caching or sibling_group(request) is not None
@@ -259,7 +259,7 @@ def num_blocks_needed(
     fresh = max(cdiv(num_computed + num_new_tokens, self.block_size) - have, 0)
     return fresh + sum(b.ref_cnt == 0 for b in new_computed_blocks)
 
-
+# %% ../../nbs/02_block_manager.ipynb #872c9b65
 @patch
 def allocate_slots(
     self: KVCacheManager, request: Request, num_new_tokens: int, new_computed_blocks=()

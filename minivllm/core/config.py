@@ -384,7 +384,7 @@ class LoRAConfig:
     max_lora_rank: int = 16
     max_cpu_loras: int = 1
 
-
+# %% ../../nbs/00b_config.ipynb #ee7e7e07
 @dataclass
 class CacheConfig:
     "How big the paged KV cache is and how it is shared."
@@ -429,7 +429,7 @@ class DeviceConfig:
 
     device: torch.device
 
-
+# %% ../../nbs/00b_config.ipynb #248cd697
 @dataclass
 class EngineConfig:
     "All the configs of one engine (vLLM calls it `VllmConfig`)."

@@ -62,7 +62,7 @@ class StepInfo:
     # request id -> (lookahead tokens computed, kept)
     lookahead: dict[str, tuple[int, int]] = field(default_factory=dict)
 
-
+# %% ../../nbs/09_engine_core.ipynb #572ecba8
 @dataclass
 class EngineCoreOutputs:
     """Everything one core step produced: the per-request outputs, the scheduler's decision, and the
@@ -140,7 +140,7 @@ def add_request(self: EngineCore, request: Request):
         e.add_request(request)
     self.scheduler.add_request(request)
 
-
+# %% ../../nbs/09_engine_core.ipynb #b0bc783e
 @patch
 def has_unfinished_requests(self: EngineCore) -> bool:
     "Whether any request waits or runs."
@@ -177,7 +177,7 @@ def execute(self: EngineCore, out: SchedulerOutput, timer: StepTimer) -> ModelRu
         hidden |= e.hidden_rows(out, requests)
     return self.model_runner.execute_model(out, rows, hidden, timer=timer)
 
-
+# %% ../../nbs/09_engine_core.ipynb #b71136af
 @patch
 def sample(
     self: EngineCore, out: SchedulerOutput, result: ModelRunnerOutput, timer: StepTimer
@@ -279,7 +279,7 @@ def finish_requests(self: EngineCore, request_ids: str | list[str], status: Requ
         e.finish(request_ids)
     self.scheduler.finish_requests(request_ids, status)
 
-
+# %% ../../nbs/09_engine_core.ipynb #681785e5
 @patch
 def get_scheduler_stats(self: EngineCore) -> SchedulerStats:
     "The scheduler's gauges now and its lifetime counters (and the extensions' own)."

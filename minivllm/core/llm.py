@@ -196,7 +196,7 @@ class EngineDeadError(RuntimeError):
     ):
         super().__init__(msg)
 
-
+# %% ../../nbs/13_llm.ipynb #5b5dce86
 def engine_failure(engine: LLMEngine) -> str | None:
     "Why `engine` can never step again (its tensor-parallel workers are shut down), or None."
     st = getattr(getattr(engine.engine_core, "model_runner", None), "_state", None)
@@ -221,7 +221,7 @@ def _recover(self: LLM, error: BaseException) -> None:
     if why is not None:
         self._dead_reason = f"{why} (the step failed with {error!r})"
 
-
+# %% ../../nbs/13_llm.ipynb #371090f7
 @patch
 def _check_alive(self: LLM) -> None:
     "Raise `EngineDeadError` (and leave nothing running) if an earlier step killed the engine."

@@ -81,7 +81,7 @@ class FinishedRequestStats:
     queued_time: float | None  # arrival → first scheduled
     mean_time_per_output_token: float | None
 
-
+# %% ../../nbs/11_metrics.ipynb #7ee14fcd
 @dataclass
 class IterationStats:
     "What one engine step produced (filled by the output processor and the engine)."
@@ -273,7 +273,7 @@ def log(self: StatLogger, now: float | None = None) -> Stats:
     )
     return st
 
-
+# %% ../../nbs/11_metrics.ipynb #2a48488a
 @patch
 def maybe_log(self: StatLogger, now: float):
     "Log if the interval has passed."
@@ -302,7 +302,7 @@ class Vector(Metric):
 
     values: list[int]
 
-
+# %% ../../nbs/11_metrics.ipynb #71ec1d17
 @dataclass
 class Gauge(Metric):
     "A value that goes up and down."

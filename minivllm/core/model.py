@@ -94,7 +94,7 @@ def _rope_llama3(inv_freq, rp: dict, config) -> tuple[torch.Tensor, float]:
 # rope_type -> f(default inv_freq, rope parameters, HF config) -> (inv_freq, cos/sin scale)
 ROPE_TYPES: dict[str, Callable] = {"default": lambda f, rp, c: (f, 1.0), "llama3": _rope_llama3}
 
-
+# %% ../../nbs/05_model.ipynb #ad08fee9
 def _rope_inv_freq(config) -> tuple[torch.Tensor, float]:
     "Inverse frequencies and attention scaling of the rotary embedding described by an HF config."
     rp = dict(
@@ -279,7 +279,7 @@ def forward(
         x = layer(x, cache, md, rope)
     return self.norm(x)
 
-
+# %% ../../nbs/05_model.ipynb #f4396664
 @patch
 def compute_logits(self: LlamaForCausalLM, hidden):
     "Logits (float32) of the given hidden rows only."
@@ -374,7 +374,7 @@ def empty_model(dtype=torch.float32, device="cpu"):
     finally:
         torch.set_default_dtype(saved)
 
-
+# %% ../../nbs/05_model.ipynb #ffe0b249
 def load_model(
     path, hf_config, dtype=torch.float32, device="cpu", attention_backend="torch", max_pos=None
 ) -> LlamaForCausalLM:
@@ -395,7 +395,7 @@ def tiny_config(model_type="llama", **kw):
     base.update(kw)
     return AutoConfig.for_model(model_type, **base)
 
-
+# %% ../../nbs/05_model.ipynb #65cf412c
 def make_tiny_checkpoint(path, model_type="llama", seed=0, tokenizer_from=None, **kw):
     """Save a tiny random HF model (and optionally a tokenizer copied from `tokenizer_from`) to
     `path`; return the HF model."""
@@ -512,7 +512,7 @@ def kv_cache_shape(self: ModelRunner) -> tuple[int, ...]:
     mc = self.config.model_config
     return (2, self.num_blocks, self.block_size, mc.get_num_kv_heads(), mc.get_head_size())
 
-
+# %% ../../nbs/05_model.ipynb #0a43cf34
 @patch(as_prop=True)
 def block_bytes(self: ModelRunner) -> int:
     "Bytes of one KV block over all layers (keys and values)."

@@ -36,7 +36,7 @@ def cache_dir() -> Path:
     "Where converted checkpoints are cached: `$MINIVLLM_CACHE` or `~/.cache/minivllm`."
     return Path(os.environ.get("MINIVLLM_CACHE", Path.home() / ".cache" / "minivllm"))
 
-
+# %% ../../nbs/00e_model_files.ipynb #50f58a0e
 def _gguf_metadata_files(gguf: Path, out: Path):
     "Write the config, generation config and tokenizer of the GGUF file's metadata into `out`."
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
@@ -113,7 +113,7 @@ def _hub_offline() -> bool:
     "Whether `HF_HUB_OFFLINE` is set now (huggingface_hub itself reads it once, when imported)."
     return os.environ.get("HF_HUB_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
 
-
+# %% ../../nbs/00e_model_files.ipynb #6e9629d7
 def hub_snapshot(
     repo_id: str,
     revision: str | None = None,

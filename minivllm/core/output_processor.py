@@ -218,7 +218,7 @@ class RequestState:
     def finished(self) -> bool:
         return all(s.finish_reason is not None for s in self.seqs)
 
-
+# %% ../../nbs/10_output_processor.ipynb #76448777
 @dataclass
 class OutputProcessorOutput:
     """One step's `RequestOutput`s, and the sequences the core must stop because the text hit a stop

@@ -182,7 +182,7 @@ def clone(self: PoolingParams) -> PoolingParams:
     "A copy (vLLM's name)."
     return dataclasses.replace(self)
 
-
+# %% ../../nbs/00a_pooling_params.ipynb #ce7063c1
 @patch
 def verify(self: PoolingParams, model_config):
     "The checks that need the model: `dimensions` at most its hidden size; `classify` a classifier."
@@ -252,7 +252,7 @@ class PoolingRequestOutput:
     prompt: str | None = None
     late_chunking: LateChunkingMetadata | None = None  # the chunks' ranges (lesson 09b)
 
-
+# %% ../../nbs/00a_pooling_params.ipynb #684bdb4d
 @dataclass
 class EmbeddingRequestOutput(PoolingRequestOutput):
     "vLLM's `EmbeddingRequestOutput`: `outputs.embedding` is the list of floats."

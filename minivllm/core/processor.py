@@ -156,7 +156,7 @@ class ParentRequest:
             p.seed += index
         return p
 
-
+# %% ../../nbs/08_processor.ipynb #b7955307
 def unused_request_id(preferred: str, in_use: Container[str]) -> str:
     "`preferred`, or `preferred#1`, `preferred#2`, …: the first id that is not `in_use`."
     rid, k = preferred, 0

@@ -97,7 +97,7 @@ def num_output_tokens(self: Request) -> int:
     "How many tokens it has generated."
     return len(self.output_token_ids)
 
-
+# %% ../../nbs/01_request.ipynb #6b1c38e4
 @patch(as_prop=True)
 def num_tokens(self: Request) -> int:
     "Prompt and output tokens together."

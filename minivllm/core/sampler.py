@@ -166,7 +166,7 @@ class LogprobsTensors(NamedTuple):
         ks = num_logprobs if isinstance(num_logprobs, list) else [num_logprobs] * len(ids)
         return [logprobs_dict(*row, k, tokenizer) for *row, k in zip(ids, lps, ranks, ks)]
 
-
+# %% ../../nbs/06_sampler.ipynb #c394280c
 def logprobs_dict(
     token_ids: list[int], logprobs: list[float], rank: int, num_logprobs: int, tokenizer=None
 ) -> dict[int, Logprob]:
@@ -184,7 +184,7 @@ def compute_logprobs(logits: torch.Tensor) -> torch.Tensor:
     "Log-softmax in float32."
     return logits.log_softmax(-1, dtype=torch.float32)
 
-
+# %% ../../nbs/06_sampler.ipynb #b59d2b9a
 def gather_logprobs(
     logprobs: torch.Tensor, num_logprobs: int, token_ids: torch.Tensor
 ) -> LogprobsTensors:

@@ -208,7 +208,7 @@ def _int_keys(bias: dict) -> dict[int, float]:
         )
     return {int(k): v for k, v in bias.items()}
 
-
+# %% ../../nbs/00_sampling_params.ipynb #cfd0fc7e
 def _bad(msg):
     "Raise the `ValueError` of a bad value."
     raise ValueError(msg)
@@ -402,7 +402,7 @@ class RequestMetrics:
     first_token_time: float | None = None
     finished_time: float | None = None
 
-
+# %% ../../nbs/00_sampling_params.ipynb #12a947a3
 @dataclass
 class RequestOutput:
     "The output of one request: its prompt and its `n` completions so far."

@@ -101,7 +101,7 @@ def _urgency(r: Request):
     "Sort key of the priority policy: lower priority values first, then earlier arrivals."
     return (r.priority, r.arrival_time)
 
-
+# %% ../../nbs/03_scheduler.ipynb #b94e6a9f
 class _WaitingQueue:
     """Waiting requests in policy order, one heap for both policies: `fcfs` by arrival (preempted
     ones at the front), `priority` by (priority, arrival_time)."""
@@ -218,7 +218,7 @@ def after_step(self: StepExtension, scheduler, timer) -> None:
     """Called by the engine core after the step's outputs are built, with the `Scheduler`, for work
     that prepares the next step; may time itself with `timer.lap(phase)`. Returns nothing."""
 
-
+# %% ../../nbs/03_scheduler.ipynb #146fe0ab
 @patch
 def finish(self: StepExtension, request_ids: list[str]) -> None:
     "Called by the engine core for requests ended from outside (abort, stop string): forget them."
@@ -303,7 +303,7 @@ def _preempt(self: Scheduler, r: Request):
     self.num_preemptions += 1
     self.waiting.add_preempted(r)
 
-
+# %% ../../nbs/03_scheduler.ipynb #c41706c9
 @patch
 def _admit(self: Scheduler, r: Request):
     "Move `r` to the running list, keeping the list in preemption order under `priority`."
@@ -340,7 +340,7 @@ def _seq(
         num_lookahead_tokens=len(lookahead),
     )
 
-
+# %% ../../nbs/03_scheduler.ipynb #6a39a0ab
 @patch
 def _lookahead(self: Scheduler, r: Request, n: int, budget: int) -> list[int]:
     "The extensions' tokens guessed ahead of `r`: only on a decode, and within the budget."
@@ -371,7 +371,7 @@ def _fits(self: Scheduler, r: Request) -> bool:
         need + kv.num_blocks_needed(r, min(n, budget), hits) <= kv.block_pool.get_num_free_blocks()
     )
 
-
+# %% ../../nbs/03_scheduler.ipynb #937ce148
 @patch
 def _preempt_for_priority(self: Scheduler) -> list[str]:
     """`priority` only: preempt strictly less urgent running requests while the most urgent waiting

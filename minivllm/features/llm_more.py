@@ -36,7 +36,7 @@ def enqueue(
     `wait_for_completion` runs them."""
     return self._add_requests(prompts, sampling_params, priority, lora_request, final_only=True)
 
-
+# %% ../../nbs/13b_llm_more.ipynb #99ba61b6
 @patch
 def wait_for_completion(
     self: LLM, *args, use_tqdm: bool = True, output_type: type | None = None
@@ -285,7 +285,7 @@ def _pooling_task(self: LLM, asked: str | None) -> str:
         )
     return asked or model_task or "encode"
 
-
+# %% ../../nbs/13b_llm_more.ipynb #5f20448a
 @patch
 def _chunk_inputs(self: LLM, prompts: list, params: list, loras: list) -> tuple[list, list]:
     """The requests that embed `prompts` (each split by `embed_chunks`) as (prompt, params, lora)
@@ -326,7 +326,7 @@ def _late_texts(prompts: list, params: list) -> list[str | None]:
         texts.append(text if p.late_chunking_params is not None else None)
     return texts
 
-
+# %% ../../nbs/13b_llm_more.ipynb #6a086b6f
 @patch
 def _attach_late_chunks(self: LLM, outs: list, texts: list, params: list):
     "Each late-chunked output's `late_chunking`: its chunks' token and text ranges."
@@ -521,25 +521,25 @@ def _not_in_minivllm(name: str, why: str):
     "Raise the `NotImplementedError` of a method of vLLM's `LLM` that means nothing here."
     raise NotImplementedError(f"LLM.{name} is not implemented in minivllm: {why}.")
 
-
+# %% ../../nbs/13b_llm_more.ipynb #a37fb9ee
 @patch
 def sleep(self: LLM, level: int = 1) -> None:
     "vLLM's sleep mode (free the GPU's memory): not implemented, `NotImplementedError`."
     _not_in_minivllm("sleep", "there is no GPU memory to release (sleep mode)")
 
-
+# %% ../../nbs/13b_llm_more.ipynb #8392d8e3
 @patch
 def wake_up(self: LLM, tags: list[str] | None = None) -> None:
     "vLLM's wake-up from sleep mode: not implemented, `NotImplementedError`."
     _not_in_minivllm("wake_up", "there is no sleep mode")
 
-
+# %% ../../nbs/13b_llm_more.ipynb #8c6e4758
 @patch
 def apply_model(self: LLM, func) -> list:
     "vLLM's call of `func` on the model in each worker: not implemented, `NotImplementedError`."
     _not_in_minivllm("apply_model", "the model runs in the engine, not in workers")
 
-
+# %% ../../nbs/13b_llm_more.ipynb #cd761239
 @patch
 def reward(self: LLM, prompts, **kwargs) -> list:
     "vLLM's reward-model scores: not implemented, `NotImplementedError`."
@@ -633,7 +633,7 @@ def start_profile(
     )
     self.llm_engine.step_observers.append(self._profile)
 
-
+# %% ../../nbs/13b_llm_more.ipynb #8f064e49
 @patch
 def stop_profile(self: LLM) -> None:
     """End the profile `start_profile` began (its trace is written to `torch_profiler_dir`, if it
@@ -682,7 +682,7 @@ def collective_rpc(
         raise TimeoutError(f"collective_rpc: {method!r} took longer than {timeout} s.")
     return out
 
-
+# %% ../../nbs/13b_llm_more.ipynb #821c80b0
 @patch
 def collective_rpc(  # noqa: F811 (LLM's, the same)
     self: LLM, method, timeout: float | None = None, args: tuple = (), kwargs=None

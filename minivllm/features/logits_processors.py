@@ -33,7 +33,7 @@ class MoveDirectionality(Enum):
     UNIDIRECTIONAL = auto()
     SWAP = auto()
 
-
+# %% ../../nbs/06d_logits_processors.ipynb #c5e1fbd9
 RemovedRequest = int  # the batch index a request left
 # (index, params, prompt, output)
 AddedRequest = tuple[int, SamplingParams, Union[list[int], None], list[int]]
@@ -204,7 +204,7 @@ class SlotBuffer:
             idx = torch.tensor(rows)
             self.gpu[idx.to(self.gpu.device)] = self.cpu[idx].to(self.gpu.device)
 
-
+# %% ../../nbs/06d_logits_processors.ipynb #57de1708
 @dataclass(frozen=True)
 class LogitsProcRequestState:
     """What a slot processor may read (vLLM's): per slot, the committed token ids (prompt, then
@@ -241,7 +241,7 @@ class LogitsContext:
     pos: torch.Tensor
     seq_lens_upper_bound_np: np.ndarray
 
-
+# %% ../../nbs/06d_logits_processors.ipynb #7c568e9e
 class SlotLogitsProcessor(ABC):
     """vLLM's Model Runner V2 custom logits processor: state per request slot, set up in
     `add_request` when a request takes the slot; `apply(logits, ctx)` once a step for all rows."""

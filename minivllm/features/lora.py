@@ -40,7 +40,7 @@ class LoRAAdapter:
     def num_bytes(self) -> int:
         return sum(a.nbytes + b.nbytes for a, b in self.weights.values())
 
-
+# %% ../../nbs/05c_lora.ipynb #2049bb4c
 def _lora_key(name: str):
     "`(layer, module, 'A' or 'B')` of a PEFT weight name, or None."
     m = re.search(
@@ -117,12 +117,12 @@ def bgmv_shrink(x: torch.Tensor, a: torch.Tensor, idx: torch.Tensor) -> torch.Te
     in]` → `[T, r]`."""
     return torch.bmm(a.index_select(0, idx), x.unsqueeze(-1)).squeeze(-1)
 
-
+# %% ../../nbs/05c_lora.ipynb #df0ee6b4
 def bgmv_expand(h: torch.Tensor, b: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     "`y[t] = b[idx[t]] @ h[t]`: h `[T, r]`, b `[slots, out, r]` → `[T, out]`."
     return torch.bmm(b.index_select(0, idx), h.unsqueeze(-1)).squeeze(-1)
 
-
+# %% ../../nbs/05c_lora.ipynb #13383013
 def sgmv_shrink(x: torch.Tensor, a: torch.Tensor, segments) -> torch.Tensor:
     """The same product, one matmul per adapter: `segments` is `[(slot, rows)]`; rows of no segment
     get zeros."""
@@ -131,7 +131,7 @@ def sgmv_shrink(x: torch.Tensor, a: torch.Tensor, segments) -> torch.Tensor:
         h[rows] = x[rows] @ a[s].T
     return h
 
-
+# %% ../../nbs/05c_lora.ipynb #cf80a95b
 def sgmv_expand(h: torch.Tensor, b: torch.Tensor, segments) -> torch.Tensor:
     "`y[rows] = h[rows] @ b[s].T` per segment `(s, rows)`."
     y = h.new_zeros(h.shape[0], b.shape[1])
@@ -139,7 +139,7 @@ def sgmv_expand(h: torch.Tensor, b: torch.Tensor, segments) -> torch.Tensor:
         y[rows] = h[rows] @ b[s].T
     return y
 
-
+# %% ../../nbs/05c_lora.ipynb #6076830d
 def segments_of(idx: torch.Tensor, skip: int | None = None) -> list[tuple[int, torch.Tensor]]:
     """`[(slot, rows with that slot)]` for the slots in `idx` (without `skip`, the base model's zero
     slot)."""
@@ -356,7 +356,7 @@ PEFT_TO_FUSED = {
 def _in_features(m: nn.Module) -> int:
     return getattr(m, "in_features", None) or next(m.parameters()).shape[-1]
 
-
+# %% ../../nbs/05c_lora.ipynb #c9526503
 def add_lora_layers(
     model: nn.Module, max_loras: int, max_rank: int, state: LoRAStepState
 ) -> dict[str, LoRALinear]:
@@ -458,7 +458,7 @@ def _adapter(self: LoRAManager, lora_id: int) -> LoRAAdapter:
     self._remember(ad)
     return ad
 
-
+# %% ../../nbs/05c_lora.ipynb #9b4c1b80
 @patch
 def _load_slot(self: LoRAManager, lora_id: int, slot: int):
     "Write an adapter's weights into `slot` of every wrapper."
@@ -500,7 +500,7 @@ def activate(self: LoRAManager, lora_ids) -> dict[int, int]:
         self.slots[i] = slot
     return {i: self.slots[i] for i in ids}
 
-
+# %% ../../nbs/05c_lora.ipynb #b33d6927
 @patch
 def prepare(self: LoRAManager, seqs, query_start_loc) -> None:
     """Runner hook, before a step: load its adapters into slots and give each token row its slot (0:
@@ -530,7 +530,7 @@ def can_admit(self: LoRAManager, request, running) -> bool:
     lid, active = request.lora_int_id, {r.lora_int_id for r in running if r.lora_int_id}
     return not lid or lid in active or len(active) < self.max_loras
 
-
+# %% ../../nbs/05c_lora.ipynb #2fd1b434
 @patch
 def update(self: LoRAManager, scheduler, step) -> dict:
     "Engine hook, after a step: forget the requests it finished."
@@ -564,7 +564,7 @@ def remove_lora(self: LoRAManager, lora_id: int) -> bool:
             w.lora_b[slot].zero_()
     return True
 
-
+# %% ../../nbs/05c_lora.ipynb #a986d076
 @patch
 def list_loras(self: LoRAManager) -> set[int]:
     "The ids of the adapters added."

@@ -132,7 +132,7 @@ def embed_chunks(ids: list[int], max_model_len: int, pooler_config) -> list[list
         return [list(ids)]
     return [list(ids[i : i + max_model_len]) for i in range(0, len(ids), max_model_len)]
 
-
+# %% ../../nbs/09b_pooling.ipynb #27863a15
 def combine_chunks(outputs: list, prompt_token_ids: list[int], normalize: bool, prompt=None):
     """One `PoolingRequestOutput` for an input embedded in chunks (`outputs`, in order): the mean of
     the chunks' vectors weighted by their token counts, normalised again if `normalize`."""
@@ -151,7 +151,7 @@ def chunk_means(rows: torch.Tensor, chunk_size: int) -> torch.Tensor:
     starts = range(0, rows.shape[0], chunk_size)
     return torch.stack([rows[s : s + chunk_size].mean(0) for s in starts])
 
-
+# %% ../../nbs/09b_pooling.ipynb #6d8aa9f5
 def late_chunking_metadata(
     text: str, offsets: list[tuple[int, int]], chunk_size: int
 ) -> LateChunkingMetadata:
@@ -198,7 +198,7 @@ class ScoringRequestOutput(PoolingRequestOutput):
             o.prompt,
         )
 
-
+# %% ../../nbs/09b_pooling.ipynb #4f4468ae
 def check_score_inputs(n_1: int, n_2: int) -> None:
     "vLLM's rule for the two sides' lengths: 1:1, 1:N or N:N (a `ValueError` otherwise)."
     if n_1 > 1 and n_1 != n_2:
@@ -239,7 +239,7 @@ def _prompts(data) -> list:
     "One side of a score call as a list (a text or a prompt dict is a list of one)."
     return [data] if isinstance(data, (str, dict)) else list(data)
 
-
+# %% ../../nbs/09b_pooling.ipynb #0faab29f
 def score(
     self,
     data_1,
@@ -287,7 +287,7 @@ def is_sequence_classifier(hf_config) -> bool:
     "Whether an HF config's `architectures` name a `*ForSequenceClassification` model."
     return any(a.endswith("ForSequenceClassification") for a in hf_config.architectures or [])
 
-
+# %% ../../nbs/09b_pooling.ipynb #b84ae2e3
 def load_classifier(path, hf_config, dtype, device, attention_backend="torch", max_pos=None):
     "The decoder of a sequence-classification checkpoint, with its head as `model.score`."
     with empty_model(dtype, device):
@@ -374,7 +374,7 @@ class ClassificationOutput:
     def from_base(output: PoolingOutput) -> "ClassificationOutput":
         return ClassificationOutput(output.data.flatten().tolist())
 
-
+# %% ../../nbs/09b_pooling.ipynb #0d3463e1
 @dataclass
 class ClassificationRequestOutput(PoolingRequestOutput):
     "vLLM's `ClassificationRequestOutput`: `outputs.probs` are the label probabilities."
@@ -401,7 +401,7 @@ def _swapped(endianness: str) -> bool:
 
     return endianness not in ("native", sys.byteorder)
 
-
+# %% ../../nbs/09b_pooling.ipynb #23352491
 def tensor2binary(tensor, embed_dtype: str = "float32", endianness: str = "native") -> bytes:
     """The bytes of `tensor` cast to `embed_dtype`, each number's bytes in the order `endianness`
     asks for ("native": this machine's)."""
@@ -441,7 +441,7 @@ def build_metadata_items(embed_dtype, endianness, shape, n_request: int) -> list
         for i in range(n_request)
     ]
 
-
+# %% ../../nbs/09b_pooling.ipynb #4c894172
 def decode_pooling_output(items: list[MetadataItem], body: bytes) -> list[torch.Tensor]:
     "The vectors of a `bytes` answer, in `index` order."
     items = sorted(items, key=lambda m: m.index)

@@ -120,7 +120,7 @@ def take_embeds_parts(messages: list[dict], decode) -> tuple[list[dict], list[to
         out.append(m)
     return out, tensors
 
-
+# %% ../../nbs/08b_prompt_embeds.ipynb #5614fa8a
 def splice_embeds(tokenizer, text: str, tensors: list[torch.Tensor]) -> dict:
     """The rendered chat `text` as a prompt of tokens and vectors: each marker's place taken by its
     tensor's rows (placeholder ids), the text between them tokenized (NaN rows)."""

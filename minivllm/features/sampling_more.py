@@ -70,7 +70,7 @@ def _prompt_ids(r: Request) -> torch.Tensor:
         ids = _PROMPT_IDS[r] = torch.tensor(r.prompt_token_ids, dtype=torch.int64).unique()
     return ids
 
-
+# %% ../../nbs/06a_sampling_more.ipynb #c0d0e103
 def _penalties(reqs: list[Request], rows: list[int], device) -> Penalties:
     sps = [r.sampling_params for r in reqs]
     f32 = lambda x: torch.tensor(x, dtype=torch.float32, device=device)
@@ -129,7 +129,7 @@ def apply_logit_bias(logits: torch.Tensor, logit_bias) -> torch.Tensor:
         logits[rows, ids] += vals
     return logits
 
-
+# %% ../../nbs/06a_sampling_more.ipynb #f0999deb
 def apply_penalties(logits: torch.Tensor, pen: Penalties | None) -> torch.Tensor:
     """vLLM's repetition (prompt + output), frequency and presence (output) penalties, on the (row,
     token) entries they touch."""
@@ -222,7 +222,7 @@ class LogitBias(LogitsTransform):
     def apply(self, logits, logit_bias):
         return apply_logit_bias(logits, logit_bias)
 
-
+# %% ../../nbs/06a_sampling_more.ipynb #fe82040a
 class PenaltiesTransform(LogitsTransform):
     "The repetition, frequency and presence penalties of the rows that have one."
 
@@ -344,7 +344,7 @@ def _add(self: PromptLogprobsCollector, requests, prompt_logits):
         self.parts[rid].append((p0, LogprobsTensors(*(x[j : j + l.shape[0]] for x in lt))))
         j += l.shape[0]
 
-
+# %% ../../nbs/06a_sampling_more.ipynb #69fd9658
 @patch
 def discard(self: PromptLogprobsCollector, request_id: str):
     "Forget a request's rows (it ended, or was aborted, before its prompt was done)."
@@ -450,7 +450,7 @@ class BeamSearchSequence:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
 
-
+# %% ../../nbs/06a_sampling_more.ipynb #914e886a
 @dataclass
 class BeamSearchOutput:
     "The best `beam_width` sequences of one prompt, best first."

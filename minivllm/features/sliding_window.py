@@ -44,7 +44,7 @@ def layer_windows(config) -> list[int | None]:
         )
     return [w if LAYER_KINDS[t] else None for t in types]
 
-
+# %% ../../nbs/05d_sliding_window.ipynb #510222e1
 def uniform_window(config) -> int | None:
     "The window of a model whose layers all have the same one, else None."
     ws = set(layer_windows(config))
@@ -92,7 +92,7 @@ def reference_window_attention(q_full, k_full, v_full, scale: float, window: int
     att = att.masked_fill(~window_mask(len(q_full), len(k_full), window), float("-inf"))
     return torch.einsum("hqk,khd->qhd", att.softmax(-1), v.float())
 
-
+# %% ../../nbs/05d_sliding_window.ipynb #e7733356
 def make_window_case(
     seq_lens, query_lens, window, heads=4, kv_heads=2, head_dim=16, block_size=4, seed=0
 ):
@@ -178,7 +178,7 @@ def allocate_slots(
         self.drop_out_of_window(request, request.num_computed_tokens + hits)
     return new
 
-
+# %% ../../nbs/05d_sliding_window.ipynb #254a7e6a
 @patch
 def free(self: SlidingWindowKVCacheManager, request):
     "Release the request's blocks (its placeholders are not blocks of its own)."
@@ -202,7 +202,7 @@ def blocks_held(manager, request_id: str) -> int:
     null = getattr(manager, "null_block", None)
     return sum(b is not null for b in manager.req_to_blocks.get(request_id, []))
 
-
+# %% ../../nbs/05d_sliding_window.ipynb #770bff63
 def check_window_invariants(manager: SlidingWindowKVCacheManager) -> dict[str, int]:
     """Assert the manager's invariants: placeholders only at the start of each table, one per
     dropped block, and lesson 02's invariants for the rest; return `check_invariants`' counts."""
@@ -223,7 +223,7 @@ def mixed_window(config) -> int | None:
     ws = set(layer_windows(config))
     return max(ws - {None}) if None in ws and len(ws) == 2 else None
 
-
+# %% ../../nbs/05d_sliding_window.ipynb #7db8e59d
 def group_num_blocks(config, num_blocks: int) -> tuple[int, int]:
     """(global, local) pool sizes from the memory of `num_blocks` blocks in every layer: the local
     group gets what `max_num_seqs` requests hold at most (a window and a chunk each), the global
@@ -245,7 +245,7 @@ class GroupHits(list):
 
     local: list = []
 
-
+# %% ../../nbs/05d_sliding_window.ipynb #b9689ff9
 class HybridKVCacheManager(KVCacheManager):
     """Two KV cache groups: this manager (lesson 02's) keeps the global layers' block tables, and
     `local`, a `SlidingWindowKVCacheManager` over a pool of its own, the local layers'."""
@@ -288,7 +288,7 @@ def get_computed_blocks(self: HybridKVCacheManager, request) -> tuple[GroupHits,
     out.local = local[:n]
     return out, n * self.block_size
 
-
+# %% ../../nbs/05d_sliding_window.ipynb #58ed3c52
 @patch
 def num_blocks_needed(
     self: HybridKVCacheManager, request, num_new_tokens: int, new_computed_blocks=()
@@ -337,7 +337,7 @@ def rollback_slots(self: HybridKVCacheManager, request, num_tokens: int):
     self.local.rollback_slots(request, num_tokens)
     KVCacheManager.rollback_slots(self, request, num_tokens)
 
-
+# %% ../../nbs/05d_sliding_window.ipynb #5372eefa
 @patch
 def reset_prefix_cache(self: HybridKVCacheManager) -> bool:
     "Forget the cached blocks of both groups (False while a request holds a block)."
@@ -363,7 +363,7 @@ class LocalGroupAttention:
     def __call__(self, q, k, v, kv_cache, md, scale):
         return self.attn_fn(q, k, v, kv_cache, self.groups.local_md, scale)
 
-
+# %% ../../nbs/05d_sliding_window.ipynb #5e8d20b6
 def make_group_caches(runner, kv: HybridKVCacheManager):
     "Give each layer of `runner` a cache of its group's number of blocks (the local ones first)."
     local = [w is not None for w in layer_windows(runner.model.config)]

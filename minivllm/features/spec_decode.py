@@ -53,7 +53,7 @@ def num_draft_tokens(r: Request, k: int, max_model_len: int) -> int:
         left = min(left, sp.max_tokens - r.num_output_tokens - 1)
     return max(0, min(k, left))
 
-
+# %% ../../nbs/07b_spec_decode.ipynb #cb5c63c5
 class NgramProposer:
     "vLLM's `ngram` method: proposals by prompt lookup in each request's own tokens."
 
@@ -206,7 +206,7 @@ def release(self: DraftModelProposer, alive):
     for rid in [rid for rid in self.state if rid not in alive]:
         self.free += self.state.pop(rid).blocks
 
-
+# %% ../../nbs/07b_spec_decode.ipynb #1ad42c22
 @patch
 def propose(
     self: DraftModelProposer, requests: list[Request], ks: list[int], alive=()
@@ -371,7 +371,7 @@ def logits_rows(self: SpecDecoder, out: SchedulerOutput, requests) -> dict[str, 
         if s.num_lookahead_tokens
     }
 
-
+# %% ../../nbs/07b_spec_decode.ipynb #38133bda
 @patch
 def sample(self: SpecDecoder, sampler, requests, logits, out, result) -> SampledTokens | None:
     "Verify the step's guesses (`verify_drafts`) and count them; None in a step without guesses."

@@ -29,7 +29,7 @@ def _xgr():
 
     return xgrammar
 
-
+# %% ../../nbs/06b_structured_outputs.ipynb #bf7a463e
 def grammar_key(so: StructuredOutputsParams) -> tuple[str, str, bool]:
     """A hashable key of the constraint: its kind, its text (a schema as canonical JSON), and
     whether JSON may hold any whitespace."""
@@ -56,7 +56,7 @@ def _clean(e: Exception) -> str:
     "xgrammar's error message without the C++ source location in front of it."
     return re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", str(e)).strip()
 
-
+# %% ../../nbs/06b_structured_outputs.ipynb #d8218d27
 @functools.lru_cache(maxsize=512)
 def grammar_from_key(key: tuple[str, str, bool]):
     """The xgrammar `Grammar` of a `grammar_key` (memoised); a `ValueError` that says what is wrong
@@ -101,7 +101,7 @@ def admits_some_text(key: tuple[str, str, bool]) -> bool:
     xgr.GrammarMatcher(compiled).fill_next_token_bitmask(bitmask, 0)
     return bool(bitmask.ne(0).any())  # the fill clears the bits past the vocabulary too
 
-
+# %% ../../nbs/06b_structured_outputs.ipynb #645630ec
 def validate_structured_outputs(so: StructuredOutputsParams) -> None:
     """Raise a `ValueError` naming the problem if `so` cannot be turned into a grammar (the
     processor calls this when a request arrives), or if its grammar matches no text at all."""
@@ -127,7 +127,7 @@ def structural_tag_text(tag) -> str:
         raise ValueError(f"Invalid structural_tag for structured outputs: not an object: {tag!r}")
     return json.dumps(tag)
 
-
+# %% ../../nbs/06b_structured_outputs.ipynb #b7621742
 def structural_tag_grammar(text: str):
     "The xgrammar `Grammar` of a structural tag: xgrammar's format, or vLLM's `structures` form."
     xgr, tag = _xgr(), json.loads(text)
@@ -149,7 +149,7 @@ def bitmask_to_bool(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     bits = (bitmask[:, :, None] >> shifts) & 1
     return bits.reshape(bitmask.shape[0], -1)[:, :vocab_size].bool()
 
-
+# %% ../../nbs/06b_structured_outputs.ipynb #aa379638
 def apply_token_bitmask(
     logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -257,7 +257,7 @@ def sync(self: StructuredOutputManager, request: Request) -> bool:
         st.num_accepted += 1
     return True
 
-
+# %% ../../nbs/06b_structured_outputs.ipynb #d145f8bb
 @patch
 def is_terminated(self: StructuredOutputManager, request_id: str) -> bool:
     "Whether the request's output is complete (the grammar accepted its stop token)."
@@ -280,7 +280,7 @@ def grammar_bitmask(self: StructuredOutputManager, requests: list[Request]) -> t
             self._matcher(self.states[r.request_id]).fill_next_token_bitmask(bitmask, i)
     return bitmask
 
-
+# %% ../../nbs/06b_structured_outputs.ipynb #3e891ab6
 @patch
 def mask_logits(
     self: StructuredOutputManager, requests: list[Request], logits: torch.Tensor
@@ -369,7 +369,7 @@ def process_logits(self: StructuredOutputs, requests: list[Request], logits: tor
     (`mask_logits`)."""
     return logits if self.manager is None else self.manager.mask_logits(requests, logits)
 
-
+# %% ../../nbs/06b_structured_outputs.ipynb #fff2a588
 @patch
 def update(self: StructuredOutputs, scheduler, step) -> dict:
     """Accept the step\'s tokens; end requests whose grammar terminated ("stop"), abort any with a

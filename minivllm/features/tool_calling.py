@@ -37,7 +37,7 @@ class FunctionCall:
     name: str
     arguments: str
 
-
+# %% ../../nbs/06c_tool_calling.ipynb #3f9f1d67
 @dataclass
 class ToolCall:
     "One tool call of a reply, in OpenAI's `message.tool_calls` shape."
@@ -78,7 +78,7 @@ class DeltaToolCall:
         }
         return d | {"function": fn}
 
-
+# %% ../../nbs/06c_tool_calling.ipynb #0bc90e97
 @dataclass
 class DeltaMessage:
     "What one streamed chunk adds to the reply: text, pieces of calls, or both."
@@ -224,7 +224,7 @@ def _send(self: ToolParser, content: str, calls: list[CallView]) -> DeltaMessage
                 delta.tool_calls.append(DeltaToolCall(i, arguments=new))
     return delta if delta.content is not None or delta.tool_calls else None
 
-
+# %% ../../nbs/06c_tool_calling.ipynb #19f66668
 @patch
 def finish_streaming(self: ToolParser, model_output: str, request=None) -> DeltaMessage | None:
     """The last delta of a stream: what `extract_tool_calls` finds in the whole reply and was not
@@ -283,7 +283,7 @@ def _checked_calls(obj, views: list[CallView]) -> list[ToolCall]:
             raise ValueError(f"a tool call needs an object of 'arguments': {o!r}")
     return [ToolCall(FunctionCall(o["name"], v.arguments)) for o, v in zip(objs, views)]
 
-
+# %% ../../nbs/06c_tool_calling.ipynb #f253c7d7
 def _held_back(text: str, tag: str) -> str:
     """`text` without an ending that may be the start of `tag` (`<`, `<tool`, ...): it is not
     content yet."""
@@ -348,7 +348,7 @@ class RequiredToolParser(ToolParser):
             return ExtractedToolCallInformation(False, [], model_output)
         return ExtractedToolCallInformation(bool(calls), calls, None)
 
-
+# %% ../../nbs/06c_tool_calling.ipynb #5833017f
 class NamedToolParser(ToolParser):
     "A named `tool_choice`: the reply is the arguments object of that one function."
 
@@ -391,7 +391,7 @@ def tools_prompt(tools: list[dict]) -> str:
     call one."""
     return TOOLS_PROMPT.format(tools="\n".join(json.dumps(t, ensure_ascii=False) for t in tools))
 
-
+# %% ../../nbs/06c_tool_calling.ipynb #1586eaf8
 def _arguments(a):
     "A call's arguments as an object (OpenAI sends a JSON string; templates want the object)."
     return json.loads(a) if isinstance(a, str) else a
@@ -525,7 +525,7 @@ def _hoist_defs(schemas: list[dict]) -> tuple[list[dict], dict]:
         out.append(s)
     return out, defs
 
-
+# %% ../../nbs/06c_tool_calling.ipynb #d4eee9ef
 def required_schema(tools: list[dict], parallel_tool_calls: bool = True) -> dict:
     """The JSON schema of `tool_choice="required"`: an array of one or more calls, each the name of
     one of the tools (a constant) with that tool's parameters schema as its arguments."""
@@ -595,7 +595,7 @@ def _check_tools(tools) -> None:
         if not (isinstance(t.get("function"), dict) and isinstance(t["function"].get("name"), str)):
             raise ValueError(f"A tool needs `function` with a `name`, got {t!r}.")
 
-
+# %% ../../nbs/06c_tool_calling.ipynb #1f516e3f
 def _named_function(choice: dict, tools: list[dict]) -> dict:
     "The tool a named `tool_choice` picks (vLLM's checks and messages)."
     usage = 'Correct usage: `{"type": "function", "function": {"name": "my_function"}}`'
@@ -664,7 +664,7 @@ def tool_finish_reason(plan: ToolPlan, tools_called: bool, finish_reason: str | 
         return "tool_calls"
     return finish_reason
 
-
+# %% ../../nbs/06c_tool_calling.ipynb #0bab8c52
 def tool_message(
     plan: ToolPlan, text: str, finish_reason: str | None, tokenizer=None
 ) -> tuple[dict, str | None]:
@@ -743,7 +743,7 @@ def _data_bytes() -> int:
     with open("/proc/self/status") as f:
         return next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith("VmData:"))
 
-
+# %% ../../nbs/06c_tool_calling.ipynb #66487716
 def _template_child(conn, max_bytes: int):
     """(child process) Take the tokenizer from the pipe, then render what it sends, with memory
     capped, until the pipe closes."""

@@ -68,7 +68,7 @@ def _need(cond, msg, exc=ValueError):
     if not cond:
         raise exc(msg)
 
-
+# %% ../../nbs/04c_attention_kernels.ipynb #4e502ad4
 def check_device(t: torch.Tensor):
     "Refuse to launch where no kernel can run: no Triton, or a CPU tensor without the interpreter."
     if not HAS_TRITON:
@@ -378,7 +378,7 @@ def _store_rows(ptr, rows, d, rmask, dmask, x):
         mask=rmask[:, None] & dmask[None, :],
     )
 
-
+# %% ../../nbs/04c_attention_kernels.ipynb #24fd9228
 @triton.jit
 def _load_kv_tile(
     kc_ptr, vc_ptr, bt_ptr, t, valid, d, dmask, kv_row, stride_cb, stride_cs,
@@ -502,7 +502,7 @@ def _split_len(max_len, num_splits, block_n) -> int:
     per_split = -(-max_len // num_splits)  # ceil division
     return -(-per_split // block_n) * block_n
 
-
+# %% ../../nbs/04c_attention_kernels.ipynb #f8af7c44
 def _pick_num_splits(num_decodes, num_kv_heads, max_len, block_n, device) -> int:
     """Splits per decode context: about two programs per multiprocessor on a GPU, slices of at least
     256 tokens; 1 on a CPU."""
@@ -591,7 +591,7 @@ def _check_attention(q, kv_cache, md, k=None, v=None):
         v = _check_tokens("v", v, kv_cache, num_heads=hkv, num_tokens=q.shape[0])
     return q, k, v, _check_metadata(md, q.shape[0], kv_cache)
 
-
+# %% ../../nbs/04c_attention_kernels.ipynb #efb7ca68
 def paged_decode_attention(
     q, kv_cache, md: AttentionMetadata, scale: float, out=None, num_splits=None, block_n=None
 ):
@@ -771,7 +771,7 @@ def decode_in_place_compiled(q, kv_cache, block_tables, seq_lens, scale: float) 
             torch._dynamo.maybe_mark_dynamic(t, dim)
     return _compiled_decode()(q, kv_cache, block_tables, seq_lens, scale)[:n]
 
-
+# %% ../../nbs/04c_attention_kernels.ipynb #6142e3bf
 @dataclass
 class _InplacePlan:
     """The inductor backend's plan of one step: the decodes' block tables and lengths, and the torch
@@ -979,7 +979,7 @@ def _per_token_tables(md: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor
     lens = md.seq_lens.to(torch.int64)[req] - (qsl[req + 1] - tok) + 1
     return md.block_tables.to(torch.int64)[req], lens
 
-
+# %% ../../nbs/04c_attention_kernels.ipynb #f3a61f1c
 def invariant_paged_attention(q, k, v, kv_cache, md: AttentionMetadata, scale: float):
     """Write the step's keys and values, then attend every query token alone with the C decode
     kernel."""

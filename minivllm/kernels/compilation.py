@@ -45,7 +45,7 @@ class ForwardContext:
     kv_caches: list
     attn_fn: object
 
-
+# %% ../../nbs/05b_compile.ipynb #05a3d0bb
 # One holder per process: a notebook that runs this cell again (and so registers the op again) reads
 # and writes the same contexts as the package's runner.
 _CTX = getattr(sys.modules.get("minivllm.kernels.compilation"), "_CTX", None) or threading.local()
@@ -80,7 +80,7 @@ def paged_attention(
     ctx = get_forward_context()
     return ctx.attn_fn(q, k, v, ctx.kv_caches[layer], ctx.md, scale).contiguous()
 
-
+# %% ../../nbs/05b_compile.ipynb #8c91bf65
 @paged_attention.register_fake
 def _(q, k, v, layer, scale):
     return q.new_empty(q.shape)
@@ -217,7 +217,7 @@ def one_attention_function(self: CompiledModelRunner):
         )
     return fn
 
-
+# %% ../../nbs/05b_compile.ipynb #9fd30749
 @patch
 def kv_cache_shape(self: CompiledModelRunner) -> tuple[int, ...]:
     "One more block than the scheduler knows of: the scratch block that padding rows write to."
@@ -322,7 +322,7 @@ def decode_batch(md: AttentionMetadata) -> DecodeBatch:
         bt = F.pad(bt, (0, 2 - bt.shape[1]))
     return DecodeBatch(md.slot_mapping.long(), bt, md.seq_lens.long())
 
-
+# %% ../../nbs/05b_compile.ipynb #dbb2dfac
 def in_graph_decode_attention(q, k, v, kv_cache, db: DecodeBatch, scale: float) -> torch.Tensor:
     """Decode attention as tensor code for a graph: write the step's keys and values in place, then
     read the pages in place (lesson 04)."""
@@ -345,7 +345,7 @@ def _size_forward(
     logits out."""
     return self.model.compute_logits(self.model(input_ids, positions, kv_caches, db))
 
-
+# %% ../../nbs/05b_compile.ipynb #cc5960a5
 @patch
 def _call_size_graph(
     self: CompiledModelRunner, input_ids, positions, db: DecodeBatch, compiling: bool = False

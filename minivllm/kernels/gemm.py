@@ -124,7 +124,7 @@ def gemm_supported(w: torch.Tensor) -> bool:
     flags = cpu_flags().split()
     return all(f in flags for f in _GEMM_CPU_FLAGS[w.dtype])
 
-
+# %% ../../nbs/04a_cpu_gemm.ipynb #e529cfef
 @functools.cache
 def build_gemm_kernel(dtype=torch.bfloat16):
     "The C GEMM for `dtype` (a ctypes function); raises if it cannot be built."
@@ -200,7 +200,7 @@ def _gemm_built(dtype) -> bool:
         )
         return False
 
-
+# %% ../../nbs/04a_cpu_gemm.ipynb #33b79d0b
 def gemm_copy(w: torch.Tensor) -> torch.Tensor | None:
     "`pack_weight(w)` where the C kernel can multiply by `w` on this machine, else None."
     return pack_weight(w) if gemm_supported(w) and _gemm_built(w.dtype) else None

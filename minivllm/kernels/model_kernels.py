@@ -42,7 +42,7 @@ def _can_pack(w: torch.Tensor) -> bool:
         and w.dtype in (torch.float32, torch.bfloat16)
     )
 
-
+# %% ../../nbs/05a_model_kernels.ipynb #599640cf
 def row_bucket(m: int) -> int:
     """The number of rows a packed GEMM of `m` rows runs at: `m` up to 16, then rounded up to 8
     sizes per doubling."""
@@ -71,7 +71,7 @@ def _rows_built(dtype) -> bool:
         )
         return False
 
-
+# %% ../../nbs/05a_model_kernels.ipynb #1665969c
 def rows_kind(w: torch.Tensor) -> str | None:
     """`qgemm.c`'s layout name for the float weight `w` (`"F32"`, `"BF16"`) where that kernel
     multiplies by `w` as it is on this machine, else None."""
@@ -159,7 +159,7 @@ def _packed(self: Linear, x):
     )
     return out.view(*x.shape[:-1], self.out_features)
 
-
+# %% ../../nbs/05a_model_kernels.ipynb #4a88712f
 @patch
 def _gemm_rows(self: Linear, rows):
     """`gemm(rows, self.gemm_packed, self.bias)` without the checks that `pack` and `forward`
@@ -200,7 +200,7 @@ def pack_weights(model: nn.Module, enable: bool = True) -> int:
             n += m.pack() if enable else (m.unpack() or 0)
     return n
 
-
+# %% ../../nbs/05a_model_kernels.ipynb #14d497ae
 def _pack_on_cpu(runner):
     "A runner's preparation: pack its model's weights on the CPU."
     if runner.device.type == "cpu":
@@ -244,7 +244,7 @@ def _glue_for(x: torch.Tensor):
         return None
     return _glue(x.dtype)
 
-
+# %% ../../nbs/05a_model_kernels.ipynb #e62ccadf
 def rms_norm_c(x, weight, eps: float):
     """`weight * rms_norm(x)` over the last dim by the C kernel (x: 2-D with strided rows, or
     contiguous); None where it does not apply."""
@@ -281,7 +281,7 @@ def rotate_c(x, cos, sin):
     )
     return out
 
-
+# %% ../../nbs/05a_model_kernels.ipynb #5938f79b
 def silu_and_mul_c(x):
     """`silu(x[:, :I]) * x[:, I:]` by the C kernel (x: [T, 2I], contiguous); None where it does not
     apply."""
@@ -328,7 +328,7 @@ def _warm_up_cpu(runner):
     a = runner.model.layers[0].self_attn
     build_decode_kernel(runner.block_size, a.num_heads // a.num_kv_heads, a.head_dim, runner.dtype)
 
-
+# %% ../../nbs/05a_model_kernels.ipynb #dcccff04
 def _warm_up_inductor(runner):
     "Compile the Inductor decode kernel of the `inductor` backend for the runner's shapes."
     a = runner.model.layers[0].self_attn
@@ -376,7 +376,7 @@ def _status_bytes(key: str) -> int:
     with open("/proc/self/status") as f:
         return next(int(l.split()[1]) * 1024 for l in f if l.startswith(key + ":"))
 
-
+# %% ../../nbs/05a_model_kernels.ipynb #12dee2ac
 def memory_summary(runner) -> dict:
     """What a runner holds, in bytes: its model's tensors (each storage once: a tied or shared
     tensor is counted once), its KV cache, and the process's resident memory now and at its peak."""
@@ -411,7 +411,7 @@ def _gguf_float(kind: str, t: torch.Tensor, name: str = "") -> torch.Tensor:
     )
     return w
 
-
+# %% ../../nbs/05a_model_kernels.ipynb #11fe26a5
 class ConcatLinear(nn.Module):
     """Linear layers side by side: `cat([p(x) for p in parts], -1)` (a fused projection whose parts
     are stored in different GGUF block types, as Q4_K_M files mix Q4_K and Q6_K)."""
@@ -454,12 +454,12 @@ def block_rows(
     "The de-quantized rows `ids` of GGUF `blocks` (`[len(ids), K]`), as an op a graph can call."
     return dequantize_rows(blocks.index_select(0, ids), kind, dtype)
 
-
+# %% ../../nbs/05a_model_kernels.ipynb #0737b93b
 @block_rows.register_fake
 def _(ids, blocks, kind, dtype):
     return blocks.new_empty(ids.shape[0], block_columns(blocks, kind), dtype=dtype)
 
-
+# %% ../../nbs/05a_model_kernels.ipynb #c0a0cc4b
 class BlockEmbedding(nn.Module):
     """An embedding table kept in a GGUF file's blocks (the tied LM head's own): each call
     de-quantizes the rows it looks up, the exact values of the file's de-quantization."""
@@ -496,7 +496,7 @@ def _set_bias(lin: nn.Module, bias: torch.Tensor):
     else:
         lin.bias = nn.Parameter(bias.contiguous(), requires_grad=False)
 
-
+# %% ../../nbs/05a_model_kernels.ipynb #f03de7c0
 def _attention_extras(attn, b: str, ts: dict, param):
     """Load layer `b`'s float extras of `attn` from the GGUF tensors `ts`: Qwen2's q/k/v biases,
     Qwen3's q/k norms."""
@@ -529,7 +529,7 @@ def _moe_loader(arch: str, ts: dict, config) -> tuple[object, object]:
         )
     return moe, GGUF_MOE_CONFIGS.get(family, lambda c: c)(config)
 
-
+# %% ../../nbs/05a_model_kernels.ipynb #b3a2d2af
 def _load_mlp(layer, b: str, ts: dict, module, make, moe):
     """Layer `b`'s MLP: a dense one's fused gate/up and down (`module` of their names), or, where
     the file has a router, the MoE block that `moe` builds with `make` (GGUF rows -> module)."""
@@ -555,7 +555,7 @@ def gguf_rope_config(config, ts: dict):
     c.rope_parameters = dict(rope_type="freq_factors", rope_theta=theta, freq_factors=factors)
     return c
 
-
+# %% ../../nbs/05a_model_kernels.ipynb #5e65de63
 def _rope_freq_factors(inv_freq, rp: dict, config) -> tuple[torch.Tensor, float]:
     "llama.cpp's `rope_freqs`: each inverse frequency divided by its factor."
     return inv_freq / rp["freq_factors"].to(inv_freq.device), 1.0
@@ -600,7 +600,7 @@ def _gguf_makers(ts: dict, heads: dict, dtype, device, max_int4_rows, max_int8_r
 
     return make, module, param
 
-
+# %% ../../nbs/05a_model_kernels.ipynb #5da84179
 def _load_gguf_layer(layer, b: str, ts: dict, make, module, param, moe):
     "Load decoder layer `b` (`blk.{i}.`) from the GGUF tensors `ts`: attention, MLP, norms."
     layer.self_attn.qkv_proj = module(*(b + f"attn_{x}.weight" for x in "qkv"))
@@ -672,7 +672,7 @@ def build_step_kernel():
     fn.restype = ctypes.c_int
     return fn
 
-
+# %% ../../nbs/05a_model_kernels.ipynb #2177172e
 @functools.cache
 def _step_built() -> bool:
     "Whether `step.c` builds here (the first failure is logged: the steps then run as usual)."
@@ -716,7 +716,7 @@ def _c_parts(lin, rows: int, dtype) -> list | None:
     bias = None if lin.bias is None else lin.bias.data_ptr()
     return [(_address(kernel), weight.data_ptr(), bias, lin.out_features)]
 
-
+# %% ../../nbs/05a_model_kernels.ipynb #2478700e
 def _proj_words(parts: list) -> list:
     "A projection's `proj_t` as pointer-sized words: the number of parts, then 3 parts' fields."
     words = [len(parts)]

@@ -52,7 +52,7 @@ def split_blocks(
     qs = b[..., 4:] if kind == "Q4_1" else b[..., 2:]  # [N, G, 16]
     return torch.cat([qs & 0xF, qs >> 4], -1).reshape(N, -1), d, m
 
-
+# %% ../../nbs/04b_quantization.ipynb #cdfc16ae
 def dequantize(q: torch.Tensor, d: torch.Tensor, m: torch.Tensor | None, kind: str) -> torch.Tensor:
     """The float32 weights `[N, K]` of blocks split by `split_blocks` (the reference every repacking
     is tested against)."""
@@ -88,7 +88,7 @@ def _onednn_runs(dtype: torch.dtype) -> bool:
     except RuntimeError:
         return False
 
-
+# %% ../../nbs/04b_quantization.ipynb #8fc93bc3
 def _dense_copy(w: torch.Tensor) -> torch.Tensor:
     """`w` in oneDNN's prepacked layout on CPUs that have it (what `_dense_mm` multiplies by), else
     `w` itself."""
@@ -108,7 +108,7 @@ def _use_dense(m: nn.Module, rows: int, limit: int | None) -> bool:
     `torch.compile` (opaque copy)."""
     return m.dense is not None and rows > limit and not torch.compiler.is_compiling()
 
-
+# %% ../../nbs/04b_quantization.ipynb #c09d4250
 def _dense_mm(x: torch.Tensor, w: torch.Tensor, wc: torch.Tensor | None = None) -> torch.Tensor:
     """`x @ w.T` with a `_dense_copy`: by the C kernel's copy `wc` (lesson 04a) up to
     `GEMM_MAX_ROWS` rows, else oneDNN with rows padded to a multiple of 32 (few distinct
@@ -187,7 +187,7 @@ def forward(self: Int4Linear, x):
         y = y.reshape(*shape[:-1], self.out_features)
     return y if dt == kt else y.to(dt)
 
-
+# %% ../../nbs/04b_quantization.ipynb #3edb1400
 @patch
 def extra_repr(self: Int4Linear):
     return (
@@ -248,7 +248,7 @@ def forward(self: Int8Linear, x):
         y = y + self.bias
     return y.reshape(*shape[:-1], self.out_features).to(dt)
 
-
+# %% ../../nbs/04b_quantization.ipynb #ad1aaef4
 @patch
 def extra_repr(self: Int8Linear):
     return f"in_features={self.in_features}, out_features={self.out_features}, int8 per row" + (
@@ -293,7 +293,7 @@ def blocks_supported(device, dtype) -> bool:
     "Whether `qgemm.c` multiplies `dtype` activations on `device` here: a CPU with AVX-512."
     return dtype in GEMM_UNITS and _avx512() and torch.device(device).type == "cpu"
 
-
+# %% ../../nbs/04b_quantization.ipynb #067abaf0
 @functools.cache
 def _block_library(kind: str, dtype):
     "`qgemm.c` compiled for `kind` weights and `dtype` activations (ctypes)."
@@ -332,7 +332,7 @@ def _check_blocks(x: torch.Tensor, blocks: torch.Tensor, kind: str) -> int:
         raise ValueError("blocks must be contiguous rows")
     return K
 
-
+# %% ../../nbs/04b_quantization.ipynb #87ec67e4
 def block_gemm(x: torch.Tensor, blocks: torch.Tensor, kind: str, bias=None) -> torch.Tensor:
     """`x [M, K] @ W.T (+ bias)` by `qgemm.c`, with `W`'s rows `blocks` in the file's layout `kind`
     (a GGUF block type, or F32/BF16 float rows); in `x`'s dtype."""
@@ -361,7 +361,7 @@ def dequantize_rows(blocks: torch.Tensor, kind: str, dtype, n0: int = 0, n1: int
     _block_library(kind, dtype).dequant(blocks.data_ptr(), K, n0, n1, out.data_ptr())
     return out
 
-
+# %% ../../nbs/04b_quantization.ipynb #1c7d3a29
 def tiled_gemm(x: torch.Tensor, blocks: torch.Tensor, kind: str, bias=None, tile=DENSE_TILE_ROWS):
     """`x @ W.T (+ bias)` for many rows of `x`: `tile` rows of `W` at a time de-quantized into one
     scratch tile and multiplied densely (oneDNN), so no dense copy of `W` outlives the call."""
@@ -420,7 +420,7 @@ def forward(self: BlockLinear, x):
         y = block_gemm(x, self.blocks, self.kind, self.bias)
     return y.reshape(*shape[:-1], self.out_features).to(dt)
 
-
+# %% ../../nbs/04b_quantization.ipynb #668ace93
 @patch
 def extra_repr(self: BlockLinear):
     return (
@@ -439,7 +439,7 @@ def _scales_mins(s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         [s[:, 4:8] & 63, hi_m], 1
     ).float()
 
-
+# %% ../../nbs/04b_quantization.ipynb #df8b6577
 def dequantize_k(raw: torch.Tensor, kind: str) -> torch.Tensor:
     "The float32 weights `[N, K]` of GGUF rows `raw` of a K-quant type (Q4_K, Q5_K, Q6_K)."
     N, b = raw.shape[0], raw.reshape(-1, BLOCK_LAYOUTS[kind][2])  # one super-block a row
@@ -488,7 +488,7 @@ def gguf_linear(
         return Int8Linear(dequantize(q, d, m, kind), dtype)
     return Int4Linear(*int4_affine(q, d, m, kind), dtype)
 
-
+# %% ../../nbs/04b_quantization.ipynb #1baaf2c1
 def unpermute_rows(w: torch.Tensor, n_head: int) -> torch.Tensor:
     """Undo llama.cpp's reordering of q/k projection rows (its converter interleaves each head's two
     rotary halves)."""
@@ -652,7 +652,7 @@ def prompt_logprob_stats(llm, texts: list[str]) -> list[tuple[int, float]]:
                 )
     return res
 
-
+# %% ../../nbs/04b_quantization.ipynb #f67ff273
 def logprob_agreement(a: list[tuple[int, float]], b: list[tuple[int, float]]) -> dict:
     "Top-1 agreement and |logprob difference| of two `prompt_logprob_stats` of the same texts."
     diffs = [abs(x[1] - y[1]) for x, y in zip(a, b, strict=True)]

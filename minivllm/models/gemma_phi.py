@@ -28,7 +28,7 @@ def gelu_tanh_and_mul(x):
     gate, up = x.chunk(2, -1)
     return F.gelu(gate, approximate="tanh") * up
 
-
+# %% ../../nbs/07e_gemma_phi.ipynb #2d8c0e0a
 class GemmaMLP(nn.Module):
     "GeGLU feed-forward: `down(gelu_tanh(gate(x)) * up(x))`, gate and up fused into one matmul."
 
@@ -50,7 +50,7 @@ def softcap(x: torch.Tensor, cap: float) -> torch.Tensor:
     "`cap · tanh(x / cap)`: `x` squashed into `(-cap, cap)`."
     return cap * torch.tanh(x / cap)
 
-
+# %% ../../nbs/07e_gemma_phi.ipynb #c068e8b6
 def softcap_attention(
     q, k, v, kv_cache, md: AttentionMetadata, scale: float, cap: float, window=None
 ):
@@ -95,6 +95,8 @@ def _rope_linear(inv_freq, rp: dict, config):
 
 
 ROPE_TYPES["linear"] = _rope_linear
+
+# %% ../../nbs/07e_gemma_phi.ipynb #15ad0152
 ROPE_KINDS = ("sliding_attention", "full_attention")  # the rotary table of each, in this order
 
 
@@ -105,7 +107,7 @@ def rope_config(config, kind: str):
         c.rope_parameters = rp[kind]
     return c
 
-
+# %% ../../nbs/07e_gemma_phi.ipynb #ea3518d7
 class GemmaRotary(nn.Module):
     "A rotary table per layer kind: `cos_sin` stacks both, `[T, 2, 1, D]` (local, global)."
 
@@ -178,7 +180,7 @@ class GemmaForCausalLM(LlamaForCausalLM):
         logits = super().compute_logits(hidden)
         return logits if not self.final_cap else softcap(logits, self.final_cap)
 
-
+# %% ../../nbs/07e_gemma_phi.ipynb #b7211935
 @patch
 def load_weights(self: GemmaForCausalLM, weights):
     "Lesson 05's loader, with one added to every norm weight (`(1 + w)` → our `w`)."

@@ -45,7 +45,7 @@ def group_by_expert(ids, num_experts: int):
     counts = torch.zeros(num_experts, dtype=torch.int64, device=ids.device)
     return torch.argsort(flat, stable=True), counts.scatter_add_(0, flat, torch.ones_like(flat))
 
-
+# %% ../../nbs/07d_moe.ipynb #758f3160
 def grouped_experts(x, gate_up, down, weights, ids, ops=TorchOps):
     """`Σ_k weight_k · expert_k(x)` for each token of `x` `[T, H]`, one GEMM pair per expert over
     the tokens routed to it; `gate_up` `[E, 2I, H]`, `down` `[E, H, I]` (HF's layout)."""
@@ -155,7 +155,7 @@ class MoESpec:
     renormalize: bool  # the top-k weights rescaled to sum to 1
     shared_inter: int = 0  # a shared expert's intermediate features (0: none)
 
-
+# %% ../../nbs/07d_moe.ipynb #a693b79a
 class SparseMoeBlock(nn.Module):
     """The MLP of an MoE layer: a router (`gate`), the routed experts, and (Qwen2-MoE) a shared
     expert that every token goes through, scaled by its own sigmoid gate."""
@@ -272,7 +272,7 @@ class Qwen2MoeAttention(Attention):
         super().__init__(config, attn_fn)
         self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=True)
 
-
+# %% ../../nbs/07d_moe.ipynb #ebf53ff9
 class Qwen2MoeForCausalLM(MoEForCausalLM):
     "Qwen2-MoE: a shared expert beside the routed ones; renormalised if `norm_topk_prob`."
 
@@ -387,7 +387,7 @@ def _tp_experts(experts: Experts, model) -> Experts:
     experts.tensor_parallel, experts.tp_group = True, model.group
     return experts
 
-
+# %% ../../nbs/07d_moe.ipynb #f26acb82
 def _tp_projection_norm(norm: ProjectionNorm, model) -> ProjectionNorm:
     p = model.plan
     heads = (
@@ -565,7 +565,7 @@ def _moe_gemm(a, b, pairs, block_expert, top_k, weights=None, a_row_is_pair=Fals
     )
     return c
 
-
+# %% ../../nbs/07d_moe.ipynb #759cb391
 def fused_moe(x, gate_up, down, weights, ids, ops=TorchOps, block_m: int = 16):
     """`grouped_experts` in two Triton launches (gate/up, then down with the routing weights) over
     the pairs aligned by expert, and the sum of each token's `k` rows."""

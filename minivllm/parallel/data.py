@@ -439,7 +439,7 @@ def abort_request(self: DPLLMEngine, request_id, *, final_output: bool = True) -
         if not final_output or e.dead:
             self._forget(rid)
 
-
+# %% ../../nbs/14b_data_parallel.ipynb #158e234d
 @patch
 def _forget(self: DPLLMEngine, rid: str):
     e = self._owner.pop(rid, None)
@@ -608,7 +608,7 @@ class _RemoteWatch(threading.Thread):
         for m in self.mons:
             m.close(linger=0)
 
-
+# %% ../../nbs/14b_data_parallel.ipynb #a3092aa3
 @patch
 def _watch_remote(self: DPLLMEngine):
     "Start the thread that watches the remote engines' connections (if there are any)."

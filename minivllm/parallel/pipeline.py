@@ -75,7 +75,7 @@ def stage_config(hf_config, num_layers: int, first_layer: int = 0):
     c.stage_first_layer = first_layer
     return c
 
-
+# %% ../../nbs/07c_scaling_out.ipynb #59a1af2a
 def stage_weights(weights, layers: range, first: bool, last: bool, tied: bool):
     """The `(name, tensor)` pairs a stage loads: its layers renumbered from 0, the embedding on
     the first stage, the final norm and LM head on the last. Tied, the one tensor is the first
@@ -112,7 +112,7 @@ def micro_batch_bounds(query_start_loc: list[int], m: int) -> list[tuple[int, in
     cuts = sorted({nearest(total * k / m) for k in range(1, m)})
     return list(zip([0] + cuts, cuts + [n]))
 
-
+# %% ../../nbs/07c_scaling_out.ipynb #e13a5119
 def slice_metadata(md: AttentionMetadata, a: int, b: int) -> AttentionMetadata:
     "The attention metadata of requests `a … b-1` of a step, their rows numbered from 0."
     q = md.query_start_loc_cpu or md.query_start_loc.tolist()
@@ -207,7 +207,7 @@ def _isend(self: PipelineStage, x):
     self.sent += x.numel() * x.element_size()
     return dist.isend(x, dst=self.next)
 
-
+# %% ../../nbs/07c_scaling_out.ipynb #d8269521
 @patch
 def _clock(self: PipelineStage) -> float:
     "The machine's monotonic clock (the same in every process); on a GPU, after its queued work."

@@ -49,7 +49,7 @@ def split_evenly(n: int, parts: int) -> list[int]:
     are bigger)."""
     return [n // parts + (i < n % parts) for i in range(parts)]
 
-
+# %% ../../nbs/07_tensor_parallel.ipynb #773705bc
 def kv_heads_held(H: int, Hkv: int, world_size: int) -> list[list[int]]:
     """Per rank, the KV heads it holds, in order: whole KV groups when there are at least as many
     KV heads as ranks; else copies of the KV heads its share of the query heads reads."""
@@ -152,7 +152,7 @@ def shard_weight(name: str, t, plan: TPPlan, rank: int) -> torch.Tensor:
         return t[:, a:b]
     return t[:]
 
-
+# %% ../../nbs/07_tensor_parallel.ipynb #bea1683e
 def iter_shard_weights(path, plan: TPPlan, rank: int):
     """Yield `(name, rank's slice)` for every weight of the `*.safetensors` files of a checkpoint
     directory."""
@@ -195,7 +195,7 @@ class RowParallelLinear(Linear):
         dist.all_reduce(y, group=self.group)
         return y
 
-
+# %% ../../nbs/07_tensor_parallel.ipynb #ddd5c549
 class VocabParallelEmbedding(nn.Embedding):
     """The rows `[start, start + num_embeddings)` of an embedding table; other token ids give zeros
     before the all-reduce."""
@@ -275,7 +275,7 @@ def tp_model_class(family: type) -> type:
         return TPLlamaForCausalLM
     return type(f"TP{family.__name__}", (TPLlamaForCausalLM, family), {})
 
-
+# %% ../../nbs/07_tensor_parallel.ipynb #751a97ab
 def load_shard(
     path,
     hf_config,
@@ -302,7 +302,7 @@ _IDLE_TIMEOUT = datetime.timedelta(days=365)  # a worker waits this long for the
 def _timeout() -> datetime.timedelta:
     return datetime.timedelta(seconds=float(os.environ.get("MINIVLLM_TP_TIMEOUT", 300)))
 
-
+# %% ../../nbs/07_tensor_parallel.ipynb #d612efde
 def die_with_parent():
     "In a worker started by a local rank 0: exit when that process goes away."
     ppid = int(os.environ.get("MINIVLLM_TP_PARENT_PID", 0))
@@ -402,7 +402,7 @@ def _worker_store(env, world: int) -> dist.TCPStore:
         timeout=_timeout(),
     )
 
-
+# %% ../../nbs/07_tensor_parallel.ipynb #37053a34
 def _report_failure(store, rank: int, tb: str):
     "Print a worker's traceback on stderr and leave it in the store, where rank 0 reads it."
     print(f"minivllm tensor-parallel worker rank {rank} failed:\n{tb}", file=sys.stderr, flush=True)
@@ -536,7 +536,7 @@ def _launch_worker(rank: int, world: int, addr: str, port: int) -> subprocess.Po
     env.setdefault("MINIVLLM_TP_THREADS", str(max(1, (os.cpu_count() or 1) // world)))
     return subprocess.Popen([sys.executable, "-c", _WORKER_CMD], env=env)
 
-
+# %% ../../nbs/07_tensor_parallel.ipynb #ad6ff36c
 def _rank0_device(config: EngineConfig, n: int, n_local: int) -> torch.device:
     "Rank 0's device: the CPU, or GPU 0 once this machine is known to have a GPU per local rank."
     device = config.device_config.device

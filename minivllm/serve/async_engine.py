@@ -165,7 +165,7 @@ def from_engine_args(
         start_engine_loop,
     )
 
-
+# %% ../../nbs/14_async_engine.ipynb #65bf09b0
 @patch(cls_method=True)
 def from_vllm_config(
     cls: AsyncLLMEngine,
@@ -194,7 +194,7 @@ def errored(self: AsyncLLMEngine) -> bool:
     "Whether the engine loop was shut down or failed."
     return self._stopping or self._dead is not None
 
-
+# %% ../../nbs/14_async_engine.ipynb #3a90f746
 @patch(as_prop=True)
 def failed(self: AsyncLLMEngine) -> bool:
     "Whether the engine loop failed (not merely shut down): the engine is dead."
@@ -229,7 +229,7 @@ def _engine_thread(ref, engine: LLMEngine, wake: threading.Event, quit: threadin
     except Exception:
         logger.exception("AsyncLLMEngine: shutting the engine down failed")
 
-
+# %% ../../nbs/14_async_engine.ipynb #b8eb66f0
 def _stop_thread(thread, wake, quit, current=threading.current_thread):
     """(the finalizer: garbage collection or interpreter exit) Stop the engine thread; wait for it a
     bounded time (not at all from the thread itself). (`current` is bound here: at exit the
@@ -306,7 +306,7 @@ def _step(self: AsyncLLMEngine):
     self._note_stepped()
     self._deliver(outs)
 
-
+# %% ../../nbs/14_async_engine.ipynb #0400c2a8
 @patch
 def _note_stepped(self: AsyncLLMEngine):
     "(engine thread) Remember which running requests have been through a step that succeeded."
@@ -363,7 +363,7 @@ def _deliver(self: AsyncLLMEngine, outputs: list[RequestOutput]):
     for s, items in batches.items():
         s.put_threadsafe(items)
 
-
+# %% ../../nbs/14_async_engine.ipynb #727f06c0
 @patch
 def _close(self: AsyncLLMEngine):
     """In the engine thread, once it stops: abort every request (their blocks are freed), end every
@@ -400,7 +400,7 @@ def _post(self: AsyncLLMEngine, fn: Callable, done: Callable | None = None):
         self.start_background_loop()
     self._wake.set()
 
-
+# %% ../../nbs/14_async_engine.ipynb #b5804988
 @patch
 async def run_in_engine(
     self: AsyncLLMEngine, fn: Callable[[LLMEngine], object], *, adds: _Stream | None = None
@@ -512,7 +512,7 @@ def _add(
     )
     self._streams[stream.request_id] = stream
 
-
+# %% ../../nbs/14_async_engine.ipynb #691e3260
 @patch
 def _abort_stream(self: AsyncLLMEngine, stream: _Stream):
     "(engine thread) The consumer left: abort its request, if it is still that stream's."
@@ -575,7 +575,7 @@ async def get_model_config(self: AsyncLLMEngine):
     "The model's config."
     return self.model_config
 
-
+# %% ../../nbs/14_async_engine.ipynb #98827841
 @patch
 async def get_vllm_config(self: AsyncLLMEngine):
     "The whole engine config (vLLM's name)."
@@ -599,7 +599,7 @@ async def do_log_stats(self: AsyncLLMEngine) -> None:
     "Log the stats line now."
     await self.run_in_engine(lambda e: e.do_log_stats())
 
-
+# %% ../../nbs/14_async_engine.ipynb #96d83def
 @patch
 async def reset_prefix_cache(
     self: AsyncLLMEngine, reset_running_requests: bool = False, reset_connector: bool = False
@@ -634,7 +634,7 @@ async def remove_lora(self: AsyncLLMEngine, lora_id: int) -> bool:
     "Forget a LoRA adapter by id (refused while requests run under it)."
     return await self.run_in_engine(lambda e: e.remove_lora(lora_id))
 
-
+# %% ../../nbs/14_async_engine.ipynb #1b2e6bdb
 @patch
 async def list_loras(self: AsyncLLMEngine) -> set[int]:
     "The ids of the loaded LoRA adapters."
@@ -672,7 +672,7 @@ def _pause(self: AsyncLLMEngine, mode: str):
         self.engine.abort_request(list(self.engine.children))
         self._deliver(self.engine.step())  # only their final outputs: nothing is left to run
 
-
+# %% ../../nbs/14_async_engine.ipynb #c1dec364
 @patch
 def _resume(self: AsyncLLMEngine):
     "(engine thread) Schedule again; the held adds run next, in their order."

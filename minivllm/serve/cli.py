@@ -316,7 +316,7 @@ def _bench_setup(ns):
     hf = load_hf(mc.model, mc.dtype, device) if any(s != "minivllm" for s in ns.systems) else None
     return llm, hf, mc
 
-
+# %% ../../nbs/17_cli.ipynb #6b5eb825
 def _save(ns, kind: str, payload: dict):
     "The results as one JSON document (the flags, the machine), written to `--json` when given."
     import json

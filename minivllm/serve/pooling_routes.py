@@ -53,7 +53,7 @@ class EmbeddingRequest(BaseModel):
     embed_dtype: Literal["float32", "float16", "bfloat16", "fp8_e4m3", "fp8_e5m2"] = "float32"
     endianness: Literal["native", "little", "big"] = "native"
 
-
+# %% ../../nbs/15c_pooling_routes.ipynb #fce3898c
 def _embedding_inputs(inp) -> list:
     "The prompts of an embeddings request: texts, or token ids as `TokensPrompt`s."
     if isinstance(inp, str):
@@ -133,7 +133,7 @@ def chunked_embedding(app) -> bool:
     cfg = app.state.engine.engine.get_model_config().pooler_config
     return bool(cfg.enable_chunked_processing or cfg.max_embed_len)
 
-
+# %% ../../nbs/15c_pooling_routes.ipynb #9d9d0ec1
 async def _embed_in_chunks(app, prompts, pp, rid) -> list:
     "`_embed_all` with each input cut by `embed_chunks`, and each input's chunks combined."
     cfg = app.state.engine.engine.get_model_config().pooler_config
@@ -213,7 +213,7 @@ class PoolingRequest(EmbeddingRequest):
 
     task: Optional[Literal["embed", "token_embed"]] = None
 
-
+# %% ../../nbs/15c_pooling_routes.ipynb #3e627087
 def add_pooling_route(app):
     "`POST /pooling`: each input pooled for the request's (or the model's) task."
 

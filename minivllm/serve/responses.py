@@ -49,7 +49,7 @@ class ResponseText(BaseModel):
     format: Optional[ResponseTextFormat] = None
     verbosity: Optional[Literal["low", "medium", "high"]] = None
 
-
+# %% ../../nbs/15b_responses.ipynb #3d77727f
 class ReasoningParams(BaseModel):
     "The Responses API's `reasoning`: `effort` and `summary` (`generate_summary`: its older name)."
 
@@ -125,7 +125,7 @@ def _item_text(content) -> str:
         )
     return "".join(p.get("text", "") for p in content)
 
-
+# %% ../../nbs/15b_responses.ipynb #a5bf38e5
 def input_messages(items) -> list[dict]:
     """Responses input items as chat messages: messages, `function_call`s (an assistant message's
     `tool_calls`) and `function_call_output`s (`tool` messages)."""
@@ -208,7 +208,7 @@ def _message_item(text: str) -> dict:
         content=[part],
     )
 
-
+# %% ../../nbs/15b_responses.ipynb #5ed703ce
 def _call_item(call_id: str, name: str, arguments: str) -> dict:
     return dict(
         type="function_call",
@@ -372,7 +372,7 @@ async def _response_stream(ev: ResponseEvents, run, response, finish):
     r = finish(ev.items)
     yield ev.event(f"response.{r['status']}", response=r)
 
-
+# %% ../../nbs/15b_responses.ipynb #ff555839
 def _store_response(responses, rid: str, r: dict, conversation: list, max_stored: int):
     "Keep `r` and its conversation under `rid`, dropping the oldest past `max_stored`."
     responses[rid] = (r, conversation)

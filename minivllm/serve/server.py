@@ -80,7 +80,7 @@ class JsonSchemaFormat(BaseModel):
     schema_: Optional[dict[str, Any]] = Field(None, alias="schema")
     strict: Optional[StrictBool] = None
 
-
+# %% ../../nbs/15_server.ipynb #8c9456a5
 class ResponseFormat(BaseModel):
     "OpenAI's `response_format`: plain `text`, any `json_object`, or the `json_schema` given."
 
@@ -184,7 +184,7 @@ class CompletionRequest(_SamplingFields):
     echo: Bool = False
     suffix: Optional[str] = None
 
-
+# %% ../../nbs/15_server.ipynb #13b1a0dd
 class ChatMessage(BaseModel):
     """One message of a chat: a role and its content (extra keys, e.g. `name`, go to the chat
     template)."""
@@ -194,7 +194,7 @@ class ChatMessage(BaseModel):
     # None: an assistant message that only calls tools (its `tool_calls`, lesson 06c)
     content: Union[str, list[dict[str, Any]], None] = None
 
-
+# %% ../../nbs/15_server.ipynb #e3ee9f53
 class ChatCompletionRequest(_SamplingFields):
     """The JSON body of `POST /v1/chat/completions`: the messages, rendered with the model's chat
     template."""
@@ -219,7 +219,7 @@ class ErrorInfo(BaseModel):
     param: Optional[str] = None
     code: int
 
-
+# %% ../../nbs/15_server.ipynb #caae21e2
 class ErrorResponse(BaseModel):
     """OpenAI's error JSON, `{"error": {...}}`: the body of every error answer (documented in the
     OpenAPI schema)."""
@@ -362,7 +362,7 @@ def _sse(obj) -> str:
     "One server-sent event carrying `obj` as JSON."
     return f"data: {json.dumps(obj)}\n\n"
 
-
+# %% ../../nbs/15_server.ipynb #deb78c44
 class _VllmNames:
     "A collector that serves metrics again under vLLM's names, read from the same metric objects."
 
@@ -491,7 +491,7 @@ def _tok_str(tokenizer, tid: int, lp=None) -> str:
     s = getattr(lp, "decoded_token", None)
     return s if s is not None else tokenizer.decode([tid])
 
-
+# %% ../../nbs/15_server.ipynb #47d55184
 def completion_logprobs(
     tokenizer, token_ids: list[int], logprobs: list | None, offset: int = 0
 ) -> dict | None:
@@ -542,7 +542,7 @@ def _error(app, e: APIError, headers: dict | None = None):
     app.state.metrics.errors.labels(str(e.status)).inc()
     return JSONResponse(e.body(), status_code=e.status, headers=headers)
 
-
+# %% ../../nbs/15_server.ipynb #d69997e0
 def validation_message(errs: list[dict]) -> tuple[str, str | None]:
     """A one-line message (and the field) for pydantic's validation errors, phrased as OpenAI
     phrases them."""
@@ -575,7 +575,7 @@ def internal_error(e: Exception) -> APIError:
     logging.getLogger("minivllm").error("internal error", exc_info=e)
     return APIError(f"Internal server error ({type(e).__name__}); see the server log.", 500)
 
-
+# %% ../../nbs/15_server.ipynb #57765733
 def _add_error_handlers(app):
     """Every error as OpenAI's error JSON: ours, Starlette's (headers kept), pydantic's, a dead
     engine's."""
@@ -671,7 +671,7 @@ def max_token_chars(tokenizer) -> int:
     toks = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
     return max([len(t) for t in toks if isinstance(t, str)] + [1])
 
-
+# %% ../../nbs/15_server.ipynb #4132f455
 def init_prep(app, workers: int = 2, prep_timeout: float = 30.0):
     """The app's preparation threads (each with its own tokenizer copy; those for requests' own chat
     templates apart), its time limit and its character bound."""
@@ -698,7 +698,7 @@ def thread_tokenizer(app):
         loc.tokenizer = copy.deepcopy(app.state.tokenizer)
     return loc.tokenizer
 
-
+# %% ../../nbs/15_server.ipynb #3d1d0c64
 def thread_template_worker(app) -> TemplateWorker:
     """(template thread) This thread's process for requests' own chat templates (lesson 06c),
     started with the thread; it answers within half a second of the budget, or is killed."""
@@ -750,7 +750,7 @@ def check_prompt_chars(app, n_chars: int, param: str):
             param=param,
         )
 
-
+# %% ../../nbs/15_server.ipynb #d878475c
 def check_prompt_len(app, n_tokens: int, param: str):
     "A 400 naming `param` if a prompt of `n_tokens` tokens is longer than the model's context."
     if n_tokens > app.state.max_model_len:
@@ -772,7 +772,7 @@ def check_max_tokens(app, n_prompt: int, max_tokens: int | None, param: str):
             param=param,
         )
 
-
+# %% ../../nbs/15_server.ipynb #3efdd06b
 def tokens_of(app, text: str, param: str, check: bool = True) -> TokensPrompt:
     """(preparation thread) A text prompt as a `TokensPrompt` (the text kept for the output), its
     length checked if `check`."""
@@ -819,7 +819,7 @@ def lone_surrogate(obj) -> tuple[str, int, str] | None:
             todo += [((*path, j), x) for j, x in reversed(list(enumerate(v)))]
     return None
 
-
+# %% ../../nbs/15_server.ipynb #1c316fa0
 async def check_unicode(request: Request):
     "(every route) A 400 naming the field whose text holds a lone surrogate."
     body = await request.body()
@@ -1058,7 +1058,7 @@ async def _drain(gen):
     async for _ in gen:
         pass
 
-
+# %% ../../nbs/15_server.ipynb #ab630cbc
 async def respond(stream: bool, gen, finish, request=None, done: bool = True):
     """Stream the SSE chunks of the async iterator `gen` (ending with `data: [DONE]` if `done`), or
     drain it and return `finish()`'s JSON."""
@@ -1178,7 +1178,7 @@ def decode_prompt_embeds(data: str | list[str]):
         raise APIError("prompt_embeds must hold one tensor.", param="prompt_embeds")
     return {"prompt_embeds": t}
 
-
+# %% ../../nbs/15_server.ipynb #65b8b96c
 def _completion_prompt(req: CompletionRequest):
     """The one prompt of a completion request: text, token ids as a `TokensPrompt`, or
     `{"prompt_embeds": tensor}`."""
@@ -1340,7 +1340,7 @@ def _content_chars(messages: list[ChatMessage]) -> int:
         n += sum(len(p) for p in parts if isinstance(p, str))
     return n
 
-
+# %% ../../nbs/15_server.ipynb #48fec343
 def _chat_views(app, req: ChatCompletionRequest, top: int, plan: ToolPlan):
     """How a chat completion's choices look: streamed (a role delta first, then content or tool-call
     deltas) and final (a message, with `tool_calls` when the reply holds calls: lesson 06c)."""
@@ -1447,7 +1447,7 @@ class LoadLoRAAdapterRequest(BaseModel):
     lora_path: str | None = None
     lora_int_id: int | None = None
 
-
+# %% ../../nbs/15_server.ipynb #b07ddf98
 async def add_lora_adapter(app, name: str, path: str):
     """Load an adapter (in the engine's thread) and serve it under `name`; a clear 400 if LoRA is
     off, the name taken or the adapter bad."""
@@ -1513,7 +1513,7 @@ class BatchChatCompletionRequest(ChatCompletionRequest):
         Field(min_length=1, max_length=MAX_BATCH_CONVERSATIONS),
     ]
 
-
+# %% ../../nbs/15_server.ipynb #9a3d86ef
 async def _record(acc: Accumulator, out):
     "An `on_output` that only records the output in `acc` (a batch streams nothing)."
     acc.add(out)
@@ -1676,7 +1676,7 @@ def add_pause_routes(app):
 
     return app
 
-
+# %% ../../nbs/15_server.ipynb #ba1e50c8
 def dev_mode() -> bool:
     "Whether `VLLM_SERVER_DEV_MODE` asks for the development routes (vLLM's switch)."
     import os
@@ -1776,7 +1776,7 @@ def positive_seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {text}")
     return x
 
-
+# %% ../../nbs/15_server.ipynb #14278323
 def _add_template_args(p):
     "`minivllm serve`'s template flags; the times a request's head and its preparation may take."
     p.add_argument(
@@ -1841,7 +1841,7 @@ def _lora_modules(ns) -> list[tuple[str, str]]:
         loras.append((d["name"], d["path"]))
     return loras
 
-
+# %% ../../nbs/15_server.ipynb #d16541e1
 def _check_tool_flags(ns):
     "`--enable-auto-tool-choice`/`--tool-call-parser` checked before the model loads (lesson 06c)."
     try:
