@@ -82,6 +82,7 @@ import minivllm.features.sliding_window  # noqa: F401
 import minivllm.models.moe  # noqa: F401
 import minivllm.models.gemma_phi  # noqa: F401
 
-# the server lessons after 15 register their route groups with its apps (15b, 15c)
+# the server lessons after 15 register their route groups with its apps (15b, 15c, 15d)
 import minivllm.serve.responses  # noqa: F401
 import minivllm.serve.pooling_routes  # noqa: F401
+import minivllm.serve.more_routes  # noqa: F401

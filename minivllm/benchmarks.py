@@ -1473,14 +1473,13 @@ def compare_logprobs_llamacpp(
         if own is not None:
             own.stop()
     mc = llm.llm_engine.get_model_config()
-    summary = _logprob_summary(rows)
     return dict(
         llama_cpp=_llama_url_name(server)[1],
         minivllm=dict(quantization=mc.quantization, dtype=str(mc.dtype).removeprefix("torch.")),
         k=k,
         num_tokens=num_tokens,
         prompts=rows,
-        summary=summary,
+        summary=_logprob_summary(rows),
     )
 
 # %% ../nbs/16_benchmarks.ipynb #lps16c
@@ -1620,10 +1619,9 @@ def structured_outputs_cost(
     rounds: int = 2,
 ) -> dict:
     """Mean ms per decode step of `num_requests` requests all constrained by the JSON `schema`
-    against the same requests
-    unconstrained: the whole step, its `sampling` phase and the structured-outputs mask (fill +
-    apply) within it. A warm-up batch first, then `rounds` rounds alternating the two modes, so that
-    neither gets the cold start or a quieter minute."""
+    against the same requests unconstrained: the whole step, its `sampling` phase and the
+    structured-outputs mask (fill + apply) within it. A warm-up batch first, then `rounds` rounds
+    alternating the two modes, so that neither gets the cold start or a quieter minute."""
     from minivllm.core.config import SamplingParams, StructuredOutputsParams
 
     eng = llm.llm_engine

@@ -183,7 +183,7 @@ def test_v2_needs_the_api_key(server):
 
 
 def test_batch_chat_is_bounded(server):
-    from minivllm.serve.server import MAX_BATCH_CONVERSATIONS
+    from minivllm.serve.more_routes import MAX_BATCH_CONVERSATIONS
     convs = [[{"role": "user", "content": "Hi"}]] * (MAX_BATCH_CONVERSATIONS + 1)
     check_400(*post(server, "/v1/chat/completions/batch", dict(model="tiny", messages=convs, max_tokens=1)), "messages",
               f"at most {MAX_BATCH_CONVERSATIONS}")

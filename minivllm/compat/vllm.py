@@ -357,6 +357,11 @@ def reload_weights(self: ModelRunner) -> None:
     for prepare in by_priority(RUNNER_PREPARERS):  # again, for the new weights (05a packs them)
         prepare(self)
 
+# %% ../../nbs/95_vllm_compat.ipynb #1f37abe4
+def _memory_span(t: torch.Tensor) -> tuple[int, int]:
+    "The addresses of the first byte of `t` and of the byte after its last."
+    return t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
+
 # %% ../../nbs/95_vllm_compat.ipynb #shard95a
 class ShardedStateLoader:
     """vLLM's loader of `load_format="sharded_state"`: each rank's own state dict in safetensors
@@ -381,20 +386,16 @@ class ShardedStateLoader:
     def _filter_subtensors(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The tensors whose memory no other tensor covers (of equal ones, the smaller name): each
         stored byte is saved once."""
-
-        def span(t):
-            return t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
-
         out = {}
         for k, t in tensors.items():
-            a, b = span(t)
+            a, b = _memory_span(t)
             covered = any(
                 k2 != k
                 and t2.untyped_storage().data_ptr() == t.untyped_storage().data_ptr()
                 and t2.is_contiguous()
-                and span(t2)[0] <= a
-                and b <= span(t2)[1]
-                and (span(t2) != (a, b) or k2 < k)
+                and _memory_span(t2)[0] <= a
+                and b <= _memory_span(t2)[1]
+                and (_memory_span(t2) != (a, b) or k2 < k)
                 for k2, t2 in tensors.items()
                 if t.numel()
             )
@@ -782,7 +783,7 @@ register_vllm_aliases()
 
 # %% ../../nbs/95_vllm_compat.ipynb #envs95a
 from ..kernels.gemm import batch_invariant
-from ..serve.server import dev_mode
+from ..serve.more_routes import dev_mode
 
 
 def keep_alive_timeout() -> int:

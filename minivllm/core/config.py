@@ -53,14 +53,9 @@ class LoRARequest:
             or self.lora_int_id < 1
         ):
             raise ValueError(f"lora_int_id must be a positive integer, got {self.lora_int_id!r}.")
-        if self.long_lora_max_len is not None:
-            raise NotImplementedError(
-                "LoRARequest.long_lora_max_len is not implemented in minivllm."
-            )
-        if self.tensorizer_config_dict is not None:
-            raise NotImplementedError(
-                "LoRARequest.tensorizer_config_dict is not implemented in minivllm."
-            )
+        for name in ("long_lora_max_len", "tensorizer_config_dict"):
+            if getattr(self, name) is not None:
+                raise NotImplementedError(f"LoRARequest.{name} is not implemented in minivllm.")
         self.lora_path = str(self.lora_path)
 
     @property
@@ -100,18 +95,13 @@ class ModelConfig:
     hf_config: Any
     attention_backend: str
     max_logprobs: int = 20  # the most logprobs a request may ask for
-    generation_config: str = (
-        "auto"  # where default sampling comes from: "auto" (the checkpoint), "vllm", a directory
-    )
+    # where default sampling comes from: "auto" (the checkpoint), "vllm", a directory
+    generation_config: str = "auto"
     override_generation_config: dict | None = None
     revision: str | None = None
     pooler_config: Any = None  # a `PoolerConfig` (or its dict) for LLM.embed
-    quantization: str | None = (
-        None  # "gguf": run the GGUF file's own quantized weights (lesson 04b)
-    )
-    gguf_file: str | None = (
-        None  # that file (`model` is then the converted directory: config, tokenizer)
-    )
+    quantization: str | None = None  # "gguf": run the GGUF file's own quantized weights (04b)
+    gguf_file: str | None = None  # that file (`model` is then the converted directory)
     logits_processors: tuple = ()  # custom logits processors (lesson 06d): classes or their names
     # "auto"/"safetensors": the checkpoint's weight files; "dummy": random weights;
     # "sharded_state": the state saved by `save_sharded_state` (both lesson 95)

@@ -226,20 +226,33 @@ def step(self: EngineCore) -> EngineCoreOutputs:
     timer.lap("update")
     for e in self.extensions:
         e.after_step(self.scheduler, timer)
+    info = self._step_info(out, sampled, upd, timer.seconds, outputs)
+    self.num_steps += 1
+    return EngineCoreOutputs(
+        outputs=outputs, scheduler_output=out, timestamp=time.time(), step_info=info
+    )
+
+# %% ../../nbs/09_engine_core.ipynb #d27d8639
+@patch
+def _step_info(
+    self: EngineCore,
+    out: SchedulerOutput,
+    sampled: SampledTokens,
+    upd: SchedulerUpdate,
+    seconds: dict[str, float],
+    outputs: list[EngineCoreOutput],
+) -> StepInfo:
+    "The step's record: the decision, the tokens kept, the requests ended, the seconds per phase."
     kept = lambda s: len(sampled.token_ids.get(s.req_id, [0])) - 1  # (before a stop cut them)
-    info = StepInfo(
+    return StepInfo(
         step=self.num_steps,
         scheduler_output=out,
         sampled=upd.new_token_ids,
-        timings=timer.seconds,
+        timings=seconds,
         finished_req_ids=[o.request_id for o in outputs if o.finished],
         lookahead={
             s.req_id: (s.num_lookahead_tokens, kept(s)) for s in out.seqs if s.num_lookahead_tokens
         },
-    )
-    self.num_steps += 1
-    return EngineCoreOutputs(
-        outputs=outputs, scheduler_output=out, timestamp=time.time(), step_info=info
     )
 
 # %% ../../nbs/09_engine_core.ipynb #outs09

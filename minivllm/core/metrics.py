@@ -51,14 +51,6 @@ class LatencyStats:
         v = sorted(self.recent)
         return v[min(len(v) - 1, int(round(q / 100 * (len(v) - 1))))]
 
-    def cumulative_buckets(self) -> dict[str, int]:
-        "Prometheus' buckets: upper bound → values at most it; `'+Inf'` → all of them."
-        out, n = {}, 0
-        for b, k in zip(self.buckets, self.bucket_counts):
-            n += k
-            out[str(float(b))] = n
-        return {**out, "+Inf": self.count}
-
     def __copy__(self) -> LatencyStats:
         new = LatencyStats(self.recent.maxlen, self.buckets)
         new.count, new.sum, new.max = self.count, self.sum, self.max
@@ -68,6 +60,16 @@ class LatencyStats:
 
     def __repr__(self):
         return f"LatencyStats(count={self.count}, mean={self.mean:.4f}, max={self.max:.4f})"
+
+# %% ../../nbs/11_metrics.ipynb #80645220
+@patch
+def cumulative_buckets(self: LatencyStats) -> dict[str, int]:
+    "Prometheus' buckets: upper bound → values at most it; `'+Inf'` → all of them."
+    out, n = {}, 0
+    for b, k in zip(self.buckets, self.bucket_counts):
+        n += k
+        out[str(float(b))] = n
+    return {**out, "+Inf": self.count}
 
 # %% ../../nbs/11_metrics.ipynb #c31b0a2e
 @dataclass

@@ -8,6 +8,7 @@ import dataclasses
 import re
 import time
 from typing import Sequence
+from tqdm.auto import tqdm
 from fastcore.basics import patch
 from ..core.config import SamplingParams, RequestOutput, PromptType, TokensPrompt
 from ..core.pooling_params import PoolingParams, PoolingRequestOutput, EmbeddingRequestOutput
@@ -244,8 +245,6 @@ def beam_search(
     `max_tokens=1`)."""
     token_ids = self._beam_search_prompts(prompts, params, lora_request)
     limit = concurrency_limit or len(token_ids) or 1
-    from tqdm.auto import tqdm
-
     bar = tqdm(
         total=params.max_tokens * -(-len(token_ids) // limit),
         desc="Beam search",

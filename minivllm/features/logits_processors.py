@@ -183,10 +183,12 @@ class PersistentBatch:
             return None
         return BatchUpdate(len(self.slots), removed, added, moved)
 
-    def rows(self, requests: list[Request]) -> list[int]:
-        "For each batch index, the row of the step's logits that belongs to it."
-        row = {r.request_id: k for k, r in enumerate(requests)}
-        return [row[rid] for rid in self.slots]
+# %% ../../nbs/06d_logits_processors.ipynb #fc22feda
+@patch
+def rows(self: PersistentBatch, requests: list[Request]) -> list[int]:
+    "For each batch index, the row of the step's logits that belongs to it."
+    row = {r.request_id: k for k, r in enumerate(requests)}
+    return [row[rid] for rid in self.slots]
 
 # %% ../../nbs/06d_logits_processors.ipynb #lp06dv2b
 class SlotBuffer:

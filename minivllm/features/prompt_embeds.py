@@ -5,6 +5,7 @@
 # %% ../../nbs/08b_prompt_embeds.ipynb #88136edd
 from __future__ import annotations
 import torch
+from fastcore.basics import patch
 from ..core.processor import PROMPT_READERS, Processor
 from ..core.request import Request
 from ..core.model import ModelRunner
@@ -87,13 +88,15 @@ class PromptEmbeds(StepExtension):
             vectors.append(v[given])
         self.pending = (torch.tensor(rows), torch.cat(vectors)) if rows else None
 
-    def replace_rows(self, module, args, out: torch.Tensor) -> torch.Tensor:
-        "Forward hook of `embed_tokens`: the given vectors over the placeholder rows."
-        if self.pending is not None:
-            rows, vectors = self.pending
-            self.pending = None
-            out[rows.to(out.device)] = vectors.to(out.device, out.dtype)
-        return out
+# %% ../../nbs/08b_prompt_embeds.ipynb #c48c8987
+@patch
+def replace_rows(self: PromptEmbeds, module, args, out: torch.Tensor) -> torch.Tensor:
+    "Forward hook of `embed_tokens`: the given vectors over the placeholder rows."
+    if self.pending is not None:
+        rows, vectors = self.pending
+        self.pending = None
+        out[rows.to(out.device)] = vectors.to(out.device, out.dtype)
+    return out
 
 # %% ../../nbs/08b_prompt_embeds.ipynb #pe08bc1
 import re

@@ -778,29 +778,6 @@ class TemplateWorker:
         self.tokenizer, self.max_bytes, self.grace = tokenizer, max_bytes, grace
         self.proc, self.lock = None, threading.Lock()
 
-    def start(self, timeout: float = 120.0):
-        "Start the child and wait until it is ready (its imports take seconds)."
-        from minivllm.features.tool_calling import _template_child  # (the package's: a notebook's
-        # own functions live in `__main__`, which the child cannot import)
-
-        ctx = multiprocessing.get_context("spawn")
-        self.conn, theirs = ctx.Pipe()
-        self.proc = ctx.Process(target=_template_child, args=(theirs, self.max_bytes), daemon=True)
-        self.proc.start()
-        theirs.close()
-        try:  # (down the pipe, not in `args`: a child that dies at start breaks the pipe at once)
-            self.conn.send(self.tokenizer)
-        except OSError:
-            pass
-        ready = multiprocessing.connection.wait([self.conn, self.proc.sentinel], timeout)
-        try:
-            ok = self.conn in ready and self.conn.recv() == "ready"
-        except EOFError:  # it died while starting
-            ok = False
-        if not ok:
-            self.close()
-            raise RuntimeError("the template process did not start")
-
     def restart(self):
         "Start a fresh child now, unless one runs (the next `render` waits for it)."
         with self.lock:
@@ -814,6 +791,31 @@ class TemplateWorker:
             self.proc.join()
             self.conn.close()
             self.proc = None
+
+# %% ../../nbs/06c_tool_calling.ipynb #6d5733c4
+@patch
+def start(self: TemplateWorker, timeout: float = 120.0):
+    "Start the child and wait until it is ready (its imports take seconds)."
+    from minivllm.features.tool_calling import _template_child  # (the package's: a notebook's
+    # own functions live in `__main__`, which the child cannot import)
+
+    ctx = multiprocessing.get_context("spawn")
+    self.conn, theirs = ctx.Pipe()
+    self.proc = ctx.Process(target=_template_child, args=(theirs, self.max_bytes), daemon=True)
+    self.proc.start()
+    theirs.close()
+    try:  # (down the pipe, not in `args`: a child that dies at start breaks the pipe at once)
+        self.conn.send(self.tokenizer)
+    except OSError:
+        pass
+    ready = multiprocessing.connection.wait([self.conn, self.proc.sentinel], timeout)
+    try:
+        ok = self.conn in ready and self.conn.recv() == "ready"
+    except EOFError:  # it died while starting
+        ok = False
+    if not ok:
+        self.close()
+        raise RuntimeError("the template process did not start")
 
 # %% ../../nbs/06c_tool_calling.ipynb #tw06c3b
 @patch
@@ -871,16 +873,20 @@ class ToolCallStream:
         last = self._dict(self.parser.finish_streaming(self.text))
         return last, tool_finish_reason(self.plan, self.tools_called, finish_reason)
 
-    def step(self, delta_text: str, finish_reason: str | None = None) -> tuple[dict, str | None]:
-        """One engine output of this choice: `delta` and, when `finish_reason` is set, `finish`
-        merged into one delta ({} when there is nothing to send) and the finish reason to report."""
-        d = self.delta(delta_text) or {}
-        if finish_reason is None:
-            return d, None
-        last, why = self.finish(finish_reason)
-        for k, v in (last or {}).items():
-            d[k] = d.get(k, "" if k == "content" else []) + v
-        return d, why
+# %% ../../nbs/06c_tool_calling.ipynb #0d7c7606
+@patch
+def step(
+    self: ToolCallStream, delta_text: str, finish_reason: str | None = None
+) -> tuple[dict, str | None]:
+    """One engine output of this choice: `delta` and, when `finish_reason` is set, `finish`
+    merged into one delta ({} when there is nothing to send) and the finish reason to report."""
+    d = self.delta(delta_text) or {}
+    if finish_reason is None:
+        return d, None
+    last, why = self.finish(finish_reason)
+    for k, v in (last or {}).items():
+        d[k] = d.get(k, "" if k == "content" else []) + v
+    return d, why
 
 # %% ../../nbs/06c_tool_calling.ipynb #42aed9c1
 def check_tool_parser_args(enable_auto_tool_choice: bool, tool_call_parser: str | None) -> None:

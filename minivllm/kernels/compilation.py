@@ -115,33 +115,37 @@ class StaticInputs:
         self.query_start_loc = torch.arange(max_size + 1, dtype=torch.int32, device=device)
         self.scratch, self.block_size, self.max_size = scratch_block, block_size, max_size
 
-    def load(self, input_ids, positions, md: AttentionMetadata, b: int, trim: bool = False):
-        """Copy a decode step of n ≤ b sequences in; rows n..b: token 0 at position 0, writing to
-        the scratch block."""
-        n, w = md.num_seqs, md.block_tables.shape[1]
-        self.input_ids[:n].copy_(input_ids)
-        self.input_ids[n:b].zero_()
-        self.positions[:n].copy_(positions)
-        self.positions[n:b].zero_()
-        self.slot_mapping[:n].copy_(md.slot_mapping)
-        self.slot_mapping[n:b].fill_(self.scratch * self.block_size)
-        self.seq_lens[:n].copy_(md.seq_lens)
-        self.seq_lens[n:b].fill_(1)
-        self.block_tables[:n, :w].copy_(md.block_tables)
-        self.block_tables[n:b, 0].fill_(self.scratch)
-        lens = None if md.seq_lens_cpu is None else list(md.seq_lens_cpu) + [1] * (b - n)
-        # trim: no graph, only the step's width
-        tables = self.block_tables[:b, : max(w, 1)] if trim else self.block_tables[:b]
-        pmd = AttentionMetadata(
-            self.slot_mapping[:b],
-            self.query_start_loc[: b + 1],
-            self.seq_lens[:b],
-            tables,
-            b,
-            list(range(b + 1)),
-            lens,
-        )
-        return self.input_ids[:b], self.positions[:b], pmd
+# %% ../../nbs/05b_compile.ipynb #ac2b458b
+@patch
+def load(
+    self: StaticInputs, input_ids, positions, md: AttentionMetadata, b: int, trim: bool = False
+):
+    """Copy a decode step of n ≤ b sequences in; rows n..b: token 0 at position 0, writing to
+    the scratch block."""
+    n, w = md.num_seqs, md.block_tables.shape[1]
+    self.input_ids[:n].copy_(input_ids)
+    self.input_ids[n:b].zero_()
+    self.positions[:n].copy_(positions)
+    self.positions[n:b].zero_()
+    self.slot_mapping[:n].copy_(md.slot_mapping)
+    self.slot_mapping[n:b].fill_(self.scratch * self.block_size)
+    self.seq_lens[:n].copy_(md.seq_lens)
+    self.seq_lens[n:b].fill_(1)
+    self.block_tables[:n, :w].copy_(md.block_tables)
+    self.block_tables[n:b, 0].fill_(self.scratch)
+    lens = None if md.seq_lens_cpu is None else list(md.seq_lens_cpu) + [1] * (b - n)
+    # trim: no graph, only the step's width
+    tables = self.block_tables[:b, : max(w, 1)] if trim else self.block_tables[:b]
+    pmd = AttentionMetadata(
+        self.slot_mapping[:b],
+        self.query_start_loc[: b + 1],
+        self.seq_lens[:b],
+        tables,
+        b,
+        list(range(b + 1)),
+        lens,
+    )
+    return self.input_ids[:b], self.positions[:b], pmd
 
 # %% ../../nbs/05b_compile.ipynb #8c6a5710
 def graph_decode_attention(max_len: int):

@@ -127,11 +127,6 @@ class Linear(nn.Linear):
         self.gemm_max_rows = c_max_rows(self.weight.dtype, self.weight.numel())
         return self.packed is not None
 
-    def unpack(self):
-        "Stop using the kernels (back to `F.linear`)."
-        self.packed = self.gemm_packed = None
-        PACKED_LINEARS.pop(id(self), None)
-
     def forward(self, x):
         "`x @ W.T + b`, by the kernels when they apply (oneDNN's rows bucketed: `row_bucket`)."
         if self.packed is None or x.dtype != self.packed_dtype or x.device.type != "cpu":
@@ -144,6 +139,13 @@ class Linear(nn.Linear):
         if self.gemm_packed is not None and x.dim() == 2 and 0 < len(x) <= self.gemm_max_rows:
             return self._gemm_rows(x)  # a decode step's rows, as they come
         return self._packed(x)
+
+# %% ../../nbs/05a_model_kernels.ipynb #4e893a9b
+@patch
+def unpack(self: Linear):
+    "Stop using the kernels (back to `F.linear`)."
+    self.packed = self.gemm_packed = None
+    PACKED_LINEARS.pop(id(self), None)
 
 # %% ../../nbs/05a_model_kernels.ipynb #63098c46
 @patch

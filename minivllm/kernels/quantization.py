@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import struct
 import torch
 from torch import nn
 import torch.nn.functional as F
@@ -546,8 +547,6 @@ _GGUF_TYPES = {
 def _gguf_header(buf) -> tuple[dict, list, int]:
     """The metadata `{key: value}`, the tensor infos `[(name, dims, type, offset)]` and the header's
     end of a GGUF file's bytes `buf`."""
-    import struct
-
     pos = 4
 
     def skip(n):

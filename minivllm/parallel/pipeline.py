@@ -395,14 +395,16 @@ class ExternalLauncherRunner(PPWorker):
     def enabled(cls, config: EngineConfig) -> bool:
         return config.parallel_config.distributed_executor_backend == "external_launcher"
 
-    def shutdown(self):
-        """Leave the process group (if this runner made it), after a barrier: a rank that exits
-        while another still sends to it would fail that one. Also run at interpreter exit."""
-        if self._own_group and dist.is_initialized():
-            dist.barrier()
-            dist.destroy_process_group()
-            self._own_group = False
-            atexit.unregister(self.shutdown)
-
 
 MODEL_RUNNERS[ExternalLauncherRunner.__name__] = (50, ExternalLauncherRunner)  # over PP's (40)
+
+# %% ../../nbs/07c_scaling_out.ipynb #dba1fb31
+@patch
+def shutdown(self: ExternalLauncherRunner):
+    """Leave the process group (if this runner made it), after a barrier: a rank that exits
+    while another still sends to it would fail that one. Also run at interpreter exit."""
+    if self._own_group and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+        self._own_group = False
+        atexit.unregister(self.shutdown)

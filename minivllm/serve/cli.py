@@ -566,10 +566,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     generate_parser(sub)
     bench_parser(sub)
-    from minivllm.serve.server import (
-        serve_parser,
-        cmd_serve,
-    )  # imported when needed: the web stack loads only for `serve`
+    # imported when needed (lesson 15e)
+    from minivllm.serve.serve_command import serve_parser, cmd_serve
 
     serve_parser(sub)
     ns = parser.parse_args(argv)

@@ -14,11 +14,8 @@ from starlette.requests import Request
 from ..core.pooling_params import PoolingParams
 from ..core.config import TokensPrompt
 from ..features.pooling import check_score_inputs, cosine_scores, tensor2binary
+from .protocol import APIError, Bool, Text, TokenIds
 from minivllm.serve.server import (
-    APIError,
-    Bool,
-    Text,
-    TokenIds,
     check_model,
     check_not_paused,
     check_prompt_chars,
@@ -113,7 +110,7 @@ async def _embed_all(app, prompts, pp, rid) -> list:
             last = out
         return last
 
-    check_not_paused(app)  # (lesson 15, with `/pause`)
+    check_not_paused(app)  # (lesson 15; `/pause` is 15d's)
     tasks = [asyncio.ensure_future(one(i, p)) for i, p in enumerate(prompts)]
     try:
         return await asyncio.gather(*tasks)

@@ -12,15 +12,17 @@ from fastcore.basics import patch
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
 from ..features.tool_calling import ToolCallStream, tool_message
-from minivllm.serve.server import (
+from minivllm.serve.protocol import (
     INT64,
-    STREAMED_RESPONSES,
-    Accumulator,
     APIError,
     Bool,
     ChatCompletionRequest,
     JsonSchemaFormat,
     Text,
+)
+from minivllm.serve.server import (
+    STREAMED_RESPONSES,
+    Accumulator,
     prepare_chat,
     register_route_group,
     respond,
@@ -379,12 +381,10 @@ def _store_response(responses, rid: str, r: dict, conversation: list, max_stored
     while len(responses) > max_stored:
         responses.popitem(last=False)
 
-# %% ../../nbs/15b_responses.ipynb #r15h
-def add_responses_route(app, max_stored: int = 1000):
-    """`POST /v1/responses` (streamed or not) and `GET /v1/responses/{id}`: a chat underneath;
-    replies kept in a bounded in-memory store (the oldest dropped) for `previous_response_id`."""
+# %% ../../nbs/15b_responses.ipynb #93356964
+def _add_create_response(app, max_stored: int):
+    "`POST /v1/responses` (streamed or not): a chat underneath, the reply stored if `req.store`."
     s = app.state
-    s.responses = collections.OrderedDict()  # id -> (the Response, the conversation it ends)
 
     @app.post("/v1/responses", responses=STREAMED_RESPONSES)
     async def create(req: ResponsesRequest, request: Request):
@@ -421,6 +421,14 @@ def add_responses_route(app, max_stored: int = 1000):
         return await respond(
             True, _response_stream(ev, run, response, finish), None, request, done=False
         )
+
+# %% ../../nbs/15b_responses.ipynb #r15h
+def add_responses_route(app, max_stored: int = 1000):
+    """`POST /v1/responses` (streamed or not) and `GET /v1/responses/{id}`: a chat underneath;
+    replies kept in a bounded in-memory store (the oldest dropped) for `previous_response_id`."""
+    # id -> (the Response, the conversation it ends)
+    app.state.responses = collections.OrderedDict()
+    _add_create_response(app, max_stored)
 
     @app.get("/v1/responses/{response_id}")
     async def retrieve(response_id: str):
