@@ -19,6 +19,7 @@ __all__ = ['MAX_BATCH_CONVERSATIONS', 'LoadLoRAAdapterRequest', 'add_lora_adapte
            'add_tokenize_routes', 'add_pause_routes', 'dev_mode']
 
 # %% ../../nbs/15d_more_routes.ipynb #64496d02
+from ..core.config import LoRARequest
 from minivllm.serve.protocol import (
     APIError,
     Bool,
@@ -26,8 +27,6 @@ from minivllm.serve.protocol import (
     ChatMessage,
     TokenId,
 )
-
-from ..core.config import LoRARequest
 from minivllm.serve.server import (
     Accumulator,
     chat_prompt,

@@ -13,10 +13,6 @@ import json
 __all__ = ['serve_parser', 'positive_seconds', 'HeaderTimeoutProtocol', 'uvicorn_config', 'print_held_memory', 'cmd_serve']
 
 # %% ../../nbs/15e_serve_command.ipynb #64683bfa
-from minivllm.serve.more_routes import (
-    dev_mode,
-)
-
 from ..core.arg_utils import EngineArgs
 from minivllm.core.config import (
     LoRARequest,
@@ -25,6 +21,9 @@ from minivllm.features.tool_calling import (
     check_tool_parser_args,
 )
 from ..parallel.data import DPLLMEngine, DPPlacement, run_headless
+from minivllm.serve.more_routes import (
+    dev_mode,
+)
 from minivllm.serve.server import (
     DEFAULT_MAX_BODY_BYTES,
     build_app,

@@ -34,15 +34,6 @@ __all__ = ['DEFAULT_MAX_BODY_BYTES', 'logger', 'STREAMED_RESPONSES', 'ROUTE_GROU
            'chat_views', 'prepare_chat', 'add_chat_route', 'register_route_group', 'build_app']
 
 # %% ../../nbs/15_server.ipynb #766a2348s1
-from minivllm.serve.protocol import (
-    ERROR_RESPONSES,
-    APIError,
-    ChatCompletionRequest,
-    ChatMessage,
-    CompletionRequest,
-    to_sampling_params,
-)
-
 from ..core.config import LoRARequest, SamplingParams, TokensPrompt
 from ..core.llm import EngineDeadError
 from ..features.structured_outputs import validate_structured_outputs
@@ -57,6 +48,14 @@ from minivllm.features.tool_calling import (
     tool_message,
 )
 from .async_engine import EngineGenerateError
+from minivllm.serve.protocol import (
+    ERROR_RESPONSES,
+    APIError,
+    ChatCompletionRequest,
+    ChatMessage,
+    CompletionRequest,
+    to_sampling_params,
+)
 
 # %% ../../nbs/15_server.ipynb #97d34cd4
 def unix_time() -> int:
