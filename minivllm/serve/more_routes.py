@@ -260,7 +260,7 @@ def add_tokenize_routes(app):
 
     return app
 
-
+# %% ../../nbs/15d_more_routes.ipynb #fd4b1411
 register_route_group("tokenize", add_tokenize_routes)
 
 # %% ../../nbs/15d_more_routes.ipynb #s4e428382
