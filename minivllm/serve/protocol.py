@@ -233,7 +233,7 @@ class APIError(Exception):
 def to_sampling_params(
     req: _SamplingFields, max_tokens: int | None, logprobs: int | None
 ) -> SamplingParams:
-    "SamplingParams for an OpenAI request (streamed requests get DELTA outputs)."
+    "SamplingParams for an OpenAI request (DELTA outputs: the server streams them or gathers them)."
     kw = dict(
         n=req.n,
         stop=req.stop,

@@ -765,6 +765,7 @@ async def until_gone(request, aw, every: float = 0.2):
 
 # %% ../../nbs/15_server.ipynb #fs15is1
 async def drain(gen):
+    "Run the async iterator `gen` to its end, keeping nothing (`on_output` saw each item)."
     async for _ in gen:
         pass
 
